@@ -1,0 +1,234 @@
+// remat/autodiff.h - define-by-run reverse-mode differentiation.
+//
+// Every differentiable op called on tensors that require grad records a Node on the tape. A Node
+// knows its op's backward formula, the edges to the nodes that produced its inputs, and the values
+// its backward needs, each held by a SavedTensor (the one place where stored values live).
+//
+//   Tensor w = randn({3, 3}).requires_grad_();
+//   Tensor loss = (matmul(x, w).tanh()).sum();
+//   loss.backward();                      // accumulates into w.grad()
+//   auto g = remat::grad({loss2}, {w});   // returns gradients without touching w.grad()
+//
+// The backward pass frees each node's saved values as soon as the node has run (unless
+// retain_graph is set), so memory falls as the backward proceeds.
+//
+// Custom ops wrap a hand-written kernel or another AD tool (the analogue of a ChainRules rrule):
+//
+//   remat::CustomOp square{
+//       "square",
+//       [](const TensorList& in, remat::SaveContext& ctx) {   // forward
+//         ctx.save(in[0]);
+//         return TensorList{remat::mul(in[0], in[0])};
+//       },
+//       [](const TensorList& grads, const remat::SavedValues& saved) {  // backward
+//         return TensorList{remat::mul(remat::mul_scalar(saved[0], 2.0), grads[0])};
+//       }};
+//   Tensor y = square({x})[0];
+//
+// The backward may read saved values any number of times. Under checkpointing the forward is run
+// again during the backward pass (so it must be deterministic apart from remat's own RNG), and the
+// backward is called once per use of the op.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "remat/tensor.h"
+
+namespace remat {
+
+// ---- grad mode
+bool grad_enabled();
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+class EnableGradGuard {
+ public:
+  explicit EnableGradGuard(bool enabled = true);
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// ---- running the backward pass
+// Accumulates d(sum of outputs[i] * grad_outputs[i]) into the .grad() of every leaf reached.
+// A missing grad_output is 1 for a one-element output (and an error otherwise).
+void backward(const TensorList& outputs, const TensorList& grad_outputs = {}, bool retain_graph = false);
+// Returns d(sum outputs[i] * grad_outputs[i]) / d inputs[j]; leaves' .grad() are left untouched.
+// An input the outputs do not depend on gets a zero gradient (allow_unused) or an error.
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
+                bool retain_graph = false, bool allow_unused = true);
+
+namespace autodiff {
+
+class Node;
+struct Edge {
+  std::shared_ptr<Node> node;
+  uint32_t input_nr = 0;
+  bool valid() const { return node != nullptr; }
+  bool operator==(const Edge& o) const { return node == o.node && input_nr == o.input_nr; }
+};
+struct OutputMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+};
+
+// A value kept for a backward pass. It holds a history-free alias of the tensor (no reference
+// cycle through the node that saved it) and counts the storage in the `saved` memory account
+// while it holds it. get() throws if the value was released or overwritten in place since.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& value);
+  ~SavedTensor();
+  SavedTensor(SavedTensor&& other) noexcept;
+  SavedTensor& operator=(SavedTensor&& other) noexcept;
+  SavedTensor(const SavedTensor&) = delete;
+  SavedTensor& operator=(const SavedTensor&) = delete;
+
+  Tensor get() const;
+  void release();
+  bool defined() const { return value_.defined(); }
+  size_t bytes() const;  // bytes of the storage kept alive
+
+ private:
+  Tensor value_;
+  uint64_t version_ = 0;
+  bool released_ = false;
+};
+
+// A node of the tape: one recorded op (or a checkpoint region, or a leaf's accumulator).
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  Node();
+  virtual ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  virtual std::string name() const = 0;
+  // One gradient per output (undefined when none reached it) -> one per next edge (undefined
+  // when that input gets no gradient).
+  virtual TensorList apply(TensorList&& grad_outputs) = 0;
+  // Drops the values kept for apply(); called after apply() unless the graph is retained.
+  virtual void release_saved() {}
+  virtual bool is_accumulator() const { return false; }
+  // Bytes this node keeps for its backward (for counters and tests).
+  virtual size_t saved_bytes() const { return 0; }
+
+  uint64_t sequence_nr() const { return sequence_nr_; }
+  std::vector<Edge> next_edges;     // one per input
+  std::vector<OutputMeta> outputs;  // one per output
+
+ private:
+  uint64_t sequence_nr_;
+};
+
+// The next sequence number a new node will get (nodes are numbered in creation order).
+uint64_t next_sequence_nr();
+
+// The edge along which a gradient for `t` flows: its grad_fn, or its leaf accumulator.
+// Invalid when t does not require grad.
+Edge gradient_edge(const Tensor& t);
+
+// Accumulates into a leaf's .grad().
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
+  std::string name() const override { return "AccumulateGrad"; }
+  TensorList apply(TensorList&& grad_outputs) override;
+  bool is_accumulator() const override { return true; }
+  const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// The engine. `min_sequence_nr` limits execution to nodes created at or after it (a checkpoint
+// region uses this to run the backward of its recomputed sub-tape only); edges to any node that
+// is not executed are "captured": the gradient arriving there is summed and returned.
+struct EngineTask {
+  std::vector<Edge> roots;
+  TensorList root_grads;
+  bool accumulate_into_leaves = true;  // run AccumulateGrad nodes
+  uint64_t min_sequence_nr = 0;
+  bool capture_all_frontier = false;   // capture every edge to a node that is not executed
+  std::vector<Edge> capture;           // edges whose incoming gradient is returned
+  bool retain_graph = false;
+};
+struct EngineResult {
+  std::vector<Edge> captured_edges;
+  TensorList captured_grads;  // parallel to captured_edges (capture order, or frontier order)
+};
+EngineResult run_engine(EngineTask task);
+
+// ---- op counters (thread-local totals, reset by reset_op_counters)
+struct OpCounters {
+  uint64_t forward_ops = 0;        // forward op executions (first runs and recomputations)
+  double forward_flops = 0;
+  uint64_t recomputed_ops = 0;     // of which during recomputation
+  double recomputed_flops = 0;
+  uint64_t cached_ops = 0;         // op results served from a selective-policy cache
+  uint64_t backward_nodes = 0;     // nodes executed by the engine
+};
+OpCounters op_counters();
+void reset_op_counters();
+
+// ---- recording observer: how the checkpoint layer (remat/checkpoint.h) watches ops without
+// autodiff knowing about policies. At most one is active per thread (the innermost region).
+class RecordingObserver {
+ public:
+  virtual ~RecordingObserver() = default;
+  // Called before an op runs; may return its outputs (from a cache) instead of running it.
+  virtual bool replay(const std::string& op, TensorList& outputs) = 0;
+  // Called after an op's forward ran (not when replayed).
+  virtual void after_forward(const std::string& op, const TensorList& outputs) = 0;
+  // Called when the op's inputs require grad; returning true suppresses recording of a node.
+  virtual bool suppress_recording(const TensorList& inputs) = 0;
+};
+RecordingObserver* recording_observer();
+// Installs `observer` for this thread; returns the previous one (restore it afterwards).
+RecordingObserver* set_recording_observer(RecordingObserver* observer);
+// Depth of recomputation in progress on this thread (0 = a first forward run).
+int recompute_depth();
+void set_recompute_depth(int depth);
+
+}  // namespace autodiff
+
+// ---- custom ops
+class SaveContext {
+ public:
+  // Keeps a value for the backward pass (inputs, outputs or anything else).
+  void save(const Tensor& value) { values_.push_back(value); }
+  const TensorList& values() const { return values_; }
+
+ private:
+  TensorList values_;
+};
+using SavedValues = TensorList;
+
+struct CustomOp {
+  std::string name;
+  // Computes the outputs from the inputs; runs without recording (ops inside are not taped).
+  std::function<TensorList(const TensorList& inputs, SaveContext& ctx)> forward;
+  // Returns one gradient per input (an undefined Tensor for "no gradient"). Gradients for
+  // unused outputs arrive as zeros.
+  std::function<TensorList(const TensorList& grad_outputs, const SavedValues& saved)> backward;
+  TensorList operator()(const TensorList& inputs) const;
+};
+
+}  // namespace remat

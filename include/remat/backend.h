@@ -1,0 +1,106 @@
+// remat/backend.h - the device backend interface.
+//
+// Ops (remat/ops.h) never touch memory directly: they call the kernels of the backend that owns
+// their inputs' device. A backend is about 25 primitives plus an allocator; the CPU backend
+// implements all of them. A CUDA backend implements the same class and registers itself with
+// register_backend(); no op definition changes. Calls are per tensor, never per element.
+//
+// Kernel contract: outputs are allocated by the caller (contiguous, correct shape and dtype);
+// inputs may be strided views unless stated otherwise.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "remat/memory.h"
+#include "remat/random.h"
+#include "remat/tensor.h"
+
+namespace remat {
+
+enum class UnaryOp : uint8_t {
+  neg, exp, log, sqrt, abs, tanh, sigmoid, relu, gelu, gelu_tanh, silu, pow_scalar,
+  // helpers used by backward formulas and optimisers
+  square, reciprocal, add_scalar, mul_scalar, sign,
+};
+const char* unary_op_name(UnaryOp op);
+
+enum class BinaryOp : uint8_t { add, sub, mul, div, maximum, minimum };
+const char* binary_op_name(BinaryOp op);
+
+enum class ReduceOp : uint8_t { sum, mean, max, argmax };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceType device_type() const = 0;
+  virtual memory::Allocator& allocator() = 0;
+  virtual void set_num_threads(int threads) = 0;
+  virtual int num_threads() const = 0;
+
+  // ---- data movement
+  // dst[...] = src[...] with broadcasting of src to dst's shape; dtypes may differ (conversion).
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual void fill(const Tensor& dst, double value) = 0;
+  virtual void arange(const Tensor& dst, double start, double step) = 0;
+  virtual void rand_uniform(const Tensor& dst, RngState state, double low, double high) = 0;
+  virtual void rand_normal(const Tensor& dst, RngState state, double mean, double stddev) = 0;
+
+  // ---- elementwise
+  virtual void unary(UnaryOp op, const Tensor& x, const Tensor& y, double scalar) = 0;
+  // gx = gy * d(op)/dx, given x and (for ops whose derivative is cheaper from it) y = op(x).
+  virtual void unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& gy, const Tensor& gx,
+                              double scalar) = 0;
+  // out = a (op) b with NumPy broadcasting to out's shape.
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out = cond != 0 ? a : b, broadcasting all three to out's shape.
+  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // ---- reductions: reduce x over `axes` (sorted, unique); out has x's shape with those axes
+  // removed (or kept as 1 when keepdim was asked; the layout is the same).
+  virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) = 0;
+
+  // ---- matrix products: c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b]
+  // a: [batch, m, k] (or [batch, k, m] when trans_a), b: [batch, k, n] (or [batch, n, k]),
+  // c: [batch, m, n] contiguous. A batch stride of 0 broadcasts an operand.
+  virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
+                    double beta) = 0;
+
+  // ---- rows (last axis) kernels, inputs contiguous
+  virtual void softmax(const Tensor& x, const Tensor& y, bool log) = 0;
+  virtual void softmax_backward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log) = 0;
+  // y = (x - mean) * rstd * weight + bias; mean and rstd are [rows]. weight/bias may be undefined.
+  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+                          const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& gy, const Tensor& gx, const Tensor& gweight,
+                                   const Tensor& gbias) = 0;
+  // y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps)
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) = 0;
+  virtual void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& gy,
+                                 const Tensor& gx, const Tensor& gweight) = 0;
+
+  // ---- indexing
+  // out[i, :] = table[ids[i], :]; ids i64 of any shape (flattened), table [V, D].
+  virtual void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
+  // gtable[ids[i], :] += gout[i, :] (gtable zero-initialised by the caller).
+  virtual void embedding_backward(const Tensor& ids, const Tensor& gout, const Tensor& gtable) = 0;
+  // Per-row loss of logits [N, C] against targets [N] (i64); rows whose target equals
+  // ignore_index get loss 0. Also writes log-softmax into logp [N, C] for the backward.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing,
+                             int64_t ignore_index, const Tensor& losses, const Tensor& logp) = 0;
+  virtual void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss,
+                                      double label_smoothing, int64_t ignore_index, const Tensor& glogits) = 0;
+  // y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p.
+  virtual void dropout(const Tensor& x, double p, RngState state, const Tensor& y) = 0;
+};
+
+Backend& backend(Device device);
+Backend& cpu_backend();
+void register_backend(DeviceType type, Backend* backend);
+
+// Threads used by CPU kernels (OpenMP and the GEMM library). Default: all cores.
+void set_num_threads(int threads);
+int num_threads();
+
+}  // namespace remat

@@ -1,0 +1,90 @@
+// remat/memory.h - the accounted allocator behind every byte of tensor storage.
+//
+// Every block carries a tag saying what it holds. The counters are the library's honest answer to
+// "how much memory does this cost": tests and the CLI assert against them, never against RSS.
+//
+//   auto before = remat::memory::stats();
+//   ... forward and backward ...
+//   remat::memory::reset_peaks();
+//   size_t saved_peak = remat::memory::stats().peak(remat::memory::Tag::saved);
+//
+// Tags move with a block's role: a forward result starts as `other`; while the autodiff tape (or
+// a checkpoint region) keeps it for a backward pass it is counted as `saved`; when released it
+// returns to `other`. Parameters and gradients keep their own tags for their whole life.
+//
+// All functions are thread-safe. Blocks are 64-byte aligned.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace remat::memory {
+
+enum class Tag : uint8_t { parameter = 0, gradient = 1, saved = 2, other = 3 };
+inline constexpr size_t kTagCount = 4;
+const char* tag_name(Tag tag);
+
+inline constexpr size_t kAlignment = 64;
+
+struct Stats {
+  std::array<size_t, kTagCount> live_bytes{};       // bytes currently allocated, per tag
+  std::array<size_t, kTagCount> peak_bytes{};       // high-water mark of live_bytes per tag since reset
+  std::array<uint64_t, kTagCount> allocations{};    // allocations made per tag since reset (never decreases)
+  size_t live_total = 0;                            // sum of live_bytes
+  size_t peak_total = 0;                            // high-water mark of live_total since reset
+  uint64_t allocations_total = 0;
+
+  size_t live(Tag t) const { return live_bytes[static_cast<size_t>(t)]; }
+  size_t peak(Tag t) const { return peak_bytes[static_cast<size_t>(t)]; }
+};
+
+// One allocator per device. Its counters are exact: they count the bytes asked for (not rounded
+// up to the alignment), so a test can predict them from tensor shapes.
+class Allocator {
+ public:
+  explicit Allocator(std::string device_name);
+  virtual ~Allocator() = default;
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  void* allocate(size_t bytes, Tag tag);
+  void deallocate(void* pointer, size_t bytes, Tag tag);
+  // Moves `bytes` from one tag's account to another's (the block itself stays where it is).
+  void retag(size_t bytes, Tag from, Tag to);
+
+  Stats stats() const;
+  void reset_peaks();  // peaks := current live values; allocation counts := 0
+  const std::string& device_name() const { return device_name_; }
+
+ protected:
+  // The raw memory source; the CPU allocator uses aligned operator new. A CUDA allocator
+  // overrides these two and inherits the accounting.
+  virtual void* raw_allocate(size_t bytes);
+  virtual void raw_deallocate(void* pointer, size_t bytes);
+
+ private:
+  void add(size_t bytes, Tag tag);
+  void remove(size_t bytes, Tag tag);
+
+  std::string device_name_;
+  mutable std::mutex mutex_;
+  Stats stats_;
+};
+
+// The CPU allocator, which holds all host tensor storage.
+Allocator& cpu();
+
+// Shorthands for the CPU allocator.
+Stats stats();
+void reset_peaks();
+size_t live_bytes(Tag tag);
+size_t peak_bytes(Tag tag);
+
+// "12.5 MiB" style formatting and parsing ("64MiB", "1.5GB", "4096"); parse throws remat::Error.
+std::string format_bytes(double bytes);
+size_t parse_bytes(const std::string& text);
+
+}  // namespace remat::memory

@@ -1,0 +1,93 @@
+// remat/ops.h - the differentiable operations.
+//
+// Each op is defined once (src/autodiff/ops/<family>.cpp): its forward through the device
+// backend's kernels, its backward, and a declaration of what the backward needs. All take and
+// return Tensors; float ops work in f32 and f64 (inputs of one op must share a dtype); index
+// arguments are i64 tensors. Invalid arguments throw remat::Error naming the op and the shapes.
+//
+//   Tensor h = gelu(add(matmul(x, w), b));          // x [B, T, C] @ w [C, 4C] + b [4C]
+//   Tensor loss = cross_entropy(logits.reshape({B * T, V}), targets.reshape({B * T}));
+#pragma once
+
+#include <vector>
+
+#include "remat/autodiff.h"
+#include "remat/random.h"
+#include "remat/tensor.h"
+
+namespace remat {
+
+// ---- unary elementwise
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, bool tanh_approximation = false);
+Tensor silu(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor square(const Tensor& x);
+Tensor add_scalar(const Tensor& x, double value);
+Tensor mul_scalar(const Tensor& x, double value);
+
+// ---- binary elementwise with NumPy broadcasting
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+// cond (any dtype, nonzero = true) ? a : b, broadcasting all three.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& x);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+
+// Sums `x` over broadcast axes down to `shape` (the backward of broadcasting).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+// ---- reductions (negative axes count from the end; empty axes = all axes)
+Tensor sum(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor max(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t axis, bool keepdim = false);  // i64, not differentiable
+
+// ---- matrix products
+// a [..., m, k] @ b [..., k, n] (with trans_a: a is [..., k, m]; with trans_b: b is [..., n, k]).
+// Leading (batch) axes broadcast; a 2-D b against a batched a is one large GEMM.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// ---- normalisation and softmax over the last axis (softmax over any axis)
+Tensor softmax(const Tensor& x, int64_t axis = -1);
+Tensor log_softmax(const Tensor& x, int64_t axis = -1);
+// weight and bias [C] may be undefined Tensors (no affine part).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+
+// ---- indexing and losses
+// table [V, D], ids (i64, any shape S) -> [S..., D]
+Tensor embedding(const Tensor& table, const Tensor& ids);
+// logits [N, C], targets [N] (i64) -> mean loss over rows whose target != ignore_index (scalar).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing = 0.0,
+                     int64_t ignore_index = -100);
+// Keeps each element with probability 1 - p (scaled by 1/(1-p)); the mask comes from the default
+// generator's counter, so a checkpoint region that replays the RNG state replays the mask.
+Tensor dropout(const Tensor& x, double p, bool training = true);
+Tensor dropout(const Tensor& x, double p, RngState state);
+
+// ---- joining and splitting
+Tensor concat(const TensorList& tensors, int64_t axis);
+TensorList split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis);
+
+}  // namespace remat

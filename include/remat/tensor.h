@@ -1,0 +1,213 @@
+// remat/tensor.h - the Tensor handle: shape, strides, dtype, device and shared storage.
+//
+// A Tensor is a cheap handle (a shared pointer). Copying a Tensor copies the handle, not the
+// data: `Tensor b = a;` makes b and a the same tensor, just as in PyTorch or Flashlight. Views
+// (reshape of a contiguous tensor, permute, transpose, slice, expand) are new handles that share
+// the storage; `contiguous()` and `clone()` copy.
+//
+//   using namespace remat;
+//   Tensor x = randn({4, 3}, DType::f32, /*seed=*/1);
+//   Tensor w = zeros({3, 2}).requires_grad_();
+//   Tensor y = matmul(x, w).tanh();
+//   y.sum().backward();            // w.grad() now holds dL/dw
+//
+// Rank is at most 6. Storage is row-major with explicit strides (in elements). dtypes: f32 and f64
+// for values, i64 for indices (targets, token ids, argmax results).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "remat/error.h"
+#include "remat/memory.h"
+
+namespace remat {
+
+enum class DType : uint8_t { f32, f64, i64 };
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+inline bool is_floating(DType d) { return d == DType::f32 || d == DType::f64; }
+
+enum class DeviceType : uint8_t { cpu, cuda };
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;
+  bool operator==(const Device&) const = default;
+};
+std::string device_name(Device device);
+
+inline constexpr int kMaxRank = 6;
+using Shape = std::vector<int64_t>;
+using Strides = std::vector<int64_t>;
+std::string shape_str(const Shape& shape);
+int64_t shape_numel(const Shape& shape);
+Strides contiguous_strides(const Shape& shape);
+// NumPy broadcasting of two shapes; throws remat::Error naming `op` if incompatible.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+// A block of device memory with its accounting tag. Owned by shared_ptr; freed when the last
+// tensor (or saved value) using it goes away.
+class Storage {
+ public:
+  Storage(size_t bytes, memory::Tag tag, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  memory::Tag tag() const { return tag_; }
+  // Changes the accounting tag of the whole block.
+  void set_tag(memory::Tag tag);
+
+  // Number of SavedTensors keeping this block for a backward pass; the first one moves an
+  // `other` block to the `saved` account, the last one moves it back.
+  void add_saved_reference();
+  void remove_saved_reference();
+
+  // Bumped by every in-place write, so a saved value can tell it was overwritten.
+  uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  memory::Tag tag_;
+  Device device_;
+  int saved_references_ = 0;
+  uint64_t version_ = 0;
+};
+
+namespace autodiff {
+class Node;
+}
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // in elements
+  Shape shape;
+  Strides strides;     // in elements
+  DType dtype = DType::f32;
+
+  // autodiff metadata
+  bool requires_grad = false;
+  std::shared_ptr<autodiff::Node> grad_fn;   // null for leaves and constants
+  uint32_t output_nr = 0;                    // which output of grad_fn this is
+  std::weak_ptr<autodiff::Node> grad_accumulator;  // leaves: the node that accumulates into grad
+  std::shared_ptr<TensorImpl> grad;          // leaves: accumulated gradient
+  std::string name;                          // optional, for messages and weight files
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // Allocates uninitialised storage (tag `other` unless given).
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other,
+                      Device device = {});
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().shape; }
+  const Strides& strides() const { return impl().strides; }
+  int64_t dim() const { return static_cast<int64_t>(impl().shape.size()); }
+  int64_t size(int64_t axis) const;  // negative axes count from the end
+  int64_t numel() const { return shape_numel(impl().shape); }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device(); }
+  int64_t offset() const { return impl().offset; }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+
+  template <class T>
+  T* data() const {
+    return static_cast<T*>(impl().storage->data()) + impl().offset;
+  }
+  void* raw_data() const;
+
+  // Element access for tests and small tensors (converts to double); slow.
+  double item() const;                 // requires numel() == 1
+  double at(const std::vector<int64_t>& index) const;
+  std::vector<double> to_vector() const;  // row-major order
+  template <class T>
+  std::vector<T> to_vector_as() const {
+    auto v = to_vector();
+    return std::vector<T>(v.begin(), v.end());
+  }
+
+  // autodiff
+  bool requires_grad() const { return impl().requires_grad; }
+  // Marks a leaf as requiring grad; throws if called on a non-leaf.
+  Tensor& requires_grad_(bool value = true);
+  bool is_leaf() const { return impl().grad_fn == nullptr; }
+  const std::shared_ptr<autodiff::Node>& grad_fn() const { return impl().grad_fn; }
+  Tensor grad() const;  // undefined if none accumulated yet
+  void zero_grad();     // drops the accumulated gradient (frees its storage)
+  void set_grad(const Tensor& grad);
+  // Back-propagates from this scalar (or with an explicit gradient) into leaves' grad().
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  // A new handle on the same storage with no autodiff history.
+  Tensor detach() const;
+
+  const std::string& name() const { return impl().name; }
+  Tensor& set_name(std::string name);
+
+  // Views (share storage; differentiable)
+  Tensor reshape(const Shape& shape) const;   // copies if the layout does not allow a view
+  Tensor view(const Shape& shape) const;      // requires a contiguous tensor
+  Tensor permute(const std::vector<int64_t>& axes) const;
+  Tensor transpose(int64_t axis0, int64_t axis1) const;
+  Tensor slice(int64_t axis, int64_t start, int64_t stop, int64_t step = 1) const;
+  Tensor expand(const Shape& shape) const;
+  Tensor unsqueeze(int64_t axis) const;
+  Tensor squeeze(int64_t axis) const;
+  Tensor flatten() const { return reshape({numel()}); }
+  Tensor contiguous() const;                  // itself if already contiguous
+  Tensor clone() const;                       // always copies (differentiable)
+  Tensor to(DType dtype) const;               // converts (differentiable between f32 and f64)
+
+  // Elementwise shorthands (see remat/ops.h for the full set)
+  Tensor sum() const;
+  Tensor mean() const;
+  Tensor tanh() const;
+  Tensor exp() const;
+  Tensor log() const;
+
+  // In-place writes, never recorded on the tape (for optimisers and initialisers, under no-grad).
+  void copy_(const Tensor& source);   // broadcasting copy into this tensor
+  void fill_(double value);
+
+  TensorImpl& impl() const;
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool same(const Tensor& other) const { return impl_ == other.impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
+std::string to_string(const Tensor& tensor, int max_per_axis = 6);
+
+using TensorList = std::vector<Tensor>;
+
+// Factories. Tag defaults to `other`; pass memory::Tag::parameter for model weights.
+Tensor zeros(const Shape& shape, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other);
+Tensor ones(const Shape& shape, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other);
+Tensor full(const Shape& shape, double value, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other);
+Tensor arange(int64_t stop, DType dtype = DType::f32);
+Tensor arange(double start, double stop, double step, DType dtype = DType::f32);
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f32,
+                   memory::Tag tag = memory::Tag::other);
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, memory::Tag tag = memory::Tag::other);
+Tensor from_indices(const std::vector<int64_t>& values, const Shape& shape);
+Tensor scalar_tensor(double value, DType dtype = DType::f32);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+
+}  // namespace remat

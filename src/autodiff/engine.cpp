@@ -1,0 +1,244 @@
+// The backward engine: runs the nodes reachable from the roots in reverse creation order
+// (highest sequence number first), each once all gradients for it have arrived.
+//
+// Only "needed" nodes run: an executable node from which some terminal can be reached, where a
+// terminal is a leaf accumulator (when accumulating) or a captured edge. Executable means created
+// at or after task.min_sequence_nr, and not an accumulator unless accumulating. A checkpoint
+// region runs the engine over its recomputed sub-tape with capture_all_frontier: gradients that
+// leave the sub-tape (towards its inputs, captured parameters or earlier nodes) are returned
+// instead of being propagated, so the region can hand them on along its own edges.
+#include <queue>
+#include <unordered_map>
+
+#include "autodiff/kernels.h"
+#include "autodiff/state.h"
+#include "remat/autodiff.h"
+
+namespace remat::autodiff {
+
+namespace {
+
+struct EdgeKey {
+  const Node* node;
+  uint32_t input_nr;
+  bool operator==(const EdgeKey&) const = default;
+};
+struct EdgeKeyHash {
+  size_t operator()(const EdgeKey& k) const {
+    return std::hash<const void*>()(k.node) * 31 + k.input_nr;
+  }
+};
+
+struct NodeInfo {
+  bool visited = false;
+  bool needed = false;
+  int dependencies = 0;
+  TensorList buffer;
+};
+
+void accumulate(Tensor& slot, const Tensor& grad) {
+  if (!grad.defined()) return;
+  if (!slot.defined())
+    slot = grad;
+  else
+    slot = kernels::binary(BinaryOp::add, slot, grad);
+}
+
+class Engine {
+ public:
+  explicit Engine(EngineTask& task) : task_(task) {
+    for (size_t i = 0; i < task_.capture.size(); ++i) capture_index_[key(task_.capture[i])] = i;
+    result_.captured_edges = task_.capture;
+    result_.captured_grads.resize(task_.capture.size());
+  }
+
+  EngineResult run() {
+    discover();
+    std::priority_queue<std::pair<uint64_t, Node*>> ready;
+    for (size_t i = 0; i < task_.roots.size(); ++i) send(task_.roots[i], task_.root_grads[i], ready, false);
+    for (auto& [node, info] : info_)
+      if (info.needed && info.dependencies == 0 && !info.buffer.empty()) ready.push({node->sequence_nr(), node});
+    while (!ready.empty()) {
+      Node* node = ready.top().second;
+      ready.pop();
+      execute(node, ready);
+    }
+    return std::move(result_);
+  }
+
+ private:
+  static EdgeKey key(const Edge& e) { return {e.node.get(), e.input_nr}; }
+
+  bool executable(const Node* node) const {
+    return node->sequence_nr() >= task_.min_sequence_nr && (!node->is_accumulator() || task_.accumulate_into_leaves);
+  }
+  bool captured(const Edge& e) const {
+    if (capture_index_.count(key(e))) return true;
+    return task_.capture_all_frontier && !executable(e.node.get());
+  }
+  bool terminal(const Edge& e) const {
+    return captured(e) || (executable(e.node.get()) && e.node->is_accumulator());
+  }
+
+  // Iterative post-order DFS: marks needed nodes and counts dependencies between them.
+  void discover() {
+    std::vector<std::pair<Node*, size_t>> stack;
+    auto visit = [&](Node* n) {
+      auto& info = info_[n];
+      if (info.visited) return;
+      info.visited = true;
+      stack.push_back({n, 0});
+    };
+    for (auto& root : task_.roots)
+      if (root.valid() && executable(root.node.get())) visit(root.node.get());
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->next_edges.size()) {
+        const Edge& e = node->next_edges[next++];
+        if (e.valid() && executable(e.node.get())) visit(e.node.get());
+        continue;
+      }
+      bool needed = node->is_accumulator();
+      for (const Edge& e : node->next_edges) {
+        if (!e.valid()) continue;
+        if (terminal(e) || (executable(e.node.get()) && info_[e.node.get()].needed)) needed = true;
+      }
+      info_[node].needed = needed;
+      stack.pop_back();
+    }
+    for (auto& [node, info] : info_) {
+      if (!info.needed) continue;
+      for (const Edge& e : node->next_edges)
+        if (e.valid() && executable(e.node.get()) && info_[e.node.get()].needed) ++info_[e.node.get()].dependencies;
+    }
+  }
+
+  void send(const Edge& e, const Tensor& grad, std::priority_queue<std::pair<uint64_t, Node*>>& ready,
+            bool count_dependency) {
+    if (!e.valid()) return;
+    if (grad.defined()) {
+      const OutputMeta& meta = e.node->outputs.at(e.input_nr);
+      REMAT_ASSERT(grad.shape() == meta.shape, "gradient of shape ", shape_str(grad.shape()), " sent to ",
+                   e.node->name(), " output ", e.input_nr, " of shape ", shape_str(meta.shape));
+    }
+    if (captured(e)) {
+      auto it = capture_index_.find(key(e));
+      if (it == capture_index_.end()) {
+        capture_index_[key(e)] = result_.captured_edges.size();
+        result_.captured_edges.push_back(e);
+        result_.captured_grads.push_back(grad);
+      } else {
+        accumulate(result_.captured_grads[it->second], grad);
+      }
+    }
+    if (!executable(e.node.get())) return;
+    auto it = info_.find(e.node.get());
+    if (it == info_.end() || !it->second.needed) return;
+    NodeInfo& info = it->second;
+    if (info.buffer.empty()) info.buffer.resize(e.node->outputs.size());
+    accumulate(info.buffer[e.input_nr], grad);
+    if (count_dependency && --info.dependencies == 0) ready.push({e.node->sequence_nr(), e.node.get()});
+  }
+
+  void execute(Node* node, std::priority_queue<std::pair<uint64_t, Node*>>& ready) {
+    NodeInfo& info = info_[node];
+    TensorList grads = std::move(info.buffer);
+    info.buffer.clear();
+    grads.resize(node->outputs.size());
+    bool any = false;
+    for (auto& g : grads) any = any || g.defined();
+    TensorList input_grads;
+    if (any) {
+      ++thread_state().counters.backward_nodes;
+      input_grads = node->apply(std::move(grads));
+    }
+    if (!task_.retain_graph) node->release_saved();
+    input_grads.resize(node->next_edges.size());
+    // Copy the edges: apply() of an accumulator or region may not touch them, but a node can be
+    // freed once its last gradient has been sent if nothing else holds it.
+    std::vector<Edge> edges = node->next_edges;
+    for (size_t i = 0; i < edges.size(); ++i) send(edges[i], input_grads[i], ready, true);
+  }
+
+  EngineTask& task_;
+  EngineResult result_;
+  std::unordered_map<EdgeKey, size_t, EdgeKeyHash> capture_index_;
+  std::unordered_map<Node*, NodeInfo> info_;
+};
+
+}  // namespace
+
+EngineResult run_engine(EngineTask task) {
+  REMAT_ASSERT(task.roots.size() == task.root_grads.size());
+  Engine engine(task);
+  return engine.run();
+}
+
+// ---- public entry points
+
+static void prepare_roots(const TensorList& outputs, const TensorList& grad_outputs, const char* op,
+                          std::vector<Edge>& roots, TensorList& grads) {
+  REMAT_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), op, ": ", outputs.size(),
+              " outputs but ", grad_outputs.size(), " output gradients");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    REMAT_CHECK(out.defined(), op, ": output ", i, " is undefined");
+    Edge e = gradient_edge(out);
+    REMAT_CHECK(e.valid(), op, ": output ", i, " (shape ", shape_str(out.shape()),
+                ") does not require grad and has no grad_fn");
+    Tensor g = grad_outputs.empty() ? Tensor() : grad_outputs[i];
+    if (!g.defined()) {
+      REMAT_CHECK(out.numel() == 1, op, ": output ", i, " of shape ", shape_str(out.shape()),
+                  " is not a scalar; pass its gradient explicitly");
+      g = ones(out.shape(), out.dtype());
+    }
+    REMAT_CHECK(g.shape() == out.shape(), op, ": gradient of shape ", shape_str(g.shape()), " for output ", i,
+                " of shape ", shape_str(out.shape()));
+    REMAT_CHECK(g.dtype() == out.dtype(), op, ": gradient dtype ", dtype_name(g.dtype()), " for output ", i,
+                " of dtype ", dtype_name(out.dtype()));
+    roots.push_back(e);
+    grads.push_back(g);
+  }
+}
+
+}  // namespace remat::autodiff
+
+namespace remat {
+
+void backward(const TensorList& outputs, const TensorList& grad_outputs, bool retain_graph) {
+  autodiff::EngineTask task;
+  autodiff::prepare_roots(outputs, grad_outputs, "backward", task.roots, task.root_grads);
+  task.retain_graph = retain_graph;
+  NoGradGuard no_grad;
+  autodiff::run_engine(std::move(task));
+}
+
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
+                bool retain_graph, bool allow_unused) {
+  autodiff::EngineTask task;
+  autodiff::prepare_roots(outputs, grad_outputs, "grad", task.roots, task.root_grads);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    REMAT_CHECK(inputs[i].defined() && inputs[i].requires_grad(), "grad: input ", i,
+                " does not require grad");
+    task.capture.push_back(autodiff::gradient_edge(inputs[i]));
+  }
+  task.accumulate_into_leaves = false;
+  task.retain_graph = retain_graph;
+  NoGradGuard no_grad;
+  auto result = autodiff::run_engine(std::move(task));
+  TensorList grads(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    grads[i] = result.captured_grads[i];
+    if (!grads[i].defined()) {
+      REMAT_CHECK(allow_unused, "grad: the outputs do not depend on input ", i);
+      grads[i] = zeros(inputs[i].shape(), inputs[i].dtype());
+    }
+  }
+  return grads;
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  remat::backward({*this}, gradient.defined() ? TensorList{gradient} : TensorList{}, retain_graph);
+}
+
+}  // namespace remat

@@ -1,0 +1,76 @@
+#include <atomic>
+
+#include "autodiff/kernels.h"
+#include "autodiff/state.h"
+#include "remat/autodiff.h"
+
+namespace remat::autodiff {
+
+namespace {
+std::atomic<uint64_t> sequence_counter{1};
+}
+
+ThreadState& thread_state() {
+  thread_local ThreadState state;
+  return state;
+}
+
+uint64_t next_sequence_nr() { return sequence_counter.load(); }
+
+Node::Node() : sequence_nr_(sequence_counter.fetch_add(1)) {}
+
+// Long chains of nodes would otherwise be destroyed recursively (one stack frame per node):
+// edges whose node dies with us are moved to a thread-local queue drained by the outermost call.
+Node::~Node() {
+  thread_local std::vector<std::shared_ptr<Node>> pending;
+  thread_local bool draining = false;
+  for (auto& edge : next_edges)
+    if (edge.node && edge.node.use_count() == 1) pending.push_back(std::move(edge.node));
+  next_edges.clear();
+  if (draining) return;
+  draining = true;
+  while (!pending.empty()) {
+    std::shared_ptr<Node> node = std::move(pending.back());
+    pending.pop_back();
+    node.reset();
+  }
+  draining = false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined()) return {};
+  TensorImpl& impl = t.impl();
+  if (impl.grad_fn) return {impl.grad_fn, impl.output_nr};
+  if (!impl.requires_grad) return {};
+  std::shared_ptr<Node> accumulator = impl.grad_accumulator.lock();
+  if (!accumulator) {
+    accumulator = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    impl.grad_accumulator = accumulator;
+  }
+  return {accumulator, 0};
+}
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {
+  outputs.push_back({leaf_->shape, leaf_->dtype, leaf_->storage->device()});
+}
+
+TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
+  const Tensor& g = grad_outputs.at(0);
+  if (!g.defined()) return {};
+  REMAT_ASSERT(g.shape() == leaf_->shape, "gradient of shape ", shape_str(g.shape()), " for leaf of shape ",
+               shape_str(leaf_->shape));
+  Tensor leaf(leaf_);
+  if (!leaf_->grad) {
+    // A fresh gradient-tagged buffer: the incoming tensor may be a view or shared.
+    Tensor grad = Tensor::empty(leaf_->shape, leaf_->dtype, memory::Tag::gradient, leaf.device());
+    backend(leaf.device()).copy(g, grad);
+    leaf_->grad = grad.impl_ptr();
+  } else {
+    Tensor grad(leaf_->grad);
+    backend(leaf.device()).binary(BinaryOp::add, grad, g, grad);
+    grad.storage()->bump_version();
+  }
+  return {};
+}
+
+}  // namespace remat::autodiff

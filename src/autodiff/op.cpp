@@ -1,0 +1,199 @@
+#include "autodiff/op.h"
+
+#include "autodiff/kernels.h"
+#include "autodiff/state.h"
+
+namespace remat {
+
+bool grad_enabled() { return autodiff::thread_state().grad_enabled; }
+NoGradGuard::NoGradGuard() : previous_(autodiff::thread_state().grad_enabled) {
+  autodiff::thread_state().grad_enabled = false;
+}
+NoGradGuard::~NoGradGuard() { autodiff::thread_state().grad_enabled = previous_; }
+EnableGradGuard::EnableGradGuard(bool enabled) : previous_(autodiff::thread_state().grad_enabled) {
+  autodiff::thread_state().grad_enabled = enabled;
+}
+EnableGradGuard::~EnableGradGuard() { autodiff::thread_state().grad_enabled = previous_; }
+
+}  // namespace remat
+
+namespace remat::autodiff {
+
+OpCounters op_counters() { return thread_state().counters; }
+void reset_op_counters() { thread_state().counters = {}; }
+RecordingObserver* recording_observer() { return thread_state().observer; }
+RecordingObserver* set_recording_observer(RecordingObserver* observer) {
+  RecordingObserver* previous = thread_state().observer;
+  thread_state().observer = observer;
+  return previous;
+}
+int recompute_depth() { return thread_state().recompute_depth; }
+void set_recompute_depth(int depth) { thread_state().recompute_depth = depth; }
+bool in_op_forward() { return thread_state().in_op_forward; }
+
+namespace {
+// Restores a thread-state field on scope exit (also when an exception passes).
+template <class T>
+class Restore {
+ public:
+  Restore(T& field, T value) : field_(field), previous_(field) { field_ = value; }
+  ~Restore() { field_ = previous_; }
+
+ private:
+  T& field_;
+  T previous_;
+};
+}  // namespace
+
+// ---- BackwardContext
+
+BackwardContext::BackwardContext(OpNode& node, TensorList&& grad_outputs)
+    : node_(node), grad_outputs_(std::move(grad_outputs)), input_grads_(node.next_edges.size()) {}
+
+Tensor BackwardContext::grad_output(size_t i) {
+  REMAT_ASSERT(i < node_.num_visible_outputs, node_.name(), ": grad_output ", i);
+  if (!grad_outputs_[i].defined()) {
+    const OutputMeta& m = node_.outputs[i];
+    grad_outputs_[i] = zeros(m.shape, m.dtype);
+  }
+  return grad_outputs_[i];
+}
+bool BackwardContext::has_grad_output(size_t i) const { return grad_outputs_.at(i).defined(); }
+Tensor BackwardContext::input(size_t i) const {
+  REMAT_ASSERT(i < node_.saved_inputs.size(), node_.name(), ": input ", i, " was not declared as saved");
+  Tensor value = node_.saved_inputs[i].get();
+  REMAT_ASSERT(value.defined(), node_.name(), ": input ", i, " was not declared as saved");
+  return value;
+}
+Tensor BackwardContext::output(size_t i) const {
+  REMAT_ASSERT(i < node_.saved_outputs.size(), node_.name(), ": output ", i, " does not exist");
+  Tensor value = node_.saved_outputs[i].get();
+  REMAT_ASSERT(value.defined(), node_.name(), ": output ", i, " was not declared as saved");
+  return value;
+}
+size_t BackwardContext::num_outputs() const { return node_.num_visible_outputs; }
+size_t BackwardContext::num_saved_outputs() const { return node_.saved_outputs.size(); }
+size_t BackwardContext::num_inputs() const { return node_.input_meta.size(); }
+const OutputMeta& BackwardContext::input_meta(size_t i) const { return node_.input_meta.at(i); }
+bool BackwardContext::needs_input_grad(size_t i) const { return node_.input_requires_grad.at(i); }
+
+void BackwardContext::set_input_grad(size_t i, const Tensor& grad) {
+  REMAT_ASSERT(i < input_grads_.size());
+  if (!grad.defined() || !needs_input_grad(i)) return;
+  const OutputMeta& m = node_.input_meta[i];
+  Tensor g = grad.shape() == m.shape ? grad : sum_to(grad, m.shape);
+  REMAT_ASSERT(g.dtype() == m.dtype, node_.name(), ": gradient dtype ", dtype_name(g.dtype()), " for input ", i,
+               " of dtype ", dtype_name(m.dtype));
+  input_grads_[i] = g;
+}
+
+// ---- OpNode
+
+TensorList OpNode::apply(TensorList&& grad_outputs) {
+  ThreadState& state = thread_state();
+  Restore<bool> no_grad(state.grad_enabled, false);
+  Restore<bool> formula(state.in_backward_formula, true);
+  Restore<RecordingObserver*> no_observer(state.observer, nullptr);
+  grad_outputs.resize(num_visible_outputs);
+  BackwardContext ctx(*this, std::move(grad_outputs));
+  backward_(ctx);
+  return ctx.take_input_grads();
+}
+
+void OpNode::release_saved() {
+  for (auto& s : saved_inputs) s.release();
+  for (auto& s : saved_outputs) s.release();
+}
+
+size_t OpNode::saved_bytes() const {
+  size_t total = 0;
+  for (auto& s : saved_inputs) total += s.bytes();
+  for (auto& s : saved_outputs) total += s.bytes();
+  return total;
+}
+
+// ---- apply
+
+TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& forward, BackwardFn backward,
+                 double flops) {
+  ThreadState& state = thread_state();
+  if (state.in_op_forward) {
+    TensorList outputs = forward(inputs);
+    outputs.resize(outputs.size() - static_cast<size_t>(spec.num_aux));
+    return outputs;
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) REMAT_CHECK(inputs[i].defined(), spec.name, ": input ", i, " is undefined");
+
+  TensorList outputs;
+  bool replayed = state.observer && !state.in_backward_formula && state.observer->replay(spec.name, outputs);
+  if (!replayed) {
+    Restore<bool> nested(state.in_op_forward, true);
+    outputs = forward(inputs);
+  }
+  REMAT_ASSERT(outputs.size() > static_cast<size_t>(spec.num_aux), spec.name, ": forward returned ",
+               outputs.size(), " results");
+  size_t visible = outputs.size() - static_cast<size_t>(spec.num_aux);
+
+  if (!state.in_backward_formula) {
+    double f = flops;
+    if (f < 0) {
+      f = 0;
+      for (size_t i = 0; i < visible; ++i) f += static_cast<double>(outputs[i].numel());
+    }
+    if (replayed) {
+      ++state.counters.cached_ops;
+    } else {
+      ++state.counters.forward_ops;
+      state.counters.forward_flops += f;
+      if (state.recompute_depth > 0) {
+        ++state.counters.recomputed_ops;
+        state.counters.recomputed_flops += f;
+      }
+    }
+  }
+  if (!replayed && state.observer && !state.in_backward_formula) state.observer->after_forward(spec.name, outputs);
+
+  bool record = state.grad_enabled;
+  if (record) {
+    bool any = false;
+    for (const auto& in : inputs) any = any || in.requires_grad();
+    record = any;
+  }
+  if (record && state.observer && !state.in_backward_formula && state.observer->suppress_recording(inputs))
+    record = false;
+  if (!record) {
+    outputs.resize(visible);
+    return outputs;
+  }
+
+  auto node = std::make_shared<OpNode>(spec, std::move(backward));
+  node->num_visible_outputs = visible;
+  for (const auto& in : inputs) {
+    node->next_edges.push_back(gradient_edge(in));
+    node->input_meta.push_back({in.shape(), in.dtype(), in.device()});
+    node->input_requires_grad.push_back(in.requires_grad());
+  }
+  if (spec.save & save_inputs)
+    for (size_t i = 0; i < inputs.size(); ++i)
+      node->saved_inputs.emplace_back(i < 32 && ((spec.saved_inputs_mask >> i) & 1u) ? inputs[i] : Tensor());
+  for (size_t i = 0; i < outputs.size(); ++i)
+    node->saved_outputs.emplace_back((spec.save & save_outputs) || i >= visible ? outputs[i] : Tensor());
+  outputs.resize(visible);
+  for (size_t i = 0; i < visible; ++i) {
+    Tensor& out = outputs[i];
+    bool alias_needed = out.grad_fn() != nullptr || out.requires_grad();
+    for (const auto& in : inputs) alias_needed = alias_needed || out.same(in);
+    if (alias_needed) out = out.detach();
+    if (!is_floating(out.dtype())) {
+      node->outputs.push_back({out.shape(), out.dtype(), out.device()});
+      continue;  // index outputs carry no gradient
+    }
+    out.impl().grad_fn = node;
+    out.impl().output_nr = static_cast<uint32_t>(i);
+    out.impl().requires_grad = true;
+    node->outputs.push_back({out.shape(), out.dtype(), out.device()});
+  }
+  return outputs;
+}
+
+}  // namespace remat::autodiff

@@ -1,0 +1,18 @@
+// Internal: the thread-local state of the autodiff layer.
+#pragma once
+
+#include "remat/autodiff.h"
+
+namespace remat::autodiff {
+
+struct ThreadState {
+  bool grad_enabled = true;
+  bool in_op_forward = false;      // inside an op's forward body: nested ops are plain calls
+  bool in_backward_formula = false;  // inside an op's backward formula: not counted as forward work
+  int recompute_depth = 0;
+  RecordingObserver* observer = nullptr;
+  OpCounters counters;
+};
+ThreadState& thread_state();
+
+}  // namespace remat::autodiff

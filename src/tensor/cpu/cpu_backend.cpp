@@ -1,0 +1,168 @@
+// CPU backend: registration, threads, data movement and random fills.
+#include "tensor/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace remat {
+
+namespace {
+Backend* backends[2] = {nullptr, nullptr};
+}
+
+Backend& cpu_backend() {
+  static cpu::CpuBackend* instance = new cpu::CpuBackend();
+  return *instance;
+}
+
+void register_backend(DeviceType type, Backend* b) { backends[static_cast<int>(type)] = b; }
+
+Backend& backend(Device device) {
+  if (device.type == DeviceType::cpu) return cpu_backend();
+  Backend* b = backends[static_cast<int>(device.type)];
+  REMAT_CHECK(b != nullptr, "no backend registered for device ", device_name(device));
+  return *b;
+}
+
+void set_num_threads(int threads) {
+  REMAT_CHECK(threads >= 1, "set_num_threads: need at least one thread, got ", threads);
+  cpu_backend().set_num_threads(threads);
+}
+int num_threads() { return cpu_backend().num_threads(); }
+
+}  // namespace remat
+
+namespace remat::cpu {
+
+
+void set_gemm_threads(int threads);  // gemm.cpp
+
+void CpuBackend::set_num_threads(int threads) {
+  omp_set_num_threads(threads);
+  set_gemm_threads(threads);
+}
+int CpuBackend::num_threads() const { return omp_get_max_threads(); }
+
+std::vector<int64_t> broadcast_strides(const Tensor& t, const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 0);
+  size_t lead = shape.size() - t.shape().size();
+  for (size_t i = 0; i < t.shape().size(); ++i)
+    strides[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  return strides;
+}
+
+template <class Dst, class Src>
+static void copy_typed(const Tensor& src, const Tensor& dst) {
+  auto layout = make_layout<2>(dst.shape(), {broadcast_strides(dst, dst.shape()), broadcast_strides(src, dst.shape())},
+                               {dst.offset(), src.offset()});
+  Dst* d = static_cast<Dst*>(dst.storage()->data());
+  const Src* s = static_cast<const Src*>(src.storage()->data());
+  for_each_run<2>(layout, [&](int64_t n, std::array<int64_t, 2> off, std::array<int64_t, 2> st) {
+    Dst* dp = d + off[0];
+    const Src* sp = s + off[1];
+    if (st[0] == 1 && st[1] == 1) {
+      if constexpr (std::is_same_v<Dst, Src>) {
+        std::memcpy(dp, sp, static_cast<size_t>(n) * sizeof(Dst));
+      } else {
+        for (int64_t i = 0; i < n; ++i) dp[i] = static_cast<Dst>(sp[i]);
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) dp[i * st[0]] = static_cast<Dst>(sp[i * st[1]]);
+    }
+  });
+}
+
+template <class Dst>
+static void copy_from(const Tensor& src, const Tensor& dst) {
+  switch (src.dtype()) {
+    case DType::f32: return copy_typed<Dst, float>(src, dst);
+    case DType::f64: return copy_typed<Dst, double>(src, dst);
+    case DType::i64: return copy_typed<Dst, int64_t>(src, dst);
+  }
+}
+
+void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
+  if (dst.numel() == 0) return;
+  switch (dst.dtype()) {
+    case DType::f32: return copy_from<float>(src, dst);
+    case DType::f64: return copy_from<double>(src, dst);
+    case DType::i64: return copy_from<int64_t>(src, dst);
+  }
+}
+
+template <class T>
+static void fill_typed(const Tensor& dst, T value) {
+  auto layout = make_layout<1>(dst.shape(), {broadcast_strides(dst, dst.shape())}, {dst.offset()});
+  T* d = static_cast<T*>(dst.storage()->data());
+  for_each_run<1>(layout, [&](int64_t n, std::array<int64_t, 1> off, std::array<int64_t, 1> st) {
+    T* p = d + off[0];
+    if (st[0] == 1)
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+    else
+      for (int64_t i = 0; i < n; ++i) p[i * st[0]] = value;
+  });
+}
+
+void CpuBackend::fill(const Tensor& dst, double value) {
+  if (dst.numel() == 0) return;
+  switch (dst.dtype()) {
+    case DType::f32: return fill_typed<float>(dst, static_cast<float>(value));
+    case DType::f64: return fill_typed<double>(dst, value);
+    case DType::i64: return fill_typed<int64_t>(dst, static_cast<int64_t>(value));
+  }
+}
+
+void CpuBackend::arange(const Tensor& dst, double start, double step) {
+  REMAT_ASSERT(dst.is_contiguous());
+  int64_t n = dst.numel();
+  switch (dst.dtype()) {
+    case DType::f32:
+      for (int64_t i = 0; i < n; ++i) dst.data<float>()[i] = static_cast<float>(start + step * static_cast<double>(i));
+      break;
+    case DType::f64:
+      for (int64_t i = 0; i < n; ++i) dst.data<double>()[i] = start + step * static_cast<double>(i);
+      break;
+    case DType::i64:
+      for (int64_t i = 0; i < n; ++i) dst.data<int64_t>()[i] = static_cast<int64_t>(start + step * static_cast<double>(i));
+      break;
+  }
+}
+
+// Element i of a random tensor uses words (offset + i) (uniform) or (offset + 2i, offset + 2i + 1)
+// (normal), so the values do not depend on how the loop is split across threads.
+void CpuBackend::rand_uniform(const Tensor& dst, RngState state, double low, double high) {
+  REMAT_ASSERT(dst.is_contiguous());
+  int64_t n = dst.numel();
+  dispatch_float(dst.dtype(), "rand", [&]<class scalar_t>() {
+    scalar_t* d = dst.data<scalar_t>();
+    const scalar_t lo = static_cast<scalar_t>(low), span = static_cast<scalar_t>(high - low);
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t w = philox_word(state, static_cast<uint64_t>(i));
+      scalar_t u = std::is_same_v<scalar_t, float> ? static_cast<scalar_t>(uniform_float(w))
+                                                   : static_cast<scalar_t>(uniform_double(w));
+      d[i] = lo + span * u;
+    }
+  });
+}
+
+void CpuBackend::rand_normal(const Tensor& dst, RngState state, double mean, double stddev) {
+  REMAT_ASSERT(dst.is_contiguous());
+  int64_t n = dst.numel();
+  dispatch_float(dst.dtype(), "randn", [&]<class scalar_t>() {
+    scalar_t* d = dst.data<scalar_t>();
+#pragma omp parallel for schedule(static) if (n >= kParallelThreshold)
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t w0 = philox_word(state, 2 * static_cast<uint64_t>(i));
+      uint32_t w1 = philox_word(state, 2 * static_cast<uint64_t>(i) + 1);
+      double u1 = (static_cast<double>(w0) + 1.0) * (1.0 / 4294967297.0);  // (0, 1)
+      double u2 = uniform_double(w1);
+      double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+      d[i] = static_cast<scalar_t>(mean + stddev * z);
+    }
+  });
+}
+
+}  // namespace remat::cpu

@@ -1,0 +1,160 @@
+// Internal: the CPU backend. Kernels are split by family into the .cpp files beside this one.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "remat/backend.h"
+
+namespace remat::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  DeviceType device_type() const override { return DeviceType::cpu; }
+  memory::Allocator& allocator() override { return memory::cpu(); }
+  void set_num_threads(int threads) override;
+  int num_threads() const override;
+
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, double value) override;
+  void arange(const Tensor& dst, double start, double step) override;
+  void rand_uniform(const Tensor& dst, RngState state, double low, double high) override;
+  void rand_normal(const Tensor& dst, RngState state, double mean, double stddev) override;
+
+  void unary(UnaryOp op, const Tensor& x, const Tensor& y, double scalar) override;
+  void unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& gy, const Tensor& gx,
+                      double scalar) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) override;
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
+            double beta) override;
+
+  void softmax(const Tensor& x, const Tensor& y, bool log) override;
+  void softmax_backward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log) override;
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
+                  const Tensor& mean, const Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& gy, const Tensor& gx, const Tensor& gweight, const Tensor& gbias) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) override;
+  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& gy,
+                         const Tensor& gx, const Tensor& gweight) override;
+  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
+  void embedding_backward(const Tensor& ids, const Tensor& gout, const Tensor& gtable) override;
+  void cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing, int64_t ignore_index,
+                     const Tensor& losses, const Tensor& logp) override;
+  void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss,
+                              double label_smoothing, int64_t ignore_index, const Tensor& glogits) override;
+  void dropout(const Tensor& x, double p, RngState state, const Tensor& y) override;
+};
+
+// Below this many elements a kernel runs on one thread (thread start-up costs more).
+inline constexpr int64_t kParallelThreshold = 1 << 15;
+
+// ---- strided iteration over an output shape with broadcast inputs
+// Operand 0 is the output (contiguous); others are inputs broadcast to the output's shape.
+// Adjacent axes that are contiguous for every operand are merged, so the common case is one
+// long inner loop with unit (or zero) strides that the compiler vectorises.
+template <size_t N>
+struct StridedLayout {
+  std::vector<int64_t> shape;                    // collapsed shape
+  std::array<std::vector<int64_t>, N> strides;   // per operand, in elements
+  std::array<int64_t, N> offsets{};              // per operand base offset
+};
+
+// Strides of `t` broadcast to `shape` (0 on broadcast axes), aligned right.
+std::vector<int64_t> broadcast_strides(const Tensor& t, const Shape& shape);
+
+template <size_t N>
+StridedLayout<N> make_layout(const Shape& shape, const std::array<std::vector<int64_t>, N>& strides,
+                             const std::array<int64_t, N>& offsets) {
+  StridedLayout<N> layout;
+  layout.offsets = offsets;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 1) continue;  // size-1 axes never move
+    bool merge = !layout.shape.empty();
+    if (merge)
+      for (size_t k = 0; k < N; ++k)
+        if (layout.strides[k].back() != strides[k][i] * shape[i]) merge = false;
+    if (merge) {
+      layout.shape.back() *= shape[i];
+      for (size_t k = 0; k < N; ++k) layout.strides[k].back() = strides[k][i];
+    } else {
+      layout.shape.push_back(shape[i]);
+      for (size_t k = 0; k < N; ++k) layout.strides[k].push_back(strides[k][i]);
+    }
+  }
+  if (layout.shape.empty()) {
+    layout.shape.push_back(1);
+    for (size_t k = 0; k < N; ++k) layout.strides[k].push_back(0);
+  }
+  return layout;
+}
+
+// Calls inner(count, offsets, inner_strides) for each run of the innermost axis, in parallel
+// over the outer index when the total is large.
+template <size_t N, class Inner>
+void for_each_run(const StridedLayout<N>& layout, Inner&& inner) {
+  const int64_t rank = static_cast<int64_t>(layout.shape.size());
+  const int64_t inner_count = layout.shape.back();
+  int64_t outer_count = 1;
+  for (int64_t i = 0; i + 1 < rank; ++i) outer_count *= layout.shape[i];
+  std::array<int64_t, N> inner_strides;
+  for (size_t k = 0; k < N; ++k) inner_strides[k] = layout.strides[k].back();
+  auto run_outer = [&](int64_t o) {
+    std::array<int64_t, N> off = layout.offsets;
+    int64_t rem = o;
+    for (int64_t i = rank - 2; i >= 0; --i) {
+      int64_t idx = rem % layout.shape[i];
+      rem /= layout.shape[i];
+      for (size_t k = 0; k < N; ++k) off[k] += idx * layout.strides[k][i];
+    }
+    inner(inner_count, off, inner_strides);
+  };
+  if (outer_count == 1) {
+    // one long run: split it across threads
+    const int64_t total = inner_count;
+    if (total >= kParallelThreshold) {
+#pragma omp parallel
+      {
+        int threads = omp_get_num_threads();
+        int id = omp_get_thread_num();
+        int64_t chunk = (total + threads - 1) / threads;
+        chunk = (chunk + 15) / 16 * 16;
+        int64_t begin = std::min<int64_t>(total, chunk * id), end = std::min<int64_t>(total, begin + chunk);
+        if (end > begin) {
+          std::array<int64_t, N> off = layout.offsets;
+          for (size_t k = 0; k < N; ++k) off[k] += begin * inner_strides[k];
+          inner(end - begin, off, inner_strides);
+        }
+      }
+    } else {
+      inner(total, layout.offsets, inner_strides);
+    }
+    return;
+  }
+  if (outer_count * inner_count >= kParallelThreshold) {
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < outer_count; ++o) run_outer(o);
+  } else {
+    for (int64_t o = 0; o < outer_count; ++o) run_outer(o);
+  }
+}
+
+
+// dtype dispatch: calls f.template operator()<T>() with T = float or double.
+//   dispatch_float(x.dtype(), "exp", [&]<class scalar_t>() { ... });
+template <class F>
+decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    default: throw Error(detail::concat(op, ": unsupported dtype ", dtype_name(dtype)));
+  }
+}
+
+}  // namespace remat::cpu

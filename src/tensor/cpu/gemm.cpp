@@ -1,0 +1,109 @@
+// CPU matrix products. Library choice, by measurement on the target machines (2-core Zen4, see
+// bench/gemm_bench.cpp and the README): float32 goes to oneDNN's dnnl_sgemm (about 93% of peak
+// on every shape, runtime ISA dispatch, no environment variables needed); float64 goes to
+// OpenBLAS's cblas_dgemm (oneDNN has no dgemm; OpenBLAS picks a correct AVX-512 kernel here).
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <cblas.h>
+
+#include "tensor/cpu/cpu_backend.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace remat::cpu {
+
+void set_gemm_threads(int threads) { openblas_set_num_threads(threads); }
+
+namespace {
+
+// A matrix operand as BLAS sees it: row-major with leading dimension ld, maybe transposed.
+struct MatrixView {
+  const void* base = nullptr;
+  int64_t batch_stride = 0;
+  int64_t ld = 0;
+  bool trans = false;
+};
+
+// Describes a [batch, rows, cols] operand (rows x cols before the logical transpose flag).
+// Returns false when the strides are not BLAS-compatible (then the caller copies it).
+bool blas_view(const Tensor& t, bool logical_trans, MatrixView& view) {
+  const auto& st = t.strides();
+  int64_t rows = t.shape()[1], cols = t.shape()[2];
+  view.batch_stride = t.shape()[0] == 1 ? 0 : st[0];
+  view.base = t.raw_data();
+  if ((st[2] == 1 || cols == 1) && st[1] >= std::max<int64_t>(cols, 1)) {
+    view.ld = std::max<int64_t>(st[1], 1);
+    view.trans = logical_trans;
+    return true;
+  }
+  if ((st[1] == 1 || rows == 1) && st[2] >= std::max<int64_t>(rows, 1)) {
+    view.ld = std::max<int64_t>(st[2], 1);
+    view.trans = !logical_trans;
+    return true;
+  }
+  return false;
+}
+
+template <class T>
+void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+              int64_t ldb, T beta, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    REMAT_ASSERT(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+                static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+  }
+}
+
+}  // namespace
+
+void CpuBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, bool trans_b, const Tensor& c,
+                      double alpha, double beta) {
+  REMAT_ASSERT(a_in.dim() == 3 && b_in.dim() == 3 && c.dim() == 3, "gemm expects rank-3 operands");
+  REMAT_ASSERT(c.is_contiguous());
+  const int64_t batch = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
+  const int64_t k = trans_a ? a_in.shape()[1] : a_in.shape()[2];
+  if (batch == 0 || m == 0 || n == 0) return;
+  Tensor a = a_in, b = b_in;
+  MatrixView va, vb;
+  if (!blas_view(a, trans_a, va)) {
+    a = Tensor::empty(a_in.shape(), a_in.dtype());
+    copy(a_in, a);
+    blas_view(a, trans_a, va);
+  }
+  if (!blas_view(b, trans_b, vb)) {
+    b = Tensor::empty(b_in.shape(), b_in.dtype());
+    copy(b_in, b);
+    blas_view(b, trans_b, vb);
+  }
+  dispatch_float(c.dtype(), "matmul", [&]<class scalar_t>() {
+    using T = scalar_t;
+    const T* ap = static_cast<const T*>(va.base);
+    const T* bp = static_cast<const T*>(vb.base);
+    T* cp = c.data<T>();
+    const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
+    if (k == 0) {
+      // C = beta * C
+      for (int64_t i = 0; i < batch * m * n; ++i) cp[i] = beta == 0 ? T(0) : be * cp[i];
+      return;
+    }
+    auto one = [&](int64_t i) {
+      gemm_one<T>(va.trans, vb.trans, m, n, k, al, ap + i * va.batch_stride, va.ld, bp + i * vb.batch_stride, vb.ld,
+                  be, cp + i * m * n, n);
+    };
+    // Many small products: one per thread (each runs single-threaded inside the parallel region).
+    // Large products: one at a time, the library parallelises inside.
+    bool small = static_cast<double>(m) * n * k < 256.0 * 256 * 256;
+    if (std::is_same_v<T, float> && batch > 1 && small) {
+#pragma omp parallel for schedule(dynamic)
+      for (int64_t i = 0; i < batch; ++i) one(i);
+    } else {
+      for (int64_t i = 0; i < batch; ++i) one(i);
+    }
+  });
+}
+
+}  // namespace remat::cpu

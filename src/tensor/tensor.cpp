@@ -1,0 +1,324 @@
+// Tensor handle, storage and shape helpers (no autodiff logic here beyond the metadata fields).
+#include "remat/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+#include "remat/backend.h"
+
+namespace remat {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 8; }
+
+std::string device_name(Device device) {
+  return device.type == DeviceType::cpu ? "cpu" : "cuda:" + std::to_string(device.index);
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+Strides contiguous_strides(const Shape& shape) {
+  Strides strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    REMAT_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
+                " cannot be broadcast together (axis ", i, ": ", da, " vs ", db, ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+// ---- Storage
+
+Storage::Storage(size_t bytes, memory::Tag tag, Device device) : bytes_(bytes), tag_(tag), device_(device) {
+  data_ = backend(device).allocator().allocate(bytes, tag);
+}
+
+Storage::~Storage() { backend(device_).allocator().deallocate(data_, bytes_, tag_); }
+
+void Storage::set_tag(memory::Tag tag) {
+  if (tag == tag_) return;
+  backend(device_).allocator().retag(bytes_, tag_, tag);
+  tag_ = tag;
+}
+
+void Storage::add_saved_reference() {
+  if (saved_references_++ == 0 && tag_ == memory::Tag::other) set_tag(memory::Tag::saved);
+}
+
+void Storage::remove_saved_reference() {
+  REMAT_ASSERT(saved_references_ > 0);
+  if (--saved_references_ == 0 && tag_ == memory::Tag::saved) set_tag(memory::Tag::other);
+}
+
+// ---- Tensor
+
+static void check_shape(const Shape& shape, const char* op) {
+  REMAT_CHECK(static_cast<int>(shape.size()) <= kMaxRank, op, ": rank ", shape.size(), " of shape ",
+              shape_str(shape), " exceeds the maximum rank ", kMaxRank);
+  for (auto d : shape) REMAT_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(shape));
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, memory::Tag tag, Device device) {
+  check_shape(shape, "empty");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), tag, device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+TensorImpl& Tensor::impl() const {
+  REMAT_CHECK(impl_ != nullptr, "operation on an undefined tensor");
+  return *impl_;
+}
+
+int64_t Tensor::size(int64_t axis) const {
+  int64_t rank = dim();
+  int64_t a = axis < 0 ? axis + rank : axis;
+  REMAT_CHECK(a >= 0 && a < rank, "size: axis ", axis, " out of range for shape ", shape_str(shape()));
+  return impl().shape[a];
+}
+
+bool Tensor::is_contiguous() const {
+  const auto& s = impl().shape;
+  const auto& st = impl().strides;
+  int64_t expected = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    if (s[i] != 1 && st[i] != expected) return false;
+    expected *= s[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  return static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(dtype_size(dtype()));
+}
+
+static double read_element(const Tensor& t, int64_t flat_offset) {
+  const char* base = static_cast<const char*>(t.storage()->data());
+  switch (t.dtype()) {
+    case DType::f32: return reinterpret_cast<const float*>(base)[flat_offset];
+    case DType::f64: return reinterpret_cast<const double*>(base)[flat_offset];
+    case DType::i64: return static_cast<double>(reinterpret_cast<const int64_t*>(base)[flat_offset]);
+  }
+  return 0;
+}
+
+double Tensor::item() const {
+  REMAT_CHECK(numel() == 1, "item: tensor of shape ", shape_str(shape()), " has ", numel(), " elements, not 1");
+  REMAT_CHECK(device().type == DeviceType::cpu, "item: tensor is on ", device_name(device()));
+  return read_element(*this, offset());
+}
+
+double Tensor::at(const std::vector<int64_t>& index) const {
+  REMAT_CHECK(static_cast<int64_t>(index.size()) == dim(), "at: index of rank ", index.size(),
+              " for tensor of shape ", shape_str(shape()));
+  int64_t off = offset();
+  for (size_t i = 0; i < index.size(); ++i) {
+    int64_t k = index[i] < 0 ? index[i] + shape()[i] : index[i];
+    REMAT_CHECK(k >= 0 && k < shape()[i], "at: index ", index[i], " out of range for axis ", i, " of shape ",
+                shape_str(shape()));
+    off += k * strides()[i];
+  }
+  return read_element(*this, off);
+}
+
+std::vector<double> Tensor::to_vector() const {
+  REMAT_CHECK(device().type == DeviceType::cpu, "to_vector: tensor is on ", device_name(device()));
+  std::vector<double> out(static_cast<size_t>(numel()));
+  const auto& s = shape();
+  std::vector<int64_t> idx(s.size(), 0);
+  for (size_t n = 0; n < out.size(); ++n) {
+    int64_t off = offset();
+    for (size_t i = 0; i < s.size(); ++i) off += idx[i] * strides()[i];
+    out[n] = read_element(*this, off);
+    for (size_t i = s.size(); i-- > 0;) {
+      if (++idx[i] < s[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return out;
+}
+
+Tensor& Tensor::requires_grad_(bool value) {
+  REMAT_CHECK(is_leaf(), "requires_grad_: only leaves can be marked; this tensor was produced by ",
+              "an op (use detach() first)");
+  REMAT_CHECK(!value || is_floating(dtype()), "requires_grad_: ", dtype_name(dtype()), " tensors cannot require grad");
+  impl().requires_grad = value;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl().grad ? Tensor(impl().grad) : Tensor(); }
+
+void Tensor::zero_grad() { impl().grad.reset(); }
+
+void Tensor::set_grad(const Tensor& grad) {
+  if (!grad.defined()) {
+    impl().grad.reset();
+    return;
+  }
+  REMAT_CHECK(grad.shape() == shape(), "set_grad: gradient shape ", shape_str(grad.shape()),
+              " differs from tensor shape ", shape_str(shape()));
+  impl().grad = grad.impl_ptr();
+}
+
+Tensor Tensor::detach() const {
+  auto alias = std::make_shared<TensorImpl>();
+  alias->storage = impl().storage;
+  alias->offset = impl().offset;
+  alias->shape = impl().shape;
+  alias->strides = impl().strides;
+  alias->dtype = impl().dtype;
+  alias->name = impl().name;
+  return Tensor(std::move(alias));
+}
+
+Tensor& Tensor::set_name(std::string name) {
+  impl().name = std::move(name);
+  return *this;
+}
+
+void Tensor::copy_(const Tensor& source) {
+  REMAT_CHECK(source.defined(), "copy_: source is undefined");
+  Shape b = broadcast_shapes(source.shape(), shape(), "copy_");
+  REMAT_CHECK(b == shape(), "copy_: source of shape ", shape_str(source.shape()),
+              " cannot be broadcast to destination shape ", shape_str(shape()));
+  backend(device()).copy(source, *this);
+  storage()->bump_version();
+}
+
+void Tensor::fill_(double value) {
+  backend(device()).fill(*this, value);
+  storage()->bump_version();
+}
+
+// ---- printing
+
+std::string to_string(const Tensor& t, int max_per_axis) {
+  if (!t.defined()) return "Tensor(undefined)";
+  std::ostringstream out;
+  out << "Tensor(shape=" << shape_str(t.shape()) << ", dtype=" << dtype_name(t.dtype());
+  if (t.requires_grad()) out << ", requires_grad";
+  out << ",\n  ";
+  auto values = t.to_vector();
+  const auto& s = t.shape();
+  out << std::setprecision(t.dtype() == DType::f64 ? 10 : 6);
+  // Recursive pretty print with elision of long axes.
+  std::function<void(size_t, size_t)> rec = [&](size_t axis, size_t base) {
+    if (axis == s.size()) {
+      out << values[base];
+      return;
+    }
+    size_t stride = 1;
+    for (size_t i = axis + 1; i < s.size(); ++i) stride *= static_cast<size_t>(s[i]);
+    out << "[";
+    int64_t n = s[axis];
+    for (int64_t i = 0; i < n; ++i) {
+      if (n > max_per_axis && i == max_per_axis / 2) {
+        out << "...";
+        i = n - max_per_axis / 2 - 1;
+        if (i + 1 < n) out << ", ";
+        continue;
+      }
+      rec(axis + 1, base + static_cast<size_t>(i) * stride);
+      if (i + 1 < n) out << (axis + 1 == s.size() ? ", " : ",\n   ");
+    }
+    out << "]";
+  };
+  rec(0, 0);
+  out << ")";
+  return out.str();
+}
+
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor) { return out << to_string(tensor); }
+
+// ---- factories
+
+Tensor full(const Shape& shape, double value, DType dtype, memory::Tag tag) {
+  Tensor t = Tensor::empty(shape, dtype, tag);
+  cpu_backend().fill(t, value);
+  return t;
+}
+Tensor zeros(const Shape& shape, DType dtype, memory::Tag tag) { return full(shape, 0.0, dtype, tag); }
+Tensor ones(const Shape& shape, DType dtype, memory::Tag tag) { return full(shape, 1.0, dtype, tag); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
+Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }
+
+Tensor arange(double start, double stop, double step, DType dtype) {
+  REMAT_CHECK(step != 0, "arange: step must be nonzero");
+  double count = std::ceil((stop - start) / step);
+  int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
+  Tensor t = Tensor::empty({n}, dtype);
+  cpu_backend().arange(t, start, step);
+  return t;
+}
+Tensor arange(int64_t stop, DType dtype) { return arange(0.0, static_cast<double>(stop), 1.0, dtype); }
+
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, memory::Tag tag) {
+  REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
+              " values do not fill shape ", shape_str(shape));
+  Tensor t = Tensor::empty(shape, dtype, tag);
+  for (size_t i = 0; i < values.size(); ++i) {
+    switch (dtype) {
+      case DType::f32: t.data<float>()[i] = static_cast<float>(values[i]); break;
+      case DType::f64: t.data<double>()[i] = values[i]; break;
+      case DType::i64: t.data<int64_t>()[i] = static_cast<int64_t>(values[i]); break;
+    }
+  }
+  return t;
+}
+
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, memory::Tag tag) {
+  REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
+              " values do not fill shape ", shape_str(shape));
+  Tensor t = Tensor::empty(shape, DType::f32, tag);
+  if (!values.empty()) std::memcpy(t.data<float>(), values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+Tensor from_indices(const std::vector<int64_t>& values, const Shape& shape) {
+  REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_indices: ", values.size(),
+              " values do not fill shape ", shape_str(shape));
+  Tensor t = Tensor::empty(shape, DType::i64);
+  if (!values.empty()) std::memcpy(t.data<int64_t>(), values.data(), values.size() * sizeof(int64_t));
+  return t;
+}
+
+}  // namespace remat
