@@ -124,6 +124,11 @@ class Node : public std::enable_shared_from_this<Node> {
   // One gradient per output (undefined when none reached it) -> one per next edge (undefined
   // when that input gets no gradient).
   virtual TensorList apply(TensorList&& grad_outputs) = 0;
+  // Nodes that forward gradients computed elsewhere (checkpoint regions) may return, per input
+  // edge, several contributions in the order they arose; the engine adds them one by one, so
+  // the floating-point sum is the same as if the contributing ops had been recorded here.
+  virtual bool returns_contributions() const { return false; }
+  virtual std::vector<TensorList> apply_contributions(TensorList&& grad_outputs) { return {}; }
   // Drops the values kept for apply(); called after apply() unless the graph is retained.
   virtual void release_saved() {}
   virtual bool is_accumulator() const { return false; }
@@ -172,7 +177,10 @@ struct EngineTask {
 };
 struct EngineResult {
   std::vector<Edge> captured_edges;
-  TensorList captured_grads;  // parallel to captured_edges (capture order, or frontier order)
+  // parallel to captured_edges (capture order, then frontier order): the gradients that arrived
+  // there, in arrival order (not summed; see Node::apply_contributions)
+  std::vector<TensorList> captured_grads;
+  Tensor summed(size_t i) const;  // their sum, added in arrival order
 };
 EngineResult run_engine(EngineTask task);
 
@@ -195,7 +203,7 @@ class RecordingObserver {
   virtual ~RecordingObserver() = default;
   // Called before an op runs; may return its outputs (from a cache) instead of running it.
   virtual bool replay(const std::string& op, TensorList& outputs) = 0;
-  // Called after an op's forward ran (not when replayed).
+  // Called after an op's forward ran or was replayed.
   virtual void after_forward(const std::string& op, const TensorList& outputs) = 0;
   // Called when the op's inputs require grad; returning true suppresses recording of a node.
   virtual bool suppress_recording(const TensorList& inputs) = 0;

@@ -121,22 +121,38 @@ class Engine {
       REMAT_ASSERT(grad.shape() == meta.shape, "gradient of shape ", shape_str(grad.shape()), " sent to ",
                    e.node->name(), " output ", e.input_nr, " of shape ", shape_str(meta.shape));
     }
+    send_contributions(e, grad.defined() ? TensorList{grad} : TensorList{}, ready, count_dependency);
+  }
+
+  void send_contributions(const Edge& e, const TensorList& grads, std::priority_queue<std::pair<uint64_t, Node*>>& ready,
+                          bool count_dependency) {
+    if (!e.valid()) return;
     if (captured(e)) {
       auto it = capture_index_.find(key(e));
+      size_t slot;
       if (it == capture_index_.end()) {
-        capture_index_[key(e)] = result_.captured_edges.size();
+        slot = result_.captured_edges.size();
+        capture_index_[key(e)] = slot;
         result_.captured_edges.push_back(e);
-        result_.captured_grads.push_back(grad);
+        result_.captured_grads.emplace_back();
       } else {
-        accumulate(result_.captured_grads[it->second], grad);
+        slot = it->second;
       }
+      for (const auto& g : grads)
+        if (g.defined()) result_.captured_grads[slot].push_back(g);
     }
     if (!executable(e.node.get())) return;
     auto it = info_.find(e.node.get());
     if (it == info_.end() || !it->second.needed) return;
     NodeInfo& info = it->second;
     if (info.buffer.empty()) info.buffer.resize(e.node->outputs.size());
-    accumulate(info.buffer[e.input_nr], grad);
+    for (const auto& g : grads) {
+      if (!g.defined()) continue;
+      const OutputMeta& meta = e.node->outputs.at(e.input_nr);
+      REMAT_ASSERT(g.shape() == meta.shape, "gradient of shape ", shape_str(g.shape()), " sent to ", e.node->name(),
+                   " output ", e.input_nr, " of shape ", shape_str(meta.shape));
+      accumulate(info.buffer[e.input_nr], g);
+    }
     if (count_dependency && --info.dependencies == 0) ready.push({e.node->sequence_nr(), e.node.get()});
   }
 
@@ -147,17 +163,20 @@ class Engine {
     grads.resize(node->outputs.size());
     bool any = false;
     for (auto& g : grads) any = any || g.defined();
-    TensorList input_grads;
+    std::vector<TensorList> contributions;
     if (any) {
       ++thread_state().counters.backward_nodes;
-      input_grads = node->apply(std::move(grads));
+      if (node->returns_contributions()) {
+        contributions = node->apply_contributions(std::move(grads));
+      } else {
+        TensorList input_grads = node->apply(std::move(grads));
+        for (auto& g : input_grads) contributions.push_back(g.defined() ? TensorList{std::move(g)} : TensorList{});
+      }
     }
     if (!task_.retain_graph) node->release_saved();
-    input_grads.resize(node->next_edges.size());
-    // Copy the edges: apply() of an accumulator or region may not touch them, but a node can be
-    // freed once its last gradient has been sent if nothing else holds it.
+    contributions.resize(node->next_edges.size());
     std::vector<Edge> edges = node->next_edges;
-    for (size_t i = 0; i < edges.size(); ++i) send(edges[i], input_grads[i], ready, true);
+    for (size_t i = 0; i < edges.size(); ++i) send_contributions(edges[i], contributions[i], ready, true);
   }
 
   EngineTask& task_;
@@ -167,6 +186,12 @@ class Engine {
 };
 
 }  // namespace
+
+Tensor EngineResult::summed(size_t i) const {
+  Tensor total;
+  for (const auto& g : captured_grads.at(i)) accumulate(total, g);
+  return total;
+}
 
 EngineResult run_engine(EngineTask task) {
   REMAT_ASSERT(task.roots.size() == task.root_grads.size());
@@ -228,7 +253,7 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
   auto result = autodiff::run_engine(std::move(task));
   TensorList grads(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    grads[i] = result.captured_grads[i];
+    grads[i] = result.summed(i);
     if (!grads[i].defined()) {
       REMAT_CHECK(allow_unused, "grad: the outputs do not depend on input ", i);
       grads[i] = zeros(inputs[i].shape(), inputs[i].dtype());

@@ -151,7 +151,7 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
       }
     }
   }
-  if (!replayed && state.observer && !state.in_backward_formula) state.observer->after_forward(spec.name, outputs);
+  if (state.observer && !state.in_backward_formula) state.observer->after_forward(spec.name, outputs);
 
   bool record = state.grad_enabled;
   if (record) {

@@ -1,0 +1,112 @@
+// remat/checkpoint.h - checkpoint regions: forward without keeping, recompute in backward.
+//
+//   // a block run as a region: its internals are not kept; the backward re-runs it once
+//   Tensor y = remat::checkpoint([&](const Tensor& h) { return mlp_block(h); }, x);
+//
+//   // or set it once for a whole model: every child of a Chain becomes a region
+//   remat::Chain model;
+//   for (int i = 0; i < 16; ++i) model.add([&, i](const Tensor& h) { return blocks[i](h); });
+//   remat::ScopedPolicy policy(remat::Policy::parse("every-layer"));   // the default anyway
+//   Tensor loss = remat::mean(model.forward(x));
+//   loss.backward();
+//
+// How it works. checkpoint(fn, inputs) runs fn with recording off: no node is created inside, so
+// nothing its ops would save is kept. It keeps the inputs, the RNG state at entry and (selective
+// policy) the outputs of the kept op kinds, and records one region node whose edges lead to the
+// inputs and to every tensor requiring grad that fn used without receiving it as an input
+// (captured parameters, found while fn ran). In the backward pass the region node restores the
+// RNG state, re-runs fn with recording on (a fresh sub-tape; inner regions met there become
+// regions again: multi-level checkpointing), runs the backward of that sub-tape only, hands the
+// gradients on along its own edges (so a captured parameter's gradient is accumulated exactly
+// once, by the outer backward), and frees the sub-tape. Re-running fn never goes through
+// checkpoint() for this region again, so there is no recursion through the rule.
+//
+// Memory. For a chain of N regions with boundary (input) bytes b each and internal saved bytes
+// I (what one region's ops keep when recorded), the peak of saved bytes under every-layer is
+//     peak_saved <= N * b + I + g
+// where g is one gradient-sized temporary (the loss op's own saved input), against about
+// N * (I + b) under save-all. Under every-k:K: (N / K) * b + K * I + g. Tests check it with the
+// allocator's counters.
+//
+// Exact replay. Recomputation restores the RNG state captured at region entry, so dropout masks
+// are identical; on the CPU, gradients under every policy are bitwise equal to save-all. State
+// that must change once per step (running statistics) should not be updated while
+// is_recomputing() is true.
+#pragma once
+
+#include <concepts>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "remat/autodiff.h"
+#include "remat/policy.h"
+#include "remat/tensor.h"
+
+namespace remat {
+
+using RegionFn = std::function<TensorList(const TensorList&)>;
+
+struct CheckpointOptions {
+  std::optional<Policy> policy;  // per-layer override
+  std::string label;             // names the region in counters
+};
+
+// Runs fn(inputs) as a checkpoint region under the effective policy (save-all: a plain call).
+TensorList checkpoint(const RegionFn& fn, const TensorList& inputs, const CheckpointOptions& options = {});
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input,
+                  const CheckpointOptions& options = {});
+
+// True while a region's function is being re-run by the backward pass.
+bool is_recomputing();
+
+// ---- per-call policy ("backend option"): the forward runs under `policy`, then the backward.
+struct GradOptions {
+  std::optional<Policy> policy;
+  bool retain_graph = false;
+};
+// Gradients of f(inputs) (a scalar) with respect to inputs (which must require grad).
+TensorList grad(const std::function<Tensor(const TensorList&)>& f, const TensorList& inputs,
+                const GradOptions& options);
+// Runs loss = f() under the policy, back-propagates into leaves' .grad(), returns the loss.
+Tensor backward(const std::function<Tensor()>& f, const GradOptions& options);
+
+// ---- Chain: a container of layers whose children are regions under the policy.
+class Chain {
+ public:
+  using Layer = std::function<Tensor(const Tensor&)>;
+  // policy: a per-layer override for this child alone.
+  Chain& add(Layer layer, std::string name = "", std::optional<Policy> policy = std::nullopt);
+  // A per-container override for all children (a child's own override still wins).
+  Chain& set_policy(std::optional<Policy> policy);
+  const std::optional<Policy>& policy() const { return policy_; }
+  Tensor forward(const Tensor& x) const;
+  Tensor operator()(const Tensor& x) const { return forward(x); }
+  size_t size() const { return layers_.size(); }
+  const std::string& name(size_t i) const { return names_.at(i); }
+
+ private:
+  std::vector<Layer> layers_;
+  std::vector<std::string> names_;
+  std::vector<std::optional<Policy>> layer_policies_;
+  std::optional<Policy> policy_;
+};
+
+// ---- counters
+struct RegionRecord {
+  std::string label;
+  size_t boundary_bytes = 0;        // inputs kept by the region
+  size_t cached_bytes = 0;          // outputs kept by a selective policy
+  size_t recomputed_saved_bytes = 0;  // what the recomputed sub-tape saved (allocator-measured)
+  uint64_t recomputations = 0;
+};
+struct Counters {
+  autodiff::OpCounters ops;          // forward ops executed / recomputed, FLOP estimates
+  uint64_t regions_created = 0;
+  uint64_t regions_recomputed = 0;
+  std::vector<RegionRecord> regions;  // one per region created since the reset (capped)
+};
+Counters counters();
+void reset_counters();
+
+}  // namespace remat

@@ -1,0 +1,62 @@
+// remat/policy.h - what a backward pass keeps, as a printable value.
+//
+//   save-all        keep everything every op's backward needs (no recomputation)
+//   every-layer     keep only the boundaries between layers; recompute each layer once (default)
+//   every-k:K       keep every K-th boundary; recompute segments of K layers
+//   selective:OPS   like every-layer, but inside each region keep the outputs of the listed op
+//                   kinds (comma-separated, e.g. selective:matmul) and recompute the rest
+//   budget:BYTES    keep what fits in BYTES (units: B, KB, KiB, MB, MiB, GB, GiB), chosen by
+//                   the planner at the least recomputation
+//
+// Three ways to set it, most specific first (the first one present wins):
+//   1. a per-layer or per-container override (CheckpointOptions::policy, Chain::set_policy,
+//      the policy argument of Chain::add),
+//   2. a per-call option on remat::grad / remat::backward (GradOptions::policy),
+//   3. the thread-local scoped default (remat::ScopedPolicy guard(Policy::parse("save-all"))),
+//   and every-layer when none is set.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace remat {
+
+struct Policy {
+  enum class Kind { save_all, every_layer, every_k, selective, budget };
+  Kind kind = Kind::every_layer;
+  int k = 1;                       // every_k
+  std::vector<std::string> ops;    // selective
+  size_t budget_bytes = 0;         // budget
+
+  static Policy save_all() { return {Kind::save_all}; }
+  static Policy every_layer() { return {Kind::every_layer}; }
+  static Policy every_k(int k);
+  static Policy selective(std::vector<std::string> ops);
+  static Policy budget(size_t bytes);
+  // Parses the forms above; a malformed string throws remat::Error listing the valid forms.
+  static Policy parse(const std::string& text);
+  std::string to_string() const;
+  bool recomputes() const { return kind != Kind::save_all; }
+  bool keeps_op(const std::string& op) const;  // selective: is `op` among the kept kinds?
+  bool operator==(const Policy&) const = default;
+};
+
+// The policy in force on this thread (scoped default, or every-layer).
+Policy current_policy();
+
+// Sets the thread's default policy for its lifetime (nests; restores the previous on exit).
+class ScopedPolicy {
+ public:
+  explicit ScopedPolicy(Policy policy);
+  explicit ScopedPolicy(const std::string& policy) : ScopedPolicy(Policy::parse(policy)) {}
+  ~ScopedPolicy();
+  ScopedPolicy(const ScopedPolicy&) = delete;
+  ScopedPolicy& operator=(const ScopedPolicy&) = delete;
+
+ private:
+  std::optional<Policy> previous_;
+};
+
+}  // namespace remat

@@ -1,0 +1,12 @@
+// remat/remat.h - everything in one include.
+#pragma once
+
+#include "remat/autodiff.h"
+#include "remat/backend.h"
+#include "remat/checkpoint.h"
+#include "remat/error.h"
+#include "remat/memory.h"
+#include "remat/ops.h"
+#include "remat/policy.h"
+#include "remat/random.h"
+#include "remat/tensor.h"

@@ -1,0 +1,261 @@
+// CPU indexing kernels: embedding gather and its scatter-add backward, cross entropy (with label
+// smoothing and an ignored target value) and dropout.
+//
+// Reproducibility: the embedding backward gives each table row to exactly one thread, which adds
+// the gradient rows of its ids in increasing position order, so the sums do not depend on the
+// thread count. Dropout draws element i's keep decision from the i-th word of the Philox stream,
+// whatever thread computes it.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "tensor/cpu/cpu_backend.h"
+
+namespace remat::cpu {
+
+namespace {
+
+template <class T>
+using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
+
+Tensor contiguous_input(const Tensor& t) {
+  if (!t.defined() || t.is_contiguous()) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), memory::Tag::other, t.device());
+  cpu_backend().copy(t, c);
+  return c;
+}
+
+void check_out(const Tensor& t, const char* op) {
+  REMAT_ASSERT(t.is_contiguous(), op, ": output of shape ", shape_str(t.shape()), " is not contiguous");
+}
+
+// Throws (before any output is written) if an id lies outside [0, rows).
+void check_ids(const int64_t* ids, int64_t n, int64_t rows, const char* op) {
+  for (int64_t i = 0; i < n; ++i)
+    REMAT_CHECK(ids[i] >= 0 && ids[i] < rows, op, ": id ", ids[i], " at position ", i,
+                " is out of range for a table of ", rows, " rows");
+}
+
+void check_targets(const int64_t* targets, int64_t n, int64_t classes, int64_t ignore_index, const char* op) {
+  for (int64_t r = 0; r < n; ++r) {
+    int64_t t = targets[r];
+    REMAT_CHECK(t == ignore_index || (t >= 0 && t < classes), op, ": target ", t, " at row ", r,
+                " is out of range for ", classes, " classes (ignore_index is ", ignore_index, ")");
+  }
+}
+
+// ---- cross entropy
+
+template <class T>
+void cross_entropy_rows(const T* x, const int64_t* targets, double eps, int64_t ignore_index, T* losses, T* logp,
+                        int64_t rows, int64_t cols) {
+  auto body = [&](int64_t r) {
+    const T* __restrict xr = x + r * cols;
+    T* __restrict lr = logp + r * cols;
+    T m = -std::numeric_limits<T>::infinity();
+    for (int64_t c = 0; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
+    if (m == -std::numeric_limits<T>::infinity()) m = T(0);
+    Acc<T> sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < cols; ++c) sum += static_cast<Acc<T>>(std::exp(xr[c] - m));
+    const Acc<T> lse = static_cast<Acc<T>>(m) + std::log(sum);
+    const T shift = static_cast<T>(lse);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) lr[c] = xr[c] - shift;
+    const int64_t t = targets[r];
+    if (t == ignore_index) {
+      losses[r] = T(0);
+      return;
+    }
+    Acc<T> loss = 0;
+    if (eps < 1.0) loss += static_cast<Acc<T>>(1.0 - eps) * -static_cast<Acc<T>>(lr[t]);
+    if (eps > 0.0) {
+      // mean over classes of -logp
+      Acc<T> s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t c = 0; c < cols; ++c) s += static_cast<Acc<T>>(lr[c]);
+      loss += static_cast<Acc<T>>(eps) * -(s / static_cast<Acc<T>>(cols));
+    }
+    losses[r] = static_cast<T>(loss);
+  };
+  if (rows > 1 && rows * cols >= kParallelThreshold) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) body(r);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) body(r);
+  }
+}
+
+// glogits = gloss[row] * (softmax - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
+template <class T>
+void cross_entropy_backward_rows(const T* logp, const int64_t* targets, const T* gloss, double eps,
+                                 int64_t ignore_index, T* glogits, int64_t rows, int64_t cols) {
+  const T uniform = static_cast<T>(eps / static_cast<double>(cols));
+  const T on_target = static_cast<T>(1.0 - eps);
+  auto body = [&](int64_t r) {
+    const T* __restrict lr = logp + r * cols;
+    T* __restrict out = glogits + r * cols;
+    const int64_t t = targets[r];
+    if (t == ignore_index) {
+      std::fill(out, out + cols, T(0));
+      return;
+    }
+    const T g = gloss[r];
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) out[c] = g * (std::exp(lr[c]) - uniform);
+    out[t] -= g * on_target;
+  };
+  if (rows > 1 && rows * cols >= kParallelThreshold) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) body(r);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) body(r);
+  }
+}
+
+// ---- dropout
+
+// Element i uses word (state.offset + i) of the stream, i.e. lane (offset + i) % 4 of Philox
+// block (offset + i) / 4; each block is generated once and serves up to four elements.
+template <class T>
+void dropout_kernel(const T* x, T* y, int64_t n, double p, RngState state) {
+  const T scale = static_cast<T>(1.0 / (1.0 - p));
+  const uint64_t first_word = state.offset;
+  const uint64_t first_block = first_word / 4;
+  const uint64_t last_block = (first_word + static_cast<uint64_t>(n) - 1) / 4;
+  const int64_t blocks = static_cast<int64_t>(last_block - first_block + 1);
+  auto body = [&](int64_t b) {
+    const uint64_t block = first_block + static_cast<uint64_t>(b);
+    const Philox4 words = philox4x32(block, state.seed);
+    for (int lane = 0; lane < 4; ++lane) {
+      const uint64_t word = block * 4 + static_cast<uint64_t>(lane);
+      if (word < first_word) continue;
+      const uint64_t i = word - first_word;
+      if (i >= static_cast<uint64_t>(n)) break;
+      const bool keep = static_cast<double>(uniform_float(words.v[lane])) >= p;
+      y[i] = keep ? x[i] * scale : T(0);
+    }
+  };
+  if (n >= kParallelThreshold) {
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) body(b);
+  } else {
+    for (int64_t b = 0; b < blocks; ++b) body(b);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const Tensor& out) {
+  check_out(out, "embedding");
+  REMAT_ASSERT(table_in.dim() == 2 && ids_in.dtype() == DType::i64, "embedding: table ", shape_str(table_in.shape()),
+               ", ids ", dtype_name(ids_in.dtype()));
+  Tensor table = contiguous_input(table_in), ids = contiguous_input(ids_in);
+  const int64_t rows = table.size(0), dim = table.size(1), n = ids.numel();
+  const int64_t* id = ids.data<int64_t>();
+  check_ids(id, n, rows, "embedding");
+  if (n == 0 || dim == 0) return;
+  dispatch_float(out.dtype(), "embedding", [&]<class T>() {
+    const T* src = table.data<T>();
+    T* dst = out.data<T>();
+    auto body = [&](int64_t i) {
+      std::memcpy(dst + i * dim, src + id[i] * dim, static_cast<size_t>(dim) * sizeof(T));
+    };
+    if (n > 1 && n * dim >= kParallelThreshold) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) body(i);
+    } else {
+      for (int64_t i = 0; i < n; ++i) body(i);
+    }
+  });
+}
+
+void CpuBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in, const Tensor& gtable) {
+  check_out(gtable, "embedding_backward");
+  REMAT_ASSERT(gtable.dim() == 2 && ids_in.dtype() == DType::i64, "embedding_backward: gtable ",
+               shape_str(gtable.shape()), ", ids ", dtype_name(ids_in.dtype()));
+  Tensor ids = contiguous_input(ids_in), gout = contiguous_input(gout_in);
+  const int64_t rows = gtable.size(0), dim = gtable.size(1), n = ids.numel();
+  REMAT_ASSERT(gout.numel() == n * dim, "embedding_backward: gradient of shape ", shape_str(gout.shape()), " for ", n,
+               " ids of dimension ", dim);
+  const int64_t* id = ids.data<int64_t>();
+  check_ids(id, n, rows, "embedding_backward");
+  if (n == 0 || dim == 0) return;
+  dispatch_float(gtable.dtype(), "embedding_backward", [&]<class T>() {
+    const T* g = gout.data<T>();
+    T* dst = gtable.data<T>();
+    // Adds the gradient rows whose id lies in [lo, hi), in position order.
+    auto add_range = [&](int64_t lo, int64_t hi) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t v = id[i];
+        if (v < lo || v >= hi) continue;
+        T* __restrict d = dst + v * dim;
+        const T* __restrict s = g + i * dim;
+#pragma omp simd
+        for (int64_t k = 0; k < dim; ++k) d[k] += s[k];
+      }
+    };
+    if (rows > 1 && n * dim >= kParallelThreshold) {
+#pragma omp parallel
+      {
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        add_range(rows * t / threads, rows * (t + 1) / threads);
+      }
+    } else {
+      add_range(0, rows);
+    }
+  });
+}
+
+void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
+                               int64_t ignore_index, const Tensor& losses, const Tensor& logp) {
+  check_out(losses, "cross_entropy");
+  check_out(logp, "cross_entropy");
+  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0),
+               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()));
+  Tensor logits = contiguous_input(logits_in), targets = contiguous_input(targets_in);
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const int64_t* t = targets.data<int64_t>();
+  check_targets(t, rows, cols, ignore_index, "cross_entropy");
+  if (rows == 0) return;
+  dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+    cross_entropy_rows<T>(logits.data<T>(), t, label_smoothing, ignore_index, losses.data<T>(), logp.data<T>(), rows,
+                          cols);
+  });
+}
+
+void CpuBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& targets_in, const Tensor& gloss_in,
+                                        double label_smoothing, int64_t ignore_index, const Tensor& glogits) {
+  check_out(glogits, "cross_entropy_backward");
+  Tensor logp = contiguous_input(logp_in), targets = contiguous_input(targets_in), gloss = contiguous_input(gloss_in);
+  REMAT_ASSERT(logp.dim() == 2 && targets.numel() == logp.size(0) && gloss.numel() == logp.size(0),
+               "cross_entropy_backward: logp ", shape_str(logp.shape()), ", targets ", shape_str(targets.shape()),
+               ", gloss ", shape_str(gloss.shape()));
+  const int64_t rows = logp.size(0), cols = logp.size(1);
+  const int64_t* t = targets.data<int64_t>();
+  check_targets(t, rows, cols, ignore_index, "cross_entropy_backward");
+  if (rows == 0 || cols == 0) return;
+  dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
+    cross_entropy_backward_rows<T>(logp.data<T>(), t, gloss.data<T>(), label_smoothing, ignore_index,
+                                   glogits.data<T>(), rows, cols);
+  });
+}
+
+void CpuBackend::dropout(const Tensor& x_in, double p, RngState state, const Tensor& y) {
+  check_out(y, "dropout");
+  REMAT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability ", p, " is outside [0, 1]");
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  if (p == 0.0) {
+    copy(x_in, y);
+    return;
+  }
+  if (p == 1.0) {
+    fill(y, 0.0);
+    return;
+  }
+  Tensor x = contiguous_input(x_in);
+  dispatch_float(y.dtype(), "dropout", [&]<class T>() { dropout_kernel<T>(x.data<T>(), y.data<T>(), n, p, state); });
+}
+
+}  // namespace remat::cpu

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Install test: installs the remat build in BUILD_DIR into WORK_DIR/prefix, then configures,
+# builds and runs the consumer project in this folder against it (find_package(remat)).
+#   tests/install/run.sh BUILD_DIR WORK_DIR
+# Used by scripts/test and registered as the ctest test `install_consumer`.
+set -euo pipefail
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 BUILD_DIR WORK_DIR" >&2
+  exit 2
+fi
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+build=$(cd "$1" && pwd)
+mkdir -p "$2"
+work=$(cd "$2" && pwd)
+prefix="$work/prefix"
+
+# Fresh prefix and consumer build each time, so a stale install can never pass the test.
+rm -rf "$prefix" "$work/consumer"
+cmake --install "$build" --prefix "$prefix" >"$work/install.log"
+echo "installed $(grep -c '^-- Installing' "$work/install.log") files into $prefix"
+
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+compiler=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+cmake -S "$here" -B "$work/consumer" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  ${compiler:+-DCMAKE_CXX_COMPILER="$compiler"} -DCMAKE_PREFIX_PATH="$prefix" >"$work/configure.log" ||
+  { cat "$work/configure.log"; exit 1; }
+grep 'Found remat' "$work/configure.log" || true
+cmake --build "$work/consumer" -j 2
+"$work/consumer/consumer"

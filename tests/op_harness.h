@@ -1,0 +1,716 @@
+// tests/op_harness.h - the table-driven op test harness.
+//
+// A test case (OpCase) is one row of a table:
+//   - make_inputs: builds seeded random inputs (plain doubles, kept away from kinks),
+//   - apply:       runs the remat op on tensors made from them,
+//   - reference:   the same op written with plain loops over std::vector<double> (no remat ops).
+// For a dtype (f32 or f64) the harness checks
+//   (a) check_forward:       remat's forward value against the float64 reference;
+//   (b) check_case_gradient: d/dx sum_k <op(x)_k, R_k> for fixed random R_k, computed by remat's
+//       backward, against central finite differences of the float64 reference, for every
+//       differentiable input element.
+// Inputs are generated as values exactly representable in f32, so the f32 and f64 runs evaluate
+// the op at the same point and only the arithmetic precision differs.
+//
+// The gradient checker itself (check_gradient) takes the analytic gradient as data, so a test can
+// feed it a deliberately wrong one and assert that it reports the mismatch (see test_ops.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "remat/autodiff.h"
+#include "remat/ops.h"
+#include "remat/random.h"
+#include "remat/tensor.h"
+
+namespace remat::test {
+
+// ============================================================================================
+// Plain float64 arrays and index helpers for the references (independent of remat's code).
+// ============================================================================================
+
+struct Array {
+  Shape shape;
+  std::vector<double> v;
+};
+
+inline int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+inline std::string shape_text(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+inline std::vector<int64_t> unravel(int64_t flat, const Shape& s) {
+  std::vector<int64_t> idx(s.size(), 0);
+  for (size_t i = s.size(); i-- > 0;) {
+    if (s[i] == 0) continue;
+    idx[i] = flat % s[i];
+    flat /= s[i];
+  }
+  return idx;
+}
+
+inline int64_t ravel(const std::vector<int64_t>& idx, const Shape& s) {
+  int64_t flat = 0;
+  for (size_t i = 0; i < s.size(); ++i) flat = flat * s[i] + idx[i];
+  return flat;
+}
+
+inline Array make_array(Shape shape, double fill = 0.0) {
+  Array a;
+  a.v.assign(static_cast<size_t>(numel_of(shape)), fill);
+  a.shape = std::move(shape);
+  return a;
+}
+
+// NumPy broadcasting of shapes (reference version, written independently of remat's).
+inline Shape ref_broadcast(const Shape& a, const Shape& b) {
+  size_t rank = std::max(a.size(), b.size());
+  Shape out(rank, 1);
+  for (size_t i = 0; i < rank; ++i) {
+    int64_t da = i + a.size() >= rank ? a[i + a.size() - rank] : 1;
+    int64_t db = i + b.size() >= rank ? b[i + b.size() - rank] : 1;
+    if (da != db && da != 1 && db != 1) throw std::logic_error("reference: shapes do not broadcast");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+// Flat index into an array of shape `in` for a multi-index of the (larger) broadcast shape.
+inline int64_t bcast_index(const Shape& in, const std::vector<int64_t>& out_idx) {
+  size_t lead = out_idx.size() - in.size();
+  int64_t flat = 0;
+  for (size_t i = 0; i < in.size(); ++i) flat = flat * in[i] + (in[i] == 1 ? 0 : out_idx[lead + i]);
+  return flat;
+}
+
+inline int64_t norm_axis(int64_t axis, size_t rank) { return axis < 0 ? axis + static_cast<int64_t>(rank) : axis; }
+
+// ============================================================================================
+// Reference implementations (float64, plain loops).
+// ============================================================================================
+namespace ref {
+
+template <class F>
+Array map(const Array& x, F f) {
+  Array y = x;
+  for (auto& v : y.v) v = f(v);
+  return y;
+}
+
+template <class F>
+Array binary(const Array& a, const Array& b, F f) {
+  Array out = make_array(ref_broadcast(a.shape, b.shape));
+  for (int64_t i = 0; i < numel_of(out.shape); ++i) {
+    auto idx = unravel(i, out.shape);
+    out.v[i] = f(a.v[bcast_index(a.shape, idx)], b.v[bcast_index(b.shape, idx)]);
+  }
+  return out;
+}
+
+inline Array where(const Array& c, const Array& a, const Array& b) {
+  Array out = make_array(ref_broadcast(ref_broadcast(c.shape, a.shape), b.shape));
+  for (int64_t i = 0; i < numel_of(out.shape); ++i) {
+    auto idx = unravel(i, out.shape);
+    out.v[i] = c.v[bcast_index(c.shape, idx)] != 0.0 ? a.v[bcast_index(a.shape, idx)] : b.v[bcast_index(b.shape, idx)];
+  }
+  return out;
+}
+
+// Broadcasting copy of x to `shape` (the value of expand).
+inline Array expand(const Array& x, const Shape& shape) {
+  Array out = make_array(shape);
+  for (int64_t i = 0; i < numel_of(shape); ++i) out.v[i] = x.v[bcast_index(x.shape, unravel(i, shape))];
+  return out;
+}
+
+enum class Reduce { sum, mean, max, argmax };
+
+inline Array reduce(const Array& x, std::vector<int64_t> axes, bool keepdim, Reduce op) {
+  const size_t rank = x.shape.size();
+  std::vector<bool> red(rank, axes.empty());
+  for (auto a : axes) red[static_cast<size_t>(norm_axis(a, rank))] = true;
+  Shape kshape = x.shape, oshape;
+  int64_t count = 1;
+  for (size_t i = 0; i < rank; ++i) {
+    if (red[i]) {
+      count *= x.shape[i];
+      kshape[i] = 1;
+      if (keepdim) oshape.push_back(1);
+    } else {
+      oshape.push_back(x.shape[i]);
+    }
+  }
+  Array acc = make_array(kshape, op == Reduce::sum || op == Reduce::mean ? 0.0 : -std::numeric_limits<double>::infinity());
+  Array arg = make_array(kshape, 0.0);
+  for (int64_t i = 0; i < numel_of(x.shape); ++i) {
+    auto idx = unravel(i, x.shape);
+    int64_t along = 0;
+    for (size_t d = 0; d < rank; ++d)
+      if (red[d]) along = idx[d];  // argmax reduces one axis
+    for (size_t d = 0; d < rank; ++d)
+      if (red[d]) idx[d] = 0;
+    int64_t o = ravel(idx, kshape);
+    if (op == Reduce::sum || op == Reduce::mean) {
+      acc.v[o] += x.v[i];
+    } else if (x.v[i] > acc.v[o]) {
+      acc.v[o] = x.v[i];
+      arg.v[o] = static_cast<double>(along);
+    }
+  }
+  if (op == Reduce::mean)
+    for (auto& v : acc.v) v /= static_cast<double>(count);
+  Array out = op == Reduce::argmax ? arg : acc;
+  out.shape = oshape;
+  return out;
+}
+
+// a [..., m, k] (or [..., k, m] with ta) @ b [..., k, n] (or [..., n, k] with tb), batch broadcast.
+inline Array matmul(const Array& a, const Array& b, bool ta, bool tb) {
+  const size_t ra = a.shape.size(), rb = b.shape.size();
+  int64_t a0 = a.shape[ra - 2], a1 = a.shape[ra - 1], b0 = b.shape[rb - 2], b1 = b.shape[rb - 1];
+  int64_t m = ta ? a1 : a0, k = ta ? a0 : a1, n = tb ? b0 : b1;
+  if ((tb ? b1 : b0) != k) throw std::logic_error("reference matmul: inner dimensions differ");
+  Shape abatch(a.shape.begin(), a.shape.end() - 2), bbatch(b.shape.begin(), b.shape.end() - 2);
+  Shape batch = ref_broadcast(abatch, bbatch);
+  Shape oshape = batch;
+  oshape.push_back(m);
+  oshape.push_back(n);
+  Array out = make_array(oshape);
+  for (int64_t bi = 0; bi < numel_of(batch); ++bi) {
+    auto bidx = unravel(bi, batch);
+    int64_t abase = bcast_index(abatch, bidx) * a0 * a1, bbase = bcast_index(bbatch, bidx) * b0 * b1;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          double av = ta ? a.v[abase + p * a1 + i] : a.v[abase + i * a1 + p];
+          double bv = tb ? b.v[bbase + j * b1 + p] : b.v[bbase + p * b1 + j];
+          s += av * bv;
+        }
+        out.v[(bi * m + i) * n + j] = s;
+      }
+  }
+  return out;
+}
+
+// Splits a shape around `axis` into outer * n * inner.
+struct AxisSplit {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+inline AxisSplit axis_split(const Shape& s, int64_t axis) {
+  AxisSplit r;
+  axis = norm_axis(axis, s.size());
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
+    if (i < axis) r.outer *= s[i];
+    else if (i == axis) r.n = s[i];
+    else r.inner *= s[i];
+  }
+  return r;
+}
+
+inline Array softmax(const Array& x, int64_t axis, bool log) {
+  Array y = x;
+  AxisSplit sp = axis_split(x.shape, axis);
+  for (int64_t o = 0; o < sp.outer; ++o)
+    for (int64_t j = 0; j < sp.inner; ++j) {
+      auto at = [&](int64_t i) { return (o * sp.n + i) * sp.inner + j; };
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t i = 0; i < sp.n; ++i) mx = std::max(mx, x.v[at(i)]);
+      double s = 0;
+      for (int64_t i = 0; i < sp.n; ++i) s += std::exp(x.v[at(i)] - mx);
+      for (int64_t i = 0; i < sp.n; ++i)
+        y.v[at(i)] = log ? x.v[at(i)] - mx - std::log(s) : std::exp(x.v[at(i)] - mx) / s;
+    }
+  return y;
+}
+
+// Over the last axis; weight/bias may be null.
+inline Array layer_norm(const Array& x, const Array* w, const Array* b, double eps) {
+  Array y = x;
+  int64_t c = x.shape.back(), rows = numel_of(x.shape) / c;
+  for (int64_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < c; ++i) mean += x.v[r * c + i];
+    mean /= static_cast<double>(c);
+    for (int64_t i = 0; i < c; ++i) var += (x.v[r * c + i] - mean) * (x.v[r * c + i] - mean);
+    var /= static_cast<double>(c);
+    double rstd = 1.0 / std::sqrt(var + eps);
+    for (int64_t i = 0; i < c; ++i) {
+      double v = (x.v[r * c + i] - mean) * rstd;
+      if (w) v *= w->v[i];
+      if (b) v += b->v[i];
+      y.v[r * c + i] = v;
+    }
+  }
+  return y;
+}
+
+inline Array rms_norm(const Array& x, const Array* w, double eps) {
+  Array y = x;
+  int64_t c = x.shape.back(), rows = numel_of(x.shape) / c;
+  for (int64_t r = 0; r < rows; ++r) {
+    double ms = 0;
+    for (int64_t i = 0; i < c; ++i) ms += x.v[r * c + i] * x.v[r * c + i];
+    double rstd = 1.0 / std::sqrt(ms / static_cast<double>(c) + eps);
+    for (int64_t i = 0; i < c; ++i) y.v[r * c + i] = x.v[r * c + i] * rstd * (w ? w->v[i] : 1.0);
+  }
+  return y;
+}
+
+inline Array embedding(const Array& table, const Array& ids) {
+  int64_t d = table.shape[1];
+  Shape oshape = ids.shape;
+  oshape.push_back(d);
+  Array out = make_array(oshape);
+  for (size_t i = 0; i < ids.v.size(); ++i)
+    for (int64_t j = 0; j < d; ++j) out.v[i * d + j] = table.v[static_cast<int64_t>(ids.v[i]) * d + j];
+  return out;
+}
+
+// Mean over non-ignored rows of (1 - eps) * -logp[target] + eps * mean_c(-logp[c]).
+inline Array cross_entropy(const Array& logits, const Array& targets, double smoothing, int64_t ignore_index) {
+  Array logp = softmax(logits, -1, true);
+  int64_t n = logits.shape[0], c = logits.shape[1];
+  double total = 0;
+  int64_t counted = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    auto t = static_cast<int64_t>(targets.v[r]);
+    if (t == ignore_index) continue;
+    double uniform = 0;
+    for (int64_t j = 0; j < c; ++j) uniform -= logp.v[r * c + j];
+    total += (1.0 - smoothing) * -logp.v[r * c + t] + smoothing * uniform / static_cast<double>(c);
+    ++counted;
+  }
+  Array out = make_array({});
+  out.v[0] = total / static_cast<double>(counted);
+  return out;
+}
+
+// Element i (row-major) is kept iff uniform(philox word i of `state`) >= p. The f32 kernel may
+// convert the word with uniform_float and the f64 one with uniform_double; the cases are built
+// so that both conversions give the same mask (see dropout_mask_is_unambiguous).
+inline std::vector<bool> dropout_mask(int64_t n, double p, RngState state) {
+  std::vector<bool> keep(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) keep[i] = uniform_double(philox_word(state, static_cast<uint64_t>(i))) >= p;
+  return keep;
+}
+inline bool dropout_mask_is_unambiguous(int64_t n, double p, RngState state) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t w = philox_word(state, static_cast<uint64_t>(i));
+    if ((uniform_double(w) >= p) != (uniform_float(w) >= static_cast<float>(p))) return false;
+  }
+  return true;
+}
+inline Array dropout(const Array& x, double p, RngState state) {
+  Array y = x;
+  auto keep = dropout_mask(numel_of(x.shape), p, state);
+  for (size_t i = 0; i < y.v.size(); ++i) y.v[i] = keep[i] ? x.v[i] / (1.0 - p) : 0.0;
+  return y;
+}
+
+inline Array concat(const std::vector<Array>& xs, int64_t axis) {
+  axis = norm_axis(axis, xs[0].shape.size());
+  Shape oshape = xs[0].shape;
+  oshape[axis] = 0;
+  for (auto& x : xs) oshape[axis] += x.shape[axis];
+  Array out = make_array(oshape);
+  int64_t base = 0;
+  for (auto& x : xs) {
+    for (int64_t i = 0; i < numel_of(x.shape); ++i) {
+      auto idx = unravel(i, x.shape);
+      idx[axis] += base;
+      out.v[ravel(idx, oshape)] = x.v[i];
+    }
+    base += x.shape[axis];
+  }
+  return out;
+}
+
+inline std::vector<Array> split(const Array& x, const std::vector<int64_t>& sizes, int64_t axis) {
+  axis = norm_axis(axis, x.shape.size());
+  std::vector<Array> outs;
+  int64_t base = 0;
+  for (auto size : sizes) {
+    Shape s = x.shape;
+    s[axis] = size;
+    Array out = make_array(s);
+    for (int64_t i = 0; i < numel_of(s); ++i) {
+      auto idx = unravel(i, s);
+      idx[axis] += base;
+      out.v[i] = x.v[ravel(idx, x.shape)];
+    }
+    outs.push_back(out);
+    base += size;
+  }
+  return outs;
+}
+
+inline Array reshape(const Array& x, const Shape& shape) {
+  Array y = x;
+  y.shape = shape;
+  return y;
+}
+
+inline Array permute(const Array& x, const std::vector<int64_t>& axes) {
+  Shape oshape;
+  for (auto a : axes) oshape.push_back(x.shape[a]);
+  Array out = make_array(oshape);
+  for (int64_t i = 0; i < numel_of(oshape); ++i) {
+    auto oidx = unravel(i, oshape);
+    std::vector<int64_t> idx(x.shape.size());
+    for (size_t d = 0; d < axes.size(); ++d) idx[axes[d]] = oidx[d];
+    out.v[i] = x.v[ravel(idx, x.shape)];
+  }
+  return out;
+}
+
+inline Array slice(const Array& x, int64_t axis, int64_t start, int64_t stop, int64_t step) {
+  axis = norm_axis(axis, x.shape.size());
+  int64_t n = x.shape[axis];
+  if (start < 0) start += n;
+  if (stop < 0) stop += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  stop = std::clamp<int64_t>(stop, start, n);
+  Shape oshape = x.shape;
+  oshape[axis] = (stop - start + step - 1) / step;
+  Array out = make_array(oshape);
+  for (int64_t i = 0; i < numel_of(oshape); ++i) {
+    auto idx = unravel(i, oshape);
+    idx[axis] = start + idx[axis] * step;
+    out.v[i] = x.v[ravel(idx, x.shape)];
+  }
+  return out;
+}
+
+}  // namespace ref
+
+// ============================================================================================
+// Random inputs (seeded; every value exactly representable in f32).
+// ============================================================================================
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : gen_(seed) {}
+  // Uniform in [lo, hi), rounded to the nearest float.
+  double uniform(double lo, double hi) {
+    double u = static_cast<double>(gen_() >> 11) * (1.0 / 9007199254740992.0);
+    return static_cast<double>(static_cast<float>(lo + (hi - lo) * u));
+  }
+  int64_t integer(int64_t lo, int64_t hi) {  // [lo, hi)
+    return lo + static_cast<int64_t>(gen_() % static_cast<uint64_t>(hi - lo));
+  }
+  std::vector<double> uniform_vector(int64_t n, double lo, double hi) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (auto& x : v) x = uniform(lo, hi);
+    return v;
+  }
+  // Uniform in [lo, hi) but at least `margin` away from every point in `kinks`.
+  std::vector<double> away_from(int64_t n, double lo, double hi, const std::vector<double>& kinks, double margin) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (auto& x : v) {
+      do x = uniform(lo, hi);
+      while (std::any_of(kinks.begin(), kinks.end(), [&](double k) { return std::abs(x - k) < margin; }));
+    }
+    return v;
+  }
+  // n distinct values spaced at least `gap` apart, in random order (no ties for max).
+  std::vector<double> distinct(int64_t n, double lo, double gap) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(static_cast<float>(lo + gap * static_cast<double>(i)));
+    for (int64_t i = n - 1; i > 0; --i) std::swap(v[i], v[integer(0, i + 1)]);
+    return v;
+  }
+  std::mt19937_64& engine() { return gen_; }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+inline uint64_t hash_name(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
+// ============================================================================================
+// Test cases
+// ============================================================================================
+
+enum class Kind {
+  floating,  // in the test dtype, requires grad, checked by finite differences
+  index,     // i64 (ids, targets, i64 conditions and masks); no gradient
+  constant,  // in the test dtype but no gradient (e.g. a float condition for where)
+};
+
+struct Input {
+  std::string name;
+  Shape shape;
+  std::vector<double> values;
+  Kind kind = Kind::floating;
+};
+using Inputs = std::vector<Input>;
+
+inline Input floating(std::string name, Shape shape, std::vector<double> values) {
+  return {std::move(name), std::move(shape), std::move(values), Kind::floating};
+}
+inline Input index_input(std::string name, Shape shape, std::vector<double> values) {
+  return {std::move(name), std::move(shape), std::move(values), Kind::index};
+}
+inline Input constant(std::string name, Shape shape, std::vector<double> values) {
+  return {std::move(name), std::move(shape), std::move(values), Kind::constant};
+}
+
+struct OpCase {
+  std::string name;                                          // "op_variant", used in test names
+  std::function<Inputs(Rng&)> make_inputs;                   // seeded random inputs
+  std::function<TensorList(const TensorList&)> apply;       // the remat op (one or more outputs)
+  std::function<std::vector<Array>(const std::vector<Array>&)> reference;  // float64 loops
+  bool differentiable = true;  // false: outputs must not require grad (argmax)
+  double grad_tol_f32 = 5e-4;  // |analytic - numeric| <= tol * (1 + |numeric|)
+  double grad_tol_f64 = 1e-5;
+};
+
+struct Tolerance {
+  double atol, rtol;
+};
+inline Tolerance forward_tolerance(DType dtype) {
+  return dtype == DType::f64 ? Tolerance{1e-10, 1e-9} : Tolerance{2e-5, 1e-4};
+}
+
+struct CheckResult {
+  bool ok = true;
+  int mismatches = 0;
+  double max_error = 0;
+  std::string message;
+};
+
+inline Inputs inputs_of(const OpCase& c) {
+  Rng rng(hash_name(c.name));
+  return c.make_inputs(rng);
+}
+
+inline std::vector<Array> arrays_of(const Inputs& inputs) {
+  std::vector<Array> arrays;
+  for (const auto& in : inputs) arrays.push_back({in.shape, in.values});
+  return arrays;
+}
+
+inline TensorList tensors_of(const Inputs& inputs, DType dtype, bool with_grad) {
+  TensorList ts;
+  for (const auto& in : inputs) {
+    if (in.kind == Kind::index) {
+      ts.push_back(from_vector(in.values, in.shape, DType::i64));
+    } else {
+      Tensor t = from_vector(in.values, in.shape, dtype);
+      if (with_grad && in.kind == Kind::floating) t.requires_grad_();
+      ts.push_back(t);
+    }
+  }
+  return ts;
+}
+
+// The fixed random weights R_k of the scalar loss sum_k <out_k, R_k>.
+inline std::vector<Array> loss_weights(const OpCase& c, const std::vector<Array>& ref_outputs) {
+  Rng rng(hash_name(c.name) ^ 0x9e3779b97f4a7c15ull);
+  std::vector<Array> r;
+  for (const auto& out : ref_outputs) r.push_back({out.shape, rng.uniform_vector(numel_of(out.shape), -1.0, 1.0)});
+  return r;
+}
+
+// Compares values element by element: |got - want| <= atol + rtol * |want|.
+inline CheckResult compare_values(const std::vector<double>& got, const std::vector<double>& want, const Shape& shape,
+                                  Tolerance tol, const std::string& what) {
+  CheckResult r;
+  std::ostringstream out;
+  if (got.size() != want.size()) {
+    r.ok = false;
+    out << what << ": " << got.size() << " values, expected " << want.size() << "\n";
+    r.message = out.str();
+    return r;
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    double err = std::abs(got[i] - want[i]);
+    bool bad = !(err <= tol.atol + tol.rtol * std::abs(want[i]));  // also catches NaN
+    if (!bad) {
+      r.max_error = std::max(r.max_error, err);
+      continue;
+    }
+    r.ok = false;
+    if (r.mismatches++ < 6)
+      out << what << " at " << shape_text(unravel(static_cast<int64_t>(i), shape)) << ": got " << got[i]
+          << ", expected " << want[i] << " (error " << err << ")\n";
+  }
+  if (!r.ok) out << what << ": " << r.mismatches << " of " << got.size() << " elements differ\n";
+  r.message = out.str();
+  return r;
+}
+
+// (a) forward value against the reference.
+inline CheckResult check_forward(const OpCase& c, DType dtype) {
+  Inputs inputs = inputs_of(c);
+  std::vector<Array> want = c.reference(arrays_of(inputs));
+  TensorList outs = c.apply(tensors_of(inputs, dtype, /*with_grad=*/false));
+  CheckResult r;
+  std::ostringstream out;
+  if (outs.size() != want.size()) {
+    r.ok = false;
+    out << c.name << ": " << outs.size() << " outputs, expected " << want.size();
+    r.message = out.str();
+    return r;
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    std::string what = c.name + " output " + std::to_string(k);
+    if (outs[k].shape() != want[k].shape) {
+      r.ok = false;
+      out << what << ": shape " << shape_text(outs[k].shape()) << ", expected " << shape_text(want[k].shape) << "\n";
+      continue;
+    }
+    CheckResult e = compare_values(outs[k].to_vector(), want[k].v, want[k].shape, forward_tolerance(outs[k].dtype()), what);
+    if (!e.ok) r.ok = false;
+    r.mismatches += e.mismatches;
+    r.max_error = std::max(r.max_error, e.max_error);
+    out << e.message;
+  }
+  r.message = out.str();
+  return r;
+}
+
+// The core gradient checker: compares `analytic` (one vector per input; checked only where
+// wrt[i]) with central differences of `loss` at x, element by element:
+//   |analytic - numeric| <= tol * (1 + |numeric|).
+// An empty analytic vector for a checked input counts as "no gradient was produced".
+inline CheckResult check_gradient(const std::function<double(const std::vector<std::vector<double>>&)>& loss,
+                                  const std::vector<std::vector<double>>& x, const std::vector<bool>& wrt,
+                                  const std::vector<std::vector<double>>& analytic, double tol,
+                                  const std::vector<std::string>& names = {}, double h = 1e-6) {
+  CheckResult r;
+  std::ostringstream out;
+  auto name_of = [&](size_t i) { return i < names.size() ? names[i] : "input " + std::to_string(i); };
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!wrt[i]) continue;
+    if (i >= analytic.size() || analytic[i].size() != x[i].size()) {
+      r.ok = false;
+      ++r.mismatches;
+      out << name_of(i) << ": no gradient of the right size (got "
+          << (i < analytic.size() ? analytic[i].size() : 0) << " values, expected " << x[i].size() << ")\n";
+      continue;
+    }
+    std::vector<std::vector<double>> xp = x;
+    for (size_t j = 0; j < x[i].size(); ++j) {
+      xp[i][j] = x[i][j] + h;
+      double up = loss(xp);
+      xp[i][j] = x[i][j] - h;
+      double down = loss(xp);
+      xp[i][j] = x[i][j];
+      double numeric = (up - down) / (2 * h);
+      double err = std::abs(analytic[i][j] - numeric);
+      if (err <= tol * (1 + std::abs(numeric))) {
+        r.max_error = std::max(r.max_error, err);
+        continue;
+      }
+      r.ok = false;
+      if (r.mismatches++ < 8)
+        out << "d/d " << name_of(i) << "[" << j << "]: analytic " << analytic[i][j] << ", numeric " << numeric
+            << " (error " << err << ")\n";
+    }
+  }
+  if (!r.ok) out << r.mismatches << " gradient element(s) differ from finite differences\n";
+  r.message = out.str();
+  return r;
+}
+
+// Supplies the analytic gradient of sum_k <outputs_k, R_k> for each input (empty vector for
+// inputs without a gradient). The default runs remat's backward.
+using GradFn = std::function<std::vector<std::vector<double>>(const OpCase&, DType, const Inputs&,
+                                                              const std::vector<Array>& weights)>;
+
+inline std::vector<std::vector<double>> remat_gradient(const OpCase& c, DType dtype, const Inputs& inputs,
+                                                       const std::vector<Array>& weights) {
+  TensorList ts = tensors_of(inputs, dtype, /*with_grad=*/true);
+  TensorList outs = c.apply(ts);
+  if (outs.size() != weights.size())
+    throw std::runtime_error(c.name + ": " + std::to_string(outs.size()) + " outputs, expected " +
+                             std::to_string(weights.size()));
+  TensorList roots, grads;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (!outs[k].requires_grad()) continue;  // e.g. an output that is not floating
+    if (outs[k].shape() != weights[k].shape)
+      throw std::runtime_error(c.name + ": output shape " + shape_text(outs[k].shape()) + ", expected " +
+                               shape_text(weights[k].shape));
+    roots.push_back(outs[k]);
+    grads.push_back(from_vector(weights[k].v, weights[k].shape, outs[k].dtype()));
+  }
+  std::vector<std::vector<double>> result(inputs.size());
+  if (roots.empty()) return result;
+
+  // remat::grad (leaves untouched, graph retained) and then backward() into .grad(): both
+  // paths must agree.
+  TensorList wrt;
+  std::vector<size_t> wrt_index;
+  for (size_t i = 0; i < ts.size(); ++i)
+    if (inputs[i].kind == Kind::floating) {
+      wrt.push_back(ts[i]);
+      wrt_index.push_back(i);
+    }
+  TensorList via_grad = remat::grad(roots, wrt, grads, /*retain_graph=*/true);
+  remat::backward(roots, grads);
+  for (size_t w = 0; w < wrt.size(); ++w) {
+    size_t i = wrt_index[w];
+    Tensor g = ts[i].grad();
+    if (!g.defined()) continue;
+    if (g.shape() != inputs[i].shape || g.dtype() != dtype)
+      throw std::runtime_error(c.name + ": gradient of " + inputs[i].name + " has shape " + shape_text(g.shape()) +
+                               " and dtype " + dtype_name(g.dtype()) + ", expected " + shape_text(inputs[i].shape));
+    result[i] = g.to_vector();
+    auto other = via_grad[w].to_vector();
+    for (size_t j = 0; j < other.size(); ++j)
+      if (std::abs(other[j] - result[i][j]) > 1e-12 * (1 + std::abs(result[i][j])))
+        throw std::runtime_error(c.name + ": remat::grad and backward() disagree on " + inputs[i].name);
+  }
+  return result;
+}
+
+// (b) the gradient check of one case in one dtype.
+inline CheckResult check_case_gradient(const OpCase& c, DType dtype, const GradFn& grad_fn = remat_gradient) {
+  Inputs inputs = inputs_of(c);
+  std::vector<Array> base = arrays_of(inputs);
+  std::vector<Array> weights = loss_weights(c, c.reference(base));
+  std::vector<std::vector<double>> x;
+  std::vector<bool> wrt;
+  std::vector<std::string> names;
+  for (const auto& in : inputs) {
+    x.push_back(in.values);
+    wrt.push_back(in.kind == Kind::floating);
+    names.push_back(c.name + " " + in.name);
+  }
+  auto loss = [&](const std::vector<std::vector<double>>& values) {
+    std::vector<Array> arrays = base;
+    for (size_t i = 0; i < arrays.size(); ++i) arrays[i].v = values[i];
+    std::vector<Array> outs = c.reference(arrays);
+    double total = 0;
+    for (size_t k = 0; k < outs.size(); ++k)
+      for (size_t j = 0; j < outs[k].v.size(); ++j) total += outs[k].v[j] * weights[k].v[j];
+    return total;
+  };
+  std::vector<std::vector<double>> analytic = grad_fn(c, dtype, inputs, weights);
+  return check_gradient(loss, x, wrt, analytic, dtype == DType::f64 ? c.grad_tol_f64 : c.grad_tol_f32, names);
+}
+
+}  // namespace remat::test
