@@ -485,6 +485,7 @@ struct OpCase {
   bool differentiable = true;  // false: outputs must not require grad (argmax)
   double grad_tol_f32 = 5e-4;  // |analytic - numeric| <= tol * (1 + |numeric|)
   double grad_tol_f64 = 1e-5;
+  bool computes_in_f32 = false;  // converts to f32 inside: f32 tolerances whatever the dtype
 };
 
 struct Tolerance {
@@ -582,7 +583,8 @@ inline CheckResult check_forward(const OpCase& c, DType dtype) {
       out << what << ": shape " << shape_text(outs[k].shape()) << ", expected " << shape_text(want[k].shape) << "\n";
       continue;
     }
-    CheckResult e = compare_values(outs[k].to_vector(), want[k].v, want[k].shape, forward_tolerance(outs[k].dtype()), what);
+    DType precision = c.computes_in_f32 || dtype == DType::f32 ? DType::f32 : outs[k].dtype();
+    CheckResult e = compare_values(outs[k].to_vector(), want[k].v, want[k].shape, forward_tolerance(precision), what);
     if (!e.ok) r.ok = false;
     r.mismatches += e.mismatches;
     r.max_error = std::max(r.max_error, e.max_error);
@@ -710,7 +712,8 @@ inline CheckResult check_case_gradient(const OpCase& c, DType dtype, const GradF
     return total;
   };
   std::vector<std::vector<double>> analytic = grad_fn(c, dtype, inputs, weights);
-  return check_gradient(loss, x, wrt, analytic, dtype == DType::f64 ? c.grad_tol_f64 : c.grad_tol_f32, names);
+  bool f64 = dtype == DType::f64 && !c.computes_in_f32;
+  return check_gradient(loss, x, wrt, analytic, f64 ? c.grad_tol_f64 : c.grad_tol_f32, names);
 }
 
 }  // namespace remat::test

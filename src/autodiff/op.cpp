@@ -59,15 +59,26 @@ Tensor BackwardContext::grad_output(size_t i) {
   return grad_outputs_[i];
 }
 bool BackwardContext::has_grad_output(size_t i) const { return grad_outputs_.at(i).defined(); }
+// Reads a saved value; if it was freed or overwritten, the error names the op and the value.
+static Tensor read_saved(const SavedTensor& saved, const Node& node, const char* kind, size_t i, const Shape* shape) {
+  try {
+    return saved.get();
+  } catch (const Error& e) {
+    throw Error(detail::concat(node.name(), ": saved ", kind, " ", i,
+                               shape ? " of shape " + shape_str(*shape) : std::string(), ": ", e.what()));
+  }
+}
+
 Tensor BackwardContext::input(size_t i) const {
   REMAT_ASSERT(i < node_.saved_inputs.size(), node_.name(), ": input ", i, " was not declared as saved");
-  Tensor value = node_.saved_inputs[i].get();
+  Tensor value = read_saved(node_.saved_inputs[i], node_, "input", i, &node_.input_meta.at(i).shape);
   REMAT_ASSERT(value.defined(), node_.name(), ": input ", i, " was not declared as saved");
   return value;
 }
 Tensor BackwardContext::output(size_t i) const {
   REMAT_ASSERT(i < node_.saved_outputs.size(), node_.name(), ": output ", i, " does not exist");
-  Tensor value = node_.saved_outputs[i].get();
+  Tensor value = read_saved(node_.saved_outputs[i], node_, "output", i,
+                            i < node_.outputs.size() ? &node_.outputs[i].shape : nullptr);
   REMAT_ASSERT(value.defined(), node_.name(), ": output ", i, " was not declared as saved");
   return value;
 }

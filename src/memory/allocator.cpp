@@ -124,14 +124,18 @@ size_t parse_bytes(const std::string& text) {
   std::string number = text.substr(0, pos);
   std::string unit = text.substr(pos);
   unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
-  REMAT_CHECK(!number.empty(), "cannot parse byte count '", text,
+  REMAT_CHECK(!number.empty(), "parse_bytes: cannot parse byte count '", text,
               "': expected a number with an optional unit (B, KB, KiB, MB, MiB, GB, GiB), e.g. 64MiB");
   double value = 0;
+  size_t used = 0;
   try {
-    value = std::stod(number);
+    value = std::stod(number, &used);
   } catch (...) {
-    throw Error(detail::concat("cannot parse byte count '", text, "'"));
+    used = 0;
   }
+  // the whole number must parse ("1.2.3" is not 1.2)
+  REMAT_CHECK(used == number.size(), "parse_bytes: cannot parse byte count '", text, "': '", number,
+              "' is not a number");
   std::string u;
   for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double scale = 0;
@@ -144,7 +148,7 @@ size_t parse_bytes(const std::string& text) {
   else if (u == "gib") scale = 1024.0 * 1024 * 1024;
   else if (u == "tb") scale = 1e12;
   else if (u == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
-  REMAT_CHECK(scale > 0, "cannot parse byte count '", text, "': unknown unit '", unit,
+  REMAT_CHECK(scale > 0, "parse_bytes: cannot parse byte count '", text, "': unknown unit '", unit,
               "' (use B, KB, KiB, MB, MiB, GB, GiB, TB or TiB)");
   return static_cast<size_t>(std::llround(value * scale));
 }

@@ -64,7 +64,11 @@ Tensor rand(const Shape& shape, DType dtype, RngState state, double low, double 
 
 Tensor rand(const Shape& shape, DType dtype, double low, double high) {
   REMAT_CHECK(is_floating(dtype), "rand: dtype must be f32 or f64, got ", dtype_name(dtype));
-  return rand(shape, dtype, rng_reserve(static_cast<uint64_t>(shape_numel(shape))), low, high);
+  // validate (range and shape) before claiming words: a failed call leaves the generator as it was
+  REMAT_CHECK(high > low, "rand: empty range [", low, ", ", high, ")");
+  Tensor t = Tensor::empty(shape, dtype);
+  cpu_backend().rand_uniform(t, rng_reserve(static_cast<uint64_t>(shape_numel(shape))), low, high);
+  return t;
 }
 
 Tensor randn(const Shape& shape, DType dtype, RngState state, double mean, double stddev) {
@@ -77,8 +81,12 @@ Tensor randn(const Shape& shape, DType dtype, RngState state, double mean, doubl
 
 Tensor randn(const Shape& shape, DType dtype, double mean, double stddev) {
   REMAT_CHECK(is_floating(dtype), "randn: dtype must be f32 or f64, got ", dtype_name(dtype));
+  // validate before claiming words: a failed call leaves the generator as it was
+  REMAT_CHECK(stddev >= 0, "randn: negative standard deviation ", stddev);
+  Tensor t = Tensor::empty(shape, dtype);
   // Box-Muller uses two words per value.
-  return randn(shape, dtype, rng_reserve(2 * static_cast<uint64_t>(shape_numel(shape))), mean, stddev);
+  cpu_backend().rand_normal(t, rng_reserve(2 * static_cast<uint64_t>(shape_numel(shape))), mean, stddev);
+  return t;
 }
 
 }  // namespace remat

@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "remat/autodiff.h"
 #include "remat/backend.h"
 
 namespace remat {
@@ -177,8 +178,8 @@ std::vector<double> Tensor::to_vector() const {
 }
 
 Tensor& Tensor::requires_grad_(bool value) {
-  REMAT_CHECK(is_leaf(), "requires_grad_: only leaves can be marked; this tensor was produced by ",
-              "an op (use detach() first)");
+  REMAT_CHECK(is_leaf(), "requires_grad_: only leaves can be marked; this tensor of shape ", shape_str(shape()),
+              " was produced by ", impl().grad_fn->name(), " (use detach() first)");
   REMAT_CHECK(!value || is_floating(dtype()), "requires_grad_: ", dtype_name(dtype()), " tensors cannot require grad");
   impl().requires_grad = value;
   return *this;

@@ -20,12 +20,18 @@ const OpSpec kCrossEntropy{"cross_entropy", autodiff::save_inputs, 1, 0b10};  //
 
 Tensor contiguous_copy(const Tensor& t) { return t.is_contiguous() ? t : kernels::copy(t); }
 
-// The targets as a contiguous i64 tensor in host memory.
-Tensor host_targets(const Tensor& targets) {
-  if (targets.device().type == DeviceType::cpu && targets.is_contiguous()) return targets;
-  Tensor host = Tensor::empty(targets.shape(), DType::i64, memory::Tag::other, Device{});
-  backend(targets.device()).copy(targets, host);
-  return host;
+// Calls f(row, target) for every target, reading CPU memory in place (strided). Targets on
+// another device are first copied to the host.
+template <class F>
+void for_each_target(const Tensor& targets, F&& f) {
+  Tensor host = targets;
+  if (targets.device().type != DeviceType::cpu) {
+    host = Tensor::empty(targets.shape(), DType::i64, memory::Tag::other, Device{});
+    backend(targets.device()).copy(targets, host);
+  }
+  const int64_t* t = host.data<int64_t>();
+  const int64_t stride = host.strides()[0];
+  for (int64_t r = 0, n = host.size(0); r < n; ++r) f(r, t[r * stride]);
 }
 
 }  // namespace
@@ -47,17 +53,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_s
 
   // Validate the targets and count the rows that contribute, before anything is recorded.
   int64_t count = 0;
-  if (n > 0) {
-    Tensor host = host_targets(targets);
-    const int64_t* t = host.data<int64_t>();
-    for (int64_t r = 0; r < n; ++r) {
-      if (t[r] == ignore_index) continue;
-      REMAT_CHECK(t[r] >= 0 && t[r] < classes, "cross_entropy: target ", t[r], " at row ", r, " is out of range for ",
-                  classes, " classes (logits of shape ", shape_str(logits.shape()), ", ignore_index ", ignore_index,
-                  ")");
-      ++count;
-    }
-  }
+  for_each_target(targets, [&](int64_t r, int64_t t) {
+    if (t == ignore_index) return;
+    REMAT_CHECK(t >= 0 && t < classes, "cross_entropy: target ", t, " at row ", r, " is out of range for ", classes,
+                " classes (logits of shape ", shape_str(logits.shape()), ", ignore_index ", ignore_index, ")");
+    ++count;
+  });
   const double scale = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
 
   return autodiff::apply(

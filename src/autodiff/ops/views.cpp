@@ -148,6 +148,8 @@ Tensor Tensor::slice(int64_t axis, int64_t start, int64_t stop, int64_t step) co
 Tensor Tensor::expand(const Shape& target) const {
   REMAT_CHECK(target.size() >= shape().size(), "expand: cannot expand shape ", shape_str(shape()), " to the lower rank ",
               shape_str(target));
+  REMAT_CHECK(static_cast<int>(target.size()) <= kMaxRank, "expand: rank of ", shape_str(target), " exceeds ",
+              kMaxRank);
   size_t lead = target.size() - shape().size();
   Shape out = target;
   for (size_t i = 0; i < shape().size(); ++i) {

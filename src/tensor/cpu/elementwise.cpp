@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/vmath.h"
 
 namespace remat {
 
@@ -27,24 +28,40 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kInvSqrt2 = 0.7071067811865476;
 constexpr double kInvSqrt2Pi = 0.3989422804014327;
 
+// float32 uses the vectorisable functions of vmath.h; float64 the C library.
 template <class T>
-inline T sigmoid_of(T x) {
-  return T(1) / (T(1) + std::exp(-x));
+__attribute__((always_inline)) inline T exp_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return vmath::exp_f(x);
+  else return std::exp(x);
+}
+template <class T>
+__attribute__((always_inline)) inline T tanh_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return vmath::tanh_f(x);
+  else return std::tanh(x);
+}
+template <class T>
+__attribute__((always_inline)) inline T erf_of(T x) {
+  if constexpr (std::is_same_v<T, float>) return vmath::erf_f(x);
+  else return std::erf(x);
+}
+template <class T>
+__attribute__((always_inline)) inline T sigmoid_of(T x) {
+  return T(1) / (T(1) + exp_of(-x));
 }
 
 template <UnaryOp Op, class T>
-inline T unary_value(T x, T s) {
+__attribute__((always_inline)) inline T unary_value(T x, T s) {
   if constexpr (Op == UnaryOp::neg) return -x;
-  else if constexpr (Op == UnaryOp::exp) return std::exp(x);
+  else if constexpr (Op == UnaryOp::exp) return exp_of(x);
   else if constexpr (Op == UnaryOp::log) return std::log(x);
   else if constexpr (Op == UnaryOp::sqrt) return std::sqrt(x);
   else if constexpr (Op == UnaryOp::abs) return std::abs(x);
-  else if constexpr (Op == UnaryOp::tanh) return std::tanh(x);
+  else if constexpr (Op == UnaryOp::tanh) return tanh_of(x);
   else if constexpr (Op == UnaryOp::sigmoid) return sigmoid_of(x);
   else if constexpr (Op == UnaryOp::relu) return x > T(0) ? x : T(0);
-  else if constexpr (Op == UnaryOp::gelu) return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
+  else if constexpr (Op == UnaryOp::gelu) return T(0.5) * x * (T(1) + erf_of(x * T(kInvSqrt2)));
   else if constexpr (Op == UnaryOp::gelu_tanh)
-    return T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
+    return T(0.5) * x * (T(1) + tanh_of(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
   else if constexpr (Op == UnaryOp::silu) return x * sigmoid_of(x);
   else if constexpr (Op == UnaryOp::pow_scalar) return std::pow(x, s);
   else if constexpr (Op == UnaryOp::square) return x * x;
@@ -56,7 +73,7 @@ inline T unary_value(T x, T s) {
 
 // d op(x)/dx times gy, using x and/or y = op(x)
 template <UnaryOp Op, class T>
-inline T unary_grad(T x, T y, T gy, T s) {
+__attribute__((always_inline)) inline T unary_grad(T x, T y, T gy, T s) {
   if constexpr (Op == UnaryOp::neg) return -gy;
   else if constexpr (Op == UnaryOp::exp) return gy * y;
   else if constexpr (Op == UnaryOp::log) return gy / x;
@@ -66,12 +83,12 @@ inline T unary_grad(T x, T y, T gy, T s) {
   else if constexpr (Op == UnaryOp::sigmoid) return gy * y * (T(1) - y);
   else if constexpr (Op == UnaryOp::relu) return x > T(0) ? gy : T(0);
   else if constexpr (Op == UnaryOp::gelu) {
-    T cdf = T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2)));
-    T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+    T cdf = T(0.5) * (T(1) + erf_of(x * T(kInvSqrt2)));
+    T pdf = T(kInvSqrt2Pi) * exp_of(T(-0.5) * x * x);
     return gy * (cdf + x * pdf);
   } else if constexpr (Op == UnaryOp::gelu_tanh) {
     T inner = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
-    T t = std::tanh(inner);
+    T t = tanh_of(inner);
     T dinner = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
     return gy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner);
   } else if constexpr (Op == UnaryOp::silu) {
@@ -85,6 +102,37 @@ inline T unary_grad(T x, T y, T gy, T s) {
   else if constexpr (Op == UnaryOp::sign) return T(0);
 }
 
+// Contiguous float32 loops, compiled for AVX-512, AVX2 and baseline x86-64 and picked at load
+// time for the running CPU (GCC function multiversioning), so the library runs on any x86-64.
+#define REMAT_UNARY_OPS(X)                                                                        \
+  X(neg) X(exp) X(log) X(sqrt) X(abs) X(tanh) X(sigmoid) X(relu) X(gelu) X(gelu_tanh) X(silu)   \
+  X(pow_scalar) X(square) X(reciprocal) X(add_scalar) X(mul_scalar) X(sign)
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void unary_f32_contiguous(
+    UnaryOp op, const float* __restrict x, float* __restrict y, int64_t n, float s) {
+  switch (op) {
+#define REMAT_CASE(name)                                                              \
+  case UnaryOp::name:                                                                 \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) y[i] = unary_value<UnaryOp::name, float>(x[i], s); \
+    break;
+    REMAT_UNARY_OPS(REMAT_CASE)
+#undef REMAT_CASE
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void unary_backward_f32_contiguous(
+    UnaryOp op, const float* __restrict x, const float* __restrict y, const float* __restrict gy,
+    float* __restrict gx, int64_t n, float s) {
+  switch (op) {
+#define REMAT_CASE(name)                                                                                  \
+  case UnaryOp::name:                                                                                     \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) gx[i] = unary_grad<UnaryOp::name, float>(x[i], y[i], gy[i], s); \
+    break;
+    REMAT_UNARY_OPS(REMAT_CASE)
+#undef REMAT_CASE
+  }
+}
+
 template <UnaryOp Op, class T>
 void unary_kernel(const Tensor& x, const Tensor& y, double scalar) {
   auto layout = make_layout<2>(y.shape(), {broadcast_strides(y, y.shape()), broadcast_strides(x, y.shape())},
@@ -96,8 +144,12 @@ void unary_kernel(const Tensor& x, const Tensor& y, double scalar) {
     T* __restrict yp = yd + off[0];
     const T* __restrict xp = xd + off[1];
     if (st[0] == 1 && st[1] == 1) {
+      if constexpr (std::is_same_v<T, float>) {
+        unary_f32_contiguous(Op, xp, yp, n, s);
+      } else {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) yp[i] = unary_value<Op, T>(xp[i], s);
+        for (int64_t i = 0; i < n; ++i) yp[i] = unary_value<Op, T>(xp[i], s);
+      }
     } else {
       for (int64_t i = 0; i < n; ++i) yp[i * st[0]] = unary_value<Op, T>(xp[i * st[1]], s);
     }
@@ -125,8 +177,12 @@ void unary_backward_kernel(const Tensor& x, const Tensor& y, const Tensor& gy, c
     const T* yp = yd + off[2];
     const T* gyp = gyd + off[3];
     if (st[0] == 1 && st[1] == 1 && st[2] == 1 && st[3] == 1) {
+      if constexpr (std::is_same_v<T, float>) {
+        unary_backward_f32_contiguous(Op, xp, yp, gyp, gxp, n, s);
+      } else {
 #pragma omp simd
-      for (int64_t i = 0; i < n; ++i) gxp[i] = unary_grad<Op, T>(xp[i], yp[i], gyp[i], s);
+        for (int64_t i = 0; i < n; ++i) gxp[i] = unary_grad<Op, T>(xp[i], yp[i], gyp[i], s);
+      }
     } else {
       for (int64_t i = 0; i < n; ++i)
         gxp[i * st[0]] = unary_grad<Op, T>(xp[i * st[1]], yp[i * st[2]], gyp[i * st[3]], s);

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Runs bench_gemm and bench_elementwise and prints Markdown tables:
+#   GEMM: GFLOP/s of remat::matmul and of direct oneDNN / OpenBLAS / BLIS calls, and
+#         remat / fastest direct call;
+#   elementwise: GB/s (bytes read + written) and op / memcpy (the faster of the two memcpys).
+# Each number is the best of REPS repetitions (default 3) of at least MIN_TIME seconds (default
+# 0.5), which is the least disturbed by other processes; check `uptime` on a shared machine.
+#   bench/run_bench.sh [BUILD_DIR]      (default build; built in Release if needed)
+# Raw JSON results are kept in BUILD_DIR/bench/*.json. Needs only bash and awk.
+# Environment: REPS, MIN_TIME, NO_BUILD=1 (skip rebuilding the two programs), REMAT_JOBS.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+build=${1:-build}
+reps=${REPS:-3}
+min_time=${MIN_TIME:-0.5}
+
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+if ! grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$build/CMakeCache.txt"; then
+  echo "warning: $build is not a Release build" >&2
+fi
+if [[ -z "${NO_BUILD:-}" ]]; then  # NO_BUILD=1: run the binaries already in BUILD_DIR as they are
+  cmake --build "$build" --target bench_gemm bench_elementwise -- -j"${REMAT_JOBS:-2}" >/dev/null
+fi
+
+run() {  # run NAME: runs build/bench/NAME, JSON to build/bench/NAME.json
+  echo "running $1 (${reps} x >= ${min_time}s per benchmark) ..." >&2
+  "$build/bench/$1" --benchmark_repetitions="$reps" --benchmark_min_time="$min_time" \
+    --benchmark_format=json --benchmark_out_format=json --benchmark_out="$build/bench/$1.json" >/dev/null
+}
+run bench_gemm
+run bench_elementwise
+
+# Reads benchmark JSON (one key per line) and prints "run_name value" for each repetition,
+# where value is the given counter, or "ERROR:<message>" for a benchmark that reported one.
+extract() {  # extract FILE COUNTER
+  awk -v counter="\"$2\":" '
+    function val(line) { sub(/^[^:]*: */, "", line); sub(/,$/, "", line); gsub(/"/, "", line); return line }
+    /"run_name":/      { run = val($0); sub(/\/real_time$/, "", run) }
+    /"run_type":/      { type = val($0) }
+    /"error_message":/ { err = val($0) }
+    $1 == counter      { if (type == "iteration") print run, val($0) }
+    /^    }/           { if (err != "" && type == "iteration") print run, "ERROR:" err; err = ""; type = "" }
+  ' "$1"
+}
+
+# Best (maximum) value per run_name, in order of first appearance.
+best() {
+  awk '{ name = $1; v = $2; for (i = 3; i <= NF; ++i) v = v " " $i
+         if (!(name in b)) order[++n] = name
+         if (v ~ /^ERROR:/) { if (!(name in b)) b[name] = v; next }
+         if (!(name in b) || b[name] ~ /^ERROR:/ || v + 0 > b[name] + 0) b[name] = v }
+       END { for (i = 1; i <= n; ++i) print order[i] "\t" b[order[i]] }'
+}
+
+gemm=$(extract "$build/bench/bench_gemm.json" GFLOPs | best)
+elem=$(extract "$build/bench/bench_elementwise.json" GBps | best)
+
+threads=$(awk -F'"' '/"threads":/ { print $4; exit }' "$build/bench/bench_gemm.json")
+echo
+echo "GEMM, GFLOP/s (best of $reps; ${threads:-?} threads; C[M,N] = A[M,K] @ B[K,N], row-major)"
+echo
+printf '%s\n' "$gemm" | awk -F'\t' '
+  { split($1, p, "/"); dt = p[1]; impl = p[2]; shape = p[3]
+    key = dt SUBSEP shape; v[key, impl] = $2; if (!(key in seen)) { seen[key] = 1; keys[++n] = key } }
+  function fmt(x) { return (x == "") ? "-" : (x ~ /^ERROR/ ? "error" : sprintf("%.1f", x)) }
+  END {
+    has_blis = 0; for (k in v) { split(k, q, SUBSEP); if (q[3] == "blis") has_blis = 1 }
+    hdr = "| dtype | M x N x K | remat | oneDNN | OpenBLAS |" (has_blis ? " BLIS |" : "") " remat / fastest direct |"
+    print hdr
+    sep = "|---|---|---:|---:|---:|" (has_blis ? "---:|" : "") "---:|"; print sep
+    # stable order: f32 before f64, then by the order the shapes appeared
+    for (pass = 1; pass <= 2; ++pass) for (i = 1; i <= n; ++i) {
+      split(keys[i], q, SUBSEP); if ((pass == 1) != (q[1] == "f32")) continue
+      r = v[keys[i], "remat"]; best = 0
+      split("onednn openblas blis", libs, " ")
+      for (j = 1; j <= 3; ++j) { x = v[keys[i], libs[j]]; if (x != "" && x !~ /^ERROR/ && x + 0 > best) best = x + 0 }
+      ratio = (best > 0 && r != "" && r !~ /^ERROR/) ? sprintf("%.2f", r / best) : "-"
+      printf "| %s | %s | %s | %s | %s |%s %s |\n", q[1], q[2], fmt(r), fmt(v[keys[i], "onednn"]),
+             fmt(v[keys[i], "openblas"]), (has_blis ? " " fmt(v[keys[i], "blis"]) " |" : ""), ratio
+    }
+  }'
+
+echo
+echo "Elementwise over [4096, 1024] f32, GB/s of bytes read + written (best of $reps)"
+echo
+printf '%s\n' "$elem" | awk -F'\t' '
+  { v[$1] = $2 }
+  END {
+    m = 0; for (k in v) if (k ~ /^memcpy/ && v[k] !~ /^ERROR/ && v[k] + 0 > m) m = v[k] + 0
+    print "| op | GB/s | op / memcpy |"; print "|---|---:|---:|"
+    split("memcpy memcpy_threads relu tanh softmax layer_norm", order, " ")
+    for (i = 1; i <= 6; ++i) { k = order[i]; if (!(k in v)) continue
+      if (v[k] ~ /^ERROR/) { msg = v[k]; sub(/^ERROR:/, "", msg); printf "| %s | n/a (%s) | - |\n", k, msg; continue }
+      printf "| %s | %.1f | %s |\n", k, v[k], (m > 0 ? sprintf("%.2f", v[k] / m) : "-") }
+  }'

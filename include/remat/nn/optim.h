@@ -1,0 +1,117 @@
+// remat/nn/optim.h - optimizers (SGD, AdamW), gradient clipping, the warm-up + cosine schedule.
+//
+//   remat::nn::AdamW opt(model->parameters(), {.lr = 3e-4, .weight_decay = 0.1});
+//   remat::nn::WarmupCosine schedule{.max_lr = 3e-4, .min_lr = 3e-5, .warmup_steps = 100,
+//                                    .total_steps = 5000};
+//   for (int64_t step = 0; step < 5000; ++step) {
+//     opt.zero_grad();
+//     Tensor loss = model->loss(ids, targets);
+//     loss.backward();
+//     remat::nn::clip_grad_norm(model->parameters(), 1.0);
+//     opt.set_lr(schedule(step));
+//     opt.step();
+//   }
+//
+// The updates follow PyTorch's torch.optim.SGD and torch.optim.AdamW formulas. They run under
+// NoGradGuard and write each parameter in place (Tensor::copy_, which bumps the storage version
+// so a stale saved value is detected). State tensors (momentum, exp_avg, exp_avg_sq) are
+// allocated on the first step of each parameter, in the `other` memory account. Parameters
+// without a gradient are skipped (their state and step count are unchanged).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "remat/tensor.h"
+
+namespace remat::nn {
+
+class Optimizer {
+ public:
+  // params: leaf tensors requiring grad (f32 or f64); listed twice is an error.
+  Optimizer(TensorList params, double lr, const char* name);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual void step() = 0;
+  void zero_grad();  // drops every parameter's gradient
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  const TensorList& params() const { return params_; }
+
+ protected:
+  TensorList params_;
+  double lr_;
+  const char* name_;
+};
+
+struct SGDOptions {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;  // L2: added to the gradient (coupled)
+  bool nesterov = false;      // needs momentum > 0 and dampening 0
+};
+
+// g = grad + weight_decay * p
+// momentum: buf = g on the first step, then buf = momentum * buf + (1 - dampening) * g;
+//           g = nesterov ? g + momentum * buf : buf
+// p = p - lr * g
+class SGD : public Optimizer {
+ public:
+  SGD(TensorList params, const SGDOptions& options);
+  void step() override;
+  const Tensor& momentum_buffer(size_t i) const { return momentum_.at(i); }  // undefined before
+
+ private:
+  SGDOptions options_;
+  TensorList momentum_;
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  // decoupled
+};
+
+// t = t + 1
+// p = p * (1 - lr * weight_decay)
+// m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
+// p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+class AdamW : public Optimizer {
+ public:
+  AdamW(TensorList params, const AdamWOptions& options);
+  void step() override;
+  const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
+  const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
+  int64_t steps(size_t i) const { return steps_.at(i); }
+
+ private:
+  AdamWOptions options_;
+  TensorList exp_avg_, exp_avg_sq_;
+  std::vector<int64_t> steps_;
+};
+
+// Scales all gradients by max_norm / (total + 1e-6) when their total L2 norm exceeds max_norm
+// (as torch.nn.utils.clip_grad_norm_); returns the total norm before clipping. Tensors without
+// a gradient are skipped.
+double clip_grad_norm(const TensorList& params, double max_norm);
+
+// Linear warm-up then cosine decay, a pure function of the step (0-based):
+//   step < warmup_steps:                max_lr * (step + 1) / warmup_steps
+//   warmup_steps <= step < total_steps: min_lr + (max_lr - min_lr) * (1 + cos(pi * r)) / 2,
+//                                       r = (step - warmup_steps) / (total_steps - warmup_steps)
+//   step >= total_steps:                min_lr
+struct WarmupCosine {
+  double max_lr = 1e-3;
+  double min_lr = 0.0;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  double operator()(int64_t step) const { return lr(step); }
+  double lr(int64_t step) const;
+};
+
+}  // namespace remat::nn

@@ -1,0 +1,66 @@
+// The GPT model: embeddings, a Sequential of transformer blocks (regions under the policy),
+// final norm and head.
+#include "remat/nn/gpt.h"
+
+#include <cmath>
+
+#include "remat/nn/loss.h"
+#include "remat/ops.h"
+
+namespace remat::nn {
+
+GPT::GPT(const GPTConfig& config) : config_(config) {
+  REMAT_CHECK(config.vocab > 0 && config.layers >= 0 && config.width > 0 && config.heads > 0 && config.seq > 0,
+              "GPT: invalid config (vocab ", config.vocab, ", layers ", config.layers, ", width ", config.width,
+              ", heads ", config.heads, ", seq ", config.seq, ")");
+  REMAT_CHECK(config.width % config.heads == 0, "GPT: width ", config.width, " is not a multiple of heads ",
+              config.heads);
+  const DType dt = config.dtype;
+  wte = register_module("wte", std::make_shared<Embedding>(config.vocab, config.width, dt));
+  wpe = register_module("wpe", std::make_shared<Embedding>(config.seq, config.width, dt));
+  drop = register_module("drop", std::make_shared<Dropout>(config.dropout));
+  blocks = register_module("blocks", std::make_shared<Sequential>());
+  for (int64_t i = 0; i < config.layers; ++i)
+    blocks->add(std::make_shared<TransformerBlock>(config.width, config.heads, config.dropout, dt));
+  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(config.width, 1e-5, true, dt));
+  lm_head = register_module("lm_head", std::make_shared<Linear>(config.width, config.vocab, false, dt));
+
+  // GPT-2 initialisation: N(0, 0.02^2) weights, residual projections scaled by 1/sqrt(2 * layers).
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(config.layers, 1)));
+  for (const auto& [name, p] : named_parameters()) {
+    const bool linear_weight = name.ends_with(".weight") && p.dim() == 2 && !name.starts_with("wte.") &&
+                               !name.starts_with("wpe.");
+    if (!linear_weight) continue;
+    const bool residual = name.ends_with("attn.proj.weight") || name.ends_with("mlp.proj.weight");
+    set_parameter_init(name, Init::normal(0.0, residual ? residual_std : 0.02));
+  }
+  reset_parameters(config.seed);
+}
+
+std::string GPT::type_name() const {
+  return detail::concat("GPT(vocab ", config_.vocab, ", layers ", config_.layers, ", width ", config_.width,
+                        ", heads ", config_.heads, ", seq ", config_.seq, ")");
+}
+
+Tensor GPT::forward(const Tensor& ids) {
+  REMAT_CHECK(ids.defined() && ids.dtype() == DType::i64 && ids.dim() == 2, type_name(),
+              ": expects i64 token ids of shape [B, T], got ",
+              ids.defined() ? detail::concat(dtype_name(ids.dtype()), " ", shape_str(ids.shape())) : "undefined");
+  const int64_t t = ids.size(1);
+  REMAT_CHECK(t <= config_.seq, type_name(), ": sequence length ", t, " exceeds the model's seq ", config_.seq);
+  std::vector<int64_t> positions(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) positions[static_cast<size_t>(i)] = i;
+  Tensor x = add(wte->forward(ids), wpe->forward(from_indices(positions, {t})));  // [B, T, C] + [T, C]
+  x = drop->forward(x);
+  x = blocks->forward(x);
+  return lm_head->forward(ln_f->forward(x));  // [B, T, V]
+}
+
+Tensor GPT::loss(const Tensor& ids, const Tensor& targets, double label_smoothing, int64_t ignore_index) {
+  REMAT_CHECK(targets.defined() && ids.defined() && targets.shape() == ids.shape(), type_name(),
+              ": targets must have the shape of the ids ", ids.defined() ? shape_str(ids.shape()) : "(undefined)",
+              ", got ", targets.defined() ? shape_str(targets.shape()) : "an undefined tensor");
+  return nn::cross_entropy(forward(ids), targets, label_smoothing, ignore_index);
+}
+
+}  // namespace remat::nn

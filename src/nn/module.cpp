@@ -1,0 +1,263 @@
+// Module: registration, recursive dotted names, seeded initialisation, load with full validation.
+#include "remat/nn/module.h"
+
+#include <functional>
+#include <set>
+#include <sstream>
+#include <unordered_set>
+
+#include "remat/autodiff.h"
+#include "remat/nn/safetensors.h"
+
+namespace remat::nn {
+
+std::string Init::to_string() const {
+  std::ostringstream out;
+  switch (kind) {
+    case Kind::keep: return "keep";
+    case Kind::constant: out << "constant(" << a << ")"; break;
+    case Kind::uniform: out << "uniform(" << a << ", " << b << ")"; break;
+    case Kind::normal: out << "normal(" << a << ", " << b << ")"; break;
+  }
+  return out.str();
+}
+
+RngState parameter_rng_state(uint64_t seed, uint64_t index) {
+  REMAT_CHECK(index < (uint64_t{1} << 24), "parameter_rng_state: parameter index ", index, " exceeds 2^24");
+  return RngState{seed, index << 40};
+}
+
+void init_tensor(const Tensor& tensor, const Init& init, RngState state) {
+  REMAT_CHECK(tensor.defined(), "init_tensor: tensor is undefined");
+  NoGradGuard no_grad;
+  Tensor t = tensor;
+  switch (init.kind) {
+    case Init::Kind::keep: return;
+    case Init::Kind::constant: t.fill_(init.a); return;
+    case Init::Kind::uniform:
+      REMAT_CHECK(is_floating(t.dtype()), "init_tensor: ", init.to_string(), " needs an f32 or f64 tensor, got ",
+                  dtype_name(t.dtype()));
+      REMAT_CHECK(init.b > init.a, "init_tensor: empty range in ", init.to_string());
+      t.copy_(rand(t.shape(), t.dtype(), state, init.a, init.b));
+      return;
+    case Init::Kind::normal:
+      REMAT_CHECK(is_floating(t.dtype()), "init_tensor: ", init.to_string(), " needs an f32 or f64 tensor, got ",
+                  dtype_name(t.dtype()));
+      REMAT_CHECK(init.b >= 0, "init_tensor: negative standard deviation in ", init.to_string());
+      t.copy_(randn(t.shape(), t.dtype(), state, init.a, init.b));
+      return;
+  }
+}
+
+Tensor Module::forward(const Tensor&) {
+  throw Error(detail::concat(type_name(), ": forward(const Tensor&) is not implemented"));
+}
+
+void Module::check_new_name(const std::string& name, const char* what) const {
+  REMAT_CHECK(!name.empty(), type_name(), ": cannot register a ", what, " with an empty name");
+  REMAT_CHECK(name.find('.') == std::string::npos, type_name(), ": ", what, " name \"", name,
+              "\" contains '.', which separates the parts of dotted names");
+  for (const auto& p : parameters_)
+    REMAT_CHECK(p.name != name, type_name(), ": a parameter named \"", name, "\" is already registered");
+  for (const auto& c : children_)
+    REMAT_CHECK(c.name != name, type_name(), ": a module named \"", name, "\" is already registered");
+}
+
+Tensor Module::register_parameter(const std::string& name, const Shape& shape, DType dtype, Init init) {
+  check_new_name(name, "parameter");
+  REMAT_CHECK(is_floating(dtype), type_name(), ": parameter \"", name, "\" must be f32 or f64, got ",
+              dtype_name(dtype));
+  Tensor t = Tensor::empty(shape, dtype, memory::Tag::parameter);
+  init_tensor(t, init.kind == Init::Kind::keep ? Init::zeros() : init,
+              parameter_rng_state(0, parameters_.size()));
+  t.requires_grad_();
+  t.set_name(name);
+  parameters_.push_back({name, t, init});
+  return t;
+}
+
+Tensor Module::register_parameter(const std::string& name, const Tensor& value) {
+  REMAT_CHECK(value.defined(), type_name(), ": parameter \"", name, "\" is undefined");
+  check_new_name(name, "parameter");
+  REMAT_CHECK(is_floating(value.dtype()), type_name(), ": parameter \"", name, "\" must be f32 or f64, got ",
+              dtype_name(value.dtype()));
+  Tensor t = Tensor::empty(value.shape(), value.dtype(), memory::Tag::parameter, value.device());
+  {
+    NoGradGuard no_grad;
+    t.copy_(value.detach());
+  }
+  t.requires_grad_();
+  t.set_name(name);
+  parameters_.push_back({name, t, Init::keep()});
+  return t;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+  REMAT_CHECK(module != nullptr, type_name(), ": module \"", name, "\" is null");
+  REMAT_CHECK(module.get() != this, type_name(), ": cannot register a module as its own child");
+  check_new_name(name, "module");
+  children_.push_back({name, std::move(module)});
+}
+
+template <class F>
+void Module::visit_parameters(F&& f) const {
+  std::unordered_set<const TensorImpl*> seen;
+  std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& prefix) {
+    for (const auto& p : m.parameters_) {
+      if (seen.insert(p.tensor.impl_ptr().get()).second) f(prefix + p.name, p);
+    }
+    for (const auto& c : m.children_) walk(*c.module, prefix + c.name + ".");
+  };
+  walk(*this, "");
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors out;
+  visit_parameters([&](const std::string& name, const Parameter& p) { out.emplace_back(name, p.tensor); });
+  return out;
+}
+
+TensorList Module::parameters() const {
+  TensorList out;
+  visit_parameters([&](const std::string&, const Parameter& p) { out.push_back(p.tensor); });
+  return out;
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  visit_parameters([&](const std::string&, const Parameter& p) { n += p.tensor.numel(); });
+  return n;
+}
+
+const Module::Parameter* Module::find_parameter(const std::string& dotted_name) const {
+  const Module* m = this;
+  std::string rest = dotted_name;
+  for (;;) {
+    size_t dot = rest.find('.');
+    if (dot == std::string::npos) {
+      for (const auto& p : m->parameters_)
+        if (p.name == rest) return &p;
+      return nullptr;
+    }
+    std::string head = rest.substr(0, dot);
+    const Module* next = nullptr;
+    for (const auto& c : m->children_)
+      if (c.name == head) next = c.module.get();
+    if (next == nullptr) return nullptr;
+    m = next;
+    rest = rest.substr(dot + 1);
+  }
+}
+
+Module::Parameter* Module::find_parameter(const std::string& dotted_name) {
+  return const_cast<Parameter*>(static_cast<const Module*>(this)->find_parameter(dotted_name));
+}
+
+Tensor Module::parameter(const std::string& dotted_name) const {
+  const Parameter* p = find_parameter(dotted_name);
+  REMAT_CHECK(p != nullptr, type_name(), ": no parameter named \"", dotted_name, "\"");
+  return p->tensor;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  for (const auto& c : children_) out.emplace_back(c.name, c.module);
+  return out;
+}
+
+std::vector<std::pair<std::string, const Module*>> Module::named_modules() const {
+  std::vector<std::pair<std::string, const Module*>> out;
+  std::unordered_set<const Module*> seen;
+  std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& name) {
+    if (!seen.insert(&m).second) return;
+    out.emplace_back(name, &m);
+    for (const auto& c : m.children_) walk(*c.module, name.empty() ? c.name : name + "." + c.name);
+  };
+  walk(*this, "");
+  return out;
+}
+
+void Module::zero_grad() {
+  for (auto& p : parameters()) p.zero_grad();
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& c : children_) c.module->train(on);
+}
+
+void Module::reset_parameters(uint64_t seed) {
+  uint64_t index = 0;
+  visit_parameters([&](const std::string&, const Parameter& p) {
+    init_tensor(p.tensor, p.init, parameter_rng_state(seed, index));
+    ++index;
+  });
+}
+
+void Module::set_parameter_init(const std::string& dotted_name, Init init) {
+  Parameter* p = find_parameter(dotted_name);
+  REMAT_CHECK(p != nullptr, type_name(), ": set_parameter_init: no parameter named \"", dotted_name, "\"");
+  p->init = init;
+}
+
+Init Module::parameter_init(const std::string& dotted_name) const {
+  const Parameter* p = find_parameter(dotted_name);
+  REMAT_CHECK(p != nullptr, type_name(), ": parameter_init: no parameter named \"", dotted_name, "\"");
+  return p->init;
+}
+
+void Module::save(const std::string& path, const Metadata& metadata) const {
+  save_safetensors(path, named_parameters(), metadata);
+}
+
+Metadata Module::load(const std::string& path) {
+  SafetensorsFile file = load_safetensors(path);
+  load_parameters(file.tensors, path);
+  return std::move(file.metadata);
+}
+
+namespace {
+
+std::string describe(const Tensor& t) { return detail::concat(dtype_name(t.dtype()), " ", shape_str(t.shape())); }
+
+}  // namespace
+
+void Module::load_parameters(const std::map<std::string, Tensor>& tensors, const std::string& source) {
+  // Check everything first: nothing is copied unless every tensor matches.
+  NamedTensors named = named_parameters();
+  std::vector<std::string> problems;
+  std::set<std::string> expected;
+  for (const auto& [name, p] : named) {
+    expected.insert(name);
+    auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      problems.push_back(detail::concat("missing \"", name, "\" (the model has ", describe(p), ")"));
+      continue;
+    }
+    const Tensor& t = it->second;
+    if (!t.defined()) {
+      problems.push_back(detail::concat("\"", name, "\" is undefined"));
+    } else if (t.shape() != p.shape() || t.dtype() != p.dtype()) {
+      problems.push_back(detail::concat("\"", name, "\" is ", describe(t), " in ", source, " but ", describe(p),
+                                        " in the model"));
+    }
+  }
+  for (const auto& [name, t] : tensors) {
+    if (expected.count(name) == 0) {
+      problems.push_back(detail::concat("unexpected \"", name, "\"",
+                                        t.defined() ? " (" + describe(t) + ")" : std::string(),
+                                        " is not a parameter of the model"));
+    }
+  }
+  if (!problems.empty()) {
+    std::ostringstream out;
+    out << type_name() << ": cannot load " << source << ": " << problems.size()
+        << (problems.size() == 1 ? " problem" : " problems") << " (nothing was loaded):";
+    for (const auto& p : problems) out << "\n  " << p;
+    throw Error(out.str());
+  }
+  NoGradGuard no_grad;
+  for (auto& [name, p] : named) p.copy_(tensors.at(name));
+}
+
+}  // namespace remat::nn

@@ -1,0 +1,163 @@
+// Optimizers (PyTorch's SGD and AdamW formulas), gradient clipping and the LR schedule.
+#include "remat/nn/optim.h"
+
+#include <cmath>
+#include <numbers>
+#include <unordered_set>
+
+#include "remat/autodiff.h"
+#include "remat/ops.h"
+
+namespace remat::nn {
+
+namespace {
+
+// Optimizer state: zeros like `p`, in the `other` account, on p's device.
+Tensor state_like(const Tensor& p) {
+  Tensor t = Tensor::empty(p.shape(), p.dtype(), memory::Tag::other, p.device());
+  t.fill_(0.0);
+  return t;
+}
+
+// The gradient of p as a tensor to compute with; undefined when p has none.
+Tensor grad_of(const Tensor& p, const char* optimizer) {
+  Tensor g = p.grad();
+  if (!g.defined()) return g;
+  REMAT_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype(), optimizer, ": the gradient of parameter \"", p.name(),
+              "\" is ", dtype_name(g.dtype()), " ", shape_str(g.shape()), ", the parameter ", dtype_name(p.dtype()),
+              " ", shape_str(p.shape()));
+  return g.detach();
+}
+
+}  // namespace
+
+Optimizer::Optimizer(TensorList params, double lr, const char* name) : params_(std::move(params)), lr_(lr), name_(name) {
+  std::unordered_set<const TensorImpl*> seen;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    REMAT_CHECK(p.defined(), name_, ": parameter ", i, " is undefined");
+    REMAT_CHECK(p.is_leaf() && p.requires_grad() && is_floating(p.dtype()), name_, ": parameter ", i, " (\"",
+                p.name(), "\", ", dtype_name(p.dtype()), " ", shape_str(p.shape()),
+                ") must be a floating leaf tensor that requires grad");
+    REMAT_CHECK(seen.insert(p.impl_ptr().get()).second, name_, ": parameter ", i, " (\"", p.name(),
+                "\") is listed twice");
+  }
+  set_lr(lr);
+}
+
+void Optimizer::zero_grad() {
+  for (auto& p : params_) p.zero_grad();
+}
+
+void Optimizer::set_lr(double lr) {
+  REMAT_CHECK(lr >= 0.0 && std::isfinite(lr), name_, ": invalid learning rate ", lr);
+  lr_ = lr;
+}
+
+// ---- SGD
+
+SGD::SGD(TensorList params, const SGDOptions& options) : Optimizer(std::move(params), options.lr, "SGD"), options_(options) {
+  REMAT_CHECK(options.momentum >= 0.0, "SGD: invalid momentum ", options.momentum);
+  REMAT_CHECK(options.weight_decay >= 0.0, "SGD: invalid weight_decay ", options.weight_decay);
+  REMAT_CHECK(!options.nesterov || (options.momentum > 0.0 && options.dampening == 0.0),
+              "SGD: nesterov momentum needs momentum > 0 and dampening 0, got momentum ", options.momentum,
+              ", dampening ", options.dampening);
+  momentum_.resize(params_.size());
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    Tensor g = grad_of(p, "SGD");
+    if (!g.defined()) continue;
+    Tensor value = p.detach();
+    if (options_.weight_decay != 0.0) g = add(g, mul_scalar(value, options_.weight_decay));
+    if (options_.momentum != 0.0) {
+      Tensor& buf = momentum_[i];
+      if (!buf.defined()) {
+        buf = state_like(p);
+        buf.copy_(g);
+      } else {
+        buf.copy_(add(mul_scalar(buf, options_.momentum), mul_scalar(g, 1.0 - options_.dampening)));
+      }
+      g = options_.nesterov ? add(g, mul_scalar(buf, options_.momentum)) : buf;
+    }
+    p.copy_(sub(value, mul_scalar(g, lr_)));
+  }
+}
+
+// ---- AdamW
+
+AdamW::AdamW(TensorList params, const AdamWOptions& options)
+    : Optimizer(std::move(params), options.lr, "AdamW"), options_(options) {
+  REMAT_CHECK(options.beta1 >= 0.0 && options.beta1 < 1.0 && options.beta2 >= 0.0 && options.beta2 < 1.0,
+              "AdamW: betas must be in [0, 1), got (", options.beta1, ", ", options.beta2, ")");
+  REMAT_CHECK(options.eps >= 0.0, "AdamW: invalid eps ", options.eps);
+  REMAT_CHECK(options.weight_decay >= 0.0, "AdamW: invalid weight_decay ", options.weight_decay);
+  exp_avg_.resize(params_.size());
+  exp_avg_sq_.resize(params_.size());
+  steps_.assign(params_.size(), 0);
+}
+
+void AdamW::step() {
+  NoGradGuard no_grad;
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    Tensor g = grad_of(p, "AdamW");
+    if (!g.defined()) continue;
+    if (!exp_avg_[i].defined()) {
+      exp_avg_[i] = state_like(p);
+      exp_avg_sq_[i] = state_like(p);
+    }
+    Tensor& m = exp_avg_[i];
+    Tensor& v = exp_avg_sq_[i];
+    const int64_t t = ++steps_[i];
+    if (options_.weight_decay != 0.0) p.copy_(mul_scalar(p.detach(), 1.0 - lr_ * options_.weight_decay));
+    m.copy_(add(mul_scalar(m, b1), mul_scalar(g, 1.0 - b1)));
+    v.copy_(add(mul_scalar(v, b2), mul_scalar(square(g), 1.0 - b2)));
+    const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(t));
+    const double bias_correction2 = 1.0 - std::pow(b2, static_cast<double>(t));
+    Tensor denom = add_scalar(mul_scalar(sqrt(v), 1.0 / std::sqrt(bias_correction2)), options_.eps);
+    p.copy_(sub(p.detach(), mul_scalar(div(m, denom), lr_ / bias_correction1)));
+  }
+}
+
+// ---- clipping
+
+double clip_grad_norm(const TensorList& params, double max_norm) {
+  REMAT_CHECK(max_norm >= 0.0, "clip_grad_norm: max_norm must be non-negative, got ", max_norm);
+  NoGradGuard no_grad;
+  double total_sq = 0.0;
+  TensorList grads;
+  std::unordered_set<const TensorImpl*> seen;  // a parameter listed twice counts once
+  for (const auto& p : params) {
+    REMAT_CHECK(p.defined(), "clip_grad_norm: a parameter is undefined");
+    Tensor g = p.grad();
+    if (!g.defined() || !seen.insert(g.impl_ptr().get()).second) continue;
+    grads.push_back(g);
+    total_sq += sum(square(g.detach())).item();
+  }
+  const double total = std::sqrt(total_sq);
+  const double coefficient = max_norm / (total + 1e-6);
+  if (coefficient < 1.0) {
+    for (auto& g : grads) g.copy_(mul_scalar(g.detach(), coefficient));
+  }
+  return total;
+}
+
+// ---- schedule
+
+double WarmupCosine::lr(int64_t step) const {
+  REMAT_CHECK(step >= 0, "WarmupCosine: negative step ", step);
+  REMAT_CHECK(warmup_steps >= 0 && total_steps >= warmup_steps, "WarmupCosine: need 0 <= warmup_steps (",
+              warmup_steps, ") <= total_steps (", total_steps, ")");
+  if (step < warmup_steps) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  if (step >= total_steps) return min_lr;
+  const double ratio =
+      static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+  return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));
+}
+
+}  // namespace remat::nn

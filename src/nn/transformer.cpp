@@ -1,0 +1,85 @@
+// Causal self-attention, MLP and the pre-norm transformer block.
+#include "remat/nn/transformer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "remat/ops.h"
+
+namespace remat::nn {
+
+namespace {
+
+// [T, T] i64, 1 where the key position is after the query position (to be masked).
+Tensor future_mask(int64_t t) {
+  Tensor mask = Tensor::empty({t, t}, DType::i64);
+  int64_t* m = mask.data<int64_t>();
+  for (int64_t q = 0; q < t; ++q)
+    for (int64_t k = 0; k < t; ++k) m[q * t + k] = k > q ? 1 : 0;
+  return mask;
+}
+
+}  // namespace
+
+// ---- CausalSelfAttention
+
+CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, double attn_dropout, double resid_dropout,
+                                         DType dtype)
+    : width_(width), heads_(heads), attn_dropout_(attn_dropout), resid_dropout_(resid_dropout) {
+  REMAT_CHECK(width > 0 && heads > 0 && width % heads == 0, "CausalSelfAttention: width ", width,
+              " must be a positive multiple of the number of heads ", heads);
+  REMAT_CHECK(attn_dropout >= 0 && attn_dropout <= 1 && resid_dropout >= 0 && resid_dropout <= 1,
+              "CausalSelfAttention: dropout probabilities ", attn_dropout, ", ", resid_dropout, " are outside [0, 1]");
+  qkv = register_module("qkv", std::make_shared<Linear>(width, 3 * width, true, dtype));
+  proj = register_module("proj", std::make_shared<Linear>(width, width, true, dtype));
+}
+
+std::string CausalSelfAttention::type_name() const {
+  return detail::concat("CausalSelfAttention(width ", width_, ", heads ", heads_, ")");
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  REMAT_CHECK(x.defined() && x.dim() == 3 && x.size(2) == width_, type_name(), ": expects x of shape [B, T, ", width_,
+              "], got ", x.defined() ? shape_str(x.shape()) : "an undefined tensor");
+  const int64_t b = x.size(0), t = x.size(1), c = width_, h = heads_, d = c / h;
+  TensorList parts = split(qkv->forward(x), {c, c, c}, -1);  // 3 x [B, T, C]
+  auto heads_first = [&](const Tensor& z) { return z.reshape({b, t, h, d}).permute({0, 2, 1, 3}); };
+  Tensor q = heads_first(parts[0]), k = heads_first(parts[1]), v = heads_first(parts[2]);  // [B, H, T, D]
+  Tensor scores = mul_scalar(matmul(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(d)));  // [B, H, T, T]
+  scores = masked_fill(scores, future_mask(t), -std::numeric_limits<double>::infinity());
+  Tensor att = dropout(softmax(scores, -1), attn_dropout_, training());
+  Tensor y = matmul(att, v).permute({0, 2, 1, 3}).reshape({b, t, c});  // [B, T, C]
+  return dropout(proj->forward(y), resid_dropout_, training());
+}
+
+// ---- MLP
+
+MLP::MLP(int64_t width, double dropout, DType dtype, int64_t hidden, bool tanh_gelu)
+    : tanh_gelu_(tanh_gelu), dropout_(dropout) {
+  REMAT_CHECK(width > 0 && hidden >= 0, "MLP: width ", width, " must be positive and hidden ", hidden,
+              " non-negative");
+  REMAT_CHECK(dropout >= 0 && dropout <= 1, "MLP: dropout probability ", dropout, " is outside [0, 1]");
+  if (hidden == 0) hidden = 4 * width;
+  fc = register_module("fc", std::make_shared<Linear>(width, hidden, true, dtype));
+  proj = register_module("proj", std::make_shared<Linear>(hidden, width, true, dtype));
+}
+
+Tensor MLP::forward(const Tensor& x) {
+  return dropout(proj->forward(gelu(fc->forward(x), tanh_gelu_)), dropout_, training());
+}
+
+// ---- TransformerBlock
+
+TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout, DType dtype) {
+  ln1 = register_module("ln1", std::make_shared<LayerNorm>(width, 1e-5, true, dtype));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(width, heads, dropout, dropout, dtype));
+  ln2 = register_module("ln2", std::make_shared<LayerNorm>(width, 1e-5, true, dtype));
+  mlp = register_module("mlp", std::make_shared<MLP>(width, dropout, dtype));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  Tensor h = add(x, attn->forward(ln1->forward(x)));
+  return add(h, mlp->forward(ln2->forward(h)));
+}
+
+}  // namespace remat::nn

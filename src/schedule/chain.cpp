@@ -1,0 +1,318 @@
+// Heterogeneous chains: cost validation, plan trees, their action lists, the simulator and the
+// fixed plans (save-all, every-layer, every-k, uniform segments).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "remat/schedule.h"
+
+namespace remat::schedule {
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& function, const std::string& why) {
+  throw std::invalid_argument(function + ": " + why);
+}
+
+std::string node_name(const PlanNode& node) {
+  std::ostringstream out;
+  if (node.kind == PlanNode::Kind::stage)
+    out << "stage " << node.first;
+  else
+    out << "region [" << node.first << ".." << node.last << "]";
+  return out.str();
+}
+
+void validate_sequence(const std::vector<PlanNode>& sequence, int first, int last, bool in_region) {
+  const std::string where = in_region ? "validate_tree: children of region [" + std::to_string(first) + ".." +
+                                            std::to_string(last) + "]"
+                                      : "validate_tree";
+  if (sequence.empty()) invalid(where, "empty sequence (stages " + std::to_string(first) + ".." +
+                                           std::to_string(last) + " not covered)");
+  int expected = first;
+  for (const PlanNode& node : sequence) {
+    if (node.first != expected)
+      invalid(where, node_name(node) + " starts at " + std::to_string(node.first) + ", expected stage " +
+                         std::to_string(expected));
+    if (node.kind == PlanNode::Kind::stage) {
+      if (node.last != node.first) invalid(where, "a stage node needs first == last, got " + node_name(node));
+      if (!node.children.empty()) invalid(where, node_name(node) + " has children");
+    } else {
+      if (node.last < node.first || node.last > last) invalid(where, node_name(node) + " is out of range");
+      if (node.children.size() == 1 && node.children[0].kind == PlanNode::Kind::region &&
+          node.children[0].first == node.first && node.children[0].last == node.last)
+        invalid(where, node_name(node) + " has a single child region over the same stages");
+      validate_sequence(node.children, node.first, node.last, true);
+    }
+    expected = node.last + 1;
+  }
+  if (expected != last + 1)
+    invalid(where, "covers stages " + std::to_string(first) + ".." + std::to_string(expected - 1) + ", expected " +
+                       std::to_string(first) + ".." + std::to_string(last));
+}
+
+// Appends the actions of a sequence over stages [first, last]; top: the chain's top level.
+void append_sequence(const std::vector<PlanNode>& sequence, int last, bool top, std::vector<Action>& out) {
+  for (const PlanNode& node : sequence) {
+    if (node.kind == PlanNode::Kind::stage) {
+      out.push_back({ActionKind::forward_save_all, node.first});
+    } else {
+      out.push_back({ActionKind::forward_no_save, node.first});
+      for (int j = node.first + 1; j <= node.last; ++j) {
+        out.push_back({ActionKind::forward_no_save, j});
+        out.push_back({ActionKind::drop, j});
+      }
+    }
+  }
+  out.push_back(top ? Action{ActionKind::loss, last + 1} : Action{ActionKind::drop, last + 1});
+  for (size_t k = sequence.size(); k-- > 0;) {
+    const PlanNode& node = sequence[k];
+    if (k + 1 < sequence.size()) out.push_back({ActionKind::drop, node.last + 1});
+    if (node.kind == PlanNode::Kind::stage)
+      out.push_back({ActionKind::backward, node.first});
+    else
+      append_sequence(node.children, node.last, false, out);
+  }
+}
+
+}  // namespace
+
+void ChainCosts::validate() const {
+  const std::string function = "ChainCosts::validate";
+  const size_t stages = forward_time.size();
+  if (stages == 0) invalid(function, "the chain has no stage (forward_time is empty)");
+  if (stages > static_cast<size_t>(std::numeric_limits<int>::max() / 4)) invalid(function, "too many stages");
+  if (backward_time.size() != stages || saved_bytes.size() != stages || boundary_bytes.size() != stages + 1) {
+    std::ostringstream out;
+    out << "sizes differ: forward_time " << stages << ", backward_time " << backward_time.size()
+        << ", saved_bytes " << saved_bytes.size() << " (all L), boundary_bytes " << boundary_bytes.size()
+        << " (L + 1)";
+    invalid(function, out.str());
+  }
+  for (size_t i = 0; i < stages; ++i) {
+    if (!std::isfinite(forward_time[i]) || forward_time[i] < 0 || !std::isfinite(backward_time[i]) ||
+        backward_time[i] < 0) {
+      std::ostringstream out;
+      out << "stage " << i << " has forward_time " << forward_time[i] << " and backward_time " << backward_time[i]
+          << "; times must be finite and >= 0";
+      invalid(function, out.str());
+    }
+  }
+  // Every peak is a sum of distinct buffers; keep the total far from overflow.
+  constexpr size_t kLimit = size_t{1} << 60;
+  size_t total = 0;
+  for (const std::vector<size_t>* sizes : {&boundary_bytes, &saved_bytes})
+    for (size_t bytes : *sizes) {
+      if (bytes > kLimit || total > kLimit - bytes) invalid(function, "the sizes sum to more than 2^60 bytes");
+      total += bytes;
+    }
+  if (total > kLimit / 2) invalid(function, "the sizes sum to more than 2^59 bytes");
+}
+
+ChainCosts ChainCosts::uniform(int stages, double forward, double backward, size_t boundary, size_t saved) {
+  if (stages < 1) invalid("ChainCosts::uniform", "stages must be >= 1, got " + std::to_string(stages));
+  ChainCosts costs;
+  costs.forward_time.assign(static_cast<size_t>(stages), forward);
+  costs.backward_time.assign(static_cast<size_t>(stages), backward);
+  costs.boundary_bytes.assign(static_cast<size_t>(stages) + 1, boundary);
+  costs.saved_bytes.assign(static_cast<size_t>(stages), saved);
+  return costs;
+}
+
+void validate_tree(const std::vector<PlanNode>& tree, int num_stages) {
+  if (num_stages < 1) invalid("validate_tree", "num_stages must be >= 1, got " + std::to_string(num_stages));
+  validate_sequence(tree, 0, num_stages - 1, false);
+}
+
+std::vector<Action> plan_actions(const std::vector<PlanNode>& tree, int num_stages) {
+  validate_tree(tree, num_stages);
+  std::vector<Action> out;
+  append_sequence(tree, num_stages - 1, true, out);
+  return out;
+}
+
+SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& actions) {
+  costs.validate();
+  const int stages = costs.num_stages();
+  const auto& x = costs.boundary_bytes;
+  const auto& xbar = costs.saved_bytes;
+  std::vector<bool> boundary_live(static_cast<size_t>(stages) + 1, false);
+  std::vector<bool> record_live(static_cast<size_t>(stages), false);
+  boundary_live[0] = true;
+  size_t live = x[0];
+  int gradient = -1;  // index j of the live gradient d_j; -1 before the loss
+  SimResult result;
+  result.peak_bytes = live;
+  for (size_t position = 0; position < actions.size(); ++position) {
+    const Action& action = actions[position];
+    const int i = action.index;
+    const auto fail = [&](const std::string& why) {
+      std::ostringstream out;
+      out << "simulate: action " << position << " (" << format_actions({action}) << "): " << why;
+      throw std::invalid_argument(out.str());
+    };
+    const auto stage_ok = [&]() {
+      if (i < 0 || i >= stages) fail("stage outside 0.." + std::to_string(stages - 1));
+    };
+    const auto finished = [&](int stage) { return gradient >= 0 && stage >= gradient; };
+    switch (action.kind) {
+      case ActionKind::forward_no_save:
+      case ActionKind::forward_save_all: {
+        stage_ok();
+        const size_t at = static_cast<size_t>(i);
+        if (!boundary_live[at]) fail("its input boundary " + std::to_string(i) + " is not live");
+        if (boundary_live[at + 1]) fail("its output boundary " + std::to_string(i + 1) + " is already live");
+        if (finished(i)) fail("stage " + std::to_string(i) + " already ran its backward");
+        const bool record = action.kind == ActionKind::forward_save_all;
+        if (record && record_live[at]) fail("stage " + std::to_string(i) + " already holds a record");
+        live += x[at + 1] + (record ? xbar[at] : 0);
+        boundary_live[at + 1] = true;
+        if (record) record_live[at] = true;
+        result.total_time += costs.forward_time[at];
+        ++result.forward_evaluations;
+        break;
+      }
+      case ActionKind::drop:
+        if (i <= 0 || i > stages) fail("boundary outside 1.." + std::to_string(stages) + " (a_0 is the caller's)");
+        if (!boundary_live[static_cast<size_t>(i)]) fail("boundary " + std::to_string(i) + " is not live");
+        boundary_live[static_cast<size_t>(i)] = false;
+        live -= x[static_cast<size_t>(i)];
+        break;
+      case ActionKind::loss:
+        if (i != stages) fail("the loss index must be L = " + std::to_string(stages));
+        if (gradient >= 0) fail("the loss already ran");
+        if (!boundary_live[static_cast<size_t>(stages)]) fail("the chain output is not live");
+        live += x[static_cast<size_t>(stages)];
+        result.peak_bytes = std::max(result.peak_bytes, live);
+        live -= x[static_cast<size_t>(stages)];  // a_L freed, d_L (same size) stays
+        boundary_live[static_cast<size_t>(stages)] = false;
+        gradient = stages;
+        break;
+      case ActionKind::backward: {
+        stage_ok();
+        const size_t at = static_cast<size_t>(i);
+        if (gradient != i + 1)
+          fail(gradient < 0 ? "the loss has not run" : "the live gradient is d_" + std::to_string(gradient));
+        if (!record_live[at]) fail("stage " + std::to_string(i) + " has no record");
+        if (!boundary_live[at]) fail("its input boundary " + std::to_string(i) + " is not live");
+        live += x[at];
+        result.peak_bytes = std::max(result.peak_bytes, live);
+        live -= x[at + 1] + xbar[at];
+        record_live[at] = false;
+        gradient = i;
+        result.total_time += costs.backward_time[at];
+        break;
+      }
+      default:
+        fail("unknown action kind");
+    }
+    result.peak_bytes = std::max(result.peak_bytes, live);
+  }
+  if (gradient != 0)
+    throw std::invalid_argument(gradient < 0 ? "simulate: the plan never runs the loss"
+                                             : "simulate: the plan ends before stage " + std::to_string(gradient - 1) +
+                                                   "'s backward");
+  for (int j = 1; j <= stages; ++j)
+    if (boundary_live[static_cast<size_t>(j)])
+      throw std::invalid_argument("simulate: boundary " + std::to_string(j) + " is still live at the end");
+  result.recomputed_forwards = result.forward_evaluations - stages;
+  return result;
+}
+
+SimResult simulate(const ChainCosts& costs, const Plan& plan) {
+  costs.validate();
+  if (plan.tree.empty()) return simulate_actions(costs, plan.actions);
+  std::vector<Action> actions = plan_actions(plan.tree, costs.num_stages());
+  if (!plan.actions.empty() && plan.actions != actions)
+    throw std::invalid_argument("simulate: the plan's actions differ from those of its tree " +
+                                format_tree(plan.tree));
+  return simulate_actions(costs, actions);
+}
+
+Plan make_plan(const ChainCosts& costs, std::vector<PlanNode> tree) {
+  Plan plan;
+  plan.actions = plan_actions(tree, costs.num_stages());
+  plan.tree = std::move(tree);
+  const SimResult result = simulate_actions(costs, plan.actions);
+  plan.predicted_peak_bytes = result.peak_bytes;
+  plan.predicted_time = result.total_time;
+  return plan;
+}
+
+Plan plan_save_all(const ChainCosts& costs) {
+  costs.validate();
+  std::vector<PlanNode> tree;
+  for (int i = 0; i < costs.num_stages(); ++i) tree.push_back(PlanNode::stage(i));
+  return make_plan(costs, std::move(tree));
+}
+
+Plan plan_every_k(const ChainCosts& costs, int k) {
+  costs.validate();
+  if (k < 1) invalid("plan_every_k", "k must be >= 1, got " + std::to_string(k));
+  const int stages = costs.num_stages();
+  std::vector<PlanNode> tree;
+  for (int first = 0; first < stages; first += k) {
+    const int last = std::min(stages - 1, first + k - 1);
+    std::vector<PlanNode> children;
+    for (int i = first; i <= last; ++i) children.push_back(PlanNode::stage(i));
+    tree.push_back(PlanNode::region(first, last, std::move(children)));
+  }
+  return make_plan(costs, std::move(tree));
+}
+
+Plan plan_every_layer(const ChainCosts& costs) { return plan_every_k(costs, 1); }
+
+Plan plan_uniform_segments(const ChainCosts& costs, int segments) {
+  costs.validate();
+  const int stages = costs.num_stages();
+  if (segments < 1 || segments > stages)
+    invalid("plan_uniform_segments", "segments must be in 1.." + std::to_string(stages) + ", got " +
+                                         std::to_string(segments));
+  const int size = stages / segments;
+  std::vector<PlanNode> tree;
+  int next = 0;
+  for (int segment = 0; segment + 1 < segments; ++segment, next += size) {
+    std::vector<PlanNode> children;
+    for (int i = next; i < next + size; ++i) children.push_back(PlanNode::stage(i));
+    tree.push_back(PlanNode::region(next, next + size - 1, std::move(children)));
+  }
+  for (int i = next; i < stages; ++i) tree.push_back(PlanNode::stage(i));
+  return make_plan(costs, std::move(tree));
+}
+
+std::string format_tree(const std::vector<PlanNode>& tree) {
+  std::string out;
+  for (const PlanNode& node : tree) {
+    if (!out.empty()) out += ' ';
+    if (node.kind == PlanNode::Kind::stage)
+      out += 'S' + std::to_string(node.first);
+    else
+      out += "R[" + std::to_string(node.first) + ".." + std::to_string(node.last) + "](" +
+             format_tree(node.children) + ")";
+  }
+  return out;
+}
+
+std::string format_actions(const std::vector<Action>& actions) {
+  std::string out;
+  for (const Action& action : actions) {
+    if (!out.empty()) out += ' ';
+    switch (action.kind) {
+      case ActionKind::forward_no_save: out += "Fn"; break;
+      case ActionKind::forward_save_all: out += "Fa"; break;
+      case ActionKind::backward: out += "B"; break;
+      case ActionKind::drop: out += "D"; break;
+      case ActionKind::loss: out += "L"; break;
+      default: out += "?"; break;
+    }
+    if (action.kind != ActionKind::loss) out += std::to_string(action.index);
+  }
+  return out;
+}
+
+}  // namespace remat::schedule

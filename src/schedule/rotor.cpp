@@ -1,0 +1,276 @@
+// The rotor dynamic programme (optimal time within a memory limit) and the least-peak plan.
+// The recurrences and the discretisation are documented in include/remat/schedule.h.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "remat/schedule.h"
+
+namespace remat::schedule {
+
+namespace {
+
+constexpr double kInfinite = std::numeric_limits<double>::infinity();
+constexpr double kMaxTableEntries = 1.5e8;
+
+// Index of sub-chain [a, b] (a <= b) in a triangular table.
+size_t pair_index(int a, int b) { return static_cast<size_t>(b) * (static_cast<size_t>(b) + 1) / 2 + static_cast<size_t>(a); }
+
+// Sizes in whole memory units (rounded up) and the budget in units (rounded down).
+struct UnitCosts {
+  std::vector<int64_t> x, xbar;
+  int64_t budget = 0;
+};
+
+UnitCosts to_units(const ChainCosts& costs, size_t available, size_t unit) {
+  UnitCosts units;
+  const auto round_up = [unit](size_t bytes) { return static_cast<int64_t>(bytes / unit + (bytes % unit != 0)); };
+  for (size_t bytes : costs.boundary_bytes) units.x.push_back(round_up(bytes));
+  for (size_t bytes : costs.saved_bytes) units.xbar.push_back(round_up(bytes));
+  units.budget = static_cast<int64_t>(available / unit);
+  return units;
+}
+
+// C(a, b, m) for re-run sub-chains (all a <= b) and for the top-level suffixes [a, L-1].
+// choice: -1 infeasible, 0 = stage a with recording first, k >= 1 = region [a, a+k-1] first.
+class RotorTable {
+ public:
+  RotorTable(const ChainCosts& costs, const UnitCosts& units)
+      : costs_(costs), units_(units), stages_(costs.num_stages()), width_(static_cast<size_t>(units.budget) + 1) {
+    const size_t pairs = pair_index(0, stages_);
+    rerun_cost_.assign(pairs * width_, kInfinite);
+    rerun_choice_.assign(pairs * width_, -1);
+    top_cost_.assign(static_cast<size_t>(stages_) * width_, kInfinite);
+    top_choice_.assign(static_cast<size_t>(stages_) * width_, -1);
+    for (int length = 1; length <= stages_; ++length)
+      for (int a = 0; a + length <= stages_; ++a) fill(a, a + length - 1, false);
+    for (int a = stages_ - 1; a >= 0; --a) fill(a, stages_ - 1, true);
+  }
+
+  double cost(int a, int b, int64_t m, bool top) const {
+    if (m < 0) return kInfinite;
+    return top ? top_cost_[row(a, b, true) + static_cast<size_t>(m)] : rerun_cost_[row(a, b, false) + static_cast<size_t>(m)];
+  }
+  int choice(int a, int b, int64_t m, bool top) const {
+    return top ? top_choice_[row(a, b, true) + static_cast<size_t>(m)] : rerun_choice_[row(a, b, false) + static_cast<size_t>(m)];
+  }
+
+  // The plan (a sequence over [a, b]) behind cost(a, b, m, top).
+  std::vector<PlanNode> build(int a, int b, int64_t m, bool top) const {
+    std::vector<PlanNode> sequence;
+    while (a <= b) {
+      const int pick = choice(a, b, m, top);
+      if (pick < 0) throw std::logic_error("plan_rotor: reconstruction reached an infeasible entry (internal error)");
+      const size_t at = static_cast<size_t>(a);
+      if (pick == 0) {
+        sequence.push_back(PlanNode::stage(a));
+        m -= units_.x[at + 1] + units_.xbar[at];
+        a += 1;
+      } else {
+        const int c = a + pick;
+        sequence.push_back(PlanNode::region(a, c - 1, build(a, c - 1, m, false)));
+        m -= units_.x[static_cast<size_t>(c)];
+        a = c;
+      }
+    }
+    return sequence;
+  }
+
+ private:
+  size_t row(int a, int b, bool top) const {
+    return (top ? static_cast<size_t>(a) : pair_index(a, b)) * width_;
+  }
+
+  void fill(int a, int b, bool top) {
+    double* best = (top ? top_cost_.data() : rerun_cost_.data()) + row(a, b, top);
+    int16_t* pick = (top ? top_choice_.data() : rerun_choice_.data()) + row(a, b, top);
+    const int64_t budget = units_.budget;
+    const auto& x = units_.x;
+    const auto& xbar = units_.xbar;
+    const size_t at = static_cast<size_t>(a);
+    const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
+    if (a == b) {
+      const int64_t need = xbar[at] + x[at + 1] + std::max(x[at + 1], x[at]);
+      for (int64_t m = std::max<int64_t>(need, 0); m <= budget; ++m) {
+        best[m] = uf + ub;
+        pick[m] = 0;
+      }
+      return;
+    }
+    // Stage a with recording, then [a+1, b] with its record and output held.
+    const int64_t held = x[at + 1] + xbar[at];
+    const int64_t need = xbar[at] + x[at + 1] + x[at];
+    for (int64_t m = std::max<int64_t>(need, 0); m <= budget; ++m) {
+      const double rest = cost(a + 1, b, m - held, top);
+      if (rest < kInfinite) {
+        best[m] = uf + rest + ub;
+        pick[m] = 0;
+      }
+    }
+    // Region [a, c-1], then [c, b] holding a_c, then the region's re-run.
+    const int64_t gradient = top ? 0 : x[static_cast<size_t>(b) + 1];
+    int64_t sweep_peak = 0;
+    double sweep_time = 0;
+    for (int c = a + 1; c <= b; ++c) {
+      const size_t k = static_cast<size_t>(c - 1);
+      sweep_peak = std::max(sweep_peak, (c - 1 > a ? x[k] : 0) + x[k + 1]);
+      sweep_time += costs_.forward_time[k];
+      const int64_t keep = x[static_cast<size_t>(c)];
+      for (int64_t m = std::max<int64_t>(gradient + sweep_peak, keep); m <= budget; ++m) {
+        const double rest = cost(c, b, m - keep, top);
+        if (rest == kInfinite) continue;
+        const double sub = cost(a, c - 1, m, false);
+        if (sub == kInfinite) continue;
+        const double total = sweep_time + rest + sub;
+        if (total < best[m]) {
+          best[m] = total;
+          pick[m] = static_cast<int16_t>(c - a);
+        }
+      }
+    }
+  }
+
+  const ChainCosts& costs_;
+  const UnitCosts& units_;
+  int stages_;
+  size_t width_;
+  std::vector<double> rerun_cost_, top_cost_;
+  std::vector<int16_t> rerun_choice_, top_choice_;
+};
+
+// The least-peak plan, exact bytes; among least-peak choices the least time (per subproblem).
+class MinPeak {
+ public:
+  explicit MinPeak(const ChainCosts& costs) : costs_(costs), stages_(costs.num_stages()) {
+    rerun_.assign(pair_index(0, stages_), Entry{});
+    top_.assign(static_cast<size_t>(stages_), Entry{});
+    for (int length = 1; length <= stages_; ++length)
+      for (int a = 0; a + length <= stages_; ++a) rerun_[pair_index(a, a + length - 1)] = solve(a, a + length - 1, false);
+    for (int a = stages_ - 1; a >= 0; --a) top_[static_cast<size_t>(a)] = solve(a, stages_ - 1, true);
+  }
+
+  size_t top_peak() const { return top_[0].peak; }
+
+  std::vector<PlanNode> build(int a, int b, bool top) const {
+    std::vector<PlanNode> sequence;
+    while (a <= b) {
+      const int pick = entry(a, b, top).choice;
+      if (pick == 0) {
+        sequence.push_back(PlanNode::stage(a));
+        a += 1;
+      } else {
+        sequence.push_back(PlanNode::region(a, a + pick - 1, build(a, a + pick - 1, false)));
+        a += pick;
+      }
+    }
+    return sequence;
+  }
+
+ private:
+  struct Entry {
+    size_t peak = std::numeric_limits<size_t>::max();
+    double time = kInfinite;
+    int choice = -1;
+    bool better_than(const Entry& other) const {
+      return peak < other.peak || (peak == other.peak && time < other.time);
+    }
+  };
+
+  const Entry& entry(int a, int b, bool top) const {
+    return top ? top_[static_cast<size_t>(a)] : rerun_[pair_index(a, b)];
+  }
+
+  Entry solve(int a, int b, bool top) const {
+    const auto& x = costs_.boundary_bytes;
+    const auto& xbar = costs_.saved_bytes;
+    const size_t at = static_cast<size_t>(a);
+    const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
+    Entry best;
+    if (a == b) {
+      best.peak = xbar[at] + x[at + 1] + std::max(x[at + 1], x[at]);
+      best.time = uf + ub;
+      best.choice = 0;
+      return best;
+    }
+    const Entry& rest = entry(a + 1, b, top);
+    best.peak = std::max(x[at + 1] + xbar[at] + rest.peak, xbar[at] + x[at + 1] + x[at]);
+    best.time = uf + rest.time + ub;
+    best.choice = 0;
+    const size_t gradient = top ? 0 : x[static_cast<size_t>(b) + 1];
+    size_t sweep_peak = 0;
+    double sweep_time = 0;
+    for (int c = a + 1; c <= b; ++c) {
+      const size_t k = static_cast<size_t>(c - 1);
+      sweep_peak = std::max(sweep_peak, (c - 1 > a ? x[k] : 0) + x[k + 1]);
+      sweep_time += costs_.forward_time[k];
+      const Entry& after = entry(c, b, top);
+      const Entry& sub = entry(a, c - 1, false);
+      Entry candidate;
+      candidate.peak = std::max({gradient + sweep_peak, x[static_cast<size_t>(c)] + after.peak, sub.peak});
+      candidate.time = sweep_time + after.time + sub.time;
+      candidate.choice = c - a;
+      if (candidate.better_than(best)) best = candidate;
+    }
+    return best;
+  }
+
+  const ChainCosts& costs_;
+  int stages_;
+  std::vector<Entry> rerun_, top_;
+};
+
+}  // namespace
+
+size_t min_feasible_memory(const ChainCosts& costs) {
+  costs.validate();
+  return costs.boundary_bytes[0] + MinPeak(costs).top_peak();
+}
+
+Plan plan_min_memory(const ChainCosts& costs) {
+  costs.validate();
+  const MinPeak solver(costs);
+  return make_plan(costs, solver.build(0, costs.num_stages() - 1, true));
+}
+
+Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
+  costs.validate();
+  const int stages = costs.num_stages();
+  if (slots < 1) throw std::invalid_argument("plan_rotor: slots must be >= 1, got " + std::to_string(slots));
+  const MinPeak least(costs);
+  const size_t minimal = costs.boundary_bytes[0] + least.top_peak();
+  if (memory_limit < minimal) {
+    std::ostringstream out;
+    out << "plan_rotor: memory limit " << memory_limit << " bytes is below the smallest feasible peak of "
+        << minimal << " bytes for this chain of " << stages << " stages";
+    throw InfeasibleError(out.str(), minimal);
+  }
+  const size_t available = memory_limit - costs.boundary_bytes[0];
+  const size_t unit = std::max<size_t>(1, available / static_cast<size_t>(slots) +
+                                                (available % static_cast<size_t>(slots) != 0));
+  const UnitCosts units = to_units(costs, available, unit);
+  const double entries = (static_cast<double>(stages) * (stages + 1) / 2 + stages) * static_cast<double>(units.budget + 1);
+  if (entries > kMaxTableEntries) {
+    std::ostringstream out;
+    out << "plan_rotor: the table would hold " << entries << " entries (L = " << stages << ", slots = " << slots
+        << "); the limit is " << kMaxTableEntries << ": lower slots";
+    throw std::invalid_argument(out.str());
+  }
+  const RotorTable table(costs, units);
+  Plan plan;
+  if (table.cost(0, stages - 1, units.budget, true) == kInfinite) {
+    // The rounding left no plan although one fits in exact bytes: the least-peak plan does.
+    plan = make_plan(costs, least.build(0, stages - 1, true));
+  } else {
+    plan = make_plan(costs, table.build(0, stages - 1, units.budget, true));
+  }
+  if (plan.predicted_peak_bytes > memory_limit)
+    throw std::logic_error("plan_rotor: the plan's simulated peak " + std::to_string(plan.predicted_peak_bytes) +
+                           " exceeds the limit " + std::to_string(memory_limit) + " (internal error)");
+  return plan;
+}
+
+}  // namespace remat::schedule

@@ -1,0 +1,569 @@
+// Focused tests of the row kernels (softmax, log-softmax, layer norm, RMS norm), the indexing
+// kernels (embedding, cross entropy, dropout) and concat/split: values against straightforward
+// double-precision reference loops (f32 and f64), gradients against central finite differences
+// (f64), validation messages, and thread-count independence of the reductions and masks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "remat/backend.h"
+#include "remat/ops.h"
+
+using namespace remat;
+
+namespace {
+
+using Fn = std::function<Tensor(const TensorList&)>;
+
+Tensor random(const Shape& shape, DType dtype, uint64_t seed, double scale = 1.0) {
+  return randn(shape, dtype, RngState{seed, 0}, 0.0, scale);
+}
+
+// Sets and restores the CPU thread count.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int threads) : previous_(num_threads()) { set_num_threads(threads); }
+  ~ThreadCount() { set_num_threads(previous_); }
+
+ private:
+  int previous_;
+};
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double rtol, double atol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], atol + rtol * std::abs(want[i])) << what << " at flat index " << i;
+}
+
+double tol_for(DType dtype) { return dtype == DType::f32 ? 2e-5 : 1e-12; }
+
+// Expects fn to throw remat::Error whose message contains every one of `parts`.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    std::string message = e.what();
+    for (const auto& p : parts) EXPECT_NE(message.find(p), std::string::npos) << "'" << p << "' not in: " << message;
+    return;
+  }
+  ADD_FAILURE() << "no remat::Error thrown";
+}
+
+// Compares d(sum(f(inputs) * R))/d inputs with central finite differences (f64 inputs).
+void check_gradients(const Fn& f, TensorList inputs, double tol = 1e-6) {
+  for (auto& t : inputs) t.requires_grad_();
+  Tensor out = f(inputs);
+  Tensor weights = random(out.shape(), DType::f64, 991);
+  Tensor loss = sum(mul(out, weights));
+  TensorList grads = remat::grad({loss}, inputs);
+  ASSERT_EQ(grads.size(), inputs.size());
+  NoGradGuard no_grad;
+  const double h = 1e-6;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_TRUE(inputs[i].is_contiguous());
+    ASSERT_TRUE(grads[i].defined()) << "input " << i;
+    ASSERT_EQ(grads[i].shape(), inputs[i].shape());
+    std::vector<double> analytic = grads[i].to_vector();
+    double* p = inputs[i].data<double>();
+    for (int64_t k = 0; k < inputs[i].numel(); ++k) {
+      const double original = p[k];
+      p[k] = original + h;
+      const double plus = sum(mul(f(inputs), weights)).item();
+      p[k] = original - h;
+      const double minus = sum(mul(f(inputs), weights)).item();
+      p[k] = original;
+      const double numeric = (plus - minus) / (2 * h);
+      ASSERT_NEAR(analytic[k], numeric, tol * (1 + std::abs(numeric))) << "input " << i << " element " << k;
+    }
+  }
+}
+
+// ---- references (double precision, row-major [rows, cols])
+
+std::vector<double> ref_softmax(const std::vector<double>& x, int64_t rows, int64_t cols, bool log) {
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -INFINITY;
+    for (int64_t c = 0; c < cols; ++c) m = std::max(m, x[r * cols + c]);
+    double s = 0;
+    for (int64_t c = 0; c < cols; ++c) s += std::exp(x[r * cols + c] - m);
+    for (int64_t c = 0; c < cols; ++c)
+      y[r * cols + c] = log ? x[r * cols + c] - m - std::log(s) : std::exp(x[r * cols + c] - m) / s;
+  }
+  return y;
+}
+
+std::vector<double> ref_layer_norm(const std::vector<double>& x, const std::vector<double>* w,
+                                   const std::vector<double>* b, int64_t rows, int64_t cols, double eps, bool rms) {
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    if (!rms) {
+      for (int64_t c = 0; c < cols; ++c) mean += x[r * cols + c];
+      mean /= cols;
+    }
+    for (int64_t c = 0; c < cols; ++c) var += (x[r * cols + c] - mean) * (x[r * cols + c] - mean);
+    var /= cols;
+    const double rstd = 1 / std::sqrt(var + eps);
+    for (int64_t c = 0; c < cols; ++c) {
+      double v = (x[r * cols + c] - mean) * rstd;
+      if (w) v *= (*w)[c];
+      if (b) v += (*b)[c];
+      y[r * cols + c] = v;
+    }
+  }
+  return y;
+}
+
+class RowsDtype : public ::testing::TestWithParam<DType> {};
+
+}  // namespace
+
+// ---------------------------------------------------------------- softmax
+
+TEST_P(RowsDtype, SoftmaxAndLogSoftmaxLastAxis) {
+  const DType dt = GetParam();
+  for (Shape shape : {Shape{5, 7}, Shape{2, 3, 33}, Shape{300, 200}, Shape{11}}) {
+    Tensor x = random(shape, dt, 1, 3.0);
+    const int64_t cols = shape.back(), rows = x.numel() / cols;
+    auto xv = x.to_vector();
+    expect_close(softmax(x).to_vector(), ref_softmax(xv, rows, cols, false), tol_for(dt), tol_for(dt) * 1e-2,
+                 "softmax " + shape_str(shape));
+    expect_close(log_softmax(x).to_vector(), ref_softmax(xv, rows, cols, true), tol_for(dt), tol_for(dt),
+                 "log_softmax " + shape_str(shape));
+  }
+}
+
+TEST_P(RowsDtype, SoftmaxIsStableForLargeLogits) {
+  const DType dt = GetParam();
+  Tensor x = from_vector(std::vector<double>{1000, 1001, 1002, -1000, -1001, -1002}, {2, 3}, dt);
+  auto xv = x.to_vector();
+  auto y = softmax(x).to_vector();
+  auto ly = log_softmax(x).to_vector();
+  for (double v : y) EXPECT_TRUE(std::isfinite(v));
+  expect_close(y, ref_softmax(xv, 2, 3, false), tol_for(dt), 1e-7, "softmax large");
+  expect_close(ly, ref_softmax(xv, 2, 3, true), tol_for(dt), 1e-5, "log_softmax large");
+}
+
+TEST_P(RowsDtype, SoftmaxOverOtherAxes) {
+  const DType dt = GetParam();
+  Tensor x = random({3, 4, 5}, dt, 2, 2.0);
+  for (int64_t axis : {0, 1, -2}) {
+    int64_t a = axis < 0 ? axis + 3 : axis;
+    // reference: move the axis last by hand
+    Tensor moved = x.transpose(a, 2).contiguous();
+    const int64_t cols = moved.shape().back(), rows = moved.numel() / cols;
+    Tensor want = from_vector(ref_softmax(moved.to_vector(), rows, cols, false), moved.shape(), DType::f64).transpose(a, 2);
+    Tensor want_log =
+        from_vector(ref_softmax(moved.to_vector(), rows, cols, true), moved.shape(), DType::f64).transpose(a, 2);
+    Tensor y = softmax(x, axis);
+    EXPECT_EQ(y.shape(), x.shape());
+    expect_close(y.to_vector(), want.to_vector(), tol_for(dt), 1e-9, "softmax axis " + std::to_string(axis));
+    expect_close(log_softmax(x, axis).to_vector(), want_log.to_vector(), tol_for(dt), tol_for(dt),
+                 "log_softmax axis " + std::to_string(axis));
+  }
+}
+
+TEST(RowsSoftmax, Gradients) {
+  Tensor x = random({3, 4, 5}, DType::f64, 3);
+  check_gradients([](const TensorList& in) { return softmax(in[0]); }, {x.clone().detach()});
+  check_gradients([](const TensorList& in) { return softmax(in[0], 1); }, {x.clone().detach()});
+  check_gradients([](const TensorList& in) { return softmax(in[0], 0); }, {x.clone().detach()});
+  check_gradients([](const TensorList& in) { return log_softmax(in[0]); }, {x.clone().detach()});
+  check_gradients([](const TensorList& in) { return log_softmax(in[0], 1); }, {x.clone().detach()});
+  // a non-contiguous input and a non-contiguous incoming gradient
+  check_gradients([](const TensorList& in) { return softmax(in[0].transpose(0, 2)).transpose(0, 1); },
+                  {x.clone().detach()});
+}
+
+TEST(RowsSoftmax, Validation) {
+  expect_error([] { softmax(zeros({2, 3}), 2); }, {"softmax", "axis 2", "[2, 3]"});
+  expect_error([] { log_softmax(zeros({2, 3}), -3); }, {"log_softmax", "axis -3", "[2, 3]"});
+  expect_error([] { softmax(from_indices({1, 2}, {2})); }, {"softmax", "i64"});
+  expect_error([] { softmax(zeros({})); }, {"softmax", "rank"});
+}
+
+// ---------------------------------------------------------------- layer norm / rms norm
+
+TEST_P(RowsDtype, LayerNormForward) {
+  const DType dt = GetParam();
+  for (Shape shape : {Shape{4, 9}, Shape{2, 3, 16}, Shape{300, 130}}) {
+    const int64_t cols = shape.back();
+    Tensor x = add_scalar(random(shape, dt, 4, 2.0), 0.5);
+    Tensor w = random({cols}, dt, 5), b = random({cols}, dt, 6);
+    auto xv = x.to_vector(), wv = w.to_vector(), bv = b.to_vector();
+    const int64_t rows = x.numel() / cols;
+    const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+    expect_close(layer_norm(x, w, b, 1e-5).to_vector(), ref_layer_norm(xv, &wv, &bv, rows, cols, 1e-5, false), tol,
+                 tol, "layer_norm affine " + shape_str(shape));
+    expect_close(layer_norm(x, Tensor(), Tensor(), 1e-3).to_vector(),
+                 ref_layer_norm(xv, nullptr, nullptr, rows, cols, 1e-3, false), tol, tol, "layer_norm plain");
+    expect_close(layer_norm(x, w, Tensor()).to_vector(), ref_layer_norm(xv, &wv, nullptr, rows, cols, 1e-5, false),
+                 tol, tol, "layer_norm weight only");
+    expect_close(layer_norm(x, Tensor(), b).to_vector(), ref_layer_norm(xv, nullptr, &bv, rows, cols, 1e-5, false),
+                 tol, tol, "layer_norm bias only");
+    expect_close(rms_norm(x, w, 1e-6).to_vector(), ref_layer_norm(xv, &wv, nullptr, rows, cols, 1e-6, true), tol, tol,
+                 "rms_norm affine " + shape_str(shape));
+    expect_close(rms_norm(x, Tensor(), 1e-2).to_vector(), ref_layer_norm(xv, nullptr, nullptr, rows, cols, 1e-2, true),
+                 tol, tol, "rms_norm plain");
+  }
+}
+
+TEST(RowsNorm, LayerNormGradients) {
+  Tensor x = add_scalar(random({3, 2, 6}, DType::f64, 7), 0.3);
+  Tensor w = random({6}, DType::f64, 8), b = random({6}, DType::f64, 9);
+  check_gradients([](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
+                  {x.clone().detach(), w.clone().detach(), b.clone().detach()});
+  check_gradients([](const TensorList& in) { return layer_norm(in[0], Tensor(), Tensor(), 1e-5); }, {x.clone().detach()});
+  check_gradients([](const TensorList& in) { return layer_norm(in[0], in[1], Tensor(), 1e-5); },
+                  {x.clone().detach(), w.clone().detach()});
+  check_gradients([](const TensorList& in) { return layer_norm(in[0], Tensor(), in[1], 1e-5); },
+                  {x.clone().detach(), b.clone().detach()});
+  // many rows: the parameter gradients go through several fixed row blocks
+  Tensor big = random({70, 5}, DType::f64, 10);
+  check_gradients([](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
+                  {big, random({5}, DType::f64, 11), random({5}, DType::f64, 12)});
+}
+
+TEST(RowsNorm, LayerNormOnlyParameterGradients) {
+  // x constant: only weight and bias gradients are requested
+  Tensor x = random({40, 8}, DType::f64, 13);
+  Tensor w = random({8}, DType::f64, 14).requires_grad_(), b = random({8}, DType::f64, 15).requires_grad_();
+  Tensor y = layer_norm(x, w, b);
+  Tensor gy = random({40, 8}, DType::f64, 16);
+  TensorList g = remat::grad({y}, {w, b}, {gy});
+  auto xhat = ref_layer_norm(x.to_vector(), nullptr, nullptr, 40, 8, 1e-5, false);
+  auto gyv = gy.to_vector();
+  std::vector<double> gw(8, 0), gb(8, 0);
+  for (int r = 0; r < 40; ++r)
+    for (int c = 0; c < 8; ++c) gw[c] += gyv[r * 8 + c] * xhat[r * 8 + c], gb[c] += gyv[r * 8 + c];
+  expect_close(g[0].to_vector(), gw, 1e-10, 1e-10, "gweight");
+  expect_close(g[1].to_vector(), gb, 1e-10, 1e-10, "gbias");
+}
+
+TEST(RowsNorm, RmsNormGradients) {
+  Tensor x = random({4, 7}, DType::f64, 17);
+  Tensor w = random({7}, DType::f64, 18);
+  check_gradients([](const TensorList& in) { return rms_norm(in[0], in[1], 1e-6); }, {x.clone().detach(), w});
+  check_gradients([](const TensorList& in) { return rms_norm(in[0], Tensor(), 1e-6); }, {x.clone().detach()});
+  check_gradients([](const TensorList& in) { return rms_norm(in[0].transpose(0, 1), Tensor(), 1e-6); },
+                  {x.clone().detach()});
+}
+
+TEST(RowsNorm, ParameterGradientsDoNotDependOnThreadCount) {
+  Tensor x = random({1000, 96}, DType::f32, 19);
+  Tensor gy = random({1000, 96}, DType::f32, 20);
+  auto run = [&](int threads) {
+    ThreadCount tc(threads);
+    Tensor w = random({96}, DType::f32, 21).requires_grad_(), b = random({96}, DType::f32, 22).requires_grad_();
+    Tensor xr = x.detach().requires_grad_();
+    TensorList g1 = remat::grad({layer_norm(xr, w, b)}, {xr, w, b}, {gy});
+    TensorList g2 = remat::grad({rms_norm(xr, w)}, {xr, w}, {gy});
+    return std::vector<std::vector<double>>{g1[0].to_vector(), g1[1].to_vector(), g1[2].to_vector(),
+                                            g2[0].to_vector(), g2[1].to_vector()};
+  };
+  auto one = run(1), two = run(2);
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "gradient " << i << " differs bitwise";
+}
+
+TEST(RowsNorm, Validation) {
+  Tensor x = zeros({2, 4});
+  expect_error([&] { layer_norm(x, zeros({3}), Tensor()); }, {"layer_norm", "weight", "[3]", "[2, 4]"});
+  expect_error([&] { layer_norm(x, Tensor(), zeros({4, 1})); }, {"layer_norm", "bias", "[4, 1]"});
+  expect_error([&] { layer_norm(x, zeros({4}, DType::f64), Tensor()); }, {"layer_norm", "f64", "f32"});
+  expect_error([&] { layer_norm(x, Tensor(), Tensor(), 0.0); }, {"layer_norm", "eps"});
+  expect_error([&] { rms_norm(x, zeros({5})); }, {"rms_norm", "weight", "[5]"});
+  expect_error([&] { rms_norm(x, Tensor(), -1.0); }, {"rms_norm", "eps", "-1"});
+  expect_error([&] { rms_norm(zeros({3, 0}), Tensor()); }, {"rms_norm", "[3, 0]"});
+}
+
+// ---------------------------------------------------------------- embedding
+
+TEST_P(RowsDtype, EmbeddingForwardAndBackward) {
+  const DType dt = GetParam();
+  Tensor table = random({5, 3}, dt, 23).requires_grad_();
+  Tensor ids = from_indices({4, 0, 4, 2, 1, 4}, {2, 3});
+  Tensor y = embedding(table, ids);
+  ASSERT_EQ(y.shape(), (Shape{2, 3, 3}));
+  auto tv = table.to_vector(), yv = y.to_vector();
+  const std::vector<int64_t> idv{4, 0, 4, 2, 1, 4};
+  for (int i = 0; i < 6; ++i)
+    for (int d = 0; d < 3; ++d) EXPECT_EQ(yv[i * 3 + d], tv[idv[i] * 3 + d]);
+  Tensor gy = random({2, 3, 3}, dt, 24);
+  Tensor g = remat::grad({y}, {table}, {gy})[0];
+  std::vector<double> want(15, 0.0);
+  auto gyv = gy.to_vector();
+  for (int i = 0; i < 6; ++i)
+    for (int d = 0; d < 3; ++d) want[idv[i] * 3 + d] += gyv[i * 3 + d];
+  expect_close(g.to_vector(), want, tol_for(dt), tol_for(dt), "embedding gradient");
+}
+
+TEST(RowsEmbedding, Gradient) {
+  Tensor ids = from_indices({1, 3, 1, 0}, {4});
+  check_gradients([ids](const TensorList& in) { return embedding(in[0], ids); }, {random({4, 3}, DType::f64, 25)});
+  // strided ids [2, 2] and a transposed table
+  Tensor ids2 = from_indices({1, 3, 2, 0}, {2, 2}).transpose(0, 1);  // [[1, 2], [3, 0]]
+  check_gradients([ids2](const TensorList& in) { return embedding(in[0].transpose(0, 1), ids2); },
+                  {random({3, 4}, DType::f64, 48)});
+  Tensor table = random({3, 4}, DType::f64, 49);
+  Tensor y = embedding(table.transpose(0, 1), ids2);
+  ASSERT_EQ(y.shape(), (Shape{2, 2, 3}));
+  EXPECT_EQ(y.at({0, 1, 2}), table.at({2, 2}));
+  EXPECT_EQ(y.at({1, 0, 1}), table.at({1, 3}));
+}
+
+TEST(RowsEmbedding, LargeScatterAddIsDeterministic) {
+  // 4000 ids of dimension 64 into 37 rows: parallel path; compare with a serial reference and
+  // across thread counts (bitwise).
+  std::vector<int64_t> idv(4000);
+  for (size_t i = 0; i < idv.size(); ++i) idv[i] = static_cast<int64_t>((i * 7919 + i / 3) % 37);
+  Tensor ids = from_indices(idv, {4000});
+  Tensor gy = random({4000, 64}, DType::f32, 26);
+  auto run = [&](int threads) {
+    ThreadCount tc(threads);
+    Tensor table = random({37, 64}, DType::f32, 27).requires_grad_();
+    Tensor y = embedding(table, ids);
+    return remat::grad({y}, {table}, {gy})[0].to_vector();
+  };
+  auto one = run(1), two = run(2);
+  EXPECT_EQ(one, two);
+  auto gyv = gy.to_vector();
+  std::vector<double> want(37 * 64, 0.0);
+  for (size_t i = 0; i < idv.size(); ++i)
+    for (int d = 0; d < 64; ++d) want[idv[i] * 64 + d] += gyv[i * 64 + d];
+  expect_close(one, want, 1e-5, 1e-4, "embedding scatter-add");
+}
+
+TEST(RowsEmbedding, Validation) {
+  Tensor table = zeros({5, 3});
+  expect_error([&] { embedding(table, from_indices({0, 5}, {2})); }, {"embedding", "id 5", "5 rows"});
+  expect_error([&] { embedding(table, from_indices({-1}, {1})); }, {"embedding", "id -1"});
+  expect_error([&] { embedding(table, zeros({2})); }, {"embedding", "i64"});
+  expect_error([&] { embedding(zeros({5}), from_indices({0}, {1})); }, {"embedding", "[5]"});
+  // the kernel checks too (for callers of the backend)
+  Tensor out = Tensor::empty({1, 3});
+  expect_error([&] { cpu_backend().embedding(table, from_indices({7}, {1}), out); }, {"id 7", "5 rows"});
+  Tensor gtable = zeros({5, 3});
+  expect_error([&] { cpu_backend().embedding_backward(from_indices({9}, {1}), zeros({1, 3}), gtable); },
+               {"id 9", "5 rows"});
+}
+
+// ---------------------------------------------------------------- cross entropy
+
+namespace {
+double ref_cross_entropy(const std::vector<double>& x, const std::vector<int64_t>& t, int64_t n, int64_t c, double eps,
+                         int64_t ignore) {
+  auto lp = ref_softmax(x, n, c, true);
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    if (t[r] == ignore) continue;
+    double smooth = 0;
+    for (int64_t k = 0; k < c; ++k) smooth -= lp[r * c + k];
+    total += (1 - eps) * -lp[r * c + t[r]] + eps * smooth / c;
+    ++count;
+  }
+  return count ? total / count : 0.0;
+}
+}  // namespace
+
+TEST_P(RowsDtype, CrossEntropyForward) {
+  const DType dt = GetParam();
+  Tensor logits = random({6, 5}, dt, 28, 2.0);
+  std::vector<int64_t> tv{0, 4, -100, 2, 3, 1};
+  Tensor targets = from_indices(tv, {6});
+  auto xv = logits.to_vector();
+  for (double eps : {0.0, 0.1, 1.0}) {
+    double want = ref_cross_entropy(xv, tv, 6, 5, eps, -100);
+    Tensor loss = cross_entropy(logits, targets, eps);
+    EXPECT_EQ(loss.dim(), 0);
+    EXPECT_NEAR(loss.item(), want, tol_for(dt) * (1 + std::abs(want))) << "eps " << eps;
+  }
+  // custom ignore index
+  std::vector<int64_t> tv2{0, 4, 3, 2, 3, 1};
+  EXPECT_NEAR(cross_entropy(logits, from_indices(tv2, {6}), 0.0, 3).item(), ref_cross_entropy(xv, tv2, 6, 5, 0.0, 3),
+              tol_for(dt) * 10);
+  // strided targets and logits
+  Tensor strided = from_indices({0, 9, 4, 9, 2, 9}, {6}).slice(0, 0, 6, 2);  // [0, 4, 2]
+  Tensor lt = random({5, 3}, dt, 47).transpose(0, 1);                        // [3, 5], not contiguous
+  EXPECT_NEAR(cross_entropy(lt, strided, 0.1).item(),
+              ref_cross_entropy(lt.to_vector(), {0, 4, 2}, 3, 5, 0.1, -100), tol_for(dt) * 10);
+}
+
+TEST(RowsCrossEntropy, Gradient) {
+  Tensor targets = from_indices({0, 4, -100, 2, 3}, {5});
+  check_gradients([targets](const TensorList& in) { return cross_entropy(in[0], targets); },
+                  {random({5, 5}, DType::f64, 29)});
+  check_gradients([targets](const TensorList& in) { return cross_entropy(in[0], targets, 0.2); },
+                  {random({5, 5}, DType::f64, 30)});
+  Tensor t2 = from_indices({1, 1, 0}, {3});
+  check_gradients([t2](const TensorList& in) { return cross_entropy(in[0], t2, 0.1, 1); },
+                  {random({3, 4}, DType::f64, 31)});
+  // ignored rows get exactly zero gradient
+  Tensor x = random({5, 5}, DType::f64, 32).requires_grad_();
+  Tensor g = remat::grad({cross_entropy(x, targets, 0.3)}, {x})[0];
+  for (int c = 0; c < 5; ++c) EXPECT_EQ(g.at({2, c}), 0.0);
+}
+
+TEST(RowsCrossEntropy, AllRowsIgnored) {
+  Tensor x = random({3, 4}, DType::f32, 33).requires_grad_();
+  Tensor loss = cross_entropy(x, from_indices({-100, -100, -100}, {3}), 0.1);
+  EXPECT_EQ(loss.item(), 0.0);
+  Tensor g = remat::grad({loss}, {x})[0];
+  for (double v : g.to_vector()) EXPECT_EQ(v, 0.0);
+}
+
+TEST(RowsCrossEntropy, Validation) {
+  Tensor x = zeros({3, 4});
+  expect_error([&] { cross_entropy(x, from_indices({0, 4, 1}, {3})); }, {"cross_entropy", "target 4", "4 classes"});
+  expect_error([&] { cross_entropy(x, from_indices({0, -1, 1}, {3})); }, {"cross_entropy", "target -1"});
+  expect_error([&] { cross_entropy(x, from_indices({0, 1}, {2})); }, {"cross_entropy", "[2]", "[3, 4]"});
+  expect_error([&] { cross_entropy(x, zeros({3})); }, {"cross_entropy", "i64"});
+  expect_error([&] { cross_entropy(zeros({3}), from_indices({0, 1, 2}, {3})); }, {"cross_entropy", "[3]"});
+  expect_error([&] { cross_entropy(x, from_indices({0, 1, 2}, {3}), 1.5); }, {"cross_entropy", "label_smoothing", "1.5"});
+  Tensor losses = Tensor::empty({3}), logp = Tensor::empty({3, 4});
+  expect_error([&] { cpu_backend().cross_entropy(x, from_indices({0, 9, 1}, {3}), 0.0, -100, losses, logp); },
+               {"target 9", "4 classes"});
+}
+
+// ---------------------------------------------------------------- dropout
+
+TEST_P(RowsDtype, DropoutMaskScaleAndReplay) {
+  const DType dt = GetParam();
+  Tensor x = add_scalar(random({64, 33}, dt, 34), 5.0);  // no zeros in x
+  const double p = 0.3;
+  RngState state{1234, 8};
+  Tensor y1 = dropout(x, p, state), y2 = dropout(x, p, state);
+  EXPECT_EQ(y1.to_vector(), y2.to_vector());
+  auto xv = x.to_vector(), yv = y1.to_vector();
+  int64_t dropped = 0;
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const bool keep = uniform_float(philox_word(state, i)) >= p;
+    if (keep) {
+      EXPECT_NEAR(yv[i], xv[i] / (1 - p), tol_for(dt) * std::abs(xv[i] / (1 - p)));
+    } else {
+      EXPECT_EQ(yv[i], 0.0);
+      ++dropped;
+    }
+  }
+  const double rate = static_cast<double>(dropped) / static_cast<double>(xv.size());
+  EXPECT_NEAR(rate, p, 0.05);
+  // another state gives another mask
+  EXPECT_NE(dropout(x, p, RngState{1235, 8}).to_vector(), yv);
+  // p == 0 copies, p == 1 zeroes
+  EXPECT_EQ(dropout(x, 0.0, state).to_vector(), xv);
+  for (double v : dropout(x, 1.0, state).to_vector()) EXPECT_EQ(v, 0.0);
+}
+
+TEST(RowsDropout, DefaultGeneratorAndEvalMode) {
+  Tensor x = ones({10, 10});
+  EXPECT_TRUE(dropout(x, 0.5, false).same(x));
+  EXPECT_TRUE(dropout(x, 0.0, true).same(x));
+  manual_seed(77);
+  RngState before = rng_state();
+  Tensor a = dropout(x, 0.5, true);
+  RngState after = rng_state();
+  EXPECT_EQ(after.seed, before.seed);
+  EXPECT_GE(after.offset, before.offset + 100);
+  EXPECT_EQ(a.to_vector(), dropout(x, 0.5, before).to_vector());  // same state -> same mask
+  set_rng_state(before);
+  EXPECT_EQ(dropout(x, 0.5, true).to_vector(), a.to_vector());  // replay after restoring the generator
+  EXPECT_NE(dropout(x, 0.5, true).to_vector(), a.to_vector());
+}
+
+TEST(RowsDropout, MaskDoesNotDependOnThreadCount) {
+  Tensor x = random({300, 257}, DType::f32, 35);  // above the parallel threshold
+  RngState state{99, 3};                           // offset not a multiple of 4
+  std::vector<double> one, two;
+  {
+    ThreadCount tc(1);
+    one = dropout(x, 0.4, state).to_vector();
+  }
+  {
+    ThreadCount tc(2);
+    two = dropout(x, 0.4, state).to_vector();
+  }
+  EXPECT_EQ(one, two);
+  auto xv = x.to_vector();
+  for (size_t i = 0; i < xv.size(); i += 97) {
+    const bool keep = uniform_float(philox_word(state, i)) >= 0.4;
+    EXPECT_EQ(one[i], keep ? static_cast<double>(static_cast<float>(xv[i]) * static_cast<float>(1 / 0.6)) : 0.0);
+  }
+}
+
+TEST(RowsDropout, GradientRegeneratesTheMask) {
+  RngState state{5, 0};
+  check_gradients([state](const TensorList& in) { return dropout(in[0], 0.25, state); },
+                  {random({4, 6}, DType::f64, 36)});
+  // the backward keeps nothing but the RNG state
+  Tensor x = random({4, 6}, DType::f64, 37).requires_grad_();
+  Tensor y = dropout(x, 0.5, state);
+  EXPECT_EQ(y.grad_fn()->saved_bytes(), 0u);
+  Tensor gy = random({4, 6}, DType::f64, 38);
+  Tensor g = remat::grad({y}, {x}, {gy})[0];
+  EXPECT_EQ(g.to_vector(), dropout(gy, 0.5, state).to_vector());
+}
+
+TEST(RowsDropout, Validation) {
+  expect_error([] { dropout(ones({2}), 1.5, true); }, {"dropout", "1.5"});
+  expect_error([] { dropout(ones({2}), -0.1, RngState{}); }, {"dropout", "-0.1"});
+  RngState before = rng_state();
+  expect_error([] { dropout(ones({2}), 2.0, true); }, {"dropout"});
+  EXPECT_EQ(rng_state(), before);  // nothing drawn for an invalid call
+}
+
+// ---------------------------------------------------------------- concat / split
+
+TEST_P(RowsDtype, ConcatAndSplitValues) {
+  const DType dt = GetParam();
+  Tensor a = random({2, 3, 4}, dt, 39), b = random({2, 1, 4}, dt, 40), c = random({2, 2, 4}, dt, 41);
+  Tensor y = concat({a, b, c}, 1);
+  ASSERT_EQ(y.shape(), (Shape{2, 6, 4}));
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 4; ++k) {
+      for (int j = 0; j < 3; ++j) EXPECT_EQ(y.at({i, j, k}), a.at({i, j, k}));
+      EXPECT_EQ(y.at({i, 3, k}), b.at({i, 0, k}));
+      for (int j = 0; j < 2; ++j) EXPECT_EQ(y.at({i, 4 + j, k}), c.at({i, j, k}));
+    }
+  TensorList parts = split(y, {3, 1, 2}, -2);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].to_vector(), a.to_vector());
+  EXPECT_EQ(parts[1].to_vector(), b.to_vector());
+  EXPECT_EQ(parts[2].to_vector(), c.to_vector());
+  // a non-contiguous input and an empty part
+  Tensor t = a.transpose(0, 2);  // [4, 3, 2]
+  Tensor z = concat({t, Tensor::empty({4, 0, 2}, dt), t}, 1);
+  ASSERT_EQ(z.shape(), (Shape{4, 6, 2}));
+  EXPECT_EQ(split(z, {3, 0, 3}, 1)[2].to_vector(), t.to_vector());
+}
+
+TEST(RowsJoin, Gradients) {
+  check_gradients([](const TensorList& in) { return concat({in[0], in[1], in[0]}, 0); },
+                  {random({2, 3}, DType::f64, 42), random({1, 3}, DType::f64, 43)});
+  check_gradients([](const TensorList& in) { return concat({in[0], in[1]}, -1); },
+                  {random({2, 3}, DType::f64, 44), random({2, 2}, DType::f64, 45)});
+  check_gradients(
+      [](const TensorList& in) {
+        TensorList p = split(in[0], {1, 3, 1}, 1);
+        return concat({mul(p[2], p[0]), p[1].tanh()}, 1);
+      },
+      {random({3, 5}, DType::f64, 46)});
+}
+
+TEST(RowsJoin, Validation) {
+  expect_error([] { concat({}, 0); }, {"concat"});
+  expect_error([] { concat({zeros({2, 3}), zeros({2, 4})}, 0); }, {"concat", "[2, 4]", "[2, 3]"});
+  expect_error([] { concat({zeros({2, 3}), zeros({2, 3}, DType::f64)}, 0); }, {"concat", "f64", "f32"});
+  expect_error([] { concat({zeros({2, 3}), zeros({2, 3, 1})}, 0); }, {"concat", "[2, 3, 1]"});
+  expect_error([] { concat({zeros({2, 3})}, 2); }, {"concat", "axis 2"});
+  expect_error([] { split(zeros({2, 5}), {2, 2}, 1); }, {"split", "[2, 2]", "4", "[2, 5]"});
+  expect_error([] { split(zeros({2, 5}), {6, -1}, 1); }, {"split", "-1"});
+  expect_error([] { split(zeros({2, 5}), {5}, 3); }, {"split", "axis 3"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, RowsDtype, ::testing::Values(DType::f32, DType::f64),
+                         [](const ::testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); });

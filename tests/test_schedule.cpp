@@ -1,0 +1,436 @@
+// Tests of the schedule layer: Revolve against its closed form and Griewank's recurrence, the
+// online checkpointer against its bound, rotor against exhaustive search over all plan trees,
+// the discretisation bound, the simulator's memory formulas and its rejection of invalid plans.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "remat/schedule.h"
+
+namespace rs = remat::schedule;
+using rs::Action;
+using rs::ActionKind;
+using rs::ChainCosts;
+using rs::Plan;
+using rs::PlanNode;
+using rs::RevolveAction;
+
+namespace {
+
+// ---------------------------------------------------------------- Revolve
+
+// Griewank's recurrence for the least forward-step count, independent of the closed form:
+// t(0 or 1, s) = 0, t(l, 1) = l(l-1)/2, t(l, s) = min_{0<m<l} m + t(l-m, s-1) + t(m, s).
+std::vector<std::vector<int64_t>> recurrence_table(int max_steps, int max_slots) {
+  std::vector<std::vector<int64_t>> t(static_cast<size_t>(max_slots) + 1,
+                                      std::vector<int64_t>(static_cast<size_t>(max_steps) + 1, 0));
+  for (int s = 1; s <= max_slots; ++s)
+    for (int l = 2; l <= max_steps; ++l) {
+      if (s == 1) {
+        t[1][l] = int64_t{l} * (l - 1) / 2;
+        continue;
+      }
+      int64_t best = std::numeric_limits<int64_t>::max();
+      for (int m = 1; m < l; ++m) best = std::min(best, m + t[s - 1][l - m] + t[s][m]);
+      t[s][l] = best;
+    }
+  return t;
+}
+
+TEST(Revolve, BinomialBeta) {
+  EXPECT_EQ(rs::binomial_beta(0, 0), 1u);
+  EXPECT_EQ(rs::binomial_beta(3, 0), 1u);
+  EXPECT_EQ(rs::binomial_beta(1, 4), 5u);
+  EXPECT_EQ(rs::binomial_beta(2, 3), 10u);
+  EXPECT_EQ(rs::binomial_beta(5, 5), 252u);
+  EXPECT_EQ(rs::binomial_beta(3, -1), 0u);
+  EXPECT_EQ(rs::binomial_beta(30, 30), 118264581564861424u);
+  EXPECT_EQ(rs::binomial_beta(100, 100), UINT64_MAX);  // saturates
+}
+
+TEST(Revolve, RepetitionNumberAndClosedForm) {
+  EXPECT_EQ(rs::revolve_repetition_number(0, 3), 0);
+  EXPECT_EQ(rs::revolve_repetition_number(1, 3), 0);
+  EXPECT_EQ(rs::revolve_repetition_number(4, 3), 1);   // beta(3, 1) = 4
+  EXPECT_EQ(rs::revolve_repetition_number(5, 3), 2);   // beta(3, 2) = 10
+  EXPECT_EQ(rs::revolve_repetition_number(10, 3), 2);
+  EXPECT_EQ(rs::revolve_repetition_number(11, 3), 3);
+  EXPECT_EQ(rs::revolve_repetition_number(7, 1), 6);
+  EXPECT_EQ(rs::revolve_optimal_forward_steps(7, 1), 21);     // n(n-1)/2
+  EXPECT_EQ(rs::revolve_optimal_forward_steps(10, 9), 9);     // store-all: n - 1
+  EXPECT_EQ(rs::revolve_optimal_forward_steps(10, 3), 2 * 10 - 5);  // r = 2, beta(4, 1) = 5
+  EXPECT_EQ(rs::revolve_optimal_forward_steps(1000000, 20), 8 * 1000000 - 1184040);  // r = 8, beta(21, 7) = C(28, 7)
+  EXPECT_THROW(rs::revolve_optimal_forward_steps(5, 0), std::invalid_argument);
+  EXPECT_THROW(rs::revolve_optimal_forward_steps(-1, 2), std::invalid_argument);
+
+  // The closed form equals the recurrence over the grid.
+  const auto t = recurrence_table(200, 10);
+  for (int s = 1; s <= 10; ++s)
+    for (int n = 0; n <= 200; ++n)
+      ASSERT_EQ(rs::revolve_optimal_forward_steps(n, s), t[s][n]) << "n=" << n << " s=" << s;
+}
+
+TEST(Revolve, SchedulesAreValidAndOptimalOnTheGrid) {
+  for (int s = 1; s <= 10; ++s)
+    for (int n = 0; n <= 200; ++n) {
+      const std::vector<RevolveAction> schedule = rs::revolve_schedule(n, s);
+      const rs::RevolveReplay replay = rs::replay_revolve(schedule, n, s);
+      ASSERT_EQ(replay.forward_steps, rs::revolve_optimal_forward_steps(n, s)) << "n=" << n << " s=" << s;
+      ASSERT_LE(replay.slots_used, s);
+      if (n > 0) {
+        ASSERT_EQ(schedule.front(), (RevolveAction{RevolveAction::Kind::takeshot, 0, 0}));
+        ASSERT_EQ(schedule.back(), (RevolveAction{n == 1 ? RevolveAction::Kind::firsturn : RevolveAction::Kind::youturn, 0, -1}));
+      }
+    }
+}
+
+TEST(Revolve, SmallScheduleIsTheTextbookOne) {
+  // n = 3, s = 1: walk from x0 each time.
+  const std::vector<RevolveAction> schedule = rs::revolve_schedule(3, 1);
+  std::string text;
+  for (const RevolveAction& action : schedule) text += rs::to_string(action) + "; ";
+  EXPECT_EQ(text,
+            "takeshot(x0 -> slot 0); advance(2); firsturn(2); restore(slot 0 = x0); advance(1); youturn(1); "
+            "restore(slot 0 = x0); youturn(0); ");
+}
+
+TEST(Revolve, ReplayerRejectsInvalidSchedules) {
+  using K = RevolveAction::Kind;
+  const auto rejects = [](std::vector<RevolveAction> schedule, int64_t n, int s) {
+    EXPECT_THROW(rs::replay_revolve(schedule, n, s), std::invalid_argument);
+  };
+  rejects({{K::restore, 0, 0}, {K::firsturn, 0, -1}}, 1, 1);                    // empty slot
+  rejects({{K::takeshot, 0, 1}, {K::firsturn, 0, -1}}, 1, 1);                   // slot out of range
+  rejects({{K::takeshot, 0, 0}, {K::advance, 1, -1}, {K::firsturn, 1, -1}}, 3, 1);  // wrong first turn
+  rejects({{K::takeshot, 0, 0}, {K::advance, 1, -1}, {K::firsturn, 1, -1}}, 2, 1);  // step 0 never reversed
+  rejects({{K::takeshot, 0, 0}, {K::advance, 3, -1}}, 2, 1);                    // beyond x_n
+  rejects({{K::takeshot, 0, 0}, {K::advance, 1, -1}, {K::firsturn, 1, -1}, {K::youturn, 0, -1}}, 2, 1);  // not at x0
+  rejects({{K::takeshot, 0, 0}, {K::youturn, 0, -1}}, 1, 1);                    // first turn must be firsturn
+  EXPECT_NO_THROW(rs::replay_revolve({{K::takeshot, 0, 0}, {K::firsturn, 0, -1}}, 1, 1));
+}
+
+// ---------------------------------------------------------------- online
+
+TEST(Online, WithinBoundForAllLengthsUpTo2000) {
+  for (int s : {1, 2, 3, 4, 6, 10}) {
+    rs::OnlineCheckpointer online(s);
+    double worst_ratio = 0;
+    for (int64_t n = 1; n <= 2000; ++n) {
+      const rs::OnlineCheckpointer::Decision decision = online.on_step();
+      if (decision.take_snapshot) ASSERT_TRUE(decision.slot >= 0 && decision.slot < s);
+      ASSERT_EQ(online.steps(), n);
+      ASSERT_LE(online.snapshots().size(), static_cast<size_t>(s));
+      if (n > 300 && n % 7 != 0 && n != 2000) continue;  // every length up to 300, then a sample
+      const rs::RevolveReplay replay = rs::replay_revolve(online.full_schedule(), n, s);
+      const int64_t offline = rs::revolve_optimal_forward_steps(n, s);
+      ASSERT_LE(replay.forward_steps, n + offline) << "n=" << n << " s=" << s;   // the stated bound
+      ASSERT_GE(replay.forward_steps, offline + 1) << "n=" << n << " s=" << s;   // sanity: offline is optimal
+      ASSERT_LE(replay.slots_used, s);
+      if (n <= s) ASSERT_EQ(replay.forward_steps, n);
+      if (offline > 0) worst_ratio = std::max(worst_ratio, static_cast<double>(replay.forward_steps) / offline);
+    }
+    std::printf("online s=%d: worst forward steps / offline optimum over sampled n <= 2000: %.3f\n", s,
+                worst_ratio);
+  }
+}
+
+TEST(Online, ReverseStartsFromHeldSnapshots) {
+  rs::OnlineCheckpointer online(3);
+  std::vector<int64_t> taken;
+  for (int i = 0; i < 9; ++i)
+    if (online.on_step().take_snapshot) taken.push_back(online.steps() - 1);
+  // Spacing 1 holds 0, 1, 2; at 3 it doubles to 2 (keeps 0, 2) and 4 is taken; at 6 it doubles
+  // to 4 (keeps 0, 4) and 8 is taken.
+  EXPECT_EQ(taken, (std::vector<int64_t>{0, 1, 2, 4, 8}));
+  const auto held = online.snapshots();
+  ASSERT_EQ(held.size(), 3u);
+  EXPECT_EQ(held[0].first, 0);
+  EXPECT_EQ(held[1].first, 4);
+  EXPECT_EQ(held[2].first, 8);
+  const rs::RevolveReplay replay = rs::replay_revolve(online.full_schedule(), 9, 3);
+  EXPECT_LE(replay.forward_steps, 9 + rs::revolve_optimal_forward_steps(9, 3));
+  EXPECT_THROW(rs::OnlineCheckpointer(0), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------- chain plans: helpers
+
+ChainCosts random_costs(std::mt19937& rng, int stages, size_t max_bytes, bool allow_zero) {
+  std::uniform_int_distribution<int> time(allow_zero ? 0 : 1, 10);
+  std::uniform_int_distribution<size_t> bytes(allow_zero ? 0 : 1, max_bytes);
+  ChainCosts costs;
+  for (int i = 0; i < stages; ++i) {
+    costs.forward_time.push_back(time(rng));
+    costs.backward_time.push_back(time(rng));
+    costs.saved_bytes.push_back(bytes(rng));
+  }
+  for (int i = 0; i <= stages; ++i) costs.boundary_bytes.push_back(bytes(rng));
+  return costs;
+}
+
+// Calls emit with every valid sequence over stages [first, last]; in_region: the sequence is a
+// region's children (then a single region over [first, last] is not allowed).
+void enumerate_sequences(int first, int last, bool in_region, std::vector<PlanNode>& current, int position,
+                         const std::function<void(const std::vector<PlanNode>&)>& emit) {
+  if (position > last) {
+    emit(current);
+    return;
+  }
+  current.push_back(PlanNode::stage(position));
+  enumerate_sequences(first, last, in_region, current, position + 1, emit);
+  current.pop_back();
+  for (int end = position; end <= last; ++end) {
+    if (in_region && position == first && end == last) continue;
+    std::vector<PlanNode> inner;
+    enumerate_sequences(position, end, true, inner, position, [&](const std::vector<PlanNode>& children) {
+      current.push_back(PlanNode::region(position, end, children));
+      enumerate_sequences(first, last, in_region, current, end + 1, emit);
+      current.pop_back();
+    });
+  }
+}
+
+struct Outcome {
+  size_t peak;
+  double time;
+};
+
+// (peak, time) of every valid plan tree, each run through the simulator.
+std::vector<Outcome> all_outcomes(const ChainCosts& costs) {
+  std::vector<Outcome> outcomes;
+  std::vector<PlanNode> current;
+  const int stages = costs.num_stages();
+  enumerate_sequences(0, stages - 1, false, current, 0, [&](const std::vector<PlanNode>& tree) {
+    const rs::SimResult result = rs::simulate_actions(costs, rs::plan_actions(tree, stages));
+    outcomes.push_back({result.peak_bytes, result.total_time});
+  });
+  return outcomes;
+}
+
+double best_time_within(const std::vector<Outcome>& outcomes, double limit) {
+  double best = std::numeric_limits<double>::infinity();
+  for (const Outcome& outcome : outcomes)
+    if (static_cast<double>(outcome.peak) <= limit) best = std::min(best, outcome.time);
+  return best;
+}
+
+size_t least_peak(const std::vector<Outcome>& outcomes) {
+  size_t best = std::numeric_limits<size_t>::max();
+  for (const Outcome& outcome : outcomes) best = std::min(best, outcome.peak);
+  return best;
+}
+
+// ---------------------------------------------------------------- chain plans: tests
+
+TEST(ChainPlan, EnumeratorCountsEveryTree) {
+  // Sequences S(l) = 2 A(l), A(l) = S(l-1) + sum_{j<l} (S(j)/2) S(l-j) (regions: A(j) = S(j)/2 kinds).
+  const std::vector<size_t> expected = {2, 8, 48, 352, 2880, 25216};
+  for (int stages = 1; stages <= 6; ++stages) {
+    size_t count = 0;
+    std::vector<PlanNode> current;
+    enumerate_sequences(0, stages - 1, false, current, 0, [&](const std::vector<PlanNode>& tree) {
+      rs::validate_tree(tree, stages);
+      ++count;
+    });
+    EXPECT_EQ(count, expected[static_cast<size_t>(stages - 1)]) << stages << " stages";
+  }
+}
+
+TEST(ChainPlan, ActionsOfATree) {
+  const std::vector<PlanNode> tree = {PlanNode::stage(0),
+                                      PlanNode::region(1, 2, {PlanNode::stage(1), PlanNode::stage(2)}),
+                                      PlanNode::stage(3)};
+  EXPECT_EQ(rs::format_tree(tree), "S0 R[1..2](S1 S2) S3");
+  EXPECT_EQ(rs::format_actions(rs::plan_actions(tree, 4)),
+            "Fa0 Fn1 Fn2 D2 Fa3 L B3 D3 Fa1 Fa2 D3 B2 D2 B1 D1 B0");
+}
+
+TEST(ChainPlan, MemoryFormulasOfFixedPlans) {
+  // Uniform chain: boundaries b, records r. Save-all peaks at the loss or the last backward:
+  // (L + 2) b + L r. Every-layer keeps L + 1 boundaries, then one record: (L + 2) b + r.
+  for (int stages : {1, 2, 5, 16}) {
+    const size_t b = 100, r = 1000;
+    const ChainCosts costs = ChainCosts::uniform(stages, 1.0, 2.0, b, r);
+    const Plan save_all = rs::plan_save_all(costs);
+    const Plan every_layer = rs::plan_every_layer(costs);
+    EXPECT_EQ(save_all.predicted_peak_bytes, (stages + 2) * b + stages * r);
+    EXPECT_EQ(save_all.predicted_time, 3.0 * stages);
+    EXPECT_EQ(every_layer.predicted_peak_bytes, (stages + 2) * b + r);
+    EXPECT_EQ(every_layer.predicted_time, 4.0 * stages);
+    const rs::SimResult simulated = rs::simulate(costs, every_layer);
+    EXPECT_EQ(simulated.recomputed_forwards, stages);
+    EXPECT_EQ(simulated.peak_bytes, every_layer.predicted_peak_bytes);
+  }
+}
+
+TEST(ChainPlan, UniformSegmentsFollowCheckpointSequential) {
+  const ChainCosts costs = ChainCosts::uniform(10, 1.0, 2.0, 8, 64);
+  EXPECT_EQ(rs::format_tree(rs::plan_uniform_segments(costs, 3).tree),
+            "R[0..2](S0 S1 S2) R[3..5](S3 S4 S5) S6 S7 S8 S9");
+  EXPECT_EQ(rs::format_tree(rs::plan_uniform_segments(costs, 1).tree), rs::format_tree(rs::plan_save_all(costs).tree));
+  EXPECT_EQ(rs::format_tree(rs::plan_every_k(costs, 4).tree),
+            "R[0..3](S0 S1 S2 S3) R[4..7](S4 S5 S6 S7) R[8..9](S8 S9)");
+  EXPECT_THROW(rs::plan_uniform_segments(costs, 11), std::invalid_argument);
+  EXPECT_THROW(rs::plan_uniform_segments(costs, 0), std::invalid_argument);
+}
+
+// plan_rotor at several limits against the best simulated plan among all trees; limits below the
+// least peak must throw InfeasibleError carrying it.
+void check_rotor_against_exhaustive_search(const ChainCosts& costs, std::mt19937& rng) {
+  const std::vector<Outcome> outcomes = all_outcomes(costs);
+  const size_t minimal = least_peak(outcomes);
+  ASSERT_EQ(rs::min_feasible_memory(costs), minimal);
+  ASSERT_EQ(rs::plan_min_memory(costs).predicted_peak_bytes, minimal);
+  const size_t most = rs::plan_save_all(costs).predicted_peak_bytes;
+  std::vector<size_t> limits = {minimal, most, most + 7, minimal + (most - minimal) / 2};
+  std::uniform_int_distribution<size_t> between(minimal, most);
+  for (int k = 0; k < 4; ++k) limits.push_back(between(rng));
+  for (size_t limit : limits) {
+    // Sizes <= 20 and limits < 500 + x[0]: the unit is one byte, so the DP is exact.
+    const Plan plan = rs::plan_rotor(costs, limit);
+    const rs::SimResult simulated = rs::simulate(costs, plan);
+    ASSERT_LE(simulated.peak_bytes, limit);
+    ASSERT_EQ(simulated.peak_bytes, plan.predicted_peak_bytes);
+    ASSERT_EQ(simulated.total_time, plan.predicted_time);
+    ASSERT_EQ(plan.predicted_time, best_time_within(outcomes, static_cast<double>(limit)))
+        << costs.num_stages() << " stages, limit " << limit << ", plan " << rs::format_tree(plan.tree);
+  }
+  try {
+    rs::plan_rotor(costs, minimal - 1);
+    FAIL() << "expected InfeasibleError";
+  } catch (const rs::InfeasibleError& error) {
+    EXPECT_EQ(error.min_feasible_bytes, minimal);
+    EXPECT_NE(std::string(error.what()).find(std::to_string(minimal) + " bytes"), std::string::npos) << error.what();
+  }
+}
+
+TEST(ChainPlan, RotorEqualsExhaustiveSearch) {
+  // Instances per stage count 1..7 (7 stages: 231168 trees, each simulated).
+  const std::vector<int> instances = {10, 10, 10, 8, 6, 3, 1};
+  std::mt19937 rng(12345);
+  for (int stages = 1; stages <= 7; ++stages)
+    for (int instance = 0; instance < instances[static_cast<size_t>(stages - 1)]; ++instance) {
+      SCOPED_TRACE(std::to_string(stages) + " stages, instance " + std::to_string(instance));
+      check_rotor_against_exhaustive_search(random_costs(rng, stages, 20, instance % 3 == 2), rng);
+    }
+}
+
+// 8 stages: 2190848 trees, about 8 s in a Release build; run with --gtest_also_run_disabled_tests.
+TEST(ChainPlan, DISABLED_RotorEqualsExhaustiveSearchEightStages) {
+  std::mt19937 rng(8);
+  check_rotor_against_exhaustive_search(random_costs(rng, 8, 20, false), rng);
+}
+
+TEST(ChainPlan, DiscretisationNeverExceedsTheLimitAndMeetsItsBound) {
+  std::mt19937 rng(777);
+  for (int instance = 0; instance < 40; ++instance) {
+    const int stages = 1 + instance % 5;
+    const ChainCosts costs = random_costs(rng, stages, 1000000000, false);
+    const std::vector<Outcome> outcomes = all_outcomes(costs);
+    const size_t minimal = least_peak(outcomes);
+    const size_t most = rs::plan_save_all(costs).predicted_peak_bytes;
+    std::uniform_int_distribution<size_t> between(minimal, most + most / 10);
+    for (int slots : {2, 5, 17, 60}) {
+      const size_t limit = between(rng);
+      const Plan plan = rs::plan_rotor(costs, limit, slots);
+      ASSERT_LE(rs::simulate(costs, plan).peak_bytes, limit);
+      ASSERT_GE(plan.predicted_time, best_time_within(outcomes, static_cast<double>(limit)));
+      // Proven: time <= OPT(limit - (2L + 2) * unit).
+      const size_t available = limit - costs.boundary_bytes[0];
+      const size_t unit = std::max<size_t>(1, (available + static_cast<size_t>(slots) - 1) / static_cast<size_t>(slots));
+      const double reduced = static_cast<double>(limit) - static_cast<double>((2 * stages + 2) * unit);
+      ASSERT_LE(plan.predicted_time, best_time_within(outcomes, reduced))
+          << stages << " stages, limit " << limit << ", slots " << slots;
+    }
+  }
+}
+
+TEST(ChainPlan, LargerChainsStayWithinTheirLimits) {
+  std::mt19937 rng(99);
+  for (int instance = 0; instance < 12; ++instance) {
+    const int stages = 10 + 3 * instance;
+    const ChainCosts costs = random_costs(rng, stages, 1 << 20, false);
+    const Plan save_all = rs::plan_save_all(costs);
+    const Plan every_layer = rs::plan_every_layer(costs);
+    const Plan segments = rs::plan_uniform_segments(costs, std::max(1, static_cast<int>(std::sqrt(stages))));
+    for (const Plan* fixed : {&save_all, &every_layer, &segments}) {
+      const rs::SimResult simulated = rs::simulate(costs, *fixed);
+      ASSERT_EQ(simulated.peak_bytes, fixed->predicted_peak_bytes);
+      // The planner given a fixed plan's peak does at least as well as that plan (up to the
+      // discretisation: it may fall back to less memory, never to more).
+      const Plan plan = rs::plan_rotor(costs, fixed->predicted_peak_bytes);
+      ASSERT_LE(rs::simulate(costs, plan).peak_bytes, fixed->predicted_peak_bytes);
+    }
+    const size_t minimal = rs::min_feasible_memory(costs);
+    std::uniform_int_distribution<size_t> between(minimal, save_all.predicted_peak_bytes);
+    double previous = std::numeric_limits<double>::infinity();
+    std::vector<size_t> limits = {minimal, between(rng), between(rng), save_all.predicted_peak_bytes};
+    std::sort(limits.begin(), limits.end());
+    for (size_t limit : limits) {
+      const Plan plan = rs::plan_rotor(costs, limit);
+      ASSERT_LE(rs::simulate(costs, plan).peak_bytes, limit);
+      ASSERT_LE(plan.predicted_time, previous + 1e-9);  // more memory never costs time
+      previous = plan.predicted_time;
+    }
+    // With twice the save-all peak nothing is recomputed: by the discretisation bound the time is
+    // at most OPT(2P - (2L + 2) * unit) <= OPT(P) with unit ~ 2P / 500 and 4L + 4 <= 500.
+    EXPECT_EQ(rs::plan_rotor(costs, 2 * save_all.predicted_peak_bytes).predicted_time, save_all.predicted_time);
+  }
+}
+
+TEST(ChainPlan, InvalidInputsAreRejected) {
+  ChainCosts costs = ChainCosts::uniform(3, 1.0, 1.0, 4, 4);
+  ChainCosts broken = costs;
+  broken.boundary_bytes.pop_back();
+  EXPECT_THROW(rs::plan_rotor(broken, 1000), std::invalid_argument);
+  broken = costs;
+  broken.forward_time[1] = -1;
+  EXPECT_THROW(rs::plan_save_all(broken), std::invalid_argument);
+  EXPECT_THROW(rs::plan_rotor(costs, 1000, 0), std::invalid_argument);
+
+  // Trees: a gap, an overlap, a region whose only child is the same region, a wrong stage node.
+  EXPECT_THROW(rs::validate_tree({PlanNode::stage(0), PlanNode::stage(2)}, 3), std::invalid_argument);
+  EXPECT_THROW(rs::validate_tree({PlanNode::stage(0), PlanNode::stage(1)}, 3), std::invalid_argument);
+  EXPECT_THROW(rs::validate_tree({PlanNode::region(0, 1, {PlanNode::stage(0), PlanNode::stage(1)}),
+                                  PlanNode::stage(1), PlanNode::stage(2)},
+                                 3),
+               std::invalid_argument);
+  EXPECT_THROW(rs::validate_tree({PlanNode::region(0, 2, {PlanNode::region(0, 2, {PlanNode::stage(0), PlanNode::stage(1),
+                                                                                  PlanNode::stage(2)})})},
+                                 3),
+               std::invalid_argument);
+  EXPECT_THROW(rs::validate_tree({PlanNode{PlanNode::Kind::stage, 0, 2, {}}}, 3), std::invalid_argument);
+
+  // Action lists.
+  const auto rejects = [&](const std::string& why, std::vector<Action> actions) {
+    EXPECT_THROW(rs::simulate_actions(costs, actions), std::invalid_argument) << why;
+  };
+  using K = ActionKind;
+  const std::vector<Action> good = rs::plan_save_all(costs).actions;
+  EXPECT_NO_THROW(rs::simulate_actions(costs, good));
+  rejects("no loss", {{K::forward_save_all, 0}, {K::forward_save_all, 1}, {K::forward_save_all, 2}, {K::backward, 2}});
+  rejects("input dropped", {{K::forward_no_save, 0}, {K::drop, 1}, {K::forward_save_all, 1}});
+  rejects("drop a_0", {{K::drop, 0}});
+  rejects("backward out of order", {{K::forward_save_all, 0}, {K::forward_save_all, 1}, {K::forward_save_all, 2},
+                                    {K::loss, 3}, {K::backward, 1}});
+  rejects("backward without record", {{K::forward_no_save, 0}, {K::forward_no_save, 1}, {K::forward_save_all, 2},
+                                      {K::loss, 3}, {K::backward, 2}, {K::backward, 1}});
+  std::vector<Action> leaked = good;
+  leaked.erase(std::find(leaked.begin(), leaked.end(), Action{K::drop, 1}));
+  rejects("a boundary left live", leaked);
+  std::vector<Action> truncated(good.begin(), good.end() - 1);
+  rejects("missing the last backward", truncated);
+
+  Plan mismatched = rs::plan_save_all(costs);
+  mismatched.actions = rs::plan_every_layer(costs).actions;
+  EXPECT_THROW(rs::simulate(costs, mismatched), std::invalid_argument);
+}
+
+}  // namespace
