@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "remat/autodiff.h"

@@ -1,5 +1,6 @@
 // nn layers: float64 finite-difference gradients of every layer, attention masking, shapes and
 // PyTorch-compatible layouts.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,7 +39,23 @@ void perturb_parameters(nn::Module& module, uint64_t seed) {
   }
 }
 
+// A deliberately wrong backward (d/dx x^2 given as x instead of 2x): the checker must object.
+void check_wrong_gradient() {
+  CustomOp wrong{"wrong_square",
+                 [](const TensorList& in, SaveContext& ctx) {
+                   ctx.save(in[0]);
+                   return TensorList{mul(in[0], in[0])};
+                 },
+                 [](const TensorList& grads, const SavedValues& saved) { return TensorList{mul(grads[0], saved[0])}; }};
+  Tensor x = from_vector(std::vector<double>{0.7}, {1}, DType::f64).requires_grad_();  // one element, one failure
+  expect_gradients_match([&] { return wrong({x})[0]; }, {x});
+}
+
 }  // namespace
+
+TEST(NnLayers, GradientCheckerCatchesAWrongGradient) {
+  EXPECT_NONFATAL_FAILURE(check_wrong_gradient(), "input 0 element");
+}
 
 TEST(NnLayers, LinearGradientAndLayout) {
   auto fc = std::make_shared<nn::Linear>(5, 3, true, DType::f64);

@@ -2,7 +2,7 @@
 // and f64, (a) the forward value against a float64 plain-loop reference and (b) the gradient from
 // remat's backward against central finite differences of that reference.
 //
-// Test names read "Ops/OpTest.Forward/<row>_<dtype>" and "Ops/OpTest.Gradient/<row>_<dtype>".
+// Test names read "Ops/OpTest.ForwardAndGradient/<row>_<dtype>", e.g. .../matmul_tn_4x3T_by_4x5_f32.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -554,22 +554,21 @@ class OpTest : public ::testing::TestWithParam<std::tuple<size_t, DType>> {
   DType dtype() const { return std::get<1>(GetParam()); }
 };
 
-TEST_P(OpTest, Forward) {
-  CheckResult r = check_forward(op(), dtype());
-  EXPECT_TRUE(r.ok) << op().name << " [" << dtype_name(dtype()) << "] forward differs from the reference:\n"
-                    << r.message;
-}
-
-TEST_P(OpTest, Gradient) {
+// One test per (row, dtype) runs both checks (one process per test under ctest: fewer, larger
+// tests keep the suite fast, also under sanitizers); each check reports on its own.
+TEST_P(OpTest, ForwardAndGradient) {
+  CheckResult f = check_forward(op(), dtype());
+  EXPECT_TRUE(f.ok) << op().name << " [" << dtype_name(dtype()) << "] forward differs from the reference:\n"
+                    << f.message;
   if (!op().differentiable) {
     Inputs inputs = inputs_of(op());
     TensorList outs = op().apply(tensors_of(inputs, dtype(), /*with_grad=*/true));
     for (const auto& out : outs) EXPECT_FALSE(out.requires_grad()) << op().name << " output should carry no gradient";
     return;
   }
-  CheckResult r = check_case_gradient(op(), dtype());
-  EXPECT_TRUE(r.ok) << op().name << " [" << dtype_name(dtype()) << "] gradient differs from finite differences:\n"
-                    << r.message;
+  CheckResult g = check_case_gradient(op(), dtype());
+  EXPECT_TRUE(g.ok) << op().name << " [" << dtype_name(dtype()) << "] gradient differs from finite differences:\n"
+                    << g.message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTest,

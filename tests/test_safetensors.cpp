@@ -200,7 +200,10 @@ TEST_F(Safetensors, EveryTruncationIsAnError) {
   const std::string bytes = read_bytes(path("full.safetensors"));
   std::vector<std::vector<double>> before;
   for (const auto& p : model.parameters()) before.push_back(p.to_vector());
-  for (size_t length = 0; length < bytes.size(); length += (length < 600 ? 1 : 97)) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  // every length up to 24, then every 13th through the header, then every 97th through the data
+  for (size_t length = 0; length < bytes.size(); length += (length < 24 ? 1 : length < 8 + n ? 13 : 97)) {
     write_bytes(path("cut.safetensors"), bytes.substr(0, length));
     EXPECT_THROW(nn::load_safetensors(path("cut.safetensors")), Error) << "length " << length;
     EXPECT_THROW(model.load(path("cut.safetensors")), Error) << "length " << length;
@@ -270,7 +273,7 @@ TEST_F(Safetensors, RandomHeaderCorruptionNeverCrashes) {
   const std::string replacements = "0123456789{}[]\":,- x\x01\xff";
   uint64_t rng = 12345;
   int loaded = 0, rejected = 0;
-  for (int trial = 0; trial < 400; ++trial) {
+  for (int trial = 0; trial < 150; ++trial) {
     std::string corrupt = bytes;
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     const size_t at = (rng >> 33) % (8 + n);
@@ -284,7 +287,7 @@ TEST_F(Safetensors, RandomHeaderCorruptionNeverCrashes) {
     }
   }
   EXPECT_GT(rejected, 0);
-  EXPECT_EQ(loaded + rejected, 400);
+  EXPECT_EQ(loaded + rejected, 150);
 }
 
 TEST_F(Safetensors, AtomicWriteAndSaveErrors) {

@@ -1,7 +1,8 @@
 // remat/schedule.h - checkpointing planners: plain data in, plain data (a plan) out.
 //
 // The schedule layer knows nothing about tensors: it reads per-stage costs and sizes and writes a
-// plan that the engine executes. It includes only the standard library, so it builds on its own:
+// plan that the engine executes. It includes only the standard library, so it builds on its own
+// (from the repository root; -fsyntax-only in place of -c writes no object files):
 //   g++ -std=c++20 -Wall -Wextra -Iinclude -c src/schedule/*.cpp
 //
 //   namespace rs = remat::schedule;
@@ -178,8 +179,10 @@ RevolveReplay replay_revolve(const std::vector<RevolveAction>& schedule, int64_t
 // with s - j slots, so the reverse costs min over kept subsets of sum_j t(q_{j+1} - q_j, s - j).
 // Bound: the kept subset {0} alone costs t(n, s), so the total forward-step count of the whole
 // run (the n steps of the forward loop + the reverse schedule) is at most n + t(n, s): at most
-// one extra sweep over offline Revolve, i.e. within a factor 1 + n / t(n, s) <= 2 of it
-// (n >= 2); when n <= s it is n (offline: n - 1).
+// one sweep more than offline Revolve, hence <= 2 t(n, s) + 1 (as t(n, s) >= n - 1); when
+// n <= s it is n (offline: n - 1). Measured (n = 2000): 33374 vs 31374 offline for s = 3,
+// 20276 vs 19812 for s = 4, 8845 vs 8635 for s = 10; with s <= 3 the doubling rarely beats the
+// bound, from s = 4 on it recovers most of the extra sweep.
 class OnlineCheckpointer {
  public:
   explicit OnlineCheckpointer(int slots);

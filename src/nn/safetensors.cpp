@@ -1,6 +1,7 @@
 // safetensors reading and writing: validate the whole header before allocating, write atomically.
 #include "remat/nn/safetensors.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -143,30 +144,48 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   }
   header.append((8 - header.size() % 8) % 8, ' ');
 
+  // Write a temporary file next to the target, flush it to disk, then rename it over the target:
+  // a reader (or a crash) sees the old file or the new one, never half of one.
   const std::string temp = temporary_name(path);
-  auto cleanup_and_fail = [&](const std::string& what) {
-    std::error_code ignored;
-    std::filesystem::remove(temp, ignored);
-    throw Error(detail::concat("save_safetensors(\"", path, "\"): ", what));
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw Error(detail::concat("save_safetensors(\"", path, "\"): cannot create ", temp, ": ", std::strerror(errno)));
+  auto fail_write = [&](const std::string& what) {
+    const std::string reason = std::strerror(errno);
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw Error(detail::concat("save_safetensors(\"", path, "\"): ", what, " ", temp, " failed: ", reason));
   };
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    if (!out) cleanup_and_fail(detail::concat("cannot create ", temp, ": ", std::strerror(errno)));
-    char length[8];
-    const uint64_t n = header.size();
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    out.write(length, 8);
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& [name, t] : tensors) {
-      Tensor host = host_contiguous(t);
-      if (host.nbytes() > 0) out.write(static_cast<const char*>(host.raw_data()), static_cast<std::streamsize>(host.nbytes()));
+  auto write_all = [&](const void* data, size_t bytes) {
+    const char* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n = ::write(fd, p, bytes);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail_write("writing");
+      p += n;
+      bytes -= static_cast<size_t>(n);
     }
-    out.flush();
-    if (!out) cleanup_and_fail(detail::concat("writing ", temp, " failed: ", std::strerror(errno)));
+  };
+  char length[8];
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  write_all(length, 8);
+  write_all(header.data(), header.size());
+  for (const auto& [name, t] : tensors) {
+    Tensor host = host_contiguous(t);
+    if (host.nbytes() > 0) write_all(host.raw_data(), host.nbytes());
   }
-  std::error_code ec;
-  std::filesystem::rename(temp, path, ec);
-  if (ec) cleanup_and_fail(detail::concat("cannot rename ", temp, " to the target: ", ec.message()));
+  if (::fsync(fd) != 0) fail_write("flushing");
+  if (::close(fd) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(temp.c_str());
+    throw Error(detail::concat("save_safetensors(\"", path, "\"): closing ", temp, " failed: ", reason));
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(temp.c_str());
+    throw Error(detail::concat("save_safetensors(\"", path, "\"): cannot rename ", temp, " to the target: ", reason));
+  }
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

@@ -101,13 +101,15 @@ class RotorTable {
       }
       return;
     }
-    // Stage a with recording, then [a+1, b] with its record and output held.
+    // Stage a with recording, then [a+1, b] with its record and output held. (An infinite
+    // entry stays infinite through the sums and never wins a comparison.)
     const int64_t held = x[at + 1] + xbar[at];
-    const int64_t need = xbar[at] + x[at + 1] + x[at];
-    for (int64_t m = std::max<int64_t>(need, 0); m <= budget; ++m) {
-      const double rest = cost(a + 1, b, m - held, top);
-      if (rest < kInfinite) {
-        best[m] = uf + rest + ub;
+    const int64_t need = std::max(xbar[at] + x[at + 1] + x[at], held);
+    const double* after_stage = row_data(a + 1, b, top);
+    for (int64_t m = need; m <= budget; ++m) {
+      const double total = uf + after_stage[m - held] + ub;
+      if (total < best[m]) {
+        best[m] = total;
         pick[m] = 0;
       }
     }
@@ -120,18 +122,20 @@ class RotorTable {
       sweep_peak = std::max(sweep_peak, (c - 1 > a ? x[k] : 0) + x[k + 1]);
       sweep_time += costs_.forward_time[k];
       const int64_t keep = x[static_cast<size_t>(c)];
-      for (int64_t m = std::max<int64_t>(gradient + sweep_peak, keep); m <= budget; ++m) {
-        const double rest = cost(c, b, m - keep, top);
-        if (rest == kInfinite) continue;
-        const double sub = cost(a, c - 1, m, false);
-        if (sub == kInfinite) continue;
-        const double total = sweep_time + rest + sub;
+      const double* after_region = row_data(c, b, top);
+      const double* region = row_data(a, c - 1, false);
+      for (int64_t m = std::max(gradient + sweep_peak, keep); m <= budget; ++m) {
+        const double total = sweep_time + after_region[m - keep] + region[m];
         if (total < best[m]) {
           best[m] = total;
           pick[m] = static_cast<int16_t>(c - a);
         }
       }
     }
+  }
+
+  const double* row_data(int a, int b, bool top) const {
+    return (top ? top_cost_.data() : rerun_cost_.data()) + row(a, b, top);
   }
 
   const ChainCosts& costs_;

@@ -12,6 +12,7 @@ using autodiff::OpSpec;
 namespace {
 
 const OpSpec kConcat{"concat", autodiff::save_nothing};
+const OpSpec kSplit{"split", autodiff::save_nothing};
 
 }  // namespace
 
@@ -78,14 +79,35 @@ TensorList split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axi
   }
   REMAT_CHECK(total == x.shape()[a], "split: sizes [", listed, "] sum to ", total, ", but axis ", a, " of shape ",
               shape_str(x.shape()), " has size ", x.shape()[a]);
-  TensorList out;
-  out.reserve(sizes.size());
-  int64_t start = 0;
-  for (int64_t s : sizes) {
-    out.push_back(x.slice(a, start, start + s));
-    start += s;
-  }
-  return out;
+  REMAT_CHECK(!sizes.empty(), "split: no sizes given for axis ", a, " of shape ", shape_str(x.shape()));
+  // One op with several outputs (views of x). Its backward writes every part's gradient into one
+  // buffer of x's shape (zeros for parts that got none): O(numel), not one full buffer per part.
+  return autodiff::apply(
+      kSplit, {x},
+      [a, sizes](const TensorList& in) {
+        TensorList parts;
+        int64_t start = 0;
+        for (int64_t s : sizes) {
+          parts.push_back(in[0].detach().slice(a, start, start + s));
+          start += s;
+        }
+        return parts;
+      },
+      [a, sizes](autodiff::BackwardContext& ctx) {
+        const auto& meta = ctx.input_meta(0);
+        Tensor gx = Tensor::empty(meta.shape, meta.dtype, memory::Tag::other, meta.device);
+        int64_t start = 0;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          Tensor part = gx.slice(a, start, start + sizes[i]);
+          if (ctx.has_grad_output(i))
+            part.copy_(ctx.grad_output(i));
+          else
+            part.fill_(0.0);
+          start += sizes[i];
+        }
+        ctx.set_input_grad(0, gx);
+      },
+      0);
 }
 
 }  // namespace remat

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/vmath.h"
 
 namespace remat::cpu {
 
@@ -57,7 +58,7 @@ void cross_entropy_rows(const T* x, const int64_t* targets, double eps, int64_t 
     if (m == -std::numeric_limits<T>::infinity()) m = T(0);
     Acc<T> sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < cols; ++c) sum += static_cast<Acc<T>>(std::exp(xr[c] - m));
+    for (int64_t c = 0; c < cols; ++c) sum += static_cast<Acc<T>>(exp_any(xr[c] - m));
     const Acc<T> lse = static_cast<Acc<T>>(m) + std::log(sum);
     const T shift = static_cast<T>(lse);
 #pragma omp simd
@@ -102,7 +103,7 @@ void cross_entropy_backward_rows(const T* logp, const int64_t* targets, const T*
     }
     const T g = gloss[r];
 #pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) out[c] = g * (std::exp(lr[c]) - uniform);
+    for (int64_t c = 0; c < cols; ++c) out[c] = g * (exp_any(lr[c]) - uniform);
     out[t] -= g * on_target;
   };
   if (rows > 1 && rows * cols >= kParallelThreshold) {

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/vmath.h"
 
 namespace remat::cpu {
 
@@ -66,14 +67,14 @@ void softmax_rows(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
     Acc<T> sum = 0;
     if (log) {
 #pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < cols; ++c) sum += static_cast<Acc<T>>(std::exp(xr[c] - m));
+      for (int64_t c = 0; c < cols; ++c) sum += static_cast<Acc<T>>(exp_any(xr[c] - m));
       const T shift = static_cast<T>(static_cast<Acc<T>>(m) + std::log(sum));
 #pragma omp simd
       for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - shift;
     } else {
 #pragma omp simd reduction(+ : sum)
       for (int64_t c = 0; c < cols; ++c) {
-        T e = std::exp(xr[c] - m);
+        T e = exp_any(xr[c] - m);
         yr[c] = e;
         sum += static_cast<Acc<T>>(e);
       }
@@ -97,7 +98,7 @@ void softmax_backward_rows(const T* y, const T* gy, T* gx, int64_t rows, int64_t
       for (int64_t c = 0; c < cols; ++c) s += static_cast<Acc<T>>(gr[c]);
       const T st = static_cast<T>(s);
 #pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) out[c] = gr[c] - std::exp(yr[c]) * st;
+      for (int64_t c = 0; c < cols; ++c) out[c] = gr[c] - exp_any(yr[c]) * st;
     } else {
       // gx = y * (gy - sum(gy * y))
 #pragma omp simd reduction(+ : s)

@@ -72,3 +72,12 @@ __attribute__((always_inline)) inline float erf_f(float x) {
 }
 
 }  // namespace remat::cpu::vmath
+
+namespace remat::cpu {
+// exp for kernels templated on the dtype: the vectorisable version for float32, libm for float64.
+template <class T>
+__attribute__((always_inline)) inline T exp_any(T x) {
+  if constexpr (sizeof(T) == 4) return vmath::exp_f(x);
+  else return __builtin_exp(x);
+}
+}  // namespace remat::cpu

@@ -1,0 +1,34 @@
+// The subcommands of the `remat` command line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace remat::tools {
+
+struct TrainOptions {
+  std::string data;  // empty: the default corpus
+  int64_t layers = 4, width = 128, heads = 4, seq = 64, batch = 32, steps = 500;
+  double lr = 2e-3;
+  uint64_t seed = 1;
+  std::string policy = "every-layer";
+  double dropout = 0.0;
+  int threads = 0;  // 0: all cores
+  std::string save, load;
+  bool json = false;
+  bool progress = true;
+};
+int run_train(const TrainOptions& options);
+
+struct SampleOptions {
+  std::string load;
+  std::string prompt;
+  int64_t tokens = 300;
+  double temperature = 0.8;
+  uint64_t seed = 1;
+  int threads = 0;
+  bool stop_at_separator = true;  // stop at the fortune separator "\n%\n"
+};
+int run_sample(const SampleOptions& options);
+
+}  // namespace remat::tools

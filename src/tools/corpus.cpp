@@ -1,0 +1,154 @@
+#include "corpus.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "remat/random.h"
+
+namespace remat::tools {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+bool looks_like_text(const std::string& s) {
+  if (s.empty()) return false;
+  size_t control = 0;
+  for (unsigned char c : s) {
+    if (c == 0) return false;
+    if (c < 32 && c != '\n' && c != '\r' && c != '\t' && c != '\f') ++control;
+  }
+  return control * 100 < s.size();  // under 1% odd control bytes
+}
+
+std::string how_to_fix(const std::string& path) {
+  return "remat train reads a text file or a folder of text files (--data PATH). The default corpus is "
+         "Debian's fortune cookies in " + std::string(kDefaultCorpus) +
+         "; install it with `apt-get install fortunes` (scripts/demo does), or pass --data with your own text"
+         " (looked at: " + path + ")";
+}
+
+}  // namespace
+
+Corpus load_corpus(const std::string& path) {
+  Corpus corpus;
+  std::error_code ec;
+  fs::path root(path);
+  REMAT_CHECK(fs::exists(root, ec), "corpus not found: ", path, ". ", how_to_fix(path));
+  std::vector<fs::path> files;
+  if (fs::is_directory(root, ec)) {
+    for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+         it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (ec) break;
+      if (it->is_regular_file(ec) && !it->is_symlink(ec)) files.push_back(it->path());
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(root);
+  }
+  for (const auto& f : files) {
+    if (f.extension() == ".dat") continue;  // fortune's binary index files
+    std::string s = read_file(f);
+    if (!looks_like_text(s)) continue;
+    corpus.text += s;
+    if (!s.empty() && s.back() != '\n') corpus.text += '\n';
+    corpus.files.push_back(f.string());
+  }
+  REMAT_CHECK(!corpus.text.empty(), "corpus is empty: no text found in ", path, ". ", how_to_fix(path));
+  REMAT_CHECK(corpus.text.size() >= 1000, "corpus too small: ", corpus.text.size(), " bytes in ", path,
+              " (need at least 1000). ", how_to_fix(path));
+  return corpus;
+}
+
+CharTokenizer CharTokenizer::from_text(const std::string& text) {
+  bool present[256] = {};
+  for (unsigned char c : text) present[c] = true;
+  CharTokenizer t;
+  std::fill(std::begin(t.index_), std::end(t.index_), -1);
+  for (int c = 0; c < 256; ++c)
+    if (present[c]) {
+      t.index_[c] = static_cast<int>(t.bytes_.size());
+      t.bytes_.push_back(static_cast<unsigned char>(c));
+    }
+  return t;
+}
+
+CharTokenizer CharTokenizer::from_string(const std::string& serialised) {
+  CharTokenizer t;
+  std::fill(std::begin(t.index_), std::end(t.index_), -1);
+  std::stringstream in(serialised);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    int c = -1;
+    try {
+      c = std::stoi(item);
+    } catch (...) {
+    }
+    REMAT_CHECK(c >= 0 && c < 256 && t.index_[c] < 0, "corrupt vocabulary in weight file: entry '", item, "'");
+    t.index_[c] = static_cast<int>(t.bytes_.size());
+    t.bytes_.push_back(static_cast<unsigned char>(c));
+  }
+  REMAT_CHECK(!t.bytes_.empty(), "weight file has an empty vocabulary");
+  return t;
+}
+
+std::string CharTokenizer::to_string() const {
+  std::string s;
+  for (size_t i = 0; i < bytes_.size(); ++i) s += (i ? "," : "") + std::to_string(bytes_[i]);
+  return s;
+}
+
+std::vector<int64_t> CharTokenizer::encode(const std::string& text) const {
+  std::vector<int64_t> ids;
+  ids.reserve(text.size());
+  for (unsigned char c : text) {
+    REMAT_CHECK(index_[c] >= 0, "text contains byte ", static_cast<int>(c), " which is not in the model's vocabulary");
+    ids.push_back(index_[c]);
+  }
+  return ids;
+}
+
+std::string CharTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::string s;
+  for (auto id : ids) {
+    REMAT_CHECK(id >= 0 && id < vocab_size(), "token id ", id, " out of range for vocabulary of ", vocab_size());
+    s += static_cast<char>(bytes_[static_cast<size_t>(id)]);
+  }
+  return s;
+}
+
+TokenSplit split_tokens(const std::vector<int64_t>& tokens, double validation_fraction) {
+  size_t n_val = static_cast<size_t>(static_cast<double>(tokens.size()) * validation_fraction);
+  TokenSplit s;
+  s.train.assign(tokens.begin(), tokens.end() - static_cast<std::ptrdiff_t>(n_val));
+  s.validation.assign(tokens.end() - static_cast<std::ptrdiff_t>(n_val), tokens.end());
+  return s;
+}
+
+Batch sample_batch(const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed, uint64_t step) {
+  REMAT_CHECK(static_cast<int64_t>(tokens.size()) > seq + 1, "text of ", tokens.size(),
+              " tokens is too short for sequences of ", seq);
+  uint64_t span = tokens.size() - static_cast<uint64_t>(seq) - 1;
+  std::vector<int64_t> in(static_cast<size_t>(batch * seq)), out(static_cast<size_t>(batch * seq));
+  for (int64_t b = 0; b < batch; ++b) {
+    uint64_t word = (static_cast<uint64_t>(philox_word({seed, step * 1024}, static_cast<uint64_t>(2 * b))) << 32) |
+                    philox_word({seed, step * 1024}, static_cast<uint64_t>(2 * b + 1));
+    uint64_t start = word % span;
+    for (int64_t t = 0; t < seq; ++t) {
+      in[static_cast<size_t>(b * seq + t)] = tokens[start + static_cast<uint64_t>(t)];
+      out[static_cast<size_t>(b * seq + t)] = tokens[start + static_cast<uint64_t>(t) + 1];
+    }
+  }
+  return {from_indices(in, {batch, seq}), from_indices(out, {batch, seq})};
+}
+
+}  // namespace remat::tools

@@ -1,0 +1,56 @@
+// Text corpora for `remat train`: a file or a folder of text files, read as bytes and tokenised
+// one byte per token (a character-level model; UTF-8 letters outside ASCII become several
+// tokens). The vocabulary is the set of bytes present, saved with the weights.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "remat/tensor.h"
+
+namespace remat::tools {
+
+// Debian's `fortunes` package installs its cookie files here.
+inline constexpr const char* kDefaultCorpus = "/usr/share/games/fortunes";
+
+struct Corpus {
+  std::string text;
+  std::vector<std::string> files;  // what was read
+};
+
+// Reads `path` (a file, or every text file under a folder, sorted by name; binary files such as
+// the fortune .dat indexes are skipped). Throws remat::Error saying how to install the default
+// corpus or pass --data when nothing usable is found.
+Corpus load_corpus(const std::string& path);
+
+class CharTokenizer {
+ public:
+  CharTokenizer() = default;
+  static CharTokenizer from_text(const std::string& text);
+  static CharTokenizer from_string(const std::string& serialised);  // as written by to_string()
+  std::string to_string() const;  // the byte values, comma-separated
+  int64_t vocab_size() const { return static_cast<int64_t>(bytes_.size()); }
+  std::vector<int64_t> encode(const std::string& text) const;  // unknown bytes: error
+  std::string decode(const std::vector<int64_t>& ids) const;
+  bool contains(unsigned char c) const { return index_[c] >= 0; }
+
+ private:
+  std::vector<unsigned char> bytes_;
+  int index_[256];
+};
+
+// Training and validation token streams: the last 5% of the text is held out.
+struct TokenSplit {
+  std::vector<int64_t> train, validation;
+};
+TokenSplit split_tokens(const std::vector<int64_t>& tokens, double validation_fraction = 0.05);
+
+// A batch of B windows of length T+1 from `tokens`, starting at positions drawn from (seed, step):
+// inputs [B, T] and targets [B, T] (the inputs shifted by one).
+struct Batch {
+  Tensor inputs, targets;
+};
+Batch sample_batch(const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed, uint64_t step);
+
+}  // namespace remat::tools

@@ -1,0 +1,227 @@
+// `remat train`: a character-level GPT on a text corpus, checkpointed by the policy.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "corpus.h"
+#include "progress.h"
+#include "remat/nn.h"
+#include "remat/remat.h"
+
+namespace remat::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// FNV-1a over the bytes of every parameter's gradient, in parameter order.
+std::string gradient_digest(const nn::Module& model) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, p] : model.named_parameters()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor c = g.contiguous();
+    const unsigned char* bytes = static_cast<const unsigned char*>(c.raw_data());
+    for (size_t i = 0; i < c.nbytes(); ++i) {
+      h ^= bytes[i];
+      h *= 1099511628211ull;
+    }
+  }
+  char buffer[20];
+  std::snprintf(buffer, sizeof buffer, "%016llx", static_cast<unsigned long long>(h));
+  return buffer;
+}
+
+double validation_loss(nn::GPT& model, const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed) {
+  NoGradGuard no_grad;
+  model.eval();
+  double total = 0;
+  const int batches = 8;
+  for (int i = 0; i < batches; ++i) {
+    Batch b = sample_batch(tokens, batch, seq, seed ^ 0x5a5a5a5aull, static_cast<uint64_t>(i));
+    total += model.loss(b.inputs, b.targets).item();
+  }
+  model.train();
+  return total / batches;
+}
+
+struct StepMeasure {
+  double seconds = 0, loss = 0;
+  size_t peak_saved = 0, peak_total = 0;
+  double recomputed_flops = 0;
+};
+
+// One forward + backward under `policy` (no optimizer step), measured.
+StepMeasure measure_step(nn::GPT& model, const Batch& batch, const Policy& policy, uint64_t dropout_seed) {
+  model.zero_grad();
+  manual_seed(dropout_seed);
+  memory::reset_peaks();
+  reset_counters();
+  size_t saved_base = memory::live_bytes(memory::Tag::saved);
+  size_t total_base = memory::stats().live_total;
+  auto t0 = Clock::now();
+  Tensor loss = backward([&] { return model.loss(batch.inputs, batch.targets); }, GradOptions{policy});
+  StepMeasure m;
+  m.seconds = seconds_since(t0);
+  m.loss = loss.item();
+  m.peak_saved = memory::peak_bytes(memory::Tag::saved) - saved_base;
+  m.peak_total = memory::stats().peak_total - total_base;
+  m.recomputed_flops = counters().ops.recomputed_flops;
+  return m;
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& o) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  const Policy policy = Policy::parse(o.policy);
+  REMAT_CHECK(o.steps >= 1, "train: --steps must be at least 1, got ", o.steps);
+  REMAT_CHECK(o.batch >= 1 && o.seq >= 2, "train: --batch must be >= 1 and --seq >= 2");
+  REMAT_CHECK(o.lr > 0, "train: --lr must be positive, got ", o.lr);
+  REMAT_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got ", o.dropout);
+
+  const std::string data_path = o.data.empty() ? kDefaultCorpus : o.data;
+  Corpus corpus = load_corpus(data_path);
+  nn::GPTConfig config{.vocab = 0, .layers = o.layers, .width = o.width, .heads = o.heads, .seq = o.seq,
+                       .dropout = o.dropout, .dtype = DType::f32, .seed = o.seed};
+  CharTokenizer tokenizer;
+  if (!o.load.empty()) {
+    auto file = nn::load_safetensors(o.load);
+    auto get = [&](const char* key) {
+      auto it = file.metadata.find(key);
+      REMAT_CHECK(it != file.metadata.end(), "train: ", o.load, " has no '", key, "' in its metadata (not written by remat train)");
+      return it->second;
+    };
+    tokenizer = CharTokenizer::from_string(get("vocabulary"));
+    config.layers = std::stoll(get("layers"));
+    config.width = std::stoll(get("width"));
+    config.heads = std::stoll(get("heads"));
+    config.seq = std::stoll(get("seq"));
+  } else {
+    tokenizer = CharTokenizer::from_text(corpus.text);
+  }
+  config.vocab = tokenizer.vocab_size();
+  std::vector<int64_t> tokens = tokenizer.encode(corpus.text);
+  TokenSplit split = split_tokens(tokens);
+
+  auto model = std::make_shared<nn::GPT>(config);
+  if (!o.load.empty()) model->load(o.load);
+  nn::AdamW optimizer(model->parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01});
+  const int64_t warmup = std::min<int64_t>(100, std::max<int64_t>(1, o.steps / 10));
+  const nn::WarmupCosine lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1, .warmup_steps = warmup, .total_steps = o.steps};
+
+  std::printf("remat train: %zu files, %s of text, vocabulary %lld, train %zu / validation %zu tokens\n",
+              corpus.files.size(), memory::format_bytes(static_cast<double>(corpus.text.size())).c_str(),
+              static_cast<long long>(config.vocab), split.train.size(), split.validation.size());
+  std::printf("model: GPT layers=%lld width=%lld heads=%lld seq=%lld, %s parameters; batch %lld; policy %s; %d threads\n",
+              static_cast<long long>(config.layers), static_cast<long long>(config.width),
+              static_cast<long long>(config.heads), static_cast<long long>(config.seq),
+              human_count(static_cast<double>(model->num_parameters())).c_str(), static_cast<long long>(o.batch),
+              policy.to_string().c_str(), num_threads());
+  std::fflush(stdout);
+
+  Progress progress("train", o.steps, o.progress);
+  std::vector<double> step_seconds, losses;
+  size_t peak_saved = 0, peak_total = 0;
+  double recomputed_flops = 0;
+  std::string digest;
+  const size_t saved_base = memory::live_bytes(memory::Tag::saved);
+  const size_t total_base = memory::stats().live_total;
+  auto run_start = Clock::now();
+  for (int64_t step = 0; step < o.steps; ++step) {
+    Batch batch = sample_batch(split.train, o.batch, config.seq, o.seed, static_cast<uint64_t>(step));
+    optimizer.zero_grad();
+    manual_seed(o.seed * 1000003ull + static_cast<uint64_t>(step));  // dropout stream of this step
+    memory::reset_peaks();
+    reset_counters();
+    auto t0 = Clock::now();
+    Tensor loss = backward([&] { return model->loss(batch.inputs, batch.targets); }, GradOptions{policy});
+    if (step == 0) digest = gradient_digest(*model);
+    nn::clip_grad_norm(model->parameters(), 1.0);
+    optimizer.set_lr(lr_at(step));
+    optimizer.step();
+    step_seconds.push_back(seconds_since(t0));
+    losses.push_back(loss.item());
+    peak_saved = std::max(peak_saved, memory::peak_bytes(memory::Tag::saved) - saved_base);
+    peak_total = std::max(peak_total, memory::stats().peak_total - total_base);
+    recomputed_flops += counters().ops.recomputed_flops;
+    double tokens_per_s = static_cast<double>(o.batch * config.seq) / step_seconds.back();
+    char fields[160];
+    std::snprintf(fields, sizeof fields, "loss %.3f  %s tok/s  peak saved %s", losses.back(), human_count(tokens_per_s).c_str(),
+                  memory::format_bytes(static_cast<double>(peak_saved)).c_str());
+    progress.update(step + 1, fields);
+  }
+  progress.finish();
+  const double train_seconds = seconds_since(run_start);
+  size_t tail = std::min<size_t>(10, losses.size());
+  double final_loss = 0;
+  for (size_t i = losses.size() - tail; i < losses.size(); ++i) final_loss += losses[i];
+  final_loss /= static_cast<double>(tail);
+  const double val_loss = validation_loss(*model, split.validation, o.batch, config.seq, o.seed);
+
+  // Side by side, on one batch: the chosen policy and save-all.
+  Batch probe = sample_batch(split.train, o.batch, config.seq, o.seed, static_cast<uint64_t>(o.steps));
+  StepMeasure chosen = measure_step(*model, probe, policy, o.seed);
+  StepMeasure save_all = measure_step(*model, probe, Policy::save_all(), o.seed);
+  model->zero_grad();
+
+  if (!o.save.empty()) {
+    model->save(o.save, {{"format", "remat-char-gpt"},
+                         {"vocabulary", tokenizer.to_string()},
+                         {"layers", std::to_string(config.layers)},
+                         {"width", std::to_string(config.width)},
+                         {"heads", std::to_string(config.heads)},
+                         {"seq", std::to_string(config.seq)}});
+  }
+
+  const double step_median = median(step_seconds);
+  const double tokens_per_second = static_cast<double>(o.batch * config.seq) / step_median;
+  std::printf("\nreport (%lld steps in %.1f s)\n", static_cast<long long>(o.steps), train_seconds);
+  std::printf("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", losses.front(),
+              final_loss, tail, val_loss);
+  std::printf("  %-12s %18s %14s\n", "policy", "peak saved bytes", "step seconds");
+  std::printf("  %-12s %18zu %14.4f   (whole run: peak %zu, median %.4f)\n", policy.to_string().c_str(),
+              chosen.peak_saved, chosen.seconds, peak_saved, step_median);
+  std::printf("  %-12s %18zu %14.4f\n", "save-all", save_all.peak_saved, save_all.seconds);
+  std::printf("  ratio        %18.3f %14.3f   (%s / save-all, one step each, same batch)\n",
+              static_cast<double>(chosen.peak_saved) / static_cast<double>(std::max<size_t>(1, save_all.peak_saved)),
+              chosen.seconds / save_all.seconds, policy.to_string().c_str());
+  if (!o.save.empty()) std::printf("  weights saved to %s\n", o.save.c_str());
+  if (o.json) {
+    nlohmann::json j = {{"policy", policy.to_string()},
+                        {"steps", o.steps},
+                        {"first_loss", losses.front()},
+                        {"final_loss", final_loss},
+                        {"val_loss", val_loss},
+                        {"tokens_per_second", tokens_per_second},
+                        {"step_seconds_median", step_median},
+                        {"train_seconds", train_seconds},
+                        {"peak_saved_bytes", peak_saved},
+                        {"peak_total_bytes", peak_total},
+                        {"recomputed_flops", recomputed_flops},
+                        {"grad_digest", digest},
+                        {"probe_step_seconds", chosen.seconds},
+                        {"probe_peak_saved_bytes", chosen.peak_saved},
+                        {"save_all_step_seconds", save_all.seconds},
+                        {"save_all_peak_saved_bytes", save_all.peak_saved},
+                        {"saved_bytes_ratio", static_cast<double>(chosen.peak_saved) /
+                                                  static_cast<double>(std::max<size_t>(1, save_all.peak_saved))},
+                        {"step_time_ratio", chosen.seconds / save_all.seconds},
+                        {"parameters", model->num_parameters()},
+                        {"vocab", config.vocab}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace remat::tools
