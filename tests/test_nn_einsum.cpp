@@ -162,3 +162,25 @@ TEST(NnEinsum, RejectsInvalidSpecs) {
   expect_error("ij,jk->ik", {a, from_indices({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {3, 4})}, {"operand 1", "i64"});
   expect_error("ij,jk->ik", {a, b.to(DType::f32)}, {"f64", "f32"});
 }
+
+TEST(NnEinsum, CommonPatternsCopyNothing) {
+  // Each lowers to views and one matmul: the only allocation is the product.
+  struct Case {
+    std::string spec;
+    std::vector<Shape> shapes;
+  };
+  const std::vector<Case> cases = {
+      {"ij,jk->ik", {{3, 4}, {4, 5}}},          {"ij,kj->ik", {{3, 4}, {5, 4}}},
+      {"ji,jk->ik", {{4, 3}, {4, 5}}},          {"bij,bjk->bik", {{2, 3, 4}, {2, 4, 5}}},
+      {"bij,jk->bik", {{2, 3, 4}, {4, 5}}},     {"bhqd,bhkd->bhqk", {{2, 2, 3, 4}, {2, 2, 5, 4}}},
+      {"bhqk,bhkd->bhqd", {{2, 2, 3, 5}, {2, 2, 5, 4}}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.spec);
+    Tensor a = randn(c.shapes[0], DType::f64, RngState{1, 0}), b = randn(c.shapes[1], DType::f64, RngState{2, 0});
+    NoGradGuard no_grad;
+    const uint64_t before = memory::stats().allocations_total;
+    Tensor y = nn::einsum(c.spec, {a, b});
+    EXPECT_EQ(memory::stats().allocations_total - before, 1u);
+  }
+}

@@ -259,6 +259,21 @@ TEST(ChainPlan, EnumeratorCountsEveryTree) {
     EXPECT_EQ(all_action_lists(stages).size(), expected[static_cast<size_t>(stages - 1)]) << stages << " stages";
 }
 
+TEST(ChainPlan, HeaderExample) {
+  ChainCosts costs;
+  costs.forward_time = {1.0, 4.0, 2.0};
+  costs.backward_time = {2.0, 8.0, 4.0};
+  costs.boundary_bytes = {64, 256, 256, 16};
+  costs.saved_bytes = {512, 4096, 1024};
+  EXPECT_EQ(rs::min_feasible_memory(costs), 4928u);
+  EXPECT_EQ(rs::plan_save_all(costs).predicted_peak_bytes, 6480u);
+  const Plan plan = rs::plan_rotor(costs, 5600);
+  EXPECT_EQ(rs::simulate(costs, plan).peak_bytes, 5440u);
+  EXPECT_EQ(rs::format_tree(plan.tree), "S0 R[1..1](S1) S2");
+  EXPECT_EQ(rs::format_actions(plan.actions), "Fa0 Fn1 Fa2 L B2 D2 Fa1 D2 B1 D1 B0");
+  EXPECT_THROW(rs::plan_rotor(costs, 4927), rs::InfeasibleError);
+}
+
 TEST(ChainPlan, ActionsOfATree) {
   const std::vector<PlanNode> tree = {PlanNode::stage(0),
                                       PlanNode::region(1, 2, {PlanNode::stage(1), PlanNode::stage(2)}),

@@ -40,6 +40,7 @@
 #include <string>
 
 #include "remat/autodiff.h"
+#include "remat/budget.h"
 #include "remat/policy.h"
 #include "remat/tensor.h"
 
@@ -50,6 +51,7 @@ using RegionFn = std::function<TensorList(const TensorList&)>;
 struct CheckpointOptions {
   std::optional<Policy> policy;  // per-layer override
   std::string label;             // names the region in counters
+  std::shared_ptr<RegionProfile> profile;  // if set, the region writes its timings and sizes here
 };
 
 // Runs fn(inputs) as a checkpoint region under the effective policy (save-all: a plain call).
@@ -82,6 +84,10 @@ class Chain {
   const std::optional<Policy>& policy() const { return policy_; }
   Tensor forward(const Tensor& x) const;
   Tensor operator()(const Tensor& x) const { return forward(x); }
+  // The planner state used under budget:BYTES (profile, plan). A Chain rebuilt on every call
+  // (as nn::Sequential does) passes the same planner each time so the plan is kept.
+  Chain& set_planner(std::shared_ptr<BudgetPlanner> planner);
+  const std::shared_ptr<BudgetPlanner>& planner() const;
   size_t size() const { return layers_.size(); }
   const std::string& name(size_t i) const { return names_.at(i); }
 
@@ -90,6 +96,7 @@ class Chain {
   std::vector<std::string> names_;
   std::vector<std::optional<Policy>> layer_policies_;
   std::optional<Policy> policy_;
+  mutable std::shared_ptr<BudgetPlanner> planner_;
 };
 
 // ---- counters

@@ -22,6 +22,7 @@
 #include "remat/checkpoint.h"
 
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 
 #include "remat/memory.h"
@@ -80,8 +81,8 @@ class RecomputeObserver final : public autodiff::RecordingObserver {
 
 class RegionNode final : public autodiff::Node {
  public:
-  RegionNode(RegionFn fn, Policy policy, std::string label)
-      : fn_(std::move(fn)), policy_(std::move(policy)), label_(std::move(label)) {}
+  RegionNode(RegionFn fn, Policy policy, std::string label, std::shared_ptr<RegionProfile> profile)
+      : fn_(std::move(fn)), policy_(std::move(policy)), label_(std::move(label)), profile_(std::move(profile)) {}
 
   std::string name() const override { return "Checkpoint(" + label_ + ")"; }
   size_t saved_bytes() const override {
@@ -180,6 +181,7 @@ class RegionNode final : public autodiff::Node {
   std::vector<bool> input_requires_grad_;
   std::unordered_map<autodiff::Edge, size_t, EdgeHash> external_index_;
   std::vector<CacheEntry> cache_;
+  std::shared_ptr<RegionProfile> profile_;
 };
 
 void DiscoveryObserver::after_forward(const std::string& op, const TensorList& outputs) {
@@ -216,6 +218,12 @@ class RecomputeScope {
 };
 
 std::vector<TensorList> RegionNode::apply_contributions(TensorList&& grad_outputs) {
+  using Clock = std::chrono::steady_clock;
+  const auto recompute_start = Clock::now();
+  if (profile_) {
+    profile_->saved_live_at_backward = memory::live_bytes(memory::Tag::saved);
+    profile_->saved_peak_at_backward = memory::peak_bytes(memory::Tag::saved);
+  }
   // Fresh leaves for the kept inputs.
   TensorList leaves;
   for (size_t i = 0; i < num_inputs_; ++i) {
@@ -246,6 +254,7 @@ std::vector<TensorList> RegionNode::apply_contributions(TensorList&& grad_output
     rec.recomputed_saved_bytes = saved_after > saved_before ? saved_after - saved_before : 0;
   }
 
+  const auto backward_start = Clock::now();
   // Backward through the sub-tape only.
   autodiff::EngineTask task;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -268,6 +277,12 @@ std::vector<TensorList> RegionNode::apply_contributions(TensorList&& grad_output
     result = autodiff::run_engine(std::move(task));
   }
   outputs.clear();
+  if (profile_) {
+    profile_->recompute_seconds = std::chrono::duration<double>(backward_start - recompute_start).count();
+    profile_->backward_seconds = std::chrono::duration<double>(Clock::now() - backward_start).count();
+    profile_->saved_bytes = saved_after > saved_before ? saved_after - saved_before : 0;
+    profile_->backward_done = true;
+  }
 
   std::vector<TensorList> input_grads(next_edges.size());
   std::unordered_map<const autodiff::Node*, size_t> leaf_index;
@@ -318,11 +333,21 @@ TensorList checkpoint(const RegionFn& fn, const TensorList& inputs, const Checkp
     ScopedPolicy scope(policy);
     return fn(inputs);
   }
-  auto region = std::make_shared<RegionNode>(fn, policy, options.label.empty() ? "region" : options.label);
+  auto region = std::make_shared<RegionNode>(fn, policy, options.label.empty() ? "region" : options.label,
+                                             options.profile);
   TensorList outputs;
+  const auto forward_start = std::chrono::steady_clock::now();
   {
     ScopedPolicy scope(policy);
     outputs = region->run_forward(inputs);
+  }
+  if (options.profile) {
+    options.profile->forward_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - forward_start).count();
+    options.profile->boundary_bytes = region->input_bytes();
+    options.profile->output_bytes = 0;
+    for (const auto& out : outputs) options.profile->output_bytes += out.nbytes();
+    options.profile->backward_done = false;
   }
   bool any_edge = false;
   for (const auto& e : region->next_edges) any_edge = any_edge || e.valid();

@@ -143,7 +143,7 @@ class RotorTable {
   int stages_;
   size_t width_;
   std::vector<double> rerun_cost_, top_cost_;
-  std::vector<int16_t> rerun_choice_, top_choice_;
+  std::vector<int16_t> rerun_choice_, top_choice_;  // c - a < L <= 17320 under kMaxTableEntries
 };
 
 // The least-peak plan, exact bytes; among least-peak choices the least time (per subproblem).

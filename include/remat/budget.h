@@ -1,0 +1,78 @@
+// remat/budget.h - the budget:BYTES policy: a Chain profiled once, planned by the rotor dynamic
+// programme (remat/schedule.h), executed as nested checkpoint regions.
+//
+//   remat::Chain model = ...;
+//   remat::ScopedPolicy policy(remat::Policy::parse("budget:64MiB"));
+//   for (int step = 0; step < steps; ++step) {
+//     Tensor loss = mean(model.forward(x));   // step 0 profiles (every-layer), later steps run the plan
+//     loss.backward();
+//   }
+//   model.planner()->report();                // the plan, its predicted peak and time
+//
+// How. The first forward under the budget (for an input shape) runs every child as its own
+// region and records, per child, its forward time, its input (boundary) bytes, the bytes its ops
+// keep when recorded (measured with the allocator while the region is re-run) and its backward
+// time. Once that step's backward has finished, the next forward builds the cost model, asks the
+// planner for the plan of least predicted time whose peak fits, and runs it: a stage runs its
+// child with recording; a region runs its stages without recording and re-runs them (following
+// the nested sub-plan) in the backward pass. A new input shape profiles and plans again.
+//
+// The budget covers the whole step's saved bytes: the chain is planned within the budget minus
+// the saved bytes that live outside it (kept by ops before the chain, measured at its entry, and
+// by ops after it up to the loss, measured on the profiling step). The first (profiling) step
+// runs under every-layer and may exceed a budget below every-layer's peak. A budget below the
+// smallest feasible one is an error naming that smallest budget in bytes and in human units.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "remat/schedule.h"
+#include "remat/tensor.h"
+
+namespace remat {
+
+// Written by a checkpoint region that was given one (CheckpointOptions::profile).
+struct RegionProfile {
+  double forward_seconds = 0;    // first run (no recording)
+  double recompute_seconds = 0;  // the re-run with recording, in the backward pass
+  double backward_seconds = 0;   // the backward of the re-run sub-tape
+  size_t boundary_bytes = 0;     // inputs kept by the region
+  size_t output_bytes = 0;
+  size_t saved_bytes = 0;        // what the re-run's ops kept (allocator-measured)
+  size_t saved_live_at_backward = 0;  // live saved bytes when its backward started
+  size_t saved_peak_at_backward = 0;  // and the allocator's saved peak at that moment
+  bool backward_done = false;
+};
+
+class BudgetPlanner {
+ public:
+  struct Report {
+    Shape input_shape;
+    size_t budget_bytes = 0;
+    size_t outside_bytes = 0;        // saved bytes outside the chain (before + after it)
+    size_t chain_limit_bytes = 0;    // what the chain was planned within
+    schedule::ChainCosts costs;
+    schedule::Plan plan;
+    std::string tree;                // format_tree(plan.tree)
+    size_t predicted_peak_bytes = 0; // plan peak + outside bytes
+    double predicted_seconds = 0;    // forward + recomputation + backward of the chain
+  };
+  // The plan in force for the last input shape, if planned yet.
+  std::optional<Report> report() const;
+  // The measured costs of the last profiled shape, once its backward finished.
+  std::optional<schedule::ChainCosts> costs() const;
+
+  // Used by Chain::forward.
+  struct Profiling;
+  struct State;
+  BudgetPlanner();
+  ~BudgetPlanner();
+  State& state() { return *state_; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace remat

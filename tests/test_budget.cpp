@@ -1,0 +1,104 @@
+// The budget:BYTES policy on a deterministic chain: profile, plan, run; the measured peak of
+// saved bytes stays within the budget; gradients equal save-all; infeasible budgets are errors.
+#include <gtest/gtest.h>
+
+#include "checkpoint_models.h"
+#include "remat/budget.h"
+
+using namespace remat;
+using remat::testing::bitwise_equal;
+using remat::testing::TanhChain;
+
+namespace {
+
+size_t step_peak_saved(TanhChain& model, const Tensor& x, const Policy& policy, TensorList* grads = nullptr) {
+  model.zero_grad();
+  memory::reset_peaks();
+  size_t base = memory::live_bytes(memory::Tag::saved);
+  backward([&] { return mean(model.chain.forward(x)); }, GradOptions{policy});
+  if (grads) {
+    grads->clear();
+    for (auto& p : model.params()) grads->push_back(p.grad().clone());
+  }
+  return memory::peak_bytes(memory::Tag::saved) - base;
+}
+
+}  // namespace
+
+TEST(Budget, PeakSavedBytesStayWithinTheBudgetAndGradientsMatchSaveAll) {
+  TanhChain model(12, 64, DType::f32, 5);
+  Tensor x = randn({32, 64}, DType::f32, RngState{1, 0});
+  TensorList reference, got;
+  size_t save_all = step_peak_saved(model, x, Policy::save_all(), &reference);
+  size_t every_layer = step_peak_saved(model, x, Policy::every_layer());
+  ASSERT_LT(every_layer, save_all);
+  for (double fraction : {0.25, 0.5, 0.75, 1.0}) {
+    size_t budget = every_layer + static_cast<size_t>(fraction * static_cast<double>(save_all - every_layer));
+    SCOPED_TRACE(budget);
+    Policy policy = Policy::budget(budget);
+    model.chain.set_planner(std::make_shared<BudgetPlanner>());
+    step_peak_saved(model, x, policy);  // profiling step (every-layer)
+    ASSERT_TRUE(model.chain.planner()->costs() == std::nullopt);
+    for (int step = 0; step < 2; ++step) {
+      size_t peak = step_peak_saved(model, x, policy, &got);
+      EXPECT_LE(peak, budget) << "step " << step;
+      ASSERT_EQ(got.size(), reference.size());
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
+    }
+    auto report = model.chain.planner()->report();
+    ASSERT_TRUE(report.has_value());
+    EXPECT_LE(report->predicted_peak_bytes, budget);
+    EXPECT_EQ(report->costs.num_stages(), 12);
+  }
+}
+
+TEST(Budget, LargerBudgetsRecomputeLess) {
+  TanhChain model(12, 64, DType::f32, 5);
+  Tensor x = randn({32, 64}, DType::f32, RngState{1, 0});
+  size_t save_all = step_peak_saved(model, x, Policy::save_all());
+  size_t every_layer = step_peak_saved(model, x, Policy::every_layer());
+  auto recomputed = [&](size_t budget) {
+    model.chain.set_planner(std::make_shared<BudgetPlanner>());
+    step_peak_saved(model, x, Policy::budget(budget));
+    reset_counters();
+    step_peak_saved(model, x, Policy::budget(budget));
+    return counters().ops.recomputed_ops;
+  };
+  uint64_t tight = recomputed(every_layer), loose = recomputed(save_all + save_all / 2);
+  EXPECT_LE(loose, tight);
+  EXPECT_EQ(loose, 0u);
+}
+
+TEST(Budget, ANewInputShapeReplans) {
+  TanhChain model(6, 32, DType::f32, 5);
+  Tensor x1 = randn({8, 32}, DType::f32, RngState{1, 0}), x2 = randn({16, 32}, DType::f32, RngState{2, 0});
+  Policy policy = Policy::budget(size_t(1) << 30);
+  step_peak_saved(model, x1, policy);
+  step_peak_saved(model, x1, policy);
+  ASSERT_TRUE(model.chain.planner()->report().has_value());
+  EXPECT_EQ(model.chain.planner()->report()->input_shape, (Shape{8, 32}));
+  step_peak_saved(model, x2, policy);  // profiles the new shape
+  EXPECT_FALSE(model.chain.planner()->report().has_value());
+  step_peak_saved(model, x2, policy);
+  ASSERT_TRUE(model.chain.planner()->report().has_value());
+  EXPECT_EQ(model.chain.planner()->report()->input_shape, (Shape{16, 32}));
+}
+
+TEST(Budget, InfeasibleBudgetNamesTheSmallestFeasibleOne) {
+  TanhChain model(6, 32, DType::f32, 5);
+  Tensor x = randn({8, 32}, DType::f32, RngState{1, 0});
+  Policy policy = Policy::budget(1024);
+  step_peak_saved(model, x, policy);  // profiling
+  model.zero_grad();
+  size_t live_before = memory::stats().live_total;
+  try {
+    backward([&] { return mean(model.chain.forward(x)); }, GradOptions{policy});
+    FAIL() << "an infeasible budget was accepted";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("smallest feasible budget"), std::string::npos) << m;
+    EXPECT_NE(m.find("bytes ("), std::string::npos) << m;
+    EXPECT_NE(m.find("KiB"), std::string::npos) << m;
+  }
+  EXPECT_EQ(memory::stats().live_total, live_before);
+}
