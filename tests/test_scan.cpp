@@ -1,0 +1,132 @@
+// remat::scan and remat::while_loop: gradients bitwise equal to the unrolled loop under save-all,
+// the count of step evaluations equal to Revolve's optimum, and the memory bound.
+#include <gtest/gtest.h>
+
+#include "checkpoint_models.h"
+#include "remat/scan.h"
+#include "remat/schedule.h"
+
+using namespace remat;
+using remat::testing::bitwise_equal;
+
+namespace {
+
+// A nonlinear step with a captured parameter and dropout: h -> tanh(h @ w + b) with dropout.
+struct Loop {
+  Tensor w, b, h0;
+  explicit Loop(DType dtype, int width = 8, int batch = 3) {
+    w = randn({width, width}, dtype, RngState{1, 0}, 0.0, 0.4).requires_grad_();
+    b = randn({width}, dtype, RngState{2, 0}, 0.0, 0.1).requires_grad_();
+    h0 = randn({batch, width}, dtype, RngState{3, 0}).requires_grad_();
+  }
+  ScanStep step(bool with_dropout) const {
+    Tensor w_ = w, b_ = b;
+    return [w_, b_, with_dropout](const Tensor& h, int64_t) {
+      Tensor y = tanh(add(matmul(h, w_), b_));
+      return with_dropout ? dropout(y, 0.1) : y;
+    };
+  }
+  TensorList grads(int64_t n, const ScanOptions& options, bool with_dropout) const {
+    manual_seed(99);
+    Tensor out = scan(step(with_dropout), h0, n, options);
+    return remat::grad({sum(out)}, {w, b, h0});
+  }
+};
+
+void expect_bitwise(const TensorList& a, const TensorList& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bitwise_equal(a[i], b[i])) << "gradient " << i;
+}
+
+}  // namespace
+
+TEST(Scan, RevolveGradientsEqualTheUnrolledLoopBitwise) {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    Loop loop(dtype);
+    for (int64_t n : {1, 2, 7, 30}) {
+      TensorList reference = loop.grads(n, {ScanSchedule::store_all, 1}, true);
+      for (int s : {1, 2, 3, 5, 40}) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " s=" + std::to_string(s));
+        expect_bitwise(loop.grads(n, {ScanSchedule::revolve, s}, true), reference);
+      }
+    }
+  }
+}
+
+TEST(Scan, ForwardStepCountEqualsRevolvesOptimum) {
+  Loop loop(DType::f32);
+  for (int64_t n : {1, 5, 17, 64, 100}) {
+    for (int s : {1, 2, 3, 4, 8}) {
+      loop.grads(n, {ScanSchedule::revolve, s}, false);
+      ScanStats stats = last_scan_stats();
+      EXPECT_EQ(stats.forward_steps, schedule::revolve_optimal_forward_steps(n, s)) << "n=" << n << " s=" << s;
+      EXPECT_EQ(stats.optimal_forward_steps, schedule::revolve_optimal_forward_steps(n, s));
+      EXPECT_EQ(stats.recorded_steps, n);
+    }
+  }
+}
+
+TEST(Scan, PeakSavedBytesWithinTheBound) {
+  Loop loop(DType::f32, 64, 32);
+  const int64_t n = 200;
+  // one step's internals, measured: what a recorded step keeps beyond its input
+  size_t internals;
+  {
+    Tensor h = randn({32, 64}, DType::f32, RngState{5, 0});
+    size_t before = memory::live_bytes(memory::Tag::saved);
+    Tensor y = loop.step(false)(h, 0);
+    internals = memory::live_bytes(memory::Tag::saved) - before;
+  }
+  const size_t state = 32 * 64 * sizeof(float);
+  for (int s : {2, 4, 8}) {
+    memory::reset_peaks();
+    size_t base = memory::live_bytes(memory::Tag::saved);
+    Tensor out = scan(loop.step(false), loop.h0, n, {ScanSchedule::revolve, s});
+    remat::grad({sum(out)}, {loop.w});
+    size_t peak = memory::peak_bytes(memory::Tag::saved) - base;
+    EXPECT_LE(peak, (s + 1) * state + internals) << "s=" << s;
+  }
+  // store-all keeps every step
+  memory::reset_peaks();
+  size_t base = memory::live_bytes(memory::Tag::saved);
+  Tensor out = scan(loop.step(false), loop.h0, n, {ScanSchedule::store_all, 1});
+  EXPECT_GE(memory::live_bytes(memory::Tag::saved) - base, n * state);
+}
+
+TEST(Scan, WhileLoopOnlineMatchesUnrolledAndStaysWithinTheOnlineBound) {
+  Loop loop(DType::f64);
+  for (int64_t n : {1, 3, 20, 75}) {
+    auto cond = [n](const Tensor&, int64_t t) { return t < n; };
+    manual_seed(5);
+    Tensor ref_out = while_loop(cond, loop.step(true), loop.h0, {ScanSchedule::store_all, 1});
+    TensorList reference = remat::grad({sum(ref_out)}, {loop.w, loop.b, loop.h0});
+    for (int s : {1, 2, 4}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " s=" + std::to_string(s));
+      manual_seed(5);
+      Tensor out = while_loop(cond, loop.step(true), loop.h0, {ScanSchedule::online, s});
+      expect_bitwise(remat::grad({sum(out)}, {loop.w, loop.b, loop.h0}), reference);
+      ScanStats stats = last_scan_stats();
+      EXPECT_EQ(stats.steps, n);
+      // online: at most one sweep more than offline Revolve (the n forward steps of the loop itself)
+      EXPECT_LE(stats.forward_steps, n + schedule::revolve_optimal_forward_steps(n, s));
+    }
+  }
+}
+
+TEST(Scan, ParameterOnlyGradientsWhenTheInitialStateIsConstant) {
+  Loop loop(DType::f64);
+  Tensor h0 = loop.h0.detach();
+  Tensor ref = scan(loop.step(false), h0, 12, {ScanSchedule::store_all, 1});
+  Tensor reference = remat::grad({sum(ref)}, {loop.w})[0];
+  Tensor out = scan(loop.step(false), h0, 12, {ScanSchedule::revolve, 3});
+  EXPECT_TRUE(bitwise_equal(remat::grad({sum(out)}, {loop.w})[0], reference));
+}
+
+TEST(Scan, BadArgumentsAreErrors) {
+  Loop loop(DType::f32);
+  EXPECT_THROW(scan(loop.step(false), loop.h0, -1), Error);
+  EXPECT_THROW(scan(loop.step(false), loop.h0, 4, {ScanSchedule::revolve, 0}), Error);
+  EXPECT_THROW(scan(loop.step(false), loop.h0, 4, {ScanSchedule::online, 2}), Error);
+  auto bad = [](const Tensor& h, int64_t) { return h.reshape({-1}); };
+  EXPECT_THROW(scan(bad, loop.h0, 4, {ScanSchedule::revolve, 2}), Error);
+}
