@@ -37,7 +37,7 @@ TEST(Budget, PeakSavedBytesStayWithinTheBudgetAndGradientsMatchSaveAll) {
     SCOPED_TRACE(budget);
     Policy policy = Policy::budget(budget);
     model.chain.set_planner(std::make_shared<BudgetPlanner>());
-    step_peak_saved(model, x, policy);  // profiling step (every-layer)
+    for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, policy);  // profiling
     ASSERT_TRUE(model.chain.planner()->costs() == std::nullopt);
     for (int step = 0; step < 2; ++step) {
       size_t peak = step_peak_saved(model, x, policy, &got);
@@ -59,7 +59,7 @@ TEST(Budget, LargerBudgetsRecomputeLess) {
   size_t every_layer = step_peak_saved(model, x, Policy::every_layer());
   auto recomputed = [&](size_t budget) {
     model.chain.set_planner(std::make_shared<BudgetPlanner>());
-    step_peak_saved(model, x, Policy::budget(budget));
+    for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, Policy::budget(budget));
     reset_counters();
     step_peak_saved(model, x, Policy::budget(budget));
     return counters().ops.recomputed_ops;
@@ -73,12 +73,13 @@ TEST(Budget, ANewInputShapeReplans) {
   TanhChain model(6, 32, DType::f32, 5);
   Tensor x1 = randn({8, 32}, DType::f32, RngState{1, 0}), x2 = randn({16, 32}, DType::f32, RngState{2, 0});
   Policy policy = Policy::budget(size_t(1) << 30);
-  step_peak_saved(model, x1, policy);
+  for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x1, policy);
   step_peak_saved(model, x1, policy);
   ASSERT_TRUE(model.chain.planner()->report().has_value());
   EXPECT_EQ(model.chain.planner()->report()->input_shape, (Shape{8, 32}));
   step_peak_saved(model, x2, policy);  // profiles the new shape
   EXPECT_FALSE(model.chain.planner()->report().has_value());
+  for (int i = 1; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x2, policy);
   step_peak_saved(model, x2, policy);
   ASSERT_TRUE(model.chain.planner()->report().has_value());
   EXPECT_EQ(model.chain.planner()->report()->input_shape, (Shape{16, 32}));
@@ -88,7 +89,7 @@ TEST(Budget, InfeasibleBudgetNamesTheSmallestFeasibleOne) {
   TanhChain model(6, 32, DType::f32, 5);
   Tensor x = randn({8, 32}, DType::f32, RngState{1, 0});
   Policy policy = Policy::budget(1024);
-  step_peak_saved(model, x, policy);  // profiling
+  for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, policy);  // profiling
   model.zero_grad();
   size_t live_before = memory::stats().live_total;
   try {

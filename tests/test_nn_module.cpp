@@ -274,10 +274,10 @@ TEST(NnModule, GPTEveryLayerGradientsBitwiseEqualSaveAllWithDropout) {
 
 TEST(NnModule, GPTTrainsWithAdamW) {
   nn::GPT model(tiny_config());
-  nn::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.0});
+  nn::AdamW opt(model.parameters(), {.lr = 3e-2, .weight_decay = 0.0});
   Tensor ids = tiny_ids(4, 6, 1), targets = tiny_ids(4, 6, 2);
   double first = 0, last = 0;
-  for (int step = 0; step < 30; ++step) {
+  for (int step = 0; step < 10; ++step) {
     opt.zero_grad();
     Tensor loss = model.loss(ids, targets);
     loss.backward();
@@ -286,5 +286,5 @@ TEST(NnModule, GPTTrainsWithAdamW) {
     if (step == 0) first = loss.item();
     last = loss.item();
   }
-  EXPECT_LT(last, 0.5 * first);
+  EXPECT_LT(last, 0.0 * first) << "first " << first << ", last " << last;
 }

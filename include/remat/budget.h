@@ -9,8 +9,8 @@
 //   }
 //   model.planner()->report();                // the plan, its predicted peak and time
 //
-// How. The first forward under the budget (for an input shape) runs every child as its own
-// region and records, per child, its forward time, its input (boundary) bytes, the bytes its ops
+// How. The first forwards under the budget (for an input shape; kProfilingSteps of them) run
+// every child as its own region and the last of them records, per child, its forward time, its input (boundary) bytes, the bytes its ops
 // keep when recorded (measured with the allocator while the region is re-run) and its backward
 // time. Once that step's backward has finished, the next forward builds the cost model, asks the
 // planner for the plan of least predicted time whose peak fits, and runs it: a stage runs its
@@ -20,7 +20,7 @@
 // The budget covers the whole step's saved bytes: the chain is planned within the budget minus
 // the saved bytes that live outside it (kept by ops before the chain, measured at its entry, and
 // by ops after it up to the loss, measured on the profiling step). The first (profiling) step
-// runs under every-layer and may exceed a budget below every-layer's peak. A budget below the
+// steps run under every-layer and may exceed a budget below every-layer's peak. A budget below the
 // smallest feasible one is an error naming that smallest budget in bytes and in human units.
 #pragma once
 
@@ -58,11 +58,16 @@ class BudgetPlanner {
     std::string tree;                // format_tree(plan.tree)
     size_t predicted_peak_bytes = 0; // plan peak + outside bytes
     double predicted_seconds = 0;    // forward + recomputation + backward of the chain
+    double profiled_chain_seconds = 0;  // the chain's forward + re-run + backward on the profiling step
   };
   // The plan in force for the last input shape, if planned yet.
   std::optional<Report> report() const;
   // The measured costs of the last profiled shape, once its backward finished.
   std::optional<schedule::ChainCosts> costs() const;
+
+  // Steps run under every-layer to profile a new input shape; the last one is measured (the
+  // first run of a shape also pays for one-time work such as JIT-compiled GEMM kernels).
+  static constexpr int kProfilingSteps = 2;
 
   // Used by Chain::forward.
   struct Profiling;

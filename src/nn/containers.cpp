@@ -35,6 +35,7 @@ Tensor Sequential::forward(const Tensor& x) {
   // this call has returned (and possibly after this container is gone).
   Chain chain;
   chain.set_policy(policy_);
+  chain.set_planner(planner_);
   for (size_t i = 0; i < layers_.size(); ++i) {
     std::shared_ptr<Module> module = layers_[i];
     chain.add([module](const Tensor& h) { return module->forward(h); }, names_[i], layer_policies_[i]);

@@ -12,6 +12,7 @@ namespace remat {
 struct BudgetPlanner::State {
   // profiling of `shape` in progress (its backward may not have run yet)
   bool profiling = false;
+  int profile_runs = 0;  // profiling steps run for `shape` (the first one warms up caches and JIT kernels)
   Shape shape;
   std::vector<std::shared_ptr<RegionProfile>> profiles;
   size_t saved_live_at_entry = 0, saved_peak_at_entry = 0;

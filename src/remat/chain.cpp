@@ -63,7 +63,8 @@ Tensor Chain::forward(const Tensor& x) const {
     BudgetPlanner::State& st = planner()->state();
     auto layers = std::make_shared<const Layers>(layers_);
     bool planned = st.report && st.report->input_shape == x.shape() && st.report->budget_bytes == container.budget_bytes;
-    if (!planned && st.profiling && st.shape == x.shape() && st.profile_complete()) {
+    if (!planned && st.profiling && st.shape == x.shape() && st.profile_complete() &&
+        st.profile_runs >= BudgetPlanner::kProfilingSteps) {
       schedule::ChainCosts costs = st.measured_costs();
       size_t outside = st.measured_outside_bytes();
       size_t limit = container.budget_bytes > outside ? container.budget_bytes - outside : 0;
@@ -88,6 +89,8 @@ Tensor Chain::forward(const Tensor& x) const {
       report.tree = schedule::format_tree(report.plan.tree);
       report.predicted_peak_bytes = report.plan.predicted_peak_bytes + outside;
       report.predicted_seconds = report.plan.predicted_time;
+      for (const auto& p : st.profiles)
+        report.profiled_chain_seconds += p->forward_seconds + p->recompute_seconds + p->backward_seconds;
       st.costs = costs;
       st.report = std::move(report);
       st.profiling = false;
@@ -95,6 +98,7 @@ Tensor Chain::forward(const Tensor& x) const {
     }
     if (planned) return run_plan(st.report->plan.tree, layers, x);
     // Profile: every child its own region, timed and measured.
+    st.profile_runs = st.profiling && st.shape == x.shape() ? st.profile_runs + 1 : 1;
     st.profiling = true;
     st.shape = x.shape();
     st.report.reset();

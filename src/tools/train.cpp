@@ -1,5 +1,6 @@
 // `remat train`: a character-level GPT on a text corpus, checkpointed by the policy.
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -132,6 +133,7 @@ int run_train(const TrainOptions& o) {
 
   Progress progress("train", o.steps, o.progress);
   std::vector<double> step_seconds, losses;
+  double profiling_step_seconds = 0;  // budget policy: the first step profiles the chain
   size_t peak_saved = 0, peak_total = 0;
   double recomputed_flops = 0;
   std::string digest;
@@ -151,6 +153,7 @@ int run_train(const TrainOptions& o) {
     optimizer.set_lr(lr_at(step));
     optimizer.step();
     step_seconds.push_back(seconds_since(t0));
+    if (step == BudgetPlanner::kProfilingSteps - 1) profiling_step_seconds = step_seconds.back();
     losses.push_back(loss.item());
     peak_saved = std::max(peak_saved, memory::peak_bytes(memory::Tag::saved) - saved_base);
     peak_total = std::max(peak_total, memory::stats().peak_total - total_base);
@@ -196,6 +199,18 @@ int run_train(const TrainOptions& o) {
   std::printf("  ratio        %18.3f %14.3f   (%s / save-all, one step each, same batch)\n",
               static_cast<double>(chosen.peak_saved) / static_cast<double>(std::max<size_t>(1, save_all.peak_saved)),
               chosen.seconds / save_all.seconds, policy.to_string().c_str());
+  std::optional<BudgetPlanner::Report> plan;
+  double predicted_step_seconds = 0;
+  if (policy.kind == Policy::Kind::budget) plan = model->blocks->planner()->report();
+  if (plan) {
+    // the plan predicts the chain of blocks; the rest of the step is taken from the profiling step
+    double outside = std::max(0.0, profiling_step_seconds - plan->profiled_chain_seconds);
+    predicted_step_seconds = plan->predicted_seconds + outside;
+    std::printf("  budget plan %s\n", plan->tree.c_str());
+    std::printf("  predicted: peak saved %zu bytes, step %.4f s; measured: peak saved %zu bytes, step %.4f s "
+                "(median of the run %.4f s)\n",
+                plan->predicted_peak_bytes, predicted_step_seconds, chosen.peak_saved, chosen.seconds, step_median);
+  }
   if (!o.save.empty()) std::printf("  weights saved to %s\n", o.save.c_str());
   if (o.json) {
     nlohmann::json j = {{"policy", policy.to_string()},
@@ -218,6 +233,10 @@ int run_train(const TrainOptions& o) {
                                                   static_cast<double>(std::max<size_t>(1, save_all.peak_saved))},
                         {"step_time_ratio", chosen.seconds / save_all.seconds},
                         {"parameters", model->num_parameters()},
+                        {"budget_bytes", policy.kind == Policy::Kind::budget ? policy.budget_bytes : 0},
+                        {"predicted_peak_saved_bytes", plan ? plan->predicted_peak_bytes : 0},
+                        {"predicted_step_seconds", predicted_step_seconds},
+                        {"plan", plan ? plan->tree : ""},
                         {"vocab", config.vocab}};
     std::printf("%s\n", j.dump().c_str());
   }

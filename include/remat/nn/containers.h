@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "remat/nn/module.h"
+#include "remat/budget.h"
 #include "remat/policy.h"
 
 namespace remat::nn {
@@ -33,6 +34,8 @@ class Sequential : public Module {
   // A per-container policy override (a child's own override still wins); nullopt removes it.
   Sequential& set_policy(std::optional<Policy> policy);
   const std::optional<Policy>& policy() const { return policy_; }
+  // The budget planner kept across calls (profile and plan under budget:BYTES).
+  const std::shared_ptr<BudgetPlanner>& planner() const { return planner_; }
   size_t size() const { return layers_.size(); }
   const std::shared_ptr<Module>& operator[](size_t i) const { return layers_.at(i); }
   Tensor forward(const Tensor& x) override;
@@ -43,6 +46,7 @@ class Sequential : public Module {
   std::vector<std::string> names_;
   std::vector<std::optional<Policy>> layer_policies_;
   std::optional<Policy> policy_;
+  std::shared_ptr<BudgetPlanner> planner_ = std::make_shared<BudgetPlanner>();
 };
 
 // x + fn(x); the child is named "fn".

@@ -1,0 +1,264 @@
+// bench/peers/remat_runner.cpp - one remat configuration of the peer benchmarks, in its own process.
+//
+//   remat_runner --model mlp|gpt|gpt-large --policy POLICY [--steps 5] [--warmup 2] [--threads 2]
+//                [--save-init FILE] [--lr 1e-4]
+//
+// Builds the model from a fixed seed, makes its inputs from a fixed seed, optionally writes both to
+// FILE (safetensors: the parameters under their module names, the inputs as "input.x" or
+// "input.ids" / "input.targets") for the PyTorch and JAX scripts, then runs `warmup` + `steps`
+// training steps under POLICY and prints one JSON line.
+//
+// A step is: drop the gradients, forward, loss, backward, plain SGD update (no momentum). The
+// same in bench/peers/torch_runner.py and jax_runner.py.
+//
+// Memory, measured the same way in every system (see README.md):
+//   rss_peak_growth_bytes  VmHWM at the end minus VmHWM right after setup (model, inputs and
+//                          optimizer built, nothing run yet); before reading the baseline the
+//                          high-water mark is reset to the current RSS (/proc/self/clear_refs 5),
+//                          so setup transients do not hide step memory.
+//   alloc_peak_bytes       remat's accounted allocator: the peak of live bytes over all steps minus
+//                          the live bytes at the baseline (exact, every tensor byte).
+//   alloc_peak_saved_bytes the peak of bytes held for the backward pass (Tag::saved).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "remat/nn.h"
+#include "remat/remat.h"
+
+using namespace remat;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- /proc/self/status
+long status_kib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(field);
+  while (std::getline(in, line))
+    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') return std::stol(line.substr(n + 1));
+  return -1;
+}
+bool reset_hwm() {
+  std::ofstream out("/proc/self/clear_refs");
+  if (!out) return false;
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+// ---- models
+
+// One layer of the tanh MLP: h = tanh(fc(h)) = tanh(h @ W^T + b).
+class TanhLayer : public nn::Module {
+ public:
+  explicit TanhLayer(int64_t width) { fc = register_module("fc", std::make_shared<nn::Linear>(width, width)); }
+  Tensor forward(const Tensor& x) override { return remat::tanh(fc->forward(x)); }
+  std::string type_name() const override { return "TanhLayer"; }
+  std::shared_ptr<nn::Linear> fc;
+};
+
+class TanhMLP : public nn::Module {
+ public:
+  TanhMLP(int64_t depth, int64_t width, uint64_t seed) {
+    layers = register_module("layers", std::make_shared<nn::Sequential>());
+    for (int64_t i = 0; i < depth; ++i) layers->add(std::make_shared<TanhLayer>(width));
+    // Xavier-like normal with the tanh gain 5/3, so the signal neither dies nor saturates over 64
+    // layers; small random biases so that they matter in the loss check.
+    for (const auto& [name, p] : named_parameters()) {
+      if (name.ends_with(".weight")) set_parameter_init(name, nn::Init::normal(0.0, (5.0 / 3.0) / std::sqrt(static_cast<double>(width))));
+      else set_parameter_init(name, nn::Init::uniform(-0.1, 0.1));
+    }
+    reset_parameters(seed);
+  }
+  Tensor forward(const Tensor& x) override { return layers->forward(x); }
+  std::string type_name() const override { return "TanhMLP"; }
+  std::shared_ptr<nn::Sequential> layers;
+};
+
+struct ModelSpec {
+  std::string kind;  // "mlp" or "gpt"
+  // mlp
+  int64_t depth = 64, width = 512, batch = 128;
+  // gpt
+  nn::GPTConfig gpt;
+  int64_t layers() const { return kind == "mlp" ? depth : gpt.layers; }
+};
+
+ModelSpec spec_for(const std::string& name) {
+  ModelSpec s;
+  if (name == "mlp") {
+    s.kind = "mlp";
+  } else if (name == "gpt") {  // the default model of `remat train` (vocabulary of the fortunes corpus)
+    s.kind = "gpt";
+    s.gpt = nn::GPTConfig{.vocab = 114, .layers = 4, .width = 128, .heads = 4, .seq = 64, .dropout = 0.0,
+                          .dtype = DType::f32, .seed = 1};
+    s.batch = 32;
+  } else if (name == "gpt-large") {  // about 1 GiB of saved activations under save-all
+    s.kind = "gpt";
+    s.gpt = nn::GPTConfig{.vocab = 114, .layers = 8, .width = 256, .heads = 8, .seq = 256, .dropout = 0.0,
+                          .dtype = DType::f32, .seed = 2};
+    s.batch = 16;
+  } else {
+    REMAT_CHECK(false, "remat_runner: unknown --model ", name, " (mlp, gpt, gpt-large)");
+  }
+  return s;
+}
+
+// Token ids in [0, vocab) from a fixed 64-bit LCG (the same file feeds PyTorch and JAX).
+std::vector<int64_t> random_tokens(size_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> v(n);
+  uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (auto& t : v) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t = static_cast<int64_t>((x >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return v;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: remat_runner --model mlp|gpt|gpt-large --policy POLICY [--steps N] [--warmup W] "
+               "[--threads T] [--lr LR] [--save-init FILE]\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_name = "mlp", policy_text = "every-layer", save_init;
+  int steps = 5, warmup = 2, threads = 2;
+  double lr = 1e-4;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        usage();
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model") model_name = value();
+    else if (a == "--policy") policy_text = value();
+    else if (a == "--steps") steps = std::stoi(value());
+    else if (a == "--warmup") warmup = std::stoi(value());
+    else if (a == "--threads") threads = std::stoi(value());
+    else if (a == "--lr") lr = std::stod(value());
+    else if (a == "--save-init") save_init = value();
+    else {
+      usage();
+      return 2;
+    }
+  }
+  try {
+    set_num_threads(threads);
+    const Policy policy = Policy::parse(policy_text);
+    const ModelSpec spec = spec_for(model_name);
+
+    // ---- setup: model, inputs, optimizer
+    std::shared_ptr<nn::Module> model;
+    std::shared_ptr<nn::GPT> gpt;
+    Tensor x, ids, targets;
+    nn::NamedTensors inputs;
+    if (spec.kind == "mlp") {
+      model = std::make_shared<TanhMLP>(spec.depth, spec.width, /*seed=*/7);
+      x = randn({spec.batch, spec.width}, DType::f32, RngState{11, 0});
+      inputs = {{"input.x", x}};
+    } else {
+      gpt = std::make_shared<nn::GPT>(spec.gpt);
+      model = gpt;
+      const size_t n = static_cast<size_t>(spec.batch * spec.gpt.seq);
+      ids = from_indices(random_tokens(n, spec.gpt.vocab, 101), {spec.batch, spec.gpt.seq});
+      targets = from_indices(random_tokens(n, spec.gpt.vocab, 202), {spec.batch, spec.gpt.seq});
+      inputs = {{"input.ids", ids}, {"input.targets", targets}};
+    }
+    if (!save_init.empty()) {
+      nn::NamedTensors all = model->named_parameters();
+      all.insert(all.end(), inputs.begin(), inputs.end());
+      nn::save_safetensors(save_init, all, {{"model", model_name}});
+    }
+    nn::SGD optimizer(model->parameters(), {.lr = lr});
+    auto loss_fn = [&]() -> Tensor {
+      if (spec.kind == "mlp") return mean(square(model->forward(x)));
+      return gpt->loss(ids, targets);
+    };
+
+    ScopedPolicy scoped(policy);
+    const bool hwm_reset = reset_hwm();
+    const long rss_base_kib = status_kib("VmRSS");
+    const long hwm_base_kib = status_kib("VmHWM");
+    memory::reset_peaks();
+    const size_t live_base = memory::stats().live_total;
+    const size_t saved_base = memory::live_bytes(memory::Tag::saved);
+
+    std::vector<double> times, losses;
+    size_t steady_peak = 0, steady_saved_peak = 0;
+    double recomputed_flops = 0, forward_flops = 0;
+    for (int step = 0; step < warmup + steps; ++step) {
+      if (step == warmup) memory::reset_peaks();
+      if (step >= warmup) reset_counters();
+      auto t0 = Clock::now();
+      optimizer.zero_grad();
+      Tensor loss = loss_fn();
+      loss.backward();
+      optimizer.step();
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      losses.push_back(loss.item());
+      if (step >= warmup) {
+        times.push_back(seconds);
+        auto c = counters();
+        recomputed_flops += c.ops.recomputed_flops;
+        forward_flops += c.ops.forward_flops;
+      }
+    }
+    const long hwm_end_kib = status_kib("VmHWM");
+    auto stats = memory::stats();
+    steady_peak = stats.peak_total - std::min(stats.peak_total, live_base);
+    steady_saved_peak = stats.peak(memory::Tag::saved) - std::min(stats.peak(memory::Tag::saved), saved_base);
+
+    nlohmann::json j = {
+        {"system", "remat"},
+        {"model", model_name},
+        {"policy", policy.to_string()},
+        {"threads", num_threads()},
+        {"steps", steps},
+        {"warmup", warmup},
+        {"step_seconds", times},
+        {"median_step_seconds", median(times)},
+        {"losses", losses},
+        {"first_loss", losses.front()},
+        {"rss_peak_growth_bytes", (hwm_end_kib - hwm_base_kib) * 1024},
+        {"rss_base_bytes", rss_base_kib * 1024},
+        {"hwm_reset", hwm_reset},
+        // the allocator's peaks over the measured steps (after warm-up), above the live bytes at
+        // the baseline (parameters, inputs)
+        {"alloc_peak_bytes", steady_peak},
+        {"alloc_peak_saved_bytes", steady_saved_peak},
+        {"parameter_bytes", memory::live_bytes(memory::Tag::parameter)},
+        {"parameters", model->num_parameters()},
+        {"forward_flops_per_step", forward_flops / std::max(1, steps)},
+        {"recomputed_flops_per_step", recomputed_flops / std::max(1, steps)},
+    };
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    nlohmann::json j = {{"system", "remat"}, {"model", model_name}, {"policy", policy_text}, {"error", e.what()}};
+    std::printf("%s\n", j.dump().c_str());
+    return 1;
+  }
+}

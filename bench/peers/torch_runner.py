@@ -1,0 +1,195 @@
+"""One PyTorch (eager, CPU) configuration of the peer benchmarks, in its own process.
+
+  python torch_runner.py --model mlp|gpt|gpt-large --policy none|per-block|sequential|selective
+                         --init FILE [--steps 5] [--warmup 2] [--threads 2] [--lr 1e-4]
+
+FILE is written by remat_runner --save-init: the parameters under the same module names as
+remat's (Linear weight [out, in], as in PyTorch) and the inputs. The models mirror remat's
+exactly: the tanh MLP (layers.i.fc) and remat::nn::GPT (pre-norm blocks, explicit causal
+attention with a -inf mask and softmax, exact GELU, mean cross entropy).
+
+Policies:
+  none        no checkpointing
+  per-block   torch.utils.checkpoint.checkpoint(block, use_reentrant=False) around every block
+  sequential  torch.utils.checkpoint.checkpoint_sequential(blocks, round(sqrt(N)) segments)
+  selective   per-block checkpoint with create_selective_checkpoint_contexts: MUST_SAVE the
+              outputs of aten.mm / aten.addmm / aten.bmm, PREFER_RECOMPUTE the rest
+
+A step: zero_grad (set_to_none), forward, loss, backward, SGD update (no momentum).
+"""
+
+import argparse
+import functools
+import math
+import time
+
+from common import MODELS, MemoryProbe, emit, fail, split_inputs
+
+
+def build(torch, spec):
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class TanhLayer(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.fc = nn.Linear(width, width)
+
+        def forward(self, x):
+            return torch.tanh(self.fc(x))
+
+    class TanhMLP(nn.Module):
+        def __init__(self, depth, width):
+            super().__init__()
+            self.layers = nn.Sequential(*[TanhLayer(width) for _ in range(depth)])
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self, width, heads, seq):
+            super().__init__()
+            self.qkv = nn.Linear(width, 3 * width)
+            self.proj = nn.Linear(width, width)
+            self.heads = heads
+            self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1), persistent=False)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            h, d = self.heads, c // self.heads
+            q, k, v = self.qkv(x).split(c, dim=-1)
+            q, k, v = (z.reshape(b, t, h, d).permute(0, 2, 1, 3) for z in (q, k, v))
+            scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+            scores = scores.masked_fill(self.mask[:t, :t], float("-inf"))
+            att = torch.softmax(scores, dim=-1)
+            y = torch.matmul(att, v).permute(0, 2, 1, 3).reshape(b, t, c)
+            return self.proj(y)
+
+    class MLP(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.fc = nn.Linear(width, 4 * width)
+            self.proj = nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            return self.proj(F.gelu(self.fc(x)))
+
+    class Block(nn.Module):
+        def __init__(self, width, heads, seq):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(width, eps=1e-5)
+            self.attn = CausalSelfAttention(width, heads, seq)
+            self.ln2 = nn.LayerNorm(width, eps=1e-5)
+            self.mlp = MLP(width)
+
+        def forward(self, x):
+            h = x + self.attn(self.ln1(x))
+            return h + self.mlp(self.ln2(h))
+
+    class GPT(nn.Module):
+        def __init__(self, vocab, layers, width, heads, seq):
+            super().__init__()
+            self.wte = nn.Embedding(vocab, width)
+            self.wpe = nn.Embedding(seq, width)
+            self.blocks = nn.Sequential(*[Block(width, heads, seq) for _ in range(layers)])
+            self.ln_f = nn.LayerNorm(width, eps=1e-5)
+            self.lm_head = nn.Linear(width, vocab, bias=False)
+
+    if spec["kind"] == "mlp":
+        return TanhMLP(spec["depth"], spec["width"])
+    return GPT(spec["vocab"], spec["layers"], spec["width"], spec["heads"], spec["seq"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, choices=sorted(MODELS))
+    ap.add_argument("--policy", required=True, choices=["none", "per-block", "sequential", "selective"])
+    ap.add_argument("--init", required=True)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    a = ap.parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+        from safetensors.torch import load_file
+        from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+    except Exception as e:  # noqa: BLE001
+        fail("pytorch", a.model, a.policy, f"import: {e}")
+
+    torch.set_num_threads(a.threads)
+    spec = MODELS[a.model]
+    model = build(torch, spec)
+    tensors = load_file(a.init)
+    params, inputs = split_inputs(tensors)
+    model.load_state_dict(params, strict=True)
+    del tensors, params
+    model.train()
+    blocks = list(model.layers if spec["kind"] == "mlp" else model.blocks)
+    n = len(blocks)
+
+    selective_ctx = None
+    if a.policy == "selective":
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        saved = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+        def policy_fn(ctx, op, *args, **kwargs):
+            return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+        selective_ctx = functools.partial(create_selective_checkpoint_contexts, policy_fn)
+
+    def run_blocks(h):
+        if a.policy == "none":
+            for blk in blocks:
+                h = blk(h)
+        elif a.policy == "per-block":
+            for blk in blocks:
+                h = checkpoint(blk, h, use_reentrant=False)
+        elif a.policy == "selective":
+            for blk in blocks:
+                h = checkpoint(blk, h, use_reentrant=False, context_fn=selective_ctx)
+        else:  # sequential
+            segments = max(1, round(math.sqrt(n)))
+            h = checkpoint_sequential(torch.nn.Sequential(*blocks), segments, h, use_reentrant=False)
+        return h
+
+    if spec["kind"] == "mlp":
+        x = inputs["x"]
+
+        def loss_fn():
+            return run_blocks(x).square().mean()
+    else:
+        ids, targets = inputs["ids"], inputs["targets"]
+        positions = torch.arange(ids.shape[1])
+
+        def loss_fn():
+            h = model.wte(ids) + model.wpe(positions)
+            h = run_blocks(h)
+            logits = model.lm_head(model.ln_f(h))
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr)
+
+    probe = MemoryProbe()
+    times, losses = [], []
+    for step in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+        dt = time.perf_counter() - t0
+        losses.append(loss.item())
+        if step >= a.warmup:
+            times.append(dt)
+    emit({
+        "system": "pytorch", "model": a.model, "policy": a.policy, "threads": torch.get_num_threads(),
+        "steps": a.steps, "warmup": a.warmup, "step_seconds": times, "losses": losses,
+        "first_loss": losses[0], "rss_peak_growth_bytes": probe.growth_bytes(),
+        "rss_base_bytes": probe.rss_base_kib * 1024, "hwm_reset": probe.hwm_reset,
+        "segments": max(1, round(math.sqrt(n))) if a.policy == "sequential" else None,
+        "version": torch.__version__,
+    })
+
+
+if __name__ == "__main__":
+    main()
