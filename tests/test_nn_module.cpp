@@ -286,5 +286,5 @@ TEST(NnModule, GPTTrainsWithAdamW) {
     if (step == 0) first = loss.item();
     last = loss.item();
   }
-  EXPECT_LT(last, 0.0 * first) << "first " << first << ", last " << last;
+  EXPECT_LT(last, 0.6 * first) << "first " << first << ", last " << last;
 }

@@ -31,4 +31,11 @@ struct SampleOptions {
 };
 int run_sample(const SampleOptions& options);
 
+struct PlanOptions {
+  TrainOptions train;  // the model options (and --json, --threads)
+  std::string budget;  // e.g. "64MiB"
+  std::string costs;   // a JSON file of per-stage costs instead of a model
+};
+int run_plan(const PlanOptions& options);
+
 }  // namespace remat::tools

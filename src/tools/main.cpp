@@ -1,6 +1,7 @@
 // The `remat` command line.
 //   remat train [--data PATH] [--layers N] ... [--policy P] [--json]
 //   remat sample --load FILE [--prompt TEXT] [--tokens N]
+//   remat plan --budget BYTES [model options | --costs FILE] [--json]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -42,6 +43,21 @@ int main(int argc, char** argv) {
   s->add_option("--seed", sample.seed, "sampling seed")->capture_default_str();
   s->add_option("--threads", sample.threads, "CPU threads (0: all cores)")->capture_default_str();
 
+  PlanOptions plan;
+  auto* p = app.add_subcommand("plan", "show the schedule a budget:BYTES policy runs, against uniform segments and every-layer");
+  p->add_option("--budget", plan.budget, "memory budget for saved bytes, e.g. 64MiB")->required();
+  p->add_option("--costs", plan.costs, "JSON file of per-stage costs instead of profiling a model");
+  p->add_option("--data", plan.train.data, "text file or folder (for the vocabulary)");
+  p->add_option("--layers", plan.train.layers, "transformer blocks")->capture_default_str();
+  p->add_option("--width", plan.train.width, "embedding width")->capture_default_str();
+  p->add_option("--heads", plan.train.heads, "attention heads")->capture_default_str();
+  p->add_option("--seq", plan.train.seq, "sequence length")->capture_default_str();
+  p->add_option("--batch", plan.train.batch, "sequences per step")->capture_default_str();
+  p->add_option("--seed", plan.train.seed, "seed")->capture_default_str();
+  p->add_option("--dropout", plan.train.dropout, "dropout probability")->capture_default_str();
+  p->add_option("--threads", plan.train.threads, "CPU threads (0: all cores)")->capture_default_str();
+  p->add_flag("--json", plan.train.json, "print one JSON object");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*t) {
@@ -49,6 +65,7 @@ int main(int argc, char** argv) {
       return run_train(train);
     }
     if (*s) return run_sample(sample);
+    if (*p) return run_plan(plan);
   } catch (const remat::Error& e) {
     std::fprintf(stderr, "remat: error: %s\n", e.what());
     return 1;

@@ -1,0 +1,177 @@
+// `remat plan`: the schedule the budget policy would run, with its predicted peak and time, next
+// to uniform segments and every-layer at the same memory.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "corpus.h"
+#include "remat/nn.h"
+#include "remat/remat.h"
+#include "remat/schedule.h"
+
+namespace remat::tools {
+
+namespace rs = remat::schedule;
+
+namespace {
+
+rs::ChainCosts read_costs(const std::string& path) {
+  std::ifstream in(path);
+  REMAT_CHECK(in.good(), "plan: cannot read --costs file ", path);
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    throw Error(detail::concat("plan: ", path, " is not valid JSON: ", e.what()));
+  }
+  // {"stages": [{"forward_seconds", "backward_seconds", "boundary_bytes", "saved_bytes"}...],
+  //  "output_bytes": N}   or the list of stages alone (output bytes = the last boundary).
+  const nlohmann::json& stages = j.is_array() ? j : j.value("stages", nlohmann::json::array());
+  REMAT_CHECK(stages.is_array() && !stages.empty(), "plan: ", path,
+              " must hold a non-empty list of stages (or {\"stages\": [...], \"output_bytes\": N})");
+  rs::ChainCosts c;
+  try {
+    for (const auto& s : stages) {
+      c.forward_time.push_back(s.at("forward_seconds").get<double>());
+      c.backward_time.push_back(s.at("backward_seconds").get<double>());
+      c.boundary_bytes.push_back(s.at("boundary_bytes").get<size_t>());
+      c.saved_bytes.push_back(s.at("saved_bytes").get<size_t>());
+    }
+    c.boundary_bytes.push_back(j.is_object() && j.contains("output_bytes") ? j.at("output_bytes").get<size_t>()
+                                                                            : c.boundary_bytes.back());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat("plan: ", path, ": each stage needs numeric forward_seconds, backward_seconds, ",
+                               "boundary_bytes and saved_bytes (", e.what(), ")"));
+  }
+  try {
+    c.validate();
+  } catch (const std::exception& e) {
+    throw Error(detail::concat("plan: ", path, ": ", e.what()));
+  }
+  return c;
+}
+
+// Profiles the GPT of `remat train` with these options: the costs of its blocks and the saved
+// bytes outside them.
+std::pair<rs::ChainCosts, size_t> profile_model(const PlanOptions& o) {
+  Corpus corpus = load_corpus(o.train.data.empty() ? kDefaultCorpus : o.train.data);
+  CharTokenizer tokenizer = CharTokenizer::from_text(corpus.text);
+  std::vector<int64_t> tokens = tokenizer.encode(corpus.text);
+  nn::GPTConfig config{.vocab = tokenizer.vocab_size(), .layers = o.train.layers, .width = o.train.width,
+                       .heads = o.train.heads, .seq = o.train.seq, .dropout = o.train.dropout, .dtype = DType::f32,
+                       .seed = o.train.seed};
+  nn::GPT model(config);
+  Batch batch = sample_batch(tokens, o.train.batch, config.seq, o.train.seed, 0);
+  Policy probe = Policy::budget(size_t(1) << 50);  // any budget: we only want the measured costs
+  for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) {
+    model.zero_grad();
+    memory::reset_peaks();
+    backward([&] { return model.loss(batch.inputs, batch.targets); }, GradOptions{probe});
+  }
+  {
+    ScopedPolicy scoped(probe);
+    model.loss(batch.inputs, batch.targets);  // plans: the report holds the measured costs
+  }
+  auto report = model.blocks->planner()->report();
+  REMAT_CHECK(report.has_value(), "plan: profiling the model produced no costs");
+  return {report->costs, report->outside_bytes};
+}
+
+std::string describe(const std::vector<rs::PlanNode>& tree) {
+  std::string kept = "a0", internals, order;
+  for (size_t i = 0; i < tree.size(); ++i) {
+    const auto& n = tree[i];
+    if (i > 0) kept += " a" + std::to_string(n.first);
+    if (n.kind == rs::PlanNode::Kind::stage) internals += (internals.empty() ? "" : " ") + std::to_string(n.first);
+  }
+  for (size_t i = tree.size(); i-- > 0;)
+    if (tree[i].kind == rs::PlanNode::Kind::region)
+      order += (order.empty() ? "" : ", ") + rs::format_tree({tree[i]});
+  return "  kept boundaries (stage inputs): " + kept + "\n  stages keeping their internals: " +
+         (internals.empty() ? "none" : internals) + "\n  recomputed in the backward pass, in this order: " +
+         (order.empty() ? "nothing" : order) + "\n";
+}
+
+nlohmann::json plan_json(const std::string& name, const rs::Plan& plan, size_t outside, size_t budget) {
+  return {{"name", name},
+          {"tree", rs::format_tree(plan.tree)},
+          {"predicted_peak_bytes", plan.predicted_peak_bytes + outside},
+          {"predicted_seconds", plan.predicted_time},
+          {"fits_budget", plan.predicted_peak_bytes + outside <= budget}};
+}
+
+}  // namespace
+
+int run_plan(const PlanOptions& o) {
+  if (o.train.threads > 0) set_num_threads(o.train.threads);
+  const size_t budget = memory::parse_bytes(o.budget);
+  rs::ChainCosts costs;
+  size_t outside = 0;
+  if (!o.costs.empty())
+    costs = read_costs(o.costs);
+  else
+    std::tie(costs, outside) = profile_model(o);
+  const int stages = costs.num_stages();
+  const size_t limit = budget > outside ? budget - outside : 0;
+  rs::Plan best;
+  try {
+    best = rs::plan_rotor(costs, limit);
+  } catch (const rs::InfeasibleError& e) {
+    size_t smallest = e.min_feasible_bytes + outside;
+    throw Error(detail::concat("plan: budget ", budget, " bytes (", memory::format_bytes(static_cast<double>(budget)),
+                               ") is below the smallest feasible budget, ", smallest, " bytes (",
+                               memory::format_bytes(static_cast<double>(smallest)), ")"));
+  }
+  rs::Plan every_layer = rs::plan_every_layer(costs), save_all = rs::plan_save_all(costs);
+  // uniform segments: the fastest segment count that fits, else the one with the least peak
+  std::optional<rs::Plan> uniform;
+  int uniform_segments = 0;
+  for (int k = 1; k <= stages; ++k) {
+    rs::Plan p = rs::plan_uniform_segments(costs, k);
+    bool fits = p.predicted_peak_bytes <= limit;
+    bool better = !uniform || (fits && (uniform->predicted_peak_bytes > limit || p.predicted_time < uniform->predicted_time)) ||
+                  (!fits && uniform->predicted_peak_bytes > limit && p.predicted_peak_bytes < uniform->predicted_peak_bytes);
+    if (better) {
+      uniform = p;
+      uniform_segments = k;
+    }
+  }
+  if (o.train.json) {
+    nlohmann::json j = {{"budget_bytes", budget},
+                        {"outside_bytes", outside},
+                        {"stages", stages},
+                        {"plan", plan_json("budget", best, outside, budget)},
+                        {"actions", rs::format_actions(best.actions)},
+                        {"uniform_segments", plan_json("uniform:" + std::to_string(uniform_segments), *uniform, outside, budget)},
+                        {"every_layer", plan_json("every-layer", every_layer, outside, budget)},
+                        {"save_all", plan_json("save-all", save_all, outside, budget)},
+                        {"predicted_peak_bytes", best.predicted_peak_bytes + outside},
+                        {"predicted_seconds", best.predicted_time}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("remat plan: %d stages, budget %zu bytes (%s)%s\n", stages, budget,
+              memory::format_bytes(static_cast<double>(budget)).c_str(),
+              outside ? (", of which " + memory::format_bytes(static_cast<double>(outside)) + " is saved outside the chain").c_str() : "");
+  for (int i = 0; i < stages; ++i)
+    std::printf("  stage %2d: forward %.4f s, backward %.4f s, input %zu B, saves %zu B\n", i, costs.forward_time[i],
+                costs.backward_time[i], costs.boundary_bytes[i], costs.saved_bytes[i]);
+  std::printf("plan (S = stage run with recording, R[a..b](...) = region re-run in the backward pass):\n  %s\n",
+              rs::format_tree(best.tree).c_str());
+  std::printf("%s", describe(best.tree).c_str());
+  std::printf("  actions: %s\n", rs::format_actions(best.actions).c_str());
+  std::printf("\n%-22s %20s %14s %6s\n", "plan", "predicted peak B", "predicted s", "fits");
+  auto row = [&](const std::string& name, const rs::Plan& p) {
+    size_t peak = p.predicted_peak_bytes + outside;
+    std::printf("%-22s %20zu %14.4f %6s\n", name.c_str(), peak, p.predicted_time, peak <= budget ? "yes" : "no");
+  };
+  row("budget (rotor)", best);
+  row("uniform, " + std::to_string(uniform_segments) + " segments", *uniform);
+  row("every-layer", every_layer);
+  row("save-all", save_all);
+  return 0;
+}
+
+}  // namespace remat::tools
