@@ -92,8 +92,7 @@ Tensor Chain::forward(const Tensor& x) const {
       for (const auto& p : st.profiles)
         report.profiled_chain_seconds += p->forward_seconds + p->recompute_seconds + p->backward_seconds;
       st.costs = costs;
-      st.report = std::move(report);
-      st.profiling = false;
+      st.report = std::move(report);  // the profile is kept: another budget re-plans from it
       planned = true;
     }
     if (planned) return run_plan(st.report->plan.tree, layers, x);
