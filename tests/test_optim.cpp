@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "remat/nn.h"
@@ -143,6 +144,9 @@ TEST(Optim, ClipGradNorm) {
   EXPECT_NEAR(b.grad().item(), 12.0 * k, 1e-15);
   EXPECT_NEAR(nn::clip_grad_norm({a, b}, 100.0), 6.5, 1e-6);
   EXPECT_THROW(nn::clip_grad_norm({a}, -1.0), Error);
+  set_grad(c, {std::numeric_limits<double>::infinity()});
+  EXPECT_TRUE(std::isinf(nn::clip_grad_norm({a, c}, 1.0)));
+  EXPECT_NEAR(a.grad().to_vector()[0], 3.0 * k, 1e-15);  // left as it was
 }
 
 TEST(Optim, WarmupCosineSchedule) {

@@ -16,7 +16,7 @@ import sys
 MODELS = {
     "mlp": dict(kind="mlp", depth=64, width=512, batch=128),
     "gpt": dict(kind="gpt", vocab=114, layers=4, width=128, heads=4, seq=64, batch=32),
-    "gpt-large": dict(kind="gpt", vocab=114, layers=8, width=256, heads=8, seq=256, batch=16),
+    "gpt-large": dict(kind="gpt", vocab=114, layers=8, width=256, heads=8, seq=256, batch=20),
 }
 
 

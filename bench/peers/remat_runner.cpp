@@ -107,7 +107,7 @@ ModelSpec spec_for(const std::string& name) {
     s.kind = "gpt";
     s.gpt = nn::GPTConfig{.vocab = 114, .layers = 8, .width = 256, .heads = 8, .seq = 256, .dropout = 0.0,
                           .dtype = DType::f32, .seed = 2};
-    s.batch = 16;
+    s.batch = 20;
   } else {
     REMAT_CHECK(false, "remat_runner: unknown --model ", name, " (mlp, gpt, gpt-large)");
   }

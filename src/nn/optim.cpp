@@ -141,7 +141,7 @@ double clip_grad_norm(const TensorList& params, double max_norm) {
   }
   const double total = std::sqrt(total_sq);
   const double coefficient = max_norm / (total + 1e-6);
-  if (coefficient < 1.0) {
+  if (std::isfinite(total) && coefficient < 1.0) {
     for (auto& g : grads) g.copy_(mul_scalar(g.detach(), coefficient));
   }
   return total;

@@ -97,7 +97,8 @@ class AdamW : public Optimizer {
 
 // Scales all gradients by max_norm / (total + 1e-6) when their total L2 norm exceeds max_norm
 // (as torch.nn.utils.clip_grad_norm_); returns the total norm before clipping. Tensors without
-// a gradient are skipped.
+// a gradient are skipped. A non-finite total (an overflowed or NaN gradient) is returned with the
+// gradients left as they are, so the caller can skip the step.
 double clip_grad_norm(const TensorList& params, double max_norm);
 
 // Linear warm-up then cosine decay, a pure function of the step (0-based):

@@ -1,0 +1,446 @@
+"""Runs the peer benchmarks (remat, PyTorch eager, JAX jit) and writes the dated report.
+
+  bench/peers/.venv/bin/python bench/peers/run.py [--models mlp,gpt,gpt-large] [--steps 5]
+      [--warmup 2] [--quiet-load 1.0] [--wait-quiet 0] [--out bench/results]
+
+Usually started by bench/peers/run.sh, which first sets up the environment and builds the
+runner. Every configuration runs in a fresh process; each prints one JSON line, collected into
+bench/results/peers-DATE.json, summarised in peers-DATE.md and plotted in peers-DATE.svg.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+from common import MODELS  # noqa: E402
+
+PY = sys.executable
+RUNNER = os.path.join(ROOT, "build", "remat_runner")
+LOSS_RTOL = 1e-4
+TIMEOUT_S = 900
+
+SYSTEMS = ["remat", "pytorch", "jax"]
+TORCH_POLICIES = ["none", "per-block", "sequential", "selective"]
+JAX_POLICIES = ["none", "per-block", "dots"]
+# Budgets: fractions of the way from every-layer's saved peak to save-all's; where the two are
+# (nearly) equal (the tanh MLP, whose layer boundary is all a layer keeps), fractions of
+# save-all's peak below it instead (the planner recomputes segments there).
+BUDGET_FRACTIONS = [0.0, 0.25, 0.5, 0.75, 1.0]
+BELOW_FRACTIONS = [0.15, 0.3, 0.5, 0.75, 1.0]
+
+
+def loadavg():
+    return os.getloadavg()[0]
+
+
+def log(msg):
+    print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_one(cmd, env=None):
+    load = loadavg()
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=HERE)
+        out, err, rc = p.stdout, p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, err, rc = e.stdout or "", f"timed out after {TIMEOUT_S} s", -1
+        if isinstance(out, bytes):
+            out = out.decode(errors="replace")
+    record = None
+    for line in reversed(out.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+                break
+            except json.JSONDecodeError:
+                pass
+    if record is None:
+        tail = (err or out).strip().splitlines()[-3:]
+        record = {"error": f"exit {rc}: " + " | ".join(tail)}
+    record["load_before"] = round(load, 2)
+    record["wall_seconds"] = round(time.time() - t0, 1)
+    return record
+
+
+def affinity_prefix():
+    # Two threads in every system; pin to two CPUs where the machine has more.
+    if (os.cpu_count() or 2) > 2:
+        return ["taskset", "-c", "0,1"]
+    return []
+
+
+def remat_cmd(model, policy, a, save_init=None):
+    cmd = affinity_prefix() + [RUNNER, "--model", model, "--policy", policy, "--steps", str(a.steps), "--warmup",
+                               str(a.warmup), "--threads", "2"]
+    if save_init:
+        cmd += ["--save-init", save_init]
+    return cmd
+
+
+def peer_cmd(script, model, policy, init, a):
+    cmd = affinity_prefix() + [PY, os.path.join(HERE, script), "--model", model, "--policy", policy, "--init", init,
+                               "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    if script.startswith("torch"):
+        cmd += ["--threads", "2"]
+    return cmd
+
+
+def jax_env():
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    # One host device; XLA's CPU client sizes its intra-op pool from the CPUs it may run on
+    # (two, under taskset where the machine has more).
+    env.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
+    return env
+
+
+def wait_quiet(threshold, max_wait):
+    if max_wait <= 0:
+        return
+    t0 = time.time()
+    while loadavg() > threshold and time.time() - t0 < max_wait:
+        log(f"load {loadavg():.2f} > {threshold}: waiting")
+        time.sleep(20)
+
+
+def budgets_for(el, sa):
+    if sa > 0 and (sa - el) / sa > 0.1:
+        return [int(el + f * (sa - el)) for f in BUDGET_FRACTIONS]
+    return [int(f * sa) for f in BELOW_FRACTIONS]
+
+
+def run_model(model, a, tmp, results):
+    init = os.path.join(tmp, f"{model}.safetensors")
+    spec = MODELS[model]
+    n = spec["depth"] if spec["kind"] == "mlp" else spec["layers"]
+    k = max(1, round(math.sqrt(n)))
+
+    def add(system, policy, record, **extra):
+        record.setdefault("system", system)
+        record.setdefault("model", model)
+        record["label"] = policy
+        record.update(extra)
+        results.append(record)
+        t = record.get("median_step_seconds")
+        mem = record.get("rss_peak_growth_bytes")
+        if "error" in record:
+            log(f"{model:9s} {system:7s} {policy:22s} ERROR {record['error'][:200]}")
+        else:
+            log(f"{model:9s} {system:7s} {policy:22s} {t:8.4f} s  rss +{mem / 2**20:8.1f} MiB  "
+                f"loss0 {record['first_loss']:.7f}  (load {record['load_before']})")
+        return record
+
+    wait_quiet(a.quiet_load, a.wait_quiet)
+    sa = add("remat", "save-all", run_one(remat_cmd(model, "save-all", a, save_init=init)))
+    if "error" in sa:
+        log(f"{model}: remat save-all failed; skipping the model")
+        return
+    el = add("remat", "every-layer", run_one(remat_cmd(model, "every-layer", a)))
+    add("remat", "selective:matmul", run_one(remat_cmd(model, "selective:matmul", a)))
+    add("remat", f"every-k:{k}", run_one(remat_cmd(model, f"every-k:{k}", a)))
+    if "error" not in el:
+        for b in budgets_for(el["alloc_peak_saved_bytes"], sa["alloc_peak_saved_bytes"]):
+            pol = f"budget:{b}"
+            r = run_one(remat_cmd(model, pol, a))
+            m = re.search(r"smallest feasible budget .*?: (\d+) bytes", r.get("error", ""))
+            if m:  # below what the planner can do: run at the smallest feasible budget instead
+                pol = f"budget:{m.group(1)}"
+                r = run_one(remat_cmd(model, pol, a))
+            add("remat", pol, r, budget_bytes=int(pol.split(":")[1]))
+    for pol in TORCH_POLICIES:
+        add("pytorch", pol, run_one(peer_cmd("torch_runner.py", model, pol, init, a)))
+    for pol in JAX_POLICIES:
+        add("jax", pol, run_one(peer_cmd("jax_runner.py", model, pol, init, a), env=jax_env()))
+
+
+# ---------------------------------------------------------------- report
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, shell=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def environment():
+    env = {}
+    cpu = sh("lscpu | sed -n 's/^Model name: *//p'") or platform.processor()
+    fam = sh("lscpu | sed -n 's/^CPU family: *//p'")
+    mod = sh("lscpu | sed -n 's/^Model: *//p'")
+    env["cpu"] = f"{cpu} (family {fam}, model {mod})" if fam else cpu
+    env["cpus"] = os.cpu_count()
+    env["memory"] = sh("free -g | awk '/^Mem:/ {print $2 \" GiB\"}'")
+    env["kernel"] = platform.release()
+    env["python"] = platform.python_version()
+    env["remat_commit"] = sh(f"git -C {ROOT} rev-parse --short HEAD")
+    if sh(f"git -C {ROOT} status --porcelain --untracked-files=no"):
+        env["remat_commit"] += " (with uncommitted changes)"
+    env["compiler"] = sh("c++ --version | head -1")
+    for pkg in ["libdnnl2", "libopenblas0-pthread", "libopenblas0"]:
+        v = sh(f"dpkg-query -W -f='${{Version}}' {pkg} 2>/dev/null")
+        if v:
+            env[pkg] = v
+    env["torch"] = sh(f"{PY} -c 'import torch; print(torch.__version__)'")
+    env["torch_onednn"] = sh(f"{PY} -c \"import torch; print(torch.__config__.show())\" | "
+                             "sed -n 's/.*MKL-DNN \\(v[0-9.]*\\).*/\\1/p; s/.*Math Kernel Library Version \\([0-9.]*\\).*/MKL \\1/p' | "
+                             "tr '\\n' ' '")
+    env["jax"] = sh(f"JAX_PLATFORMS=cpu {PY} -c 'import jax, jaxlib; print(jax.__version__, jaxlib.__version__)'")
+    env["numpy"] = sh(f"{PY} -c 'import numpy; print(numpy.__version__)'")
+    return env
+
+
+def mib(b):
+    return b / 2**20
+
+
+def fmt_mib(b):
+    return "–" if b is None else f"{mib(b):.1f}"
+
+
+def check_losses(results):
+    """The loss of the first step (the initial weights) must agree with remat save-all's."""
+    ref = {r["model"]: r["first_loss"] for r in results
+           if r.get("system") == "remat" and r.get("label") == "save-all" and "first_loss" in r}
+    failures = []
+    for r in results:
+        if "first_loss" not in r or r["model"] not in ref:
+            continue
+        rel = abs(r["first_loss"] - ref[r["model"]]) / max(abs(ref[r["model"]]), 1e-30)
+        r["loss_rel_diff"] = rel
+        r["loss_ok"] = rel <= LOSS_RTOL
+        if not r["loss_ok"]:
+            failures.append(f"{r['model']} {r['system']} {r['label']}: first loss {r['first_loss']:.8g} vs remat "
+                            f"{ref[r['model']]:.8g} (relative {rel:.2e} > {LOSS_RTOL:g})")
+    return failures
+
+
+def ok(r):
+    return "error" not in r and "median_step_seconds" in r
+
+
+def targets(results, models):
+    lines = []
+    for model in models:
+        rs = [r for r in results if r["model"] == model and ok(r)]
+        get = lambda s, p: next((r for r in rs if r["system"] == s and r["label"] == p), None)  # noqa: E731
+        sa, tn = get("remat", "save-all"), get("pytorch", "none")
+        if sa and tn:
+            met = sa["median_step_seconds"] <= tn["median_step_seconds"]
+            lines.append(f"| {model} | remat save-all no slower than PyTorch without checkpointing | "
+                         f"{sa['median_step_seconds']:.4f} s vs {tn['median_step_seconds']:.4f} s "
+                         f"({sa['median_step_seconds'] / tn['median_step_seconds']:.2f}x) | {'met' if met else 'MISSED'} |")
+        el, tb = get("remat", "every-layer"), get("pytorch", "per-block")
+        if el and tb:
+            met = el["rss_peak_growth_bytes"] <= tb["rss_peak_growth_bytes"]
+            lines.append(f"| {model} | remat every-layer peak no larger than PyTorch per-block checkpoint peak | "
+                         f"{fmt_mib(el['rss_peak_growth_bytes'])} MiB vs {fmt_mib(tb['rss_peak_growth_bytes'])} MiB RSS "
+                         f"(remat allocator: {fmt_mib(el['alloc_peak_bytes'])} MiB) | {'met' if met else 'MISSED'} |")
+        # The budget curve: remat's budget points (which run from every-layer's saved peak to
+        # save-all's) must dominate every peer point: for each PyTorch / JAX point (memory m,
+        # time t), some budget point with memory <= m and time <= t.
+        curve = [r for r in rs if r["system"] == "remat" and r["label"].startswith("budget:")]
+        missed = []
+        for p in rs:
+            if p["system"] == "remat":
+                continue
+            dom = [c for c in curve if c["rss_peak_growth_bytes"] <= p["rss_peak_growth_bytes"]
+                   and c["median_step_seconds"] <= p["median_step_seconds"]]
+            if not dom:
+                missed.append(f"{p['system']} {p['label']} ({fmt_mib(p['rss_peak_growth_bytes'])} MiB, "
+                              f"{p['median_step_seconds']:.4f} s)")
+        if curve:
+            lines.append(f"| {model} | remat budget curve at or below every PyTorch and JAX point | "
+                         + ("all dominated" if not missed else "not dominated: " + "; ".join(missed))
+                         + f" | {'met' if not missed else 'MISSED'} |")
+    return lines
+
+
+def write_markdown(path, results, env, a, models, started, finished, loss_failures, svg_name):
+    L = []
+    date = started.strftime("%Y-%m-%d")
+    L.append(f"# remat against PyTorch and JAX, {date}")
+    L.append("")
+    L.append("Produced by `bench/peers/run.sh` (see `bench/peers/README.md`). Every row is a fresh process.")
+    L.append("")
+    L.append("## Machine and versions")
+    L.append("")
+    L.append("| | |")
+    L.append("|---|---|")
+    for k in ["cpu", "cpus", "memory", "kernel", "compiler", "remat_commit", "libdnnl2", "libopenblas0-pthread",
+              "libopenblas0", "python", "torch", "torch_onednn", "jax", "numpy"]:
+        if env.get(k):
+            L.append(f"| {k} | {env[k]} |")
+    L.append(f"| threads | 2 in every system (remat::set_num_threads(2); torch.set_num_threads(2); XLA on "
+             f"{'taskset -c 0,1' if affinity_prefix() else 'the machine’s 2 CPUs'}) |")
+    L.append(f"| run | {started:%Y-%m-%d %H:%M} to {finished:%H:%M}, {a.warmup} warm-up + {a.steps} measured steps "
+             "per configuration |")
+    loads = [r["load_before"] for r in results if "load_before" in r]
+    if loads:
+        L.append(f"| load average (1 min) before each configuration | min {min(loads):.2f}, median "
+                 f"{sorted(loads)[len(loads) // 2]:.2f}, max {max(loads):.2f} (2 CPUs; over 2 means other work "
+                 "shared them and times are noisy) |")
+    L.append("")
+    L.append("## What is measured")
+    L.append("")
+    L.append("- **Step**: drop the gradients, forward, loss, backward, SGD update (lr 1e-4, no momentum), float32, "
+             "identical in all three systems (JAX: one jitted function with the parameters donated, compiled before "
+             "the baseline). **median step** is the median over the measured steps after the warm-up steps (the "
+             "first step under a remat budget profiles the model, so warm-up is at least 2).")
+    L.append("- **RSS peak**: the resident-set high-water mark (VmHWM in /proc/self/status) at the end minus "
+             "the same after setup (model, inputs and optimizer built, weights loaded, JAX step compiled, nothing "
+             "run yet), with the high-water mark reset to the current RSS just before the baseline "
+             "(`echo 5 > /proc/self/clear_refs`). It includes everything the steps add: activations, gradients, "
+             "temporaries, allocator slack, library workspaces.")
+    L.append("- **alloc peak / saved peak** (remat only): remat's accounted allocator, exact: the peak of all live "
+             "tensor bytes over the measured steps above the baseline (gradients, activations, temporaries), and the "
+             "peak of bytes held for the backward pass.")
+    L.append(f"- **first loss**: the loss of step 1 (the shared initial weights); it must agree with remat save-all's "
+             f"to {LOSS_RTOL:g} relative.")
+    L.append("- Models: `mlp` 64 layers of tanh(h W^T + b), width 512, batch 128, loss mean(h^2); `gpt` the "
+             "default model of `remat train` (4 layers, width 128, 4 heads, seq 64, batch 32, vocab 114, random "
+             "token ids); `gpt-large` 8 layers, width 256, 8 heads, seq 256, batch 20, vocab 114 (about 1 GiB of "
+             "saved activations under save-all). All GPTs: pre-norm blocks, explicit causal attention "
+             "(-inf mask, softmax), exact GELU, mean cross entropy.")
+    L.append("- Policies. remat: `save-all`, `every-layer`, `selective:matmul`, `every-k:K` (K = round(sqrt(N))), "
+             "`budget:B` for B from every-layer's saved peak to save-all's (the MLP: below save-all's, since there "
+             "every-layer keeps as much as save-all). PyTorch: `none`, `per-block` (checkpoint(use_reentrant=False) "
+             "per block), `sequential` (checkpoint_sequential, round(sqrt(N)) segments), `selective` (per-block, "
+             "MUST_SAVE aten.mm/addmm/bmm, PREFER_RECOMPUTE the rest). JAX: `none`, `per-block` (jax.checkpoint per "
+             "block), `dots` (jax.checkpoint with checkpoint_dots).")
+    L.append("")
+    if loss_failures:
+        L.append("## LOSS CHECK FAILED")
+        L.append("")
+        for f in loss_failures:
+            L.append(f"- {f}")
+        L.append("")
+    else:
+        L.append(f"Loss check: every configuration's first loss agrees with remat save-all's to {LOSS_RTOL:g} "
+                 "relative (column `Δloss`).")
+        L.append("")
+    L.append("## Results")
+    L.append("")
+    L.append(f"![step time against peak memory]({svg_name})")
+    L.append("")
+    for model in models:
+        rs = [r for r in results if r["model"] == model]
+        if not rs:
+            continue
+        spec = MODELS[model]
+        L.append(f"### {model}: " + ", ".join(f"{k} {v}" for k, v in spec.items() if k != "kind"))
+        L.append("")
+        base = next((r for r in rs if r["system"] == "remat" and r["label"] == "save-all" and ok(r)), None)
+        L.append("| system | policy | median step (s) | vs remat save-all | RSS peak (MiB) | remat alloc peak (MiB) "
+                 "| remat saved peak (MiB) | first loss | Δloss | load |")
+        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rs:
+            if not ok(r):
+                L.append(f"| {r['system']} | {r['label']} | error: {r.get('error', '?')[:160]} | | | | | | | |")
+                continue
+            rel = f"{r['median_step_seconds'] / base['median_step_seconds']:.2f}x" if base else ""
+            pol = r["label"]
+            if pol.startswith("budget:"):
+                pol = f"budget:{mib(int(pol.split(':')[1])):.1f}MiB"
+            L.append(f"| {r['system']} | {pol} | {r['median_step_seconds']:.4f} | {rel} | "
+                     f"{fmt_mib(r['rss_peak_growth_bytes'])} | {fmt_mib(r.get('alloc_peak_bytes'))} | "
+                     f"{fmt_mib(r.get('alloc_peak_saved_bytes'))} | {r['first_loss']:.6f} | "
+                     f"{r.get('loss_rel_diff', float('nan')):.1e} | {r['load_before']:.1f} |")
+        L.append("")
+    L.append("## Targets")
+    L.append("")
+    L.append("| model | target | measured | |")
+    L.append("|---|---|---|---|")
+    L.extend(targets(results, models))
+    L.append("")
+    L.append("Peak memory in the targets is the RSS peak, the measure common to the three systems.")
+    L.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(L))
+
+
+def plot(path, results, models, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"remat": "tab:red", "pytorch": "tab:blue", "jax": "tab:green"}
+    markers = {"save-all": "s", "none": "s", "every-layer": "o", "per-block": "o", "selective:matmul": "^",
+               "selective": "^", "dots": "^", "sequential": "D"}
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        rs = [r for r in results if r["model"] == model and ok(r)]
+        curve = sorted((r for r in rs if r["system"] == "remat" and r["label"].startswith("budget:")),
+                       key=lambda r: r["rss_peak_growth_bytes"])
+        if curve:
+            ax.plot([mib(r["rss_peak_growth_bytes"]) for r in curve], [r["median_step_seconds"] for r in curve],
+                    "-", color=colors["remat"], marker=".", label="remat budget:B sweep")
+        for r in rs:
+            if r["label"].startswith("budget:"):
+                continue
+            m = "v" if r["label"].startswith("every-k") else markers.get(r["label"], "x")
+            ax.scatter(mib(r["rss_peak_growth_bytes"]), r["median_step_seconds"], color=colors[r["system"]],
+                       marker=m, s=50, label=f"{r['system']} {r['label']}", zorder=3)
+        ax.set_title(model)
+        ax.set_xlabel("peak RSS growth over setup (MiB)")
+        ax.set_ylabel("median step time (s)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, format="svg")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mlp,gpt,gpt-large")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--quiet-load", type=float, default=1.0, help="load average to wait for before each model")
+    ap.add_argument("--wait-quiet", type=float, default=0, help="seconds to wait at most for that load (0: no wait)")
+    a = ap.parse_args()
+    if a.warmup < 2:
+        ap.error("--warmup must be at least 2 (the first step under a budget profiles)")
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    for m in models:
+        if m not in MODELS:
+            ap.error(f"unknown model {m}")
+    if not os.access(RUNNER, os.X_OK):
+        sys.exit(f"run.py: {RUNNER} is missing; run bench/peers/run.sh")
+    started = datetime.datetime.now()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="remat-peers-") as tmp:
+        for model in models:
+            run_model(model, a, tmp, results)
+    finished = datetime.datetime.now()
+    loss_failures = check_losses(results)
+    env = environment()
+    os.makedirs(a.out, exist_ok=True)
+    stem = os.path.join(a.out, f"peers-{started:%Y-%m-%d}")
+    with open(stem + ".json", "w") as f:
+        json.dump({"environment": env, "steps": a.steps, "warmup": a.warmup, "results": results}, f, indent=1)
+    plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
+    write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
+                   os.path.basename(stem) + ".svg")
+    log(f"wrote {stem}.md, .svg, .json ({(finished - started).total_seconds() / 60:.1f} min)")
+    for f in loss_failures:
+        log("LOSS CHECK FAILED: " + f)
+    return 1 if loss_failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
