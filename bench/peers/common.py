@@ -58,6 +58,8 @@ def emit(record):
     times = record.get("step_seconds", [])
     if times:
         record["median_step_seconds"] = statistics.median(times)
+    if record.get("step_cpu_seconds"):
+        record["median_step_cpu_seconds"] = statistics.median(record["step_cpu_seconds"])
     print(json.dumps(record), flush=True)
 
 

@@ -116,18 +116,19 @@ def main():
     compiled = jax.jit(step, donate_argnums=(0,)).lower(params, inputs).compile()
 
     probe = MemoryProbe()
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     for i in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         params, loss = compiled(params, inputs)
         jax.block_until_ready((params, loss))
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         losses.append(float(loss))
         if i >= a.warmup:
             times.append(dt)
+            cpu_times.append(dc)
     emit({
         "system": "jax", "model": a.model, "policy": a.policy, "threads": len(os.sched_getaffinity(0)),
-        "steps": a.steps, "warmup": a.warmup, "step_seconds": times, "losses": losses,
+        "steps": a.steps, "warmup": a.warmup, "step_seconds": times, "step_cpu_seconds": cpu_times, "losses": losses,
         "first_loss": losses[0], "rss_peak_growth_bytes": probe.growth_bytes(),
         "rss_base_bytes": probe.rss_base_kib * 1024, "hwm_reset": probe.hwm_reset,
         "version": jax.__version__,

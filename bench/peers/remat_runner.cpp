@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -125,6 +126,12 @@ std::vector<int64_t> random_tokens(size_t n, int64_t vocab, uint64_t seed) {
   return v;
 }
 
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -206,21 +213,24 @@ int main(int argc, char** argv) {
     const size_t live_base = memory::stats().live_total;
     const size_t saved_base = memory::live_bytes(memory::Tag::saved);
 
-    std::vector<double> times, losses;
+    std::vector<double> times, cpu_times, losses;
     size_t steady_peak = 0, steady_saved_peak = 0;
     double recomputed_flops = 0, forward_flops = 0;
     for (int step = 0; step < warmup + steps; ++step) {
       if (step == warmup) memory::reset_peaks();
       if (step >= warmup) reset_counters();
       auto t0 = Clock::now();
+      const double c0 = cpu_seconds();
       optimizer.zero_grad();
       Tensor loss = loss_fn();
       loss.backward();
       optimizer.step();
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      const double cpu = cpu_seconds() - c0;
       losses.push_back(loss.item());
       if (step >= warmup) {
         times.push_back(seconds);
+        cpu_times.push_back(cpu);
         auto c = counters();
         recomputed_flops += c.ops.recomputed_flops;
         forward_flops += c.ops.forward_flops;
@@ -240,6 +250,8 @@ int main(int argc, char** argv) {
         {"warmup", warmup},
         {"step_seconds", times},
         {"median_step_seconds", median(times)},
+        {"step_cpu_seconds", cpu_times},
+        {"median_step_cpu_seconds", median(cpu_times)},
         {"losses", losses},
         {"first_loss", losses.front()},
         {"rss_peak_growth_bytes", (hwm_end_kib - hwm_base_kib) * 1024},

@@ -48,7 +48,12 @@ def log(msg):
     print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+EXTRA_ENV = {}
+
+
 def run_one(cmd, env=None):
+    env = dict(env or os.environ)
+    env.update(EXTRA_ENV)
     load = loadavg()
     t0 = time.time()
     try:
@@ -287,6 +292,9 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
              f"{'taskset -c 0,1' if affinity_prefix() else 'the machine’s 2 CPUs'}) |")
     L.append(f"| run | {started:%Y-%m-%d %H:%M} to {finished:%H:%M}, {a.warmup} warm-up + {a.steps} measured steps "
              "per configuration |")
+    if EXTRA_ENV:
+        L.append("| environment of every benchmark process | " + " ".join(f"`{k}={v}`" for k, v in EXTRA_ENV.items())
+                 + " |")
     loads = [r["load_before"] for r in results if "load_before" in r]
     if loads:
         L.append(f"| load average (1 min) before each configuration | min {min(loads):.2f}, median "
@@ -307,6 +315,9 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
     L.append("- **alloc peak / saved peak** (remat only): remat's accounted allocator, exact: the peak of all live "
              "tensor bytes over the measured steps above the baseline (gradients, activations, temporaries), and the "
              "peak of bytes held for the backward pass.")
+    L.append("- **step CPU**: the process's CPU time (all threads, user + system) over the same step, median; "
+             "threads spin-waiting in a parallel runtime count. On a loaded machine it shows the work better than the "
+             "wall time does.")
     L.append(f"- **first loss**: the loss of step 1 (the shared initial weights); it must agree with remat save-all's "
              f"to {LOSS_RTOL:g} relative.")
     L.append("- Models: `mlp` 64 layers of tanh(h W^T + b), width 512, batch 128, loss mean(h^2); `gpt` the "
@@ -343,18 +354,19 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
         L.append(f"### {model}: " + ", ".join(f"{k} {v}" for k, v in spec.items() if k != "kind"))
         L.append("")
         base = next((r for r in rs if r["system"] == "remat" and r["label"] == "save-all" and ok(r)), None)
-        L.append("| system | policy | median step (s) | vs remat save-all | RSS peak (MiB) | remat alloc peak (MiB) "
-                 "| remat saved peak (MiB) | first loss | Δloss | load |")
-        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("| system | policy | median step (s) | vs remat save-all | step CPU (s) | RSS peak (MiB) "
+                 "| remat alloc peak (MiB) | remat saved peak (MiB) | first loss | Δloss | load |")
+        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rs:
             if not ok(r):
-                L.append(f"| {r['system']} | {r['label']} | error: {r.get('error', '?')[:160]} | | | | | | | |")
+                L.append(f"| {r['system']} | {r['label']} | error: {r.get('error', '?')[:160]} | | | | | | | | |")
                 continue
             rel = f"{r['median_step_seconds'] / base['median_step_seconds']:.2f}x" if base else ""
             pol = r["label"]
             if pol.startswith("budget:"):
                 pol = f"budget:{mib(int(pol.split(':')[1])):.1f}MiB"
             L.append(f"| {r['system']} | {pol} | {r['median_step_seconds']:.4f} | {rel} | "
+                     f"{r.get('median_step_cpu_seconds', float('nan')):.3f} | "
                      f"{fmt_mib(r['rss_peak_growth_bytes'])} | {fmt_mib(r.get('alloc_peak_bytes'))} | "
                      f"{fmt_mib(r.get('alloc_peak_saved_bytes'))} | {r['first_loss']:.6f} | "
                      f"{r.get('loss_rel_diff', float('nan')):.1e} | {r['load_before']:.1f} |")
@@ -384,7 +396,7 @@ def plot(path, results, models, title):
     for ax, model in zip(axes[0], models):
         rs = [r for r in results if r["model"] == model and ok(r)]
         curve = sorted((r for r in rs if r["system"] == "remat" and r["label"].startswith("budget:")),
-                       key=lambda r: r["rss_peak_growth_bytes"])
+                       key=lambda r: r.get("budget_bytes", 0))
         if curve:
             ax.plot([mib(r["rss_peak_growth_bytes"]) for r in curve], [r["median_step_seconds"] for r in curve],
                     "-", color=colors["remat"], marker=".", label="remat budget:B sweep")
@@ -401,7 +413,7 @@ def plot(path, results, models, title):
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, format="svg")
+    fig.savefig(path, format=os.path.splitext(path)[1].lstrip(".") or "svg")
 
 
 def main():
@@ -412,13 +424,36 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quiet-load", type=float, default=1.0, help="load average to wait for before each model")
     ap.add_argument("--wait-quiet", type=float, default=0, help="seconds to wait at most for that load (0: no wait)")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="set in every benchmark process of every system (e.g. MALLOC_MMAP_THRESHOLD_=131072)")
+    ap.add_argument("--render", metavar="JSON", help="only rewrite the .md and .svg from a results .json")
+    ap.add_argument("--tag", default="", help="appended to the output names: peers-DATE-TAG.*")
     a = ap.parse_args()
+    for kv in a.env:
+        k, _, v = kv.partition("=")
+        EXTRA_ENV[k] = v
     if a.warmup < 2:
         ap.error("--warmup must be at least 2 (the first step under a budget profiles)")
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     for m in models:
         if m not in MODELS:
             ap.error(f"unknown model {m}")
+    if a.render:
+        with open(a.render) as f:
+            saved = json.load(f)
+        EXTRA_ENV.update(saved.get("extra_env", {}))
+        results = saved["results"]
+        a.steps, a.warmup = saved["steps"], saved["warmup"]
+        models = [m for m in models if any(r["model"] == m for r in results)]
+        started = datetime.datetime.fromisoformat(saved["started"])
+        finished = datetime.datetime.fromisoformat(saved["finished"])
+        stem = a.render[:-len(".json")]
+        loss_failures = check_losses(results)
+        env = saved["environment"]
+        plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
+        write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
+                       os.path.basename(stem) + ".svg")
+        return 1 if loss_failures else 0
     if not os.access(RUNNER, os.X_OK):
         sys.exit(f"run.py: {RUNNER} is missing; run bench/peers/run.sh")
     started = datetime.datetime.now()
@@ -430,9 +465,10 @@ def main():
     loss_failures = check_losses(results)
     env = environment()
     os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"peers-{started:%Y-%m-%d}")
+    stem = os.path.join(a.out, f"peers-{started:%Y-%m-%d}" + (f"-{a.tag}" if a.tag else ""))
     with open(stem + ".json", "w") as f:
-        json.dump({"environment": env, "steps": a.steps, "warmup": a.warmup, "results": results}, f, indent=1)
+        json.dump({"environment": env, "extra_env": EXTRA_ENV, "started": started.isoformat(),
+                   "finished": finished.isoformat(), "steps": a.steps, "warmup": a.warmup, "results": results}, f, indent=1)
     plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
     write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
                    os.path.basename(stem) + ".svg")

@@ -170,20 +170,21 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=a.lr)
 
     probe = MemoryProbe()
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     for step in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn()
         loss.backward()
         opt.step()
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         losses.append(loss.item())
         if step >= a.warmup:
             times.append(dt)
+            cpu_times.append(dc)
     emit({
         "system": "pytorch", "model": a.model, "policy": a.policy, "threads": torch.get_num_threads(),
-        "steps": a.steps, "warmup": a.warmup, "step_seconds": times, "losses": losses,
+        "steps": a.steps, "warmup": a.warmup, "step_seconds": times, "step_cpu_seconds": cpu_times, "losses": losses,
         "first_loss": losses[0], "rss_peak_growth_bytes": probe.growth_bytes(),
         "rss_base_bytes": probe.rss_base_kib * 1024, "hwm_reset": probe.hwm_reset,
         "segments": max(1, round(math.sqrt(n))) if a.policy == "sequential" else None,

@@ -30,8 +30,8 @@ struct Policy {
   std::vector<std::string> ops;    // selective
   size_t budget_bytes = 0;         // budget
 
-  static Policy save_all() { return {Kind::save_all}; }
-  static Policy every_layer() { return {Kind::every_layer}; }
+  static Policy save_all() { return {Kind::save_all, 1, {}, 0}; }
+  static Policy every_layer() { return {Kind::every_layer, 1, {}, 0}; }
   static Policy every_k(int k);
   static Policy selective(std::vector<std::string> ops);
   static Policy budget(size_t bytes);

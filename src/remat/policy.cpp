@@ -22,7 +22,7 @@ std::string trim(const std::string& s) {
 
 Policy Policy::every_k(int k) {
   REMAT_CHECK(k >= 1, "policy every-k: K must be at least 1, got ", k);
-  Policy p{Kind::every_k};
+  Policy p{Kind::every_k, 1, {}, 0};
   p.k = k;
   return p;
 }
@@ -32,14 +32,14 @@ Policy Policy::selective(std::vector<std::string> ops) {
   for (const auto& op : ops)
     REMAT_CHECK(!op.empty() && op.rfind("custom:", 0) != 0, "policy selective: invalid op kind '", op,
                 "' (custom ops are always recomputed)");
-  Policy p{Kind::selective};
+  Policy p{Kind::selective, 1, {}, 0};
   p.ops = std::move(ops);
   return p;
 }
 
 Policy Policy::budget(size_t bytes) {
   REMAT_CHECK(bytes > 0, "policy budget: the budget must be positive");
-  Policy p{Kind::budget};
+  Policy p{Kind::budget, 1, {}, 0};
   p.budget_bytes = bytes;
   return p;
 }

@@ -96,8 +96,11 @@ void CpuBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, bool
     };
     // Many small products: one per thread (each runs single-threaded inside the parallel region).
     // Large products: one at a time, the library parallelises inside.
-    bool small = static_cast<double>(m) * n * k < 256.0 * 256 * 256;
-    if (std::is_same_v<T, float> && batch > 1 && small) {
+    const double per_product = static_cast<double>(m) * n * k;
+    bool small = per_product < 256.0 * 256 * 256;
+    // below ~64k multiply-adds in total a parallel region costs more than it saves
+    bool worth_threads = per_product * static_cast<double>(batch) >= 65536.0;
+    if (std::is_same_v<T, float> && batch > 1 && small && worth_threads) {
 #pragma omp parallel for schedule(dynamic)
       for (int64_t i = 0; i < batch; ++i) one(i);
     } else {
