@@ -44,6 +44,34 @@ def loadavg():
     return os.getloadavg()[0]
 
 
+def cpu_busy(seconds=1.0):
+    """CPUs kept busy by other processes over `seconds` (0 .. number of CPUs), from /proc/stat."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        idle = v[3] + (v[4] if len(v) > 4 else 0)
+        return sum(v[:8]), idle
+    t0, i0 = sample()
+    time.sleep(seconds)
+    t1, i1 = sample()
+    total = max(1, t1 - t0)
+    return round((os.cpu_count() or 1) * (1 - (i1 - i0) / total), 2)
+
+
+QUIET = {"busy": 0.3, "max_wait": 0.0}
+
+
+def wait_for_quiet_cpus():
+    """Before each configuration: wait (at most QUIET['max_wait'] s) until other processes keep
+    less than QUIET['busy'] CPUs busy. Returns the last measurement."""
+    t0 = time.time()
+    busy = cpu_busy()
+    while busy > QUIET["busy"] and time.time() - t0 < QUIET["max_wait"]:
+        time.sleep(4)
+        busy = cpu_busy()
+    return busy
+
+
 def log(msg):
     print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -54,6 +82,7 @@ EXTRA_ENV = {}
 def run_one(cmd, env=None):
     env = dict(env or os.environ)
     env.update(EXTRA_ENV)
+    busy = wait_for_quiet_cpus()
     load = loadavg()
     t0 = time.time()
     try:
@@ -76,6 +105,7 @@ def run_one(cmd, env=None):
         tail = (err or out).strip().splitlines()[-3:]
         record = {"error": f"exit {rc}: " + " | ".join(tail)}
     record["load_before"] = round(load, 2)
+    record["busy_before"] = busy
     record["wall_seconds"] = round(time.time() - t0, 1)
     return record
 
@@ -145,7 +175,7 @@ def run_model(model, a, tmp, results):
             log(f"{model:9s} {system:7s} {policy:22s} ERROR {record['error'][:200]}")
         else:
             log(f"{model:9s} {system:7s} {policy:22s} {t:8.4f} s  rss +{mem / 2**20:8.1f} MiB  "
-                f"loss0 {record['first_loss']:.7f}  (load {record['load_before']})")
+                f"loss0 {record['first_loss']:.7f}  (load {record['load_before']}, busy {record['busy_before']})")
         return record
 
     wait_quiet(a.quiet_load, a.wait_quiet)
@@ -295,11 +325,16 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
     if EXTRA_ENV:
         L.append("| environment of every benchmark process | " + " ".join(f"`{k}={v}`" for k, v in EXTRA_ENV.items())
                  + " |")
+    busy = [r["busy_before"] for r in results if "busy_before" in r]
+    if busy:
+        L.append(f"| CPUs busy with other work in the second before each configuration (`busy`) | min {min(busy):.2f}, "
+                 f"median {sorted(busy)[len(busy) // 2]:.2f}, max {max(busy):.2f} of 2 (the runs waited up to "
+                 f"{QUIET['max_wait']:.0f} s for less than {QUIET['busy']}) |")
     loads = [r["load_before"] for r in results if "load_before" in r]
     if loads:
         L.append(f"| load average (1 min) before each configuration | min {min(loads):.2f}, median "
-                 f"{sorted(loads)[len(loads) // 2]:.2f}, max {max(loads):.2f} (2 CPUs; over 2 means other work "
-                 "shared them and times are noisy) |")
+                 f"{sorted(loads)[len(loads) // 2]:.2f}, max {max(loads):.2f} (this run's own previous configuration "
+                 "included) |")
     L.append("")
     L.append("## What is measured")
     L.append("")
@@ -355,7 +390,7 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
         L.append("")
         base = next((r for r in rs if r["system"] == "remat" and r["label"] == "save-all" and ok(r)), None)
         L.append("| system | policy | median step (s) | vs remat save-all | step CPU (s) | RSS peak (MiB) "
-                 "| remat alloc peak (MiB) | remat saved peak (MiB) | first loss | Δloss | load |")
+                 "| remat alloc peak (MiB) | remat saved peak (MiB) | first loss | Δloss | busy |")
         L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rs:
             if not ok(r):
@@ -369,7 +404,7 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
                      f"{r.get('median_step_cpu_seconds', float('nan')):.3f} | "
                      f"{fmt_mib(r['rss_peak_growth_bytes'])} | {fmt_mib(r.get('alloc_peak_bytes'))} | "
                      f"{fmt_mib(r.get('alloc_peak_saved_bytes'))} | {r['first_loss']:.6f} | "
-                     f"{r.get('loss_rel_diff', float('nan')):.1e} | {r['load_before']:.1f} |")
+                     f"{r.get('loss_rel_diff', float('nan')):.1e} | {r.get('busy_before', float('nan')):.2f} |")
         L.append("")
     L.append("## Targets")
     L.append("")
@@ -424,11 +459,16 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quiet-load", type=float, default=1.0, help="load average to wait for before each model")
     ap.add_argument("--wait-quiet", type=float, default=0, help="seconds to wait at most for that load (0: no wait)")
+    ap.add_argument("--quiet-busy", type=float, default=0.3,
+                    help="before each configuration, wait until other processes keep fewer CPUs than this busy")
+    ap.add_argument("--quiet-max-wait", type=float, default=120,
+                    help="seconds to wait at most for that before each configuration (0: measure, do not wait)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="set in every benchmark process of every system (e.g. MALLOC_MMAP_THRESHOLD_=131072)")
     ap.add_argument("--render", metavar="JSON", help="only rewrite the .md and .svg from a results .json")
     ap.add_argument("--tag", default="", help="appended to the output names: peers-DATE-TAG.*")
     a = ap.parse_args()
+    QUIET.update(busy=a.quiet_busy, max_wait=a.quiet_max_wait)
     for kv in a.env:
         k, _, v = kv.partition("=")
         EXTRA_ENV[k] = v
@@ -442,6 +482,7 @@ def main():
         with open(a.render) as f:
             saved = json.load(f)
         EXTRA_ENV.update(saved.get("extra_env", {}))
+        QUIET.update(saved.get("quiet", {}))
         results = saved["results"]
         a.steps, a.warmup = saved["steps"], saved["warmup"]
         models = [m for m in models if any(r["model"] == m for r in results)]
@@ -467,7 +508,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, f"peers-{started:%Y-%m-%d}" + (f"-{a.tag}" if a.tag else ""))
     with open(stem + ".json", "w") as f:
-        json.dump({"environment": env, "extra_env": EXTRA_ENV, "started": started.isoformat(),
+        json.dump({"environment": env, "extra_env": EXTRA_ENV, "quiet": QUIET, "started": started.isoformat(),
                    "finished": finished.isoformat(), "steps": a.steps, "warmup": a.warmup, "results": results}, f, indent=1)
     plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
     write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,

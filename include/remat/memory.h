@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace remat::memory {
 
@@ -33,6 +35,7 @@ struct Stats {
   std::array<size_t, kTagCount> live_bytes{};       // bytes currently allocated, per tag
   std::array<size_t, kTagCount> peak_bytes{};       // high-water mark of live_bytes per tag since reset
   std::array<uint64_t, kTagCount> allocations{};    // allocations made per tag since reset (never decreases)
+  size_t cached_bytes = 0;                          // freed blocks kept for reuse (not live; see below)
   size_t live_total = 0;                            // sum of live_bytes
   size_t peak_total = 0;                            // high-water mark of live_total since reset
   uint64_t allocations_total = 0;
@@ -57,6 +60,13 @@ class Allocator {
 
   Stats stats() const;
   void reset_peaks();  // peaks := current live values; allocation counts := 0
+
+  // Freed blocks of 4 KiB and more are kept, by size, and handed out again for the same size, so
+  // a training loop that allocates the same shapes every step stops paying for page faults.
+  // Cached blocks are not live: the counters above never include them. `limit` bounds the cache
+  // (default 1 GiB; 0 disables it); empty_cache() returns every cached block to the system.
+  void set_cache_limit(size_t limit);
+  void empty_cache();
   const std::string& device_name() const { return device_name_; }
 
  protected:
@@ -72,6 +82,15 @@ class Allocator {
   std::string device_name_;
   mutable std::mutex mutex_;
   Stats stats_;
+  // the cache of freed blocks (own lock: raw memory calls happen outside mutex_)
+  mutable std::mutex cache_mutex_;
+  std::unordered_map<size_t, std::vector<void*>> cache_;
+  size_t cached_bytes_ = 0;
+#if defined(__SANITIZE_ADDRESS__)
+  size_t cache_limit_ = 0;  // under AddressSanitizer reuse would hide use-after-free bugs
+#else
+  size_t cache_limit_ = size_t(1) << 30;
+#endif
 };
 
 // The CPU allocator, which holds all host tensor storage.
@@ -80,6 +99,7 @@ Allocator& cpu();
 // Shorthands for the CPU allocator.
 Stats stats();
 void reset_peaks();
+void empty_cache();
 size_t live_bytes(Tag tag);
 size_t peak_bytes(Tag tag);
 

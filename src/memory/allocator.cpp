@@ -27,15 +27,58 @@ const char* tag_name(Tag tag) {
 
 Allocator::Allocator(std::string device_name) : device_name_(std::move(device_name)) {}
 
+namespace {
+constexpr size_t kSmallestCachedBlock = 4096;
+size_t rounded_size(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment; }
+}  // namespace
+
 void* Allocator::raw_allocate(size_t bytes) {
-  // Round the request up so that the block is a whole number of alignment units (required by
-  // aligned new for some implementations, and it keeps vector loops free of tails in memory).
-  size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  // Whole alignment units: required by aligned new for some implementations, and it keeps
+  // vector loops free of tails in memory.
+  size_t rounded = rounded_size(bytes);
+  if (rounded >= kSmallestCachedBlock) {
+    std::lock_guard lock(cache_mutex_);
+    auto it = cache_.find(rounded);
+    if (it != cache_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      cached_bytes_ -= rounded;
+      return p;
+    }
+  }
   return ::operator new(rounded, std::align_val_t(kAlignment));
 }
 
-void Allocator::raw_deallocate(void* pointer, size_t /*bytes*/) {
+void Allocator::raw_deallocate(void* pointer, size_t bytes) {
+  size_t rounded = rounded_size(bytes);
+  if (rounded >= kSmallestCachedBlock) {
+    std::lock_guard lock(cache_mutex_);
+    if (cached_bytes_ + rounded <= cache_limit_) {
+      cache_[rounded].push_back(pointer);
+      cached_bytes_ += rounded;
+      return;
+    }
+  }
   ::operator delete(pointer, std::align_val_t(kAlignment));
+}
+
+void Allocator::set_cache_limit(size_t limit) {
+  {
+    std::lock_guard lock(cache_mutex_);
+    cache_limit_ = limit;
+  }
+  empty_cache();
+}
+
+void Allocator::empty_cache() {
+  std::unordered_map<size_t, std::vector<void*>> blocks;
+  {
+    std::lock_guard lock(cache_mutex_);
+    blocks.swap(cache_);
+    cached_bytes_ = 0;
+  }
+  for (auto& [size, list] : blocks)
+    for (void* p : list) ::operator delete(p, std::align_val_t(kAlignment));
 }
 
 void Allocator::add(size_t bytes, Tag tag) {
@@ -80,8 +123,14 @@ void Allocator::retag(size_t bytes, Tag from, Tag to) {
 }
 
 Stats Allocator::stats() const {
-  std::lock_guard lock(mutex_);
-  return stats_;
+  Stats s;
+  {
+    std::lock_guard lock(mutex_);
+    s = stats_;
+  }
+  std::lock_guard lock(cache_mutex_);
+  s.cached_bytes = cached_bytes_;
+  return s;
 }
 
 void Allocator::reset_peaks() {
@@ -99,6 +148,7 @@ Allocator& cpu() {
 
 Stats stats() { return cpu().stats(); }
 void reset_peaks() { cpu().reset_peaks(); }
+void empty_cache() { cpu().empty_cache(); }
 size_t live_bytes(Tag tag) { return cpu().stats().live(tag); }
 size_t peak_bytes(Tag tag) { return cpu().stats().peak(tag); }
 
