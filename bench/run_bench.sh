@@ -26,10 +26,25 @@ if [[ -z "${NO_BUILD:-}" ]]; then  # NO_BUILD=1: run the binaries already in BUI
   cmake --build "$build" --target bench_gemm bench_elementwise -- -j"${REMAT_JOBS:-2}" >/dev/null
 fi
 
+# Busy CPU time of the whole machine, in clock ticks (user nice system irq softirq steal).
+machine_busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+ticks=$(getconf CLK_TCK)
+ncpu=$(getconf _NPROCESSORS_ONLN)
+declare -a other_use=()
+
 run() {  # run NAME: runs build/bench/NAME, JSON to build/bench/NAME.json
   echo "running $1 (${reps} x >= ${min_time}s per benchmark) ..." >&2
-  "$build/bench/$1" --benchmark_repetitions="$reps" --benchmark_min_time="$min_time" \
-    --benchmark_format=json --benchmark_out_format=json --benchmark_out="$build/bench/$1.json" >/dev/null
+  local busy0 busy1 t0 t1 own
+  busy0=$(machine_busy)
+  t0=$(date +%s.%N)
+  own=$( { TIMEFORMAT='%3U %3S'; time "$build/bench/$1" --benchmark_repetitions="$reps" \
+           --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out_format=json \
+           --benchmark_out="$build/bench/$1.json" >/dev/null 2>&1; } 2>&1 )
+  t1=$(date +%s.%N)
+  busy1=$(machine_busy)
+  # CPU share used by other processes while this benchmark ran: they make OpenMP kernels wait.
+  other_use+=("$(awk -v b="$((busy1 - busy0))" -v hz="$ticks" -v own="$own" -v t0="$t0" -v t1="$t1" -v n="$ncpu" \
+    'BEGIN { split(own, o, " "); x = (b / hz - o[1] - o[2]) / ((t1 - t0) * n) * 100; printf "%.0f", (x < 0 ? 0 : x) }')")
 }
 run bench_gemm
 run bench_elementwise
@@ -97,3 +112,9 @@ printf '%s\n' "$elem" | awk -F'\t' '
       if (v[k] ~ /^ERROR/) { msg = v[k]; sub(/^ERROR:/, "", msg); printf "| %s | n/a (%s) | - |\n", k, msg; continue }
       printf "| %s | %.1f | %s |\n", k, v[k], (m > 0 ? sprintf("%.2f", v[k] / m) : "-") }
   }'
+
+echo
+echo "Other processes used ${other_use[0]}% (GEMM) and ${other_use[1]}% (elementwise) of the ${ncpu} CPUs during the runs."
+if ((other_use[0] > 5 || other_use[1] > 5)); then
+  echo "WARNING: the machine was not quiet; OpenMP kernels slow down badly when a core is taken. Rerun when idle."
+fi

@@ -213,6 +213,12 @@ int main(int argc, char** argv) {
     const size_t live_base = memory::stats().live_total;
     const size_t saved_base = memory::live_bytes(memory::Tag::saved);
 
+    // Under budget:B the first kProfilingSteps steps profile and the next one plans: warm up past
+    // them all, so the measured steps run the plan.
+    if (policy.kind == Policy::Kind::budget) warmup = std::max(warmup, BudgetPlanner::kProfilingSteps + 1);
+    std::shared_ptr<nn::Sequential> chain =
+        spec.kind == "mlp" ? std::static_pointer_cast<TanhMLP>(model)->layers : gpt->blocks;
+
     std::vector<double> times, cpu_times, losses;
     size_t steady_peak = 0, steady_saved_peak = 0;
     double recomputed_flops = 0, forward_flops = 0;
@@ -261,11 +267,22 @@ int main(int argc, char** argv) {
         // the baseline (parameters, inputs)
         {"alloc_peak_bytes", steady_peak},
         {"alloc_peak_saved_bytes", steady_saved_peak},
+        {"alloc_live_base_bytes", live_base},
+        {"alloc_peak_total_bytes", stats.peak_total},
+        {"alloc_peak_by_tag", {{"parameter", stats.peak(memory::Tag::parameter)}, {"gradient", stats.peak(memory::Tag::gradient)},
+                               {"saved", stats.peak(memory::Tag::saved)}, {"other", stats.peak(memory::Tag::other)}}},
         {"parameter_bytes", memory::live_bytes(memory::Tag::parameter)},
         {"parameters", model->num_parameters()},
         {"forward_flops_per_step", forward_flops / std::max(1, steps)},
         {"recomputed_flops_per_step", recomputed_flops / std::max(1, steps)},
     };
+    if (policy.kind == Policy::Kind::budget) {
+      if (auto report = chain->planner()->report()) {
+        j["plan_predicted_peak_bytes"] = report->predicted_peak_bytes;
+        j["plan_predicted_seconds"] = report->predicted_seconds;
+        j["plan_tree"] = report->tree;
+      }
+    }
     std::printf("%s\n", j.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

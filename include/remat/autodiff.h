@@ -183,6 +183,10 @@ struct EngineResult {
   Tensor summed(size_t i) const;  // their sum, added in arrival order
 };
 EngineResult run_engine(EngineTask task);
+// The backward of a sub-tape (nodes created at or after min_sequence_nr), run under no-grad:
+// every gradient that leaves it (to leaves' accumulators or older nodes) is captured, in arrival
+// order. Used by checkpoint regions and scan turns.
+EngineResult backward_subtape(std::vector<Edge> roots, TensorList root_grads, uint64_t min_sequence_nr);
 
 // ---- op counters (thread-local totals, reset by reset_op_counters)
 struct OpCounters {

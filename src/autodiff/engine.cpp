@@ -199,6 +199,17 @@ EngineResult run_engine(EngineTask task) {
   return engine.run();
 }
 
+EngineResult backward_subtape(std::vector<Edge> roots, TensorList root_grads, uint64_t min_sequence_nr) {
+  EngineTask task;
+  task.roots = std::move(roots);
+  task.root_grads = std::move(root_grads);
+  task.accumulate_into_leaves = false;
+  task.min_sequence_nr = min_sequence_nr;
+  task.capture_all_frontier = true;
+  NoGradGuard no_grad;
+  return run_engine(std::move(task));
+}
+
 // ---- public entry points
 
 static void prepare_roots(const TensorList& outputs, const TensorList& grad_outputs, const char* op,

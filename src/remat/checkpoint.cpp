@@ -256,7 +256,8 @@ std::vector<TensorList> RegionNode::apply_contributions(TensorList&& grad_output
 
   const auto backward_start = Clock::now();
   // Backward through the sub-tape only.
-  autodiff::EngineTask task;
+  std::vector<autodiff::Edge> roots;
+  TensorList root_grads;
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!grad_outputs[i].defined()) continue;
     REMAT_CHECK(outputs[i].shape() == this->outputs[i].shape, "checkpoint region '", label_, "': output ", i,
@@ -264,18 +265,11 @@ std::vector<TensorList> RegionNode::apply_contributions(TensorList&& grad_output
                 " on the first run");
     autodiff::Edge e = autodiff::gradient_edge(outputs[i]);
     if (!e.valid()) continue;
-    task.roots.push_back(e);
-    task.root_grads.push_back(grad_outputs[i]);
+    roots.push_back(e);
+    root_grads.push_back(grad_outputs[i]);
   }
-  task.accumulate_into_leaves = false;
-  task.min_sequence_nr = first_sequence_nr;
-  task.capture_all_frontier = true;
   // The sub-tape's nodes are referenced by `outputs` only; the engine frees saved values as it goes.
-  autodiff::EngineResult result;
-  {
-    NoGradGuard no_grad;
-    result = autodiff::run_engine(std::move(task));
-  }
+  autodiff::EngineResult result = autodiff::backward_subtape(std::move(roots), std::move(root_grads), first_sequence_nr);
   outputs.clear();
   if (profile_) {
     profile_->recompute_seconds = std::chrono::duration<double>(backward_start - recompute_start).count();

@@ -167,17 +167,7 @@ class ScanNode final : public autodiff::Node {
     Tensor result;
     autodiff::Edge root = autodiff::gradient_edge(turn_output_);
     if (root.valid()) {
-      autodiff::EngineTask task;
-      task.roots.push_back(root);
-      task.root_grads.push_back(adjoint);
-      task.accumulate_into_leaves = false;
-      task.min_sequence_nr = turn_marker_;
-      task.capture_all_frontier = true;
-      autodiff::EngineResult r;
-      {
-        NoGradGuard no_grad;
-        r = autodiff::run_engine(std::move(task));
-      }
+      autodiff::EngineResult r = autodiff::backward_subtape({root}, {adjoint}, turn_marker_);
       const autodiff::Node* leaf_accumulator = autodiff::gradient_edge(turn_leaf_).node.get();
       for (size_t c = 0; c < r.captured_edges.size(); ++c) {
         const auto& e = r.captured_edges[c];

@@ -28,3 +28,9 @@ cmake -S "$here" -B "$work/consumer" "${generator[@]}" -DCMAKE_BUILD_TYPE=Releas
 grep 'Found remat' "$work/configure.log" || true
 cmake --build "$work/consumer" -j 2
 "$work/consumer/consumer"
+
+# The installed command line (when built) must find the installed shared library by itself.
+if [[ -x "$prefix/bin/remat" ]]; then
+  "$prefix/bin/remat" --help >/dev/null
+  echo "installed command line runs: $prefix/bin/remat --help"
+fi
