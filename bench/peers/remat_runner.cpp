@@ -1,12 +1,14 @@
 // bench/peers/remat_runner.cpp - one remat configuration of the peer benchmarks, in its own process.
 //
 //   remat_runner --model mlp|gpt|gpt-large --policy POLICY [--steps 5] [--warmup 2] [--threads 2]
-//                [--save-init FILE] [--lr 1e-4]
+//                [--save-init FILE] [--lr 1e-4] [--alloc-cache BYTES]
 //
 // Builds the model from a fixed seed, makes its inputs from a fixed seed, optionally writes both to
 // FILE (safetensors: the parameters under their module names, the inputs as "input.x" or
 // "input.ids" / "input.targets") for the PyTorch and JAX scripts, then runs `warmup` + `steps`
-// training steps under POLICY and prints one JSON line.
+// training steps under POLICY and prints one JSON line. --alloc-cache sets the limit of the
+// allocator's cache of freed blocks (memory::Allocator::set_cache_limit; 0 turns it off), for
+// diagnosis; by default the library's own limit stands.
 //
 // A step is: drop the gradients, forward, loss, backward, plain SGD update (no momentum). The
 // same in bench/peers/torch_runner.py and jax_runner.py.
@@ -142,7 +144,7 @@ double median(std::vector<double> v) {
 void usage() {
   std::fprintf(stderr,
                "usage: remat_runner --model mlp|gpt|gpt-large --policy POLICY [--steps N] [--warmup W] "
-               "[--threads T] [--lr LR] [--save-init FILE]\n");
+               "[--threads T] [--lr LR] [--save-init FILE] [--alloc-cache BYTES]\n");
 }
 
 }  // namespace
@@ -151,6 +153,7 @@ int main(int argc, char** argv) {
   std::string model_name = "mlp", policy_text = "every-layer", save_init;
   int steps = 5, warmup = 2, threads = 2;
   double lr = 1e-4;
+  long long cache_limit = -1;  // the allocator's cache of freed blocks: -1 leaves the library default
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -167,6 +170,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::stoi(value());
     else if (a == "--lr") lr = std::stod(value());
     else if (a == "--save-init") save_init = value();
+    else if (a == "--alloc-cache") cache_limit = static_cast<long long>(memory::parse_bytes(value()));
     else {
       usage();
       return 2;
@@ -174,6 +178,7 @@ int main(int argc, char** argv) {
   }
   try {
     set_num_threads(threads);
+    if (cache_limit >= 0) memory::cpu().set_cache_limit(static_cast<size_t>(cache_limit));
     const Policy policy = Policy::parse(policy_text);
     const ModelSpec spec = spec_for(model_name);
 

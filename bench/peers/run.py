@@ -1,6 +1,6 @@
 """Runs the peer benchmarks (remat, PyTorch eager, JAX jit) and writes the dated report.
 
-  bench/peers/.venv/bin/python bench/peers/run.py [--models mlp,gpt,gpt-large] [--steps 5]
+  bench/peers/.venv/bin/python bench/peers/run.py [--models mlp,gpt,gpt-large] [--steps N]
       [--warmup 2] [--quiet-busy 0.3] [--quiet-max-wait 120] [--retries 2] [--max-minutes 25] [--out bench/results]
 
 Usually started by bench/peers/run.sh, which first sets up the environment and builds the
@@ -155,8 +155,17 @@ def affinity_prefix():
     return []
 
 
+# Measured steps per model: more where a step is short (the median of 20 steps of ~0.1 s is
+# steadier than of 5), the minimum of 5 for gpt-large (~2 s a step). --steps sets all.
+MODEL_STEPS = {"mlp": 20, "gpt": 20, "gpt-large": 5}
+
+
+def steps_for(model, a):
+    return a.steps if a.steps else MODEL_STEPS.get(model, 5)
+
+
 def remat_cmd(model, policy, a, save_init=None):
-    cmd = affinity_prefix() + [RUNNER, "--model", model, "--policy", policy, "--steps", str(a.steps), "--warmup",
+    cmd = affinity_prefix() + [RUNNER, "--model", model, "--policy", policy, "--steps", str(steps_for(model, a)), "--warmup",
                                str(a.warmup), "--threads", "2"]
     if save_init:
         cmd += ["--save-init", save_init]
@@ -165,7 +174,7 @@ def remat_cmd(model, policy, a, save_init=None):
 
 def peer_cmd(script, model, policy, init, a):
     cmd = affinity_prefix() + [PY, os.path.join(HERE, script), "--model", model, "--policy", policy, "--init", init,
-                               "--steps", str(a.steps), "--warmup", str(a.warmup)]
+                               "--steps", str(steps_for(model, a)), "--warmup", str(a.warmup)]
     if script.startswith("torch"):
         cmd += ["--threads", "2"]
     return cmd
@@ -333,7 +342,7 @@ def targets(results, models):
     return lines
 
 
-def write_markdown(path, results, env, a, models, started, finished, loss_failures, svg_name):
+def write_markdown(path, results, env, a, models, started, finished, loss_failures, svg_name, notes=None):
     L = []
     date = started.strftime("%Y-%m-%d")
     L.append(f"# remat against PyTorch and JAX, {date}")
@@ -350,8 +359,10 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
             L.append(f"| {k} | {env[k]} |")
     L.append(f"| threads | 2 in every system (remat::set_num_threads(2); torch.set_num_threads(2); XLA on "
              f"{'taskset -c 0,1' if affinity_prefix() else 'the machine’s 2 CPUs'}) |")
-    L.append(f"| run | {started:%Y-%m-%d %H:%M} to {finished:%H:%M}, {a.warmup} warm-up + {a.steps} measured steps "
-             "per configuration |")
+    L.append(f"| run | {started:%Y-%m-%d %H:%M} to {finished:%H:%M}, {a.warmup} warm-up + measured steps per "
+             "configuration: " + ", ".join(f"{m} {r['steps']}" for m in models
+                                           for r in [next((x for x in results if x['model'] == m and 'steps' in x), {'steps': '?'})])
+             + " |")
     if EXTRA_ENV:
         L.append("| environment of every benchmark process | " + " ".join(f"`{k}={v}`" for k, v in EXTRA_ENV.items())
                  + " |")
@@ -447,6 +458,10 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
     L.append("")
     L.append("Peak memory in the targets is the RSS peak, the measure common to the three systems.")
     L.append("")
+    if notes:
+        with open(notes) as f:
+            L.append(f.read().rstrip())
+        L.append("")
     with open(path, "w") as f:
         f.write("\n".join(L))
 
@@ -487,7 +502,8 @@ def plot(path, results, models, title):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="mlp,gpt,gpt-large")
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=0,
+                    help="measured steps per configuration (default: 20 for mlp and gpt, 5 for gpt-large)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quiet-busy", type=float, default=0.3,
@@ -502,6 +518,7 @@ def main():
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="set in every benchmark process of every system (e.g. MALLOC_MMAP_THRESHOLD_=131072)")
     ap.add_argument("--render", metavar="JSON", help="only rewrite the .md and .svg from a results .json")
+    ap.add_argument("--notes", metavar="FILE", help="markdown appended to the report (analysis written after a run)")
     ap.add_argument("--tag", default="", help="appended to the output names: peers-DATE-TAG.*")
     a = ap.parse_args()
     QUIET.update(busy=a.quiet_busy, max_wait=a.quiet_max_wait, retries=a.retries)
@@ -529,7 +546,7 @@ def main():
         env = saved["environment"]
         plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
         write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
-                       os.path.basename(stem) + ".svg")
+                       os.path.basename(stem) + ".svg", a.notes)
         return 1 if loss_failures else 0
     if not os.access(RUNNER, os.X_OK):
         sys.exit(f"run.py: {RUNNER} is missing; run bench/peers/run.sh")
@@ -549,7 +566,7 @@ def main():
                    "finished": finished.isoformat(), "steps": a.steps, "warmup": a.warmup, "results": results}, f, indent=1)
     plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
     write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
-                   os.path.basename(stem) + ".svg")
+                   os.path.basename(stem) + ".svg", a.notes)
     log(f"wrote {stem}.md, .svg, .json ({(finished - started).total_seconds() / 60:.1f} min)")
     for f in loss_failures:
         log("LOSS CHECK FAILED: " + f)
