@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -195,34 +196,69 @@ def budgets_for(el, sa):
     return [int(f * sa) for f in BELOW_FRACTIONS]
 
 
+# Runs of every configuration per model (fresh processes, one pass over all configurations after
+# another, so that a disturbance hits different configurations in different passes); the report
+# gives the median over the passes. --repeats sets all.
+MODEL_REPEATS = {"mlp": 3, "gpt": 3, "gpt-large": 1}
+
+
+def repeats_for(model, a):
+    return a.repeats if a.repeats else MODEL_REPEATS.get(model, 1)
+
+
+def summary(r):
+    return {k: r.get(k) for k in ["median_step_seconds", "median_step_cpu_seconds", "rss_peak_growth_bytes",
+                                  "alloc_peak_bytes", "alloc_peak_saved_bytes", "others_busy", "attempts"]}
+
+
+def merge_repeat(record, again):
+    """Adds another pass's run of the same configuration to record; the headline numbers become
+    the medians over the passes (each pass's own numbers stay under 'passes')."""
+    if "error" in again:
+        record.setdefault("pass_errors", []).append(again["error"])
+        return
+    record.setdefault("passes", [summary(record)]).append(summary(again))
+    for key in ["median_step_seconds", "median_step_cpu_seconds", "rss_peak_growth_bytes", "alloc_peak_bytes",
+                "alloc_peak_saved_bytes", "others_busy"]:
+        values = [p[key] for p in record["passes"] if p.get(key) is not None]
+        if values:
+            record[key] = statistics.median(values)
+
+
 def run_model(model, a, tmp, results):
     init = os.path.join(tmp, f"{model}.safetensors")
     spec = MODELS[model]
     n = spec["depth"] if spec["kind"] == "mlp" else spec["layers"]
     k = max(1, round(math.sqrt(n)))
+    configs = []  # (record, command, environment) of the first pass, run again by later passes
 
-    def add(system, policy, record, **extra):
+    def show(record, system, policy, prefix=""):
+        if "error" in record:
+            log(f"{prefix}{model:9s} {system:7s} {policy:22s} ERROR {record['error'][:200]}")
+        else:
+            log(f"{prefix}{model:9s} {system:7s} {policy:22s} {record['median_step_seconds']:8.4f} s  rss "
+                f"+{record['rss_peak_growth_bytes'] / 2**20:8.1f} MiB  loss0 {record['first_loss']:.7f}  "
+                f"(others busy {record['others_busy']}, tries {record.get('attempts', 1)})")
+
+    def add(system, policy, cmd, env=None, record=None, **extra):
+        if record is None:
+            record = measure(cmd, env)
         record.setdefault("system", system)
         record.setdefault("model", model)
         record["label"] = policy
         record.update(extra)
         results.append(record)
-        t = record.get("median_step_seconds")
-        mem = record.get("rss_peak_growth_bytes")
-        if "error" in record:
-            log(f"{model:9s} {system:7s} {policy:22s} ERROR {record['error'][:200]}")
-        else:
-            log(f"{model:9s} {system:7s} {policy:22s} {t:8.4f} s  rss +{mem / 2**20:8.1f} MiB  "
-                f"loss0 {record['first_loss']:.7f}  (others busy {record['others_busy']}, tries {record.get('attempts', 1)})")
+        configs.append((record, cmd, env))
+        show(record, system, policy)
         return record
 
-    sa = add("remat", "save-all", measure(remat_cmd(model, "save-all", a, save_init=init)))
+    sa = add("remat", "save-all", remat_cmd(model, "save-all", a, save_init=init))
     if "error" in sa:
         log(f"{model}: remat save-all failed; skipping the model")
         return
-    el = add("remat", "every-layer", measure(remat_cmd(model, "every-layer", a)))
-    add("remat", "selective:matmul", measure(remat_cmd(model, "selective:matmul", a)))
-    add("remat", f"every-k:{k}", measure(remat_cmd(model, f"every-k:{k}", a)))
+    el = add("remat", "every-layer", remat_cmd(model, "every-layer", a))
+    add("remat", "selective:matmul", remat_cmd(model, "selective:matmul", a))
+    add("remat", f"every-k:{k}", remat_cmd(model, f"every-k:{k}", a))
     if "error" not in el:
         for b in budgets_for(el["alloc_peak_saved_bytes"], sa["alloc_peak_saved_bytes"]):
             pol = f"budget:{b}"
@@ -230,12 +266,23 @@ def run_model(model, a, tmp, results):
             m = re.search(r"smallest feasible budget .*?: (\d+) bytes", r.get("error", ""))
             if m:  # below what the planner can do: run at the smallest feasible budget instead
                 pol = f"budget:{m.group(1)}"
-                r = measure(remat_cmd(model, pol, a))
-            add("remat", pol, r, budget_bytes=int(pol.split(":")[1]))
+                r = None
+            add("remat", pol, remat_cmd(model, pol, a), record=r, budget_bytes=int(pol.split(":")[1]))
     for pol in TORCH_POLICIES:
-        add("pytorch", pol, measure(peer_cmd("torch_runner.py", model, pol, init, a)))
+        add("pytorch", pol, peer_cmd("torch_runner.py", model, pol, init, a))
     for pol in JAX_POLICIES:
-        add("jax", pol, measure(peer_cmd("jax_runner.py", model, pol, init, a), env=jax_env()))
+        add("jax", pol, peer_cmd("jax_runner.py", model, pol, init, a), env=jax_env())
+
+    for p in range(2, repeats_for(model, a) + 1):
+        for record, cmd, env in configs:
+            if "error" in record:
+                continue
+            if "--save-init" in cmd:  # the weights file exists: do not write it again
+                i = cmd.index("--save-init")
+                cmd = cmd[:i] + cmd[i + 2:]
+            again = measure(cmd, env)
+            merge_repeat(record, again)
+            show(again, record["system"], record["label"], prefix=f"pass {p}: ")
 
 
 # ---------------------------------------------------------------- report
@@ -386,6 +433,11 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
              "the baseline). **median step** is the median over the measured steps after the warm-up steps (the "
              "first steps under a remat budget profile the model and the next one plans, so remat's budget runs warm up "
              "for BudgetPlanner::kProfilingSteps + 1 = 3 steps).")
+    L.append("- **Passes**: every configuration of a model runs in " + ", ".join(
+        f"{m} {max(len(r.get('passes', [])), 1)}" for m in models
+        for r in [next((x for x in results if x['model'] == m and 'error' not in x), {})])
+             + " fresh process(es), one pass over all of the model's configurations after another; the "
+             "tables give the median over the passes of each process's median step time, step CPU time and peaks.")
     L.append("- **RSS peak**: the resident-set high-water mark (VmHWM in /proc/self/status) at the end minus "
              "the same after setup (model, inputs and optimizer built, weights loaded, JAX step compiled, nothing "
              "run yet), with the high-water mark reset to the current RSS just before the baseline "
@@ -505,6 +557,9 @@ def main():
     ap.add_argument("--steps", type=int, default=0,
                     help="measured steps per configuration (default: 20 for mlp and gpt, 5 for gpt-large)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="passes over all configurations of a model (default: 3 for mlp and gpt, 1 for gpt-large); "
+                         "the report gives the median over the passes")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--quiet-busy", type=float, default=0.3,
                     help="before each configuration, wait until other processes keep fewer CPUs than this busy")

@@ -8,7 +8,7 @@ namespace remat::tools {
 
 struct TrainOptions {
   std::string data;  // empty: the default corpus
-  int64_t layers = 4, width = 128, heads = 4, seq = 64, batch = 32, steps = 500;
+  int64_t layers = 4, width = 128, heads = 4, seq = 64, batch = 32, steps = 1000;
   double lr = 2e-3;
   uint64_t seed = 1;
   std::string policy = "every-layer";
