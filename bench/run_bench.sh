@@ -6,15 +6,31 @@
 # Each number is the best of REPS repetitions (default 3) of at least MIN_TIME seconds (default
 # 0.5), which is the least disturbed by other processes; check `uptime` on a shared machine.
 #   bench/run_bench.sh [BUILD_DIR]      (default build; built in Release if needed)
-# Raw JSON results are kept in BUILD_DIR/bench/*.json. Needs only bash and awk.
+#   bench/run_bench.sh --report DIR...  (tables only: best over earlier runs' JSON in each DIR)
+# Each run's JSON is kept in BUILD_DIR/bench/runs/<date-time>/, and it also reports how much
+# CPU other processes took meanwhile. On a shared machine, `--report BUILD_DIR/bench/runs/*`
+# combines several runs: interference only ever slows a kernel down, so the best repetition
+# over all runs is the closest to an undisturbed one. Needs only bash and awk.
 # Environment: REPS, MIN_TIME, NO_BUILD=1 (skip rebuilding the two programs), REMAT_JOBS.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-build=${1:-build}
 reps=${REPS:-3}
 min_time=${MIN_TIME:-0.5}
+report_only=0
+if [[ "${1:-}" == --report ]]; then
+  report_only=1
+  shift
+  (($#)) || { echo "usage: $0 --report DIR..." >&2; exit 2; }
+  result_dirs=("$@")
+  build=
+else
+  build=${1:-build}
+  result_dirs=("$build/bench/runs/$(date +%Y%m%d-%H%M%S)")
+fi
+
+if ((report_only == 0)); then
 
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -45,9 +61,13 @@ run() {  # run NAME: runs build/bench/NAME, JSON to build/bench/NAME.json
   # CPU share used by other processes while this benchmark ran: they make OpenMP kernels wait.
   other_use+=("$(awk -v b="$((busy1 - busy0))" -v hz="$ticks" -v own="$own" -v t0="$t0" -v t1="$t1" -v n="$ncpu" \
     'BEGIN { split(own, o, " "); x = (b / hz - o[1] - o[2]) / ((t1 - t0) * n) * 100; printf "%.0f", (x < 0 ? 0 : x) }')")
+  cp "$build/bench/$1.json" "${result_dirs[0]}/"
 }
+mkdir -p "${result_dirs[0]}"
 run bench_gemm
 run bench_elementwise
+printf 'GEMM %s%%\nelementwise %s%%\n' "${other_use[0]}" "${other_use[1]}" >"${result_dirs[0]}/other-cpu-use.txt"
+fi  # report_only
 
 # Reads benchmark JSON (one key per line) and prints "run_name value" for each repetition,
 # where value is the given counter, or "ERROR:<message>" for a benchmark that reported one.
@@ -71,10 +91,19 @@ best() {
        END { for (i = 1; i <= n; ++i) print order[i] "\t" b[order[i]] }'
 }
 
-gemm=$(extract "$build/bench/bench_gemm.json" GFLOPs | best)
-elem=$(extract "$build/bench/bench_elementwise.json" GBps | best)
+gemm_files=() elem_files=()
+for d in "${result_dirs[@]}"; do
+  [[ -f "$d/bench_gemm.json" ]] && gemm_files+=("$d/bench_gemm.json")
+  [[ -f "$d/bench_elementwise.json" ]] && elem_files+=("$d/bench_elementwise.json")
+done
+((${#gemm_files[@]} && ${#elem_files[@]})) || { echo "no bench_gemm.json / bench_elementwise.json in ${result_dirs[*]}" >&2; exit 1; }
+gemm=$(for f in "${gemm_files[@]}"; do extract "$f" GFLOPs; done | best)
+elem=$(for f in "${elem_files[@]}"; do extract "$f" GBps; done | best)
+if ((report_only)); then
+  reps="all repetitions of ${#gemm_files[@]} runs"
+fi
 
-threads=$(awk -F'"' '/"threads":/ { print $4; exit }' "$build/bench/bench_gemm.json")
+threads=$(awk -F'"' '/"threads":/ { print $4; exit }' "${gemm_files[0]}")
 echo
 echo "GEMM, GFLOP/s (best of $reps; ${threads:-?} threads; C[M,N] = A[M,K] @ B[K,N], row-major)"
 echo
@@ -113,8 +142,12 @@ printf '%s\n' "$elem" | awk -F'\t' '
       printf "| %s | %.1f | %s |\n", k, v[k], (m > 0 ? sprintf("%.2f", v[k] / m) : "-") }
   }'
 
-echo
-echo "Other processes used ${other_use[0]}% (GEMM) and ${other_use[1]}% (elementwise) of the ${ncpu} CPUs during the runs."
-if ((other_use[0] > 5 || other_use[1] > 5)); then
-  echo "WARNING: the machine was not quiet; OpenMP kernels slow down badly when a core is taken. Rerun when idle."
+if ((report_only == 0)); then
+  echo
+  echo "Other processes used ${other_use[0]}% (GEMM) and ${other_use[1]}% (elementwise) of the ${ncpu} CPUs during the runs."
+  if ((other_use[0] > 5 || other_use[1] > 5)); then
+    echo "WARNING: the machine was not quiet; OpenMP kernels slow down badly when a core is taken."
+    echo "Rerun when idle, or combine runs: $0 --report $build/bench/runs/*"
+  fi
+  echo "JSON: ${result_dirs[0]}"
 fi
