@@ -572,6 +572,7 @@ def main():
                     help="after this many minutes, stop waiting for quiet CPUs and stop retrying")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="set in every benchmark process of every system (e.g. MALLOC_MMAP_THRESHOLD_=131072)")
+    ap.add_argument("--resume", metavar="JSON", help="continue an interrupted run: keep the models it finished")
     ap.add_argument("--render", metavar="JSON", help="only rewrite the .md and .svg from a results .json")
     ap.add_argument("--notes", metavar="FILE", help="markdown appended to the report (analysis written after a run)")
     ap.add_argument("--tag", default="", help="appended to the output names: peers-DATE-TAG.*")
@@ -608,17 +609,36 @@ def main():
     started = datetime.datetime.now()
     QUIET["deadline"] = time.time() + 60 * a.max_minutes
     results = []
+    os.makedirs(a.out, exist_ok=True)
+    stem = os.path.join(a.out, f"peers-{started:%Y-%m-%d}" + (f"-{a.tag}" if a.tag else ""))
+    if a.resume:  # keep the models a previous (interrupted) run finished
+        with open(a.resume) as f:
+            saved = json.load(f)
+        done = set(saved.get("models_done", [])) & set(models)
+        results = [r for r in saved["results"] if r["model"] in done]
+        started = datetime.datetime.fromisoformat(saved["started"])
+        stem = a.resume[:-len(".json")]
+        log(f"resuming {a.resume}: keeping {', '.join(sorted(done)) or 'nothing'}")
+    else:
+        done = set()
+
+    def save(env=None, finished=None):
+        with open(stem + ".json", "w") as f:
+            json.dump({"environment": env or {}, "extra_env": EXTRA_ENV, "quiet": QUIET, "started": started.isoformat(),
+                       "finished": (finished or datetime.datetime.now()).isoformat(), "steps": a.steps,
+                       "warmup": a.warmup, "models_done": sorted(done), "results": results}, f, indent=1)
+
     with tempfile.TemporaryDirectory(prefix="remat-peers-") as tmp:
         for model in models:
+            if model in done:
+                continue
             run_model(model, a, tmp, results)
+            done.add(model)
+            save()  # after every model, so that an interrupted run can --resume
     finished = datetime.datetime.now()
     loss_failures = check_losses(results)
     env = environment()
-    os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"peers-{started:%Y-%m-%d}" + (f"-{a.tag}" if a.tag else ""))
-    with open(stem + ".json", "w") as f:
-        json.dump({"environment": env, "extra_env": EXTRA_ENV, "quiet": QUIET, "started": started.isoformat(),
-                   "finished": finished.isoformat(), "steps": a.steps, "warmup": a.warmup, "results": results}, f, indent=1)
+    save(env, finished)
     plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
     write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
                    os.path.basename(stem) + ".svg", a.notes)
