@@ -45,6 +45,13 @@ void CpuBackend::set_num_threads(int threads) {
 }
 int CpuBackend::num_threads() const { return omp_get_max_threads(); }
 
+Tensor contiguous_input(const Tensor& t) {
+  if (!t.defined() || t.is_contiguous()) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), memory::Tag::other, t.device());
+  cpu_backend().copy(t, c);
+  return c;
+}
+
 std::vector<int64_t> broadcast_strides(const Tensor& t, const Shape& shape) {
   std::vector<int64_t> strides(shape.size(), 0);
   size_t lead = shape.size() - t.shape().size();

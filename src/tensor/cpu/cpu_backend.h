@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "remat/backend.h"
@@ -145,6 +146,25 @@ void for_each_run(const StridedLayout<N>& layout, Inner&& inner) {
   }
 }
 
+
+// Accumulator type of reductions: f32 sums accumulate in f64.
+template <class T>
+using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
+
+// Runs body(r) for r in [0, rows), in parallel when rows * cols is large.
+template <class Body>
+void for_rows(int64_t rows, int64_t cols, Body&& body) {
+  if (rows > 1 && rows * cols >= kParallelThreshold) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) body(r);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) body(r);
+  }
+}
+
+// A contiguous tensor with the values of t (t itself when it already is contiguous). Kernels
+// are called with contiguous inputs; this only guards against a caller that forgets.
+Tensor contiguous_input(const Tensor& t);
 
 // dtype dispatch: calls f.template operator()<T>() with T = float or double.
 //   dispatch_float(x.dtype(), "exp", [&]<class scalar_t>() { ... });

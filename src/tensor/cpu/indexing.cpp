@@ -16,16 +16,6 @@ namespace remat::cpu {
 
 namespace {
 
-template <class T>
-using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
-
-Tensor contiguous_input(const Tensor& t) {
-  if (!t.defined() || t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), memory::Tag::other, t.device());
-  cpu_backend().copy(t, c);
-  return c;
-}
-
 void check_out(const Tensor& t, const char* op) {
   REMAT_ASSERT(t.is_contiguous(), op, ": output of shape ", shape_str(t.shape()), " is not contiguous");
 }
@@ -79,12 +69,7 @@ void cross_entropy_rows(const T* x, const int64_t* targets, double eps, int64_t 
     }
     losses[r] = static_cast<T>(loss);
   };
-  if (rows > 1 && rows * cols >= kParallelThreshold) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) body(r);
-  } else {
-    for (int64_t r = 0; r < rows; ++r) body(r);
-  }
+  for_rows(rows, cols, body);
 }
 
 // glogits = gloss[row] * (softmax - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
@@ -106,12 +91,7 @@ void cross_entropy_backward_rows(const T* logp, const int64_t* targets, const T*
     for (int64_t c = 0; c < cols; ++c) out[c] = g * (exp_any(lr[c]) - uniform);
     out[t] -= g * on_target;
   };
-  if (rows > 1 && rows * cols >= kParallelThreshold) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) body(r);
-  } else {
-    for (int64_t r = 0; r < rows; ++r) body(r);
-  }
+  for_rows(rows, cols, body);
 }
 
 // ---- dropout

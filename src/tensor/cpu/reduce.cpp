@@ -12,9 +12,6 @@ namespace remat::cpu {
 namespace {
 
 template <class T>
-using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
-
-template <class T>
 void reduce_rows(ReduceOp op, const T* x, int64_t outer, int64_t n, void* out_raw) {
   auto body = [&](int64_t r) {
     const T* row = x + r * n;

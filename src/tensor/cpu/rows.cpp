@@ -18,18 +18,6 @@ namespace remat::cpu {
 namespace {
 
 template <class T>
-using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
-
-// A contiguous tensor with the values of t (t itself when it already is contiguous). Kernels
-// are called with contiguous inputs; this only guards against a caller that forgets.
-Tensor contiguous_input(const Tensor& t) {
-  if (!t.defined() || t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), memory::Tag::other, t.device());
-  cpu_backend().copy(t, c);
-  return c;
-}
-
-template <class T>
 const T* cdata(const Tensor& t) {
   return t.defined() ? t.data<T>() : nullptr;
 }
@@ -40,17 +28,6 @@ T* mdata(const Tensor& t) {
 
 int64_t row_length(const Tensor& x) { return x.dim() == 0 ? 1 : x.shape().back(); }
 int64_t row_count(const Tensor& x, int64_t cols) { return cols == 0 ? 0 : x.numel() / cols; }
-
-// Runs body(r) for r in [0, rows), in parallel when rows * cols is large.
-template <class Body>
-void for_rows(int64_t rows, int64_t cols, Body&& body) {
-  if (rows > 1 && rows * cols >= kParallelThreshold) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) body(r);
-  } else {
-    for (int64_t r = 0; r < rows; ++r) body(r);
-  }
-}
 
 // ---- softmax
 
