@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
               model->zero_grad();
               model->loss(inputs, targets).backward();
             },
-            [=] { return model->blocks->planner(); },
+            [=] { return model->planner(); },
             [=](std::shared_ptr<BudgetPlanner>) { /* Sequential keeps one planner; a new budget re-plans */ }};
     sweep(m, points, steps);
   }

@@ -266,14 +266,36 @@ TEST(Counters, EachRegionRecomputedExactlyOncePerBackward) {
 }
 
 TEST(Counters, SelectiveServesKeptOpsFromTheCache) {
+  // h -> tanh(matmul(h, w) * s): mul keeps both its inputs under save-all, so the matmul's output
+  // is a value save-all keeps, and selective:matmul keeps it too instead of recomputing the matmul.
+  Chain chain;
+  std::vector<Tensor> params;
+  for (int i = 0; i < 4; ++i) {
+    Tensor w = randn({16, 16}, DType::f32, RngState{5, static_cast<uint64_t>(i) << 20}, 0.0, 0.25).requires_grad_();
+    Tensor s = randn({16}, DType::f32, RngState{6, static_cast<uint64_t>(i) << 20}).requires_grad_();
+    params.push_back(w);
+    chain.add([w, s](const Tensor& h) { return tanh(mul(matmul(h, w), s)); });
+  }
+  Tensor x = randn({4, 16}, DType::f32, RngState{1, 0});
+  reset_counters();
+  backward([&] { return mean(chain.forward(x)); }, GradOptions{Policy::parse("selective:matmul")});
+  Counters c = counters();
+  EXPECT_EQ(c.ops.cached_ops, 4u);           // each block's matmul
+  EXPECT_EQ(c.ops.recomputed_ops, 4u * 2);   // mul and tanh re-run
+  for (const auto& r : c.regions) EXPECT_EQ(r.cached_bytes, 4u * 16 * sizeof(float));
+}
+
+TEST(Counters, SelectiveKeepsNoValueSaveAllWouldNotKeep) {
+  // tanh(matmul(h, w) + b): save-all keeps h, w and tanh's output, never the matmul's output (add
+  // keeps nothing), so selective:matmul keeps nothing extra and recomputes the matmul.
   TanhChain model(4, 16, DType::f32, 3);
   Tensor x = randn({4, 16}, DType::f32, RngState{1, 0});
   reset_counters();
   backward([&] { return mean(model.chain.forward(x)); }, GradOptions{Policy::parse("selective:matmul")});
   Counters c = counters();
-  EXPECT_EQ(c.ops.cached_ops, 4u);           // each block's matmul
-  EXPECT_EQ(c.ops.recomputed_ops, 4u * 2);   // add and tanh re-run
-  for (const auto& r : c.regions) EXPECT_EQ(r.cached_bytes, 4u * 16 * sizeof(float));
+  EXPECT_EQ(c.ops.cached_ops, 0u);
+  EXPECT_EQ(c.ops.recomputed_ops, 4u * 3);  // matmul, add and tanh re-run
+  for (const auto& r : c.regions) EXPECT_EQ(r.cached_bytes, 0u);
 }
 
 // The memory bound of include/remat/checkpoint.h, checked with the allocator's counters:

@@ -65,7 +65,7 @@ bool reset_hwm() {
 class TanhLayer : public nn::Module {
  public:
   explicit TanhLayer(int64_t width) { fc = register_module("fc", std::make_shared<nn::Linear>(width, width)); }
-  Tensor forward(const Tensor& x) override { return remat::tanh(fc->forward(x)); }
+  Tensor forward_impl(const Tensor& x) override { return remat::tanh(fc->forward(x)); }
   std::string type_name() const override { return "TanhLayer"; }
   std::shared_ptr<nn::Linear> fc;
 };
@@ -83,7 +83,7 @@ class TanhMLP : public nn::Module {
     }
     reset_parameters(seed);
   }
-  Tensor forward(const Tensor& x) override { return layers->forward(x); }
+  Tensor forward_impl(const Tensor& x) override { return layers->forward(x); }
   std::string type_name() const override { return "TanhMLP"; }
   std::shared_ptr<nn::Sequential> layers;
 };

@@ -188,6 +188,11 @@ EngineResult run_engine(EngineTask task);
 // order. Used by checkpoint regions and scan turns.
 EngineResult backward_subtape(std::vector<Edge> roots, TensorList root_grads, uint64_t min_sequence_nr);
 
+// Called when a top-level backward() or grad() has finished (not for the sub-tape backward of a
+// checkpoint region). The checkpoint layer uses it to warn when a recomputing policy met no region.
+using BackwardListener = void (*)();
+void set_backward_listener(BackwardListener listener);
+
 // ---- op counters (thread-local totals, reset by reset_op_counters)
 struct OpCounters {
   uint64_t forward_ops = 0;        // forward op executions (first runs and recomputations)
@@ -202,13 +207,37 @@ void reset_op_counters();
 
 // ---- recording observer: how the checkpoint layer (remat/checkpoint.h) watches ops without
 // autodiff knowing about policies. At most one is active per thread (the innermost region).
+
+// One op, run again: the same op kind, forward, backward formula and FLOP count, applied to new
+// inputs through the ordinary path (recorded when grad mode is on and an input requires grad).
+// Checkpoint regions keep these to replay the ops of a traced segment (remat/call.h).
+class OpReplay {
+ public:
+  virtual ~OpReplay() = default;
+  virtual const std::string& op() const = 0;
+  virtual TensorList run(const TensorList& inputs) const = 0;  // the visible outputs
+};
+
+// What an observer is told about one op call, after its forward ran (or was served by replay()).
+struct OpEvent {
+  const std::string& op;
+  const TensorList& inputs;
+  TensorList& outputs;   // visible outputs, then aux outputs; an observer may replace a handle by an alias
+  size_t visible = 0;
+  bool replayed = false;  // served by replay() instead of computed
+  // Whether a recorded node of this op would keep input i / output i (visible or aux) for its backward.
+  std::function<bool(size_t)> saves_input, saves_output;
+  // Builds an OpReplay of this call (copies the op's definition; valid after the call returns).
+  std::function<std::shared_ptr<OpReplay>()> make_replay;
+};
+
 class RecordingObserver {
  public:
   virtual ~RecordingObserver() = default;
   // Called before an op runs; may return its outputs (from a cache) instead of running it.
   virtual bool replay(const std::string& op, TensorList& outputs) = 0;
   // Called after an op's forward ran or was replayed.
-  virtual void after_forward(const std::string& op, const TensorList& outputs) = 0;
+  virtual void after_forward(OpEvent& event) = 0;
   // Called when the op's inputs require grad; returning true suppresses recording of a node.
   virtual bool suppress_recording(const TensorList& inputs) = 0;
 };

@@ -1,27 +1,38 @@
-// remat/budget.h - the budget:BYTES policy: a Chain profiled once, planned by the rotor dynamic
-// programme (remat/schedule.h), executed as nested checkpoint regions.
+// remat/budget.h - the budget:BYTES policy: the layer calls of a model (or the children of a
+// Chain) profiled once, planned by the rotor dynamic programme (remat/schedule.h), executed as
+// nested checkpoint regions.
 //
-//   remat::Chain model = ...;
+//   auto model = std::make_shared<MyModel>();          // any nn::Module, or a remat::Chain
 //   remat::ScopedPolicy policy(remat::Policy::parse("budget:64MiB"));
 //   for (int step = 0; step < steps; ++step) {
-//     Tensor loss = mean(model.forward(x));   // step 0 profiles (every-layer), later steps run the plan
+//     Tensor loss = mean(model->forward(x));  // steps 0-1 profile (every-layer), later steps run the plan
 //     loss.backward();
 //   }
-//   model.planner()->report();                // the plan, its predicted peak and time
+//   model->planner()->report();               // the plan, its predicted peak and time
 //
-// How. The first forwards under the budget (for an input shape; kProfilingSteps of them) run
-// every child as its own region and the last of them records, per child, its forward time, its input (boundary) bytes, the bytes its ops
-// keep when recorded (measured with the allocator while the region is re-run) and its backward
-// time. Once that step's backward has finished, the next forward builds the cost model, asks the
-// planner for the plan of least predicted time whose peak fits, and runs it: a stage runs its
-// child with recording; a region runs its stages without recording and re-runs them (following
-// the nested sub-plan) in the backward pass. A new input shape profiles and plans again.
+// What is planned. The plan scope is the outermost call under the budget (the model's forward,
+// or a Chain / container with its own budget policy). Its layer calls (remat/call.h), in the
+// order they run and looking through containers, are the stages of a chain: stage i is the i-th
+// layer call. This is the reduction of a model to a chain: a residual or parallel structure
+// becomes the sequence of its layer calls, the ops between calls (adds, concatenations) belong to
+// the region that covers them, and the values a region keeps are what its calls and those ops
+// read from before it (the residual stream, a branch's shared input), measured.
 //
-// The budget covers the whole step's saved bytes: the chain is planned within the budget minus
-// the saved bytes that live outside it (kept by ops before the chain, measured at its entry, and
-// by ops after it up to the loss, measured on the profiling step). The first (profiling) step
-// steps run under every-layer and may exceed a budget below every-layer's peak. A budget below the
-// smallest feasible one is an error naming that smallest budget in bytes and in human units.
+// How. The first forwards under the budget (for the scope's input shapes; kProfilingSteps of
+// them) run every layer call as its own region and the last of them records, per call, its
+// forward time, the bytes it keeps (boundary), the bytes its ops keep when recorded (measured
+// with the allocator while the region is re-run) and its backward time. Once that step's backward
+// has finished, the next forward builds the cost model, asks the planner for the plan of least
+// predicted time whose peak fits, and runs it: a stage runs its call with recording; a region is
+// a traced segment over its calls (the ops between them included) that is replayed, following
+// the nested sub-plan, in the backward pass. New input shapes, or a different number of layer
+// calls, profile and plan again.
+//
+// The budget covers the whole step's saved bytes: the stages are planned within the budget minus
+// the saved bytes that live outside them (kept by ops before the scope, measured at its entry,
+// and by ops after it up to the loss, measured on the profiling step). The profiling steps run
+// under every-layer and may exceed a budget below every-layer's peak. A budget below the smallest
+// feasible one is an error naming that smallest budget in bytes and in human units.
 #pragma once
 
 #include <memory>
@@ -49,7 +60,9 @@ struct RegionProfile {
 class BudgetPlanner {
  public:
   struct Report {
-    Shape input_shape;
+    Shape input_shape;                 // the plan scope's first input
+    std::vector<Shape> signature;      // all its inputs' shapes
+    std::vector<std::string> stage_labels;  // the layer call of each stage
     size_t budget_bytes = 0;
     size_t outside_bytes = 0;        // saved bytes outside the chain (before + after it)
     size_t chain_limit_bytes = 0;    // what the chain was planned within
@@ -69,8 +82,7 @@ class BudgetPlanner {
   // first run of a shape also pays for one-time work such as JIT-compiled GEMM kernels).
   static constexpr int kProfilingSteps = 2;
 
-  // Used by Chain::forward.
-  struct Profiling;
+  // Used by the layer-call dispatcher (src/remat/call.cpp).
   struct State;
   BudgetPlanner();
   ~BudgetPlanner();

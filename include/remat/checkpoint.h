@@ -41,12 +41,11 @@
 
 #include "remat/autodiff.h"
 #include "remat/budget.h"
+#include "remat/call.h"
 #include "remat/policy.h"
 #include "remat/tensor.h"
 
 namespace remat {
-
-using RegionFn = std::function<TensorList(const TensorList&)>;
 
 struct CheckpointOptions {
   std::optional<Policy> policy;  // per-layer override
@@ -101,19 +100,40 @@ class Chain {
 
 // ---- counters
 struct RegionRecord {
-  std::string label;
-  size_t boundary_bytes = 0;        // inputs kept by the region
+  std::string label;                // the layer call's dotted name, a Chain child's name, or a group
+  std::string kind;                 // "layer" (one call) or "segment" (a traced group of calls)
+  size_t calls = 0;                 // layer calls inside (a segment groups several)
+  size_t boundary_bytes = 0;        // values kept by the region (its inputs)
   size_t cached_bytes = 0;          // outputs kept by a selective policy
   size_t recomputed_saved_bytes = 0;  // what the recomputed sub-tape saved (allocator-measured)
+  double forward_seconds = 0;       // first run
+  double recompute_seconds = 0;     // re-runs in backward passes
+  double backward_seconds = 0;      // backward of the recomputed sub-tapes
   uint64_t recomputations = 0;
 };
 struct Counters {
   autodiff::OpCounters ops;          // forward ops executed / recomputed, FLOP estimates
   uint64_t regions_created = 0;
   uint64_t regions_recomputed = 0;
+  uint64_t layer_calls = 0;          // layer calls met (regions or not)
   std::vector<RegionRecord> regions;  // one per region created since the reset (capped)
 };
 Counters counters();
 void reset_counters();
+
+// A table of the regions since the last reset_counters(), one row per region: dotted name,
+// boundary bytes kept, bytes its ops saved when re-run, forward / recompute / backward time and
+// recomputations, with totals. `save_all_peak_bytes`, when known (measured by running the same
+// step under save-all), is printed beside the totals.
+std::string memory_report(size_t save_all_peak_bytes = 0);
+
+// ---- warnings
+// A backward pass under a recomputing policy that met no region prints one warning per thread
+// (naming the policy and how to get regions) through the warning handler; the default handler
+// writes "remat: warning: ..." to stderr. Pass nullptr to restore the default, or a function that
+// ignores its argument to silence warnings.
+using WarningHandler = std::function<void(const std::string&)>;
+void set_warning_handler(WarningHandler handler);
+void warn(const std::string& message);
 
 }  // namespace remat

@@ -11,9 +11,14 @@ TensorList CustomOp::operator()(const TensorList& inputs) const {
   auto spec = std::make_shared<autodiff::OpSpec>();
   spec->name = "custom:" + name;
   spec->save = autodiff::save_nothing;
-  auto forward_fn = [this, spec](const TensorList& in) {
+  // Everything is captured by value: a checkpoint region may replay this call after the CustomOp
+  // object itself is gone.
+  auto user_forward = forward;
+  std::string op_name = name;
+  auto forward_fn = [user_forward, op_name, spec](const TensorList& in) {
+    const std::string& name = op_name;
     SaveContext ctx;
-    TensorList outputs = forward(in, ctx);
+    TensorList outputs = user_forward(in, ctx);
     REMAT_CHECK(!outputs.empty(), "custom op '", name, "': forward returned no outputs");
     for (size_t i = 0; i < outputs.size(); ++i)
       REMAT_CHECK(outputs[i].defined(), "custom op '", name, "': forward output ", i, " is undefined");
@@ -22,7 +27,6 @@ TensorList CustomOp::operator()(const TensorList& inputs) const {
     return outputs;
   };
   auto user_backward = backward;
-  std::string op_name = name;
   auto backward_fn = [user_backward, op_name](autodiff::BackwardContext& ctx) {
     // saved values are the aux outputs, after the visible ones
     size_t visible = ctx.num_outputs();

@@ -7,6 +7,7 @@
 // region runs the engine over its recomputed sub-tape with capture_all_frontier: gradients that
 // leave the sub-tape (towards its inputs, captured parameters or earlier nodes) are returned
 // instead of being propagated, so the region can hand them on along its own edges.
+#include <atomic>
 #include <queue>
 #include <unordered_map>
 
@@ -212,6 +213,15 @@ EngineResult backward_subtape(std::vector<Edge> roots, TensorList root_grads, ui
 
 // ---- public entry points
 
+namespace {
+std::atomic<BackwardListener> backward_listener{nullptr};
+void notify_backward_end() {
+  if (BackwardListener l = backward_listener.load()) l();
+}
+}  // namespace
+
+void set_backward_listener(BackwardListener listener) { backward_listener.store(listener); }
+
 static void prepare_roots(const TensorList& outputs, const TensorList& grad_outputs, const char* op,
                           std::vector<Edge>& roots, TensorList& grads) {
   REMAT_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), op, ": ", outputs.size(),
@@ -247,6 +257,7 @@ void backward(const TensorList& outputs, const TensorList& grad_outputs, bool re
   task.retain_graph = retain_graph;
   NoGradGuard no_grad;
   autodiff::run_engine(std::move(task));
+  autodiff::notify_backward_end();
 }
 
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
@@ -262,6 +273,7 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
   task.retain_graph = retain_graph;
   NoGradGuard no_grad;
   auto result = autodiff::run_engine(std::move(task));
+  autodiff::notify_backward_end();
   TensorList grads(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     grads[i] = result.summed(i);

@@ -125,6 +125,24 @@ size_t OpNode::saved_bytes() const {
 
 // ---- apply
 
+namespace {
+// An op call kept for replay (OpReplay): copies of its definition.
+class StoredOp final : public OpReplay {
+ public:
+  StoredOp(const OpSpec& spec, ForwardFn forward, BackwardFn backward, double flops)
+      : spec_(spec), forward_(std::move(forward)), backward_(std::move(backward)), flops_(flops) {}
+  const std::string& op() const override { return spec_.name; }
+  TensorList run(const TensorList& inputs) const override { return apply(spec_, inputs, forward_, backward_, flops_); }
+
+ private:
+  OpSpec spec_;
+  ForwardFn forward_;
+  BackwardFn backward_;
+  double flops_;
+};
+}  // namespace
+
+
 TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& forward, BackwardFn backward,
                  double flops) {
   ThreadState& state = thread_state();
@@ -162,7 +180,17 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
       }
     }
   }
-  if (state.observer && !state.in_backward_formula) state.observer->after_forward(spec.name, outputs);
+  if (state.observer && !state.in_backward_formula) {
+    OpEvent event{spec.name, inputs, outputs, visible, replayed, {}, {}, {}};
+    event.saves_input = [&spec](size_t i) {
+      return (spec.save & save_inputs) != 0 && i < 32 && ((spec.saved_inputs_mask >> i) & 1u) != 0;
+    };
+    event.saves_output = [&spec, visible](size_t i) { return (spec.save & save_outputs) != 0 || i >= visible; };
+    event.make_replay = [&spec, &forward, &backward, flops]() -> std::shared_ptr<OpReplay> {
+      return std::make_shared<StoredOp>(spec, forward, backward, flops);
+    };
+    state.observer->after_forward(event);
+  }
 
   bool record = state.grad_enabled;
   if (record) {

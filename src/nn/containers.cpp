@@ -1,5 +1,5 @@
-// Containers: Sequential (children as checkpoint regions through remat::Chain), Residual,
-// Parallel, Lambda.
+// Containers: Sequential, Residual and Parallel (transparent: their children are the layer calls),
+// and Lambda.
 #include "remat/nn/containers.h"
 
 #include "remat/checkpoint.h"
@@ -10,6 +10,7 @@ namespace remat::nn {
 // ---- Sequential
 
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
+  set_transparent();
   for (const auto& m : modules) add(m);
 }
 
@@ -17,37 +18,31 @@ Sequential& Sequential::add(std::shared_ptr<Module> module, const std::string& n
   std::string child = name.empty() ? std::to_string(layers_.size()) : name;
   add_child(child, module);  // validates the name and the pointer
   layers_.push_back(std::move(module));
-  names_.push_back(std::move(child));
   layer_policies_.push_back(std::move(policy));
-  return *this;
-}
-
-Sequential& Sequential::set_policy(std::optional<Policy> policy) {
-  policy_ = std::move(policy);
   return *this;
 }
 
 std::string Sequential::type_name() const { return detail::concat("Sequential(", layers_.size(), ")"); }
 
-Tensor Sequential::forward(const Tensor& x) {
-  // The Chain is rebuilt per call (a few std::function objects): each layer function holds its
-  // module by shared_ptr, by value, because a region re-runs it during the backward pass, after
-  // this call has returned (and possibly after this container is gone).
-  Chain chain;
-  chain.set_policy(policy_);
-  chain.set_planner(planner_);
+Tensor Sequential::forward_impl(const Tensor& x) {
+  Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    std::shared_ptr<Module> module = layers_[i];
-    chain.add([module](const Tensor& h) { return module->forward(h); }, names_[i], layer_policies_[i]);
+    TensorList out = call_child(*layers_[i], {h}, layer_policies_[i]);
+    REMAT_CHECK(out.size() == 1, type_name(), ": child ", i, " (", layers_[i]->type_name(), ") returned ", out.size(),
+                " outputs; a Sequential passes one tensor from child to child");
+    h = out[0];
   }
-  return chain.forward(x);
+  return h;
 }
 
 // ---- Residual
 
-Residual::Residual(std::shared_ptr<Module> fn) : fn_(fn) { add_child("fn", std::move(fn)); }
+Residual::Residual(std::shared_ptr<Module> fn) : fn_(fn) {
+  set_transparent();
+  add_child("fn", std::move(fn));
+}
 
-Tensor Residual::forward(const Tensor& x) {
+Tensor Residual::forward_impl(const Tensor& x) {
   Tensor y = fn_->forward(x);
   REMAT_CHECK(y.defined() && y.shape() == x.shape(), "Residual: ", fn_->type_name(), " maps ", shape_str(x.shape()),
               " to ", y.defined() ? shape_str(y.shape()) : "an undefined tensor", "; x + fn(x) needs equal shapes");
@@ -57,6 +52,7 @@ Tensor Residual::forward(const Tensor& x) {
 // ---- Parallel
 
 Parallel::Parallel(std::initializer_list<std::shared_ptr<Module>> modules) {
+  set_transparent();
   for (const auto& m : modules) add(m);
 }
 
@@ -66,7 +62,7 @@ Parallel& Parallel::add(std::shared_ptr<Module> module, const std::string& name)
   return *this;
 }
 
-Tensor Parallel::forward(const Tensor& x) {
+Tensor Parallel::forward_impl(const Tensor& x) {
   REMAT_CHECK(!branches_.empty(), "Parallel: no branches");
   TensorList outputs;
   outputs.reserve(branches_.size());
@@ -80,6 +76,6 @@ Lambda::Lambda(std::function<Tensor(const Tensor&)> fn, std::string name) : fn_(
   REMAT_CHECK(static_cast<bool>(fn_), "Lambda: the function is empty");
 }
 
-Tensor Lambda::forward(const Tensor& x) { return fn_(x); }
+Tensor Lambda::forward_impl(const Tensor& x) { return fn_(x); }
 
 }  // namespace remat::nn

@@ -1,5 +1,6 @@
-// The GPT model: embeddings, a Sequential of transformer blocks (regions under the policy),
-// final norm and head.
+// The GPT model: embeddings, a Sequential of transformer blocks, final norm and head. Under the
+// layer rule (remat/nn/module.h) the embeddings, every block, the final norm and the head are
+// the model's layer calls.
 #include "remat/nn/gpt.h"
 
 #include <cmath>
@@ -19,6 +20,9 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
   wte = register_module("wte", std::make_shared<Embedding>(config.vocab, config.width, dt));
   wpe = register_module("wpe", std::make_shared<Embedding>(config.seq, config.width, dt));
   drop = register_module("drop", std::make_shared<Dropout>(config.dropout));
+  // The embedding dropout keeps nothing for its backward: as a region of its own it would only add
+  // a boundary. Transparent, it runs as part of the model's own code between layer calls.
+  drop->set_transparent();
   blocks = register_module("blocks", std::make_shared<Sequential>());
   for (int64_t i = 0; i < config.layers; ++i)
     blocks->add(std::make_shared<TransformerBlock>(config.width, config.heads, config.dropout, dt));
@@ -42,7 +46,7 @@ std::string GPT::type_name() const {
                         ", heads ", config_.heads, ", seq ", config_.seq, ")");
 }
 
-Tensor GPT::forward(const Tensor& ids) {
+Tensor GPT::forward_impl(const Tensor& ids) {
   REMAT_CHECK(ids.defined() && ids.dtype() == DType::i64 && ids.dim() == 2, type_name(),
               ": expects i64 token ids of shape [B, T], got ",
               ids.defined() ? detail::concat(dtype_name(ids.dtype()), " ", shape_str(ids.shape())) : "undefined");

@@ -22,7 +22,7 @@ std::string Linear::type_name() const {
   return detail::concat("Linear(", in_, " -> ", out_, bias.defined() ? ", bias)" : ", no bias)");
 }
 
-Tensor Linear::forward(const Tensor& x) {
+Tensor Linear::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined(), type_name(), ": input is undefined");
   REMAT_CHECK(x.dim() >= 1 && x.size(-1) == in_, type_name(), ": expects an input of shape [..., ", in_, "], got ",
               shape_str(x.shape()));
@@ -41,7 +41,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, DType dtype) : num_(nu
 
 std::string Embedding::type_name() const { return detail::concat("Embedding(", num_, ", ", dim_, ")"); }
 
-Tensor Embedding::forward(const Tensor& ids) { return embedding(weight, ids); }
+Tensor Embedding::forward_impl(const Tensor& ids) { return embedding(weight, ids); }
 
 // ---- LayerNorm, RMSNorm
 
@@ -55,7 +55,7 @@ LayerNorm::LayerNorm(int64_t dim, double eps, bool affine, DType dtype) : dim_(d
 
 std::string LayerNorm::type_name() const { return detail::concat("LayerNorm(", dim_, ")"); }
 
-Tensor LayerNorm::forward(const Tensor& x) {
+Tensor LayerNorm::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == dim_, type_name(), ": expects an input of shape [..., ",
               dim_, "], got ", x.defined() ? shape_str(x.shape()) : "an undefined tensor");
   return layer_norm(x, weight, bias, eps_);
@@ -68,7 +68,7 @@ RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype) : dim_(dim), eps_(eps) {
 
 std::string RMSNorm::type_name() const { return detail::concat("RMSNorm(", dim_, ")"); }
 
-Tensor RMSNorm::forward(const Tensor& x) {
+Tensor RMSNorm::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == dim_, type_name(), ": expects an input of shape [..., ",
               dim_, "], got ", x.defined() ? shape_str(x.shape()) : "an undefined tensor");
   return rms_norm(x, weight, eps_);
@@ -76,10 +76,10 @@ Tensor RMSNorm::forward(const Tensor& x) {
 
 // ---- activations
 
-Tensor GELU::forward(const Tensor& x) { return gelu(x, tanh_); }
-Tensor ReLU::forward(const Tensor& x) { return relu(x); }
-Tensor Tanh::forward(const Tensor& x) { return remat::tanh(x); }
-Tensor SiLU::forward(const Tensor& x) { return silu(x); }
+Tensor GELU::forward_impl(const Tensor& x) { return gelu(x, tanh_); }
+Tensor ReLU::forward_impl(const Tensor& x) { return relu(x); }
+Tensor Tanh::forward_impl(const Tensor& x) { return remat::tanh(x); }
+Tensor SiLU::forward_impl(const Tensor& x) { return silu(x); }
 
 // ---- Dropout
 
@@ -89,6 +89,6 @@ Dropout::Dropout(double p) : p_(p) {
 
 std::string Dropout::type_name() const { return detail::concat("Dropout(", p_, ")"); }
 
-Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, training()); }
+Tensor Dropout::forward_impl(const Tensor& x) { return dropout(x, p_, training()); }
 
 }  // namespace remat::nn

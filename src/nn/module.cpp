@@ -49,8 +49,109 @@ void init_tensor(const Tensor& tensor, const Init& init, RngState state) {
   }
 }
 
-Tensor Module::forward(const Tensor&) {
-  throw Error(detail::concat(type_name(), ": forward(const Tensor&) is not implemented"));
+// ---- calls
+
+namespace {
+
+// The module calls in progress on this thread, for dotted names: (module, its dotted name).
+struct ModuleFrame {
+  const Module* module;
+  std::string path;
+};
+thread_local std::vector<ModuleFrame> module_frames;
+
+class ModuleFrameGuard {
+ public:
+  ModuleFrameGuard(const Module* module, const std::string& path) { module_frames.push_back({module, path}); }
+  ~ModuleFrameGuard() { module_frames.pop_back(); }
+  ModuleFrameGuard(const ModuleFrameGuard&) = delete;
+  ModuleFrameGuard& operator=(const ModuleFrameGuard&) = delete;
+};
+
+// Set while a default forward_impl waits for forward_list_impl: a module overriding neither.
+thread_local const Module* default_forward_of = nullptr;
+
+}  // namespace
+
+std::string Module::child_name(const Module* child) const {
+  for (const auto& c : children_)
+    if (c.module.get() == child) return c.name;
+  return "<" + child->type_name() + ">";  // called without being registered as a child
+}
+
+TensorList Module::invoke(const TensorList& inputs, const std::optional<Policy>& call_policy) {
+  std::string path;
+  if (!module_frames.empty()) {
+    const ModuleFrame& parent = module_frames.back();
+    const std::string name = parent.module->child_name(this);
+    path = parent.path.empty() ? name : parent.path + "." + name;
+  }
+  CallSite site;
+  site.label = path;
+  site.role = role_;
+  site.policy = call_policy ? call_policy : policy_;
+  site.planner = planner();
+  // A region may call the module again in the backward pass: hold it while it may.
+  std::shared_ptr<Module> owner = weak_from_this().lock();
+  Module* self = this;
+  RegionFn fn = [owner, self, path](const TensorList& in) {
+    ModuleFrameGuard frame(self, path);
+    return self->forward_list_impl(in);
+  };
+  return call(fn, inputs, site);
+}
+
+Tensor Module::single_output(const TensorList& outputs) const {
+  REMAT_CHECK(outputs.size() == 1, type_name(), ": forward returned ", outputs.size(),
+              " outputs; call forward(TensorList) to get them all");
+  return outputs[0];
+}
+
+Tensor Module::forward(const Tensor& x) { return single_output(invoke(TensorList{x}, std::nullopt)); }
+
+TensorList Module::forward(const TensorList& inputs) { return invoke(inputs, std::nullopt); }
+
+TensorList Module::call_child(Module& child, const TensorList& inputs, const std::optional<Policy>& call_policy) {
+  return child.invoke(inputs, call_policy);
+}
+
+Tensor Module::forward_impl(const Tensor& x) {
+  REMAT_CHECK(default_forward_of != this, type_name(),
+              ": the module computes nothing: override forward_impl(const Tensor&) or forward_list_impl(const TensorList&)");
+  const Module* previous = default_forward_of;
+  default_forward_of = this;
+  TensorList out;
+  try {
+    out = forward_list_impl(TensorList{x});
+  } catch (...) {
+    default_forward_of = previous;
+    throw;
+  }
+  default_forward_of = previous;
+  return single_output(out);
+}
+
+TensorList Module::forward_list_impl(const TensorList& inputs) {
+  REMAT_CHECK(default_forward_of != this, type_name(),
+              ": the module computes nothing: override forward_impl(const Tensor&) or forward_list_impl(const TensorList&)");
+  REMAT_CHECK(inputs.size() == 1, type_name(), ": called with ", inputs.size(),
+              " inputs, but it implements forward_impl(const Tensor&) (one input); override forward_list_impl for several");
+  return TensorList{forward_impl(inputs[0])};
+}
+
+Module& Module::set_policy(std::optional<Policy> policy) {
+  policy_ = std::move(policy);
+  return *this;
+}
+
+Module& Module::set_role(CallRole role) {
+  role_ = role;
+  return *this;
+}
+
+const std::shared_ptr<BudgetPlanner>& Module::planner() const {
+  if (!planner_) planner_ = std::make_shared<BudgetPlanner>();
+  return planner_;
 }
 
 void Module::check_new_name(const std::string& name, const char* what) const {

@@ -38,7 +38,7 @@ std::string CausalSelfAttention::type_name() const {
   return detail::concat("CausalSelfAttention(width ", width_, ", heads ", heads_, ")");
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
+Tensor CausalSelfAttention::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined() && x.dim() == 3 && x.size(2) == width_, type_name(), ": expects x of shape [B, T, ", width_,
               "], got ", x.defined() ? shape_str(x.shape()) : "an undefined tensor");
   const int64_t b = x.size(0), t = x.size(1), c = width_, h = heads_, d = c / h;
@@ -64,7 +64,7 @@ MLP::MLP(int64_t width, double dropout, DType dtype, int64_t hidden, bool tanh_g
   proj = register_module("proj", std::make_shared<Linear>(hidden, width, true, dtype));
 }
 
-Tensor MLP::forward(const Tensor& x) {
+Tensor MLP::forward_impl(const Tensor& x) {
   return dropout(proj->forward(gelu(fc->forward(x), tanh_gelu_)), dropout_, training());
 }
 
@@ -77,7 +77,7 @@ TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout,
   mlp = register_module("mlp", std::make_shared<MLP>(width, dropout, dtype));
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) {
+Tensor TransformerBlock::forward_impl(const Tensor& x) {
   Tensor h = add(x, attn->forward(ln1->forward(x)));
   return add(h, mlp->forward(ln2->forward(h)));
 }

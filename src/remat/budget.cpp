@@ -1,7 +1,9 @@
 // The budget planner's state and its cost model (see include/remat/budget.h).
 #include "remat/budget.h"
 
-#include "remat/budget_internal.h"
+#include "budget_internal.h"
+
+#include "remat/memory.h"
 
 namespace remat {
 
@@ -42,6 +44,66 @@ size_t BudgetPlanner::State::measured_outside_bytes() const {
       last.saved_peak_at_backward > saved_live_at_entry + boundaries)
     after = last.saved_peak_at_backward - saved_live_at_entry - boundaries;
   return saved_live_at_entry + after;
+}
+
+}  // namespace remat
+
+namespace remat {
+
+bool BudgetPlanner::State::planned_for(const std::vector<Shape>& shapes, size_t budget_bytes) const {
+  return !stale && report && report->signature == shapes && report->budget_bytes == budget_bytes;
+}
+
+bool BudgetPlanner::State::can_plan(const std::vector<Shape>& shapes) const {
+  return profiling && signature == shapes && profile_complete() && profile_runs >= kProfilingSteps;
+}
+
+void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes) {
+  profile_runs = profiling && signature == shapes ? profile_runs + 1 : 1;
+  profiling = true;
+  stale = false;
+  signature = shapes;
+  report.reset();
+  profiles.clear();
+  stage_labels.clear();
+  saved_live_at_entry = memory::live_bytes(memory::Tag::saved);
+  saved_peak_at_entry = memory::peak_bytes(memory::Tag::saved);
+}
+
+void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {
+  schedule::ChainCosts measured = measured_costs();
+  const size_t outside = measured_outside_bytes();
+  const size_t limit = budget.budget_bytes > outside ? budget.budget_bytes - outside : 0;
+  Report r;
+  r.input_shape = shapes.empty() ? Shape{} : shapes[0];
+  r.signature = shapes;
+  r.stage_labels = stage_labels;
+  r.budget_bytes = budget.budget_bytes;
+  r.outside_bytes = outside;
+  r.chain_limit_bytes = limit;
+  r.costs = measured;
+  std::string inputs;
+  for (const auto& s : shapes) inputs += (inputs.empty() ? "" : ", ") + shape_str(s);
+  try {
+    r.plan = schedule::plan_rotor(measured, limit);
+  } catch (const schedule::InfeasibleError& e) {
+    const size_t smallest = e.min_feasible_bytes + outside;
+    throw Error(detail::concat("budget policy: ", budget.to_string(), " (",
+                               memory::format_bytes(static_cast<double>(budget.budget_bytes)),
+                               ") is below the smallest feasible budget for ", scope, " with input ", inputs, ": ",
+                               smallest, " bytes (", memory::format_bytes(static_cast<double>(smallest)), "; its ",
+                               measured.num_stages(), " layer calls need ", e.min_feasible_bytes, " bytes and ", outside,
+                               " bytes are saved outside them)"));
+  } catch (const std::exception& e) {
+    throw Error(detail::concat("budget policy: ", budget.to_string(), ": cannot plan ", scope, " (",
+                               measured.num_stages(), " layer calls): ", e.what()));
+  }
+  r.tree = schedule::format_tree(r.plan.tree);
+  r.predicted_peak_bytes = r.plan.predicted_peak_bytes + outside;
+  r.predicted_seconds = r.plan.predicted_time;
+  for (const auto& p : profiles) r.profiled_chain_seconds += p->forward_seconds + p->recompute_seconds + p->backward_seconds;
+  costs = measured;
+  report = std::move(r);  // the profile is kept: another budget re-plans from it
 }
 
 }  // namespace remat

@@ -1,28 +1,42 @@
-// Internal: the state a BudgetPlanner keeps between steps.
+// Internal: the state a BudgetPlanner keeps between steps, and how a plan is made from it.
 #pragma once
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "remat/budget.h"
+#include "remat/policy.h"
 
 namespace remat {
 
 struct BudgetPlanner::State {
-  // profiling of `shape` in progress (its backward may not have run yet)
+  // profiling of `signature` in progress (its backward may not have run yet)
   bool profiling = false;
-  int profile_runs = 0;  // profiling steps run for `shape` (the first one warms up caches and JIT kernels)
-  Shape shape;
-  std::vector<std::shared_ptr<RegionProfile>> profiles;
+  int profile_runs = 0;  // profiling steps run for `signature` (the first one warms up caches and JIT kernels)
+  std::vector<Shape> signature;
+  std::vector<std::shared_ptr<RegionProfile>> profiles;  // one per stage (layer call), in order
+  std::vector<std::string> stage_labels;
   size_t saved_live_at_entry = 0, saved_peak_at_entry = 0;
-  // the plan for report->input_shape
+  // the plan for report->signature
   std::optional<Report> report;
   std::optional<schedule::ChainCosts> costs;
+  bool stale = false;  // the last planned run met a different number of layer calls: profile again
 
   bool profile_complete() const;
   schedule::ChainCosts measured_costs() const;
   size_t measured_outside_bytes() const;
+
+  // Is the plan in force for these input shapes and this budget?
+  bool planned_for(const std::vector<Shape>& shapes, size_t budget_bytes) const;
+  // Is a finished profile of these shapes kept, so that a plan can be made now?
+  bool can_plan(const std::vector<Shape>& shapes) const;
+  // Makes the plan from the kept profile; a budget below the smallest feasible one is a
+  // remat::Error naming that budget. `scope` names the plan scope in messages.
+  void make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope);
+  // Starts (or continues) profiling these shapes: the next layer calls are measured stages.
+  void start_profiling(const std::vector<Shape>& shapes);
 };
 
 }  // namespace remat

@@ -37,7 +37,7 @@ class CaptureFinder final : public autodiff::RecordingObserver {
  public:
   explicit CaptureFinder(ScanNode& node) : node_(node) {}
   bool replay(const std::string&, TensorList&) override { return false; }
-  void after_forward(const std::string&, const TensorList&) override {}
+  void after_forward(autodiff::OpEvent&) override {}
   bool suppress_recording(const TensorList& inputs) override;
 
  private:

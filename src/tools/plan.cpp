@@ -74,7 +74,7 @@ std::pair<rs::ChainCosts, size_t> profile_model(const PlanOptions& o) {
     ScopedPolicy scoped(probe);
     model.loss(batch.inputs, batch.targets);  // plans: the report holds the measured costs
   }
-  auto report = model.blocks->planner()->report();
+  auto report = model.planner()->report();
   REMAT_CHECK(report.has_value(), "plan: profiling the model produced no costs");
   return {report->costs, report->outside_bytes};
 }

@@ -201,7 +201,7 @@ int run_train(const TrainOptions& o) {
               chosen.seconds / save_all.seconds, policy.to_string().c_str());
   std::optional<BudgetPlanner::Report> plan;
   double predicted_step_seconds = 0;
-  if (policy.kind == Policy::Kind::budget) plan = model->blocks->planner()->report();
+  if (policy.kind == Policy::Kind::budget) plan = model->planner()->report();
   if (plan) {
     // the plan predicts the chain of blocks; the rest of the step is taken from the profiling step
     double outside = std::max(0.0, profiling_step_seconds - plan->profiled_chain_seconds);

@@ -4,11 +4,14 @@
 //   for (int i = 0; i < 12; ++i) body->add(std::make_shared<remat::nn::TransformerBlock>(768, 12));
 //   Tensor y = body->forward(x);     // under every-layer (the default) each block is a region
 //
-// Sequential runs its children through a remat::Chain, so under the policy in force every child
-// is a checkpoint region (every-layer: the blocks' internals are recomputed in the backward
-// pass; every-k:K: segments of K children; save-all: plain calls). set_policy() overrides the
-// policy for this container, and add(module, name, policy) for one child. The regions re-run a
-// child during the backward pass, which is why the Chain holds each child by shared_ptr.
+// Sequential, Residual and Parallel are transparent (remat/nn/module.h): they only route data, so
+// their own calls are never regions and the calls they make are layer calls wherever the
+// container itself is called where a layer would be: the children of a Sequential are the layers
+// (every-layer: one region each; every-k:K: groups of K children; save-all: plain calls), the
+// function of a Residual is one, and so is each branch of a Parallel. set_policy() sets the policy
+// for the container's children (a child's own policy still wins), and Sequential::add(module,
+// name, policy) a policy for one child slot. A region calls its module again in the backward
+// pass, which is why containers hold their children by shared_ptr.
 #pragma once
 
 #include <functional>
@@ -25,37 +28,33 @@ namespace remat::nn {
 
 class Sequential : public Module {
  public:
-  Sequential() = default;
+  Sequential() { set_transparent(); }
   Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
   // Appends a child named `name` ("0", "1", ... by position when empty), with an optional
   // policy for it alone.
   Sequential& add(std::shared_ptr<Module> module, const std::string& name = "",
                   std::optional<Policy> policy = std::nullopt);
-  // A per-container policy override (a child's own override still wins); nullopt removes it.
-  Sequential& set_policy(std::optional<Policy> policy);
-  const std::optional<Policy>& policy() const { return policy_; }
-  // The budget planner kept across calls (profile and plan under budget:BYTES).
-  const std::shared_ptr<BudgetPlanner>& planner() const { return planner_; }
   size_t size() const { return layers_.size(); }
   const std::shared_ptr<Module>& operator[](size_t i) const { return layers_.at(i); }
-  Tensor forward(const Tensor& x) override;
   std::string type_name() const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   std::vector<std::shared_ptr<Module>> layers_;
-  std::vector<std::string> names_;
   std::vector<std::optional<Policy>> layer_policies_;
-  std::optional<Policy> policy_;
-  std::shared_ptr<BudgetPlanner> planner_ = std::make_shared<BudgetPlanner>();
 };
 
 // x + fn(x); the child is named "fn".
 class Residual : public Module {
  public:
   explicit Residual(std::shared_ptr<Module> fn);
-  Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Residual"; }
   const std::shared_ptr<Module>& fn() const { return fn_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   std::shared_ptr<Module> fn_;
@@ -64,12 +63,14 @@ class Residual : public Module {
 // Every child applied to the same input; the outputs concatenated along the last axis.
 class Parallel : public Module {
  public:
-  Parallel() = default;
+  Parallel() { set_transparent(); }
   Parallel(std::initializer_list<std::shared_ptr<Module>> modules);
   Parallel& add(std::shared_ptr<Module> module, const std::string& name = "");
   size_t size() const { return branches_.size(); }
-  Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Parallel"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   std::vector<std::shared_ptr<Module>> branches_;
@@ -81,8 +82,10 @@ class Parallel : public Module {
 class Lambda : public Module {
  public:
   explicit Lambda(std::function<Tensor(const Tensor&)> fn, std::string name = "Lambda");
-  Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return name_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   std::function<Tensor(const Tensor&)> fn_;

@@ -44,7 +44,7 @@ class GPT : public Module {
  public:
   explicit GPT(const GPTConfig& config);
   // ids [B, T] i64, T <= seq -> logits [B, T, vocab]
-  Tensor forward(const Tensor& ids) override;
+  Tensor forward_impl(const Tensor& ids) override;
   // Mean cross entropy of forward(ids) against targets [B, T] (i64; ignore_index rows skipped).
   Tensor loss(const Tensor& ids, const Tensor& targets, double label_smoothing = 0.0, int64_t ignore_index = -100);
   std::string type_name() const override;

@@ -19,7 +19,7 @@ namespace remat::nn {
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::f32);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
@@ -34,7 +34,7 @@ class Linear : public Module {
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t dim, DType dtype = DType::f32);
-  Tensor forward(const Tensor& ids) override;
+  Tensor forward_impl(const Tensor& ids) override;
   std::string type_name() const override;
   Tensor weight;
 
@@ -46,7 +46,7 @@ class Embedding : public Module {
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5, bool affine = true, DType dtype = DType::f32);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   Tensor weight, bias;  // undefined without affine
 
@@ -59,7 +59,7 @@ class LayerNorm : public Module {
 class RMSNorm : public Module {
  public:
   explicit RMSNorm(int64_t dim, double eps = 1e-6, DType dtype = DType::f32);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   Tensor weight;
 
@@ -72,7 +72,7 @@ class RMSNorm : public Module {
 class GELU : public Module {
  public:
   explicit GELU(bool tanh_approximation = false) : tanh_(tanh_approximation) {}
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return tanh_ ? "GELU(tanh)" : "GELU"; }
 
  private:
@@ -80,17 +80,17 @@ class GELU : public Module {
 };
 class ReLU : public Module {
  public:
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "ReLU"; }
 };
 class Tanh : public Module {
  public:
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "Tanh"; }
 };
 class SiLU : public Module {
  public:
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "SiLU"; }
 };
 
@@ -101,7 +101,7 @@ class SiLU : public Module {
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   double p() const { return p_; }
 

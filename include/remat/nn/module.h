@@ -1,24 +1,59 @@
-// remat/nn/module.h - the Module base class: parameters, children, dotted names, seeded init.
+// remat/nn/module.h - the Module base class: parameters, children, dotted names, seeded init, and
+// the layer calls that make checkpointing automatic.
 //
 // A Module owns parameters (leaf tensors that require grad, allocated in the `parameter` memory
 // account) and child modules, both registered under a name. Names compose with dots, so a GPT's
-// parameters read "blocks.3.attn.qkv.weight", the same names PyTorch's state_dict() would give
-// for the same structure, and weight files (remat/nn/safetensors.h) exchange with it directly.
+// parameters read "blocks.3.attn.qkv.weight", and weight files (remat/nn/safetensors.h) use them.
 //
-//   class TwoLayer : public remat::nn::Module {
+// A module says what it computes by overriding forward_impl (one tensor in, one out) or
+// forward_list_impl (several in or out); everybody calls it through forward():
+//
+//   class Model : public remat::nn::Module {
 //    public:
-//     TwoLayer() {
-//       fc1 = register_module("fc1", std::make_shared<remat::nn::Linear>(8, 32));
-//       fc2 = register_module("fc2", std::make_shared<remat::nn::Linear>(32, 1));
+//     explicit Model(int depth) {
+//       for (int i = 0; i < depth; ++i)
+//         layers.push_back(register_module("layer" + std::to_string(i), std::make_shared<Block>(64)));
+//       head = register_module("head", std::make_shared<remat::nn::Linear>(64, 10));
 //     }
-//     Tensor forward(const Tensor& x) override { return fc2->forward(remat::tanh(fc1->forward(x))); }
-//     std::shared_ptr<remat::nn::Linear> fc1, fc2;
+//     Tensor forward_impl(const Tensor& x) override {
+//       Tensor h = x;
+//       for (auto& layer : layers) h = layer->forward(h);   // each call: a checkpoint region
+//       return head->forward(h);
+//     }
+//     std::vector<std::shared_ptr<Block>> layers;
+//     std::shared_ptr<remat::nn::Linear> head;
 //   };
-//   auto model = std::make_shared<TwoLayer>();
-//   model->reset_parameters(/*seed=*/42);       // "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"
+//   auto model = std::make_shared<Model>(16);
+//   Tensor loss = mean(model->forward(x));   // every-layer (the default): 17 regions
+//   loss.backward();                         // each layer recomputed once, then freed
 //
-// Modules are shared by std::shared_ptr and are not copyable (a copy would share the
-// parameters' storage anyway, since Tensor is a handle).
+// Checkpointing by default: which call is a layer. forward() is a layer call in the sense of
+// remat/call.h. The outermost module call (here model->forward) is the root and runs plain. The
+// calls a root makes, and the calls made by containers it calls (Sequential, Residual, Parallel,
+// or any module marked transparent: containers that only route data), are the model's LAYERS:
+// under every-layer each one is a checkpoint region, whatever code makes the call (a loop, a
+// container, a shared module called twice). Calls a layer makes (its sub-modules) run plain:
+// they are recomputed with their layer, never on their own. So in the example the 16 blocks and
+// the head are regions and the Linear layers inside a Block are not.
+// Per module:
+//   set_policy(p)      the policy for this module's calls and the default for everything inside
+//                      them (model->set_policy(Policy::save_all()) turns checkpointing off for a
+//                      whole model; block->set_policy(Policy::parse("selective:matmul")) for one)
+//   set_transparent()  a container: its calls are never regions; the calls it makes are layers
+//                      if it is called where a layer would be (use it for your own containers)
+//   set_layer()        always a layer: a region even when called inside another layer
+//                      (multi-level checkpointing; recomputes it once more per level)
+// Under every-k:K consecutive layer calls are grouped, under budget:BYTES the model's layer calls
+// are planned (remat/budget.h: planner() keeps the profile and the plan).
+//
+// Memory. For a root whose forward makes N layer calls with boundary (input) bytes b each and
+// internal saved bytes at most I (what one layer's ops keep when recorded), the peak of saved
+// bytes in the backward pass under every-layer is at most N * b + I + g (g: the loss's own saved
+// input), against about N * (b + I) under save-all (remat/checkpoint.h).
+//
+// A region calls the module again in the backward pass: it holds the module by shared_ptr when
+// the module is owned by one (the usual case; modules are not copyable), so keep a module that is
+// not owned by a shared_ptr alive until the backward pass has run.
 //
 // Seeded initialisation. Every parameter carries an Init rule (zeros, ones, uniform, normal).
 // reset_parameters(seed) re-draws each parameter from its own explicit random stream
@@ -32,13 +67,18 @@
 // every Linear weight instead (GPT-2).
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "remat/budget.h"
+#include "remat/call.h"
+#include "remat/policy.h"
 #include "remat/random.h"
 #include "remat/tensor.h"
 
@@ -72,16 +112,23 @@ RngState parameter_rng_state(uint64_t seed, uint64_t index);
 // `state`; Kind::keep does nothing.
 void init_tensor(const Tensor& tensor, const Init& init, RngState state);
 
-class Module {
+class Module : public std::enable_shared_from_this<Module> {
  public:
   Module() = default;
   virtual ~Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // The computation. The base version throws remat::Error.
-  virtual Tensor forward(const Tensor& x);
+  // ---- calling a module (a layer call; see the header comment)
+  Tensor forward(const Tensor& x);                   // forward_impl must give exactly one output
+  TensorList forward(const TensorList& inputs);      // several inputs or outputs
+  template <class... More>
+    requires(std::same_as<More, Tensor> && ...)
+  Tensor forward(const Tensor& a, const Tensor& b, const More&... more) {
+    return single_output(forward(TensorList{a, b, more...}));
+  }
   Tensor operator()(const Tensor& x) { return forward(x); }
+  TensorList operator()(const TensorList& inputs) { return forward(inputs); }
   // A short description for messages, e.g. "Linear(4 -> 3, bias)".
   virtual std::string type_name() const { return "Module"; }
 
@@ -109,6 +156,17 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
   std::vector<std::pair<std::string, const Module*>> named_modules() const;
 
+  // ---- checkpointing (see the header comment)
+  // This module's own policy (nullopt: inherit the caller's); returns *this.
+  Module& set_policy(std::optional<Policy> policy);
+  const std::optional<Policy>& policy() const { return policy_; }
+  Module& set_role(CallRole role);
+  Module& set_transparent() { return set_role(CallRole::transparent); }
+  Module& set_layer() { return set_role(CallRole::layer); }
+  CallRole role() const { return role_; }
+  // The budget planner used when this module is the plan scope (the root under budget:BYTES).
+  const std::shared_ptr<BudgetPlanner>& planner() const;
+
   // Drops every parameter's accumulated gradient.
   void zero_grad();
   // Training mode (dropout active) or evaluation mode; propagates to all children.
@@ -134,6 +192,13 @@ class Module {
   void load_parameters(const std::map<std::string, Tensor>& tensors, const std::string& source = "tensors");
 
  protected:
+  // What the module computes. Override one of the two; each default calls the other (a module
+  // overriding neither throws remat::Error when called).
+  virtual Tensor forward_impl(const Tensor& x);
+  virtual TensorList forward_list_impl(const TensorList& inputs);
+  // Calls a child as this module's forward would (a layer call), with a policy for this call
+  // alone that overrides the child's own (containers use it for per-child policies).
+  static TensorList call_child(Module& child, const TensorList& inputs, const std::optional<Policy>& call_policy);
   void add_child(const std::string& name, std::shared_ptr<Module> module);
 
  private:
@@ -146,6 +211,9 @@ class Module {
     std::string name;
     std::shared_ptr<Module> module;
   };
+  TensorList invoke(const TensorList& inputs, const std::optional<Policy>& call_policy);
+  Tensor single_output(const TensorList& outputs) const;
+  std::string child_name(const Module* child) const;
   void check_new_name(const std::string& name, const char* what) const;
   // Visits every parameter (deduplicated) with its dotted name.
   template <class F>
@@ -156,6 +224,9 @@ class Module {
   std::vector<Parameter> parameters_;
   std::vector<Child> children_;
   bool training_ = true;
+  std::optional<Policy> policy_;
+  CallRole role_ = CallRole::automatic;
+  mutable std::shared_ptr<BudgetPlanner> planner_;
 };
 
 }  // namespace remat::nn

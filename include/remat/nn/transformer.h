@@ -22,7 +22,7 @@ class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t width, int64_t heads, double attn_dropout = 0.0, double resid_dropout = 0.0,
                       DType dtype = DType::f32);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   std::shared_ptr<Linear> qkv, proj;
 
@@ -36,7 +36,7 @@ class MLP : public Module {
  public:
   explicit MLP(int64_t width, double dropout = 0.0, DType dtype = DType::f32, int64_t hidden = 0,
                bool tanh_gelu = false);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "MLP"; }
   std::shared_ptr<Linear> fc, proj;
 
@@ -50,7 +50,7 @@ class MLP : public Module {
 class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t width, int64_t heads, double dropout = 0.0, DType dtype = DType::f32);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "TransformerBlock"; }
   std::shared_ptr<LayerNorm> ln1, ln2;
   std::shared_ptr<CausalSelfAttention> attn;

@@ -1,0 +1,512 @@
+// The checkpoint region node: first run (trace), replay in the backward pass. See region.h.
+//
+// Note [finding captured tensors]. While a region's first run is in progress a FirstRunObserver
+// is installed. Call steps receive history-free aliases of their external inputs, so a tensor
+// requiring grad that an op inside sees is either an output of an earlier step of this region
+// (its grad_fn is the region) or comes from outside: a captured parameter or an activation
+// computed before. The observer collects the gradient edges of the latter and suppresses
+// recording; they become extra edges of the region, so their gradients flow through the ordinary
+// engine exactly once.
+//
+// Note [the sub-tape]. In the backward pass the region replays its steps on fresh leaves (aliases
+// of the kept external values that require grad like the originals). Every node recorded then has
+// a sequence number >= the one taken before the replay; the engine runs only those, and captures
+// the gradients that reach any other node (the fresh leaves' accumulators, captured parameters'
+// accumulators, nodes before the region): they are the region's input gradients.
+//
+// Note [selective caches]. Under selective:OPS the first run holds the outputs of the listed op
+// kinds, in order; when the region closes it keeps those that some op of the region would save
+// anyway under save-all (so the cache adds no bytes save-all would not keep) and drops the rest.
+// The replay serves the kept ones in the same order instead of computing them. A region created
+// while an outer one replays passes the outer one's cache requests on, so both stay aligned.
+#include "region.h"
+
+#include <algorithm>
+
+#include "remat/memory.h"
+#include "remat/ops.h"
+
+namespace remat::detail {
+
+namespace {
+
+constexpr size_t kMaxRegionRecords = 1 << 16;
+
+class FirstRunObserver final : public autodiff::RecordingObserver {
+ public:
+  FirstRunObserver(Region& region, autodiff::RecordingObserver* parent) : region_(region), parent_(parent) {}
+  bool replay(const std::string& op, TensorList& outputs) override {
+    return parent_ != nullptr && parent_->replay(op, outputs);
+  }
+  void after_forward(autodiff::OpEvent& event) override { region_.on_op(event); }
+  bool suppress_recording(const TensorList& inputs) override {
+    region_.on_recording(inputs);
+    return true;
+  }
+
+ private:
+  Region& region_;
+  autodiff::RecordingObserver* parent_;
+};
+
+class RecomputeObserver final : public autodiff::RecordingObserver {
+ public:
+  explicit RecomputeObserver(Region& region) : region_(region) {}
+  bool replay(const std::string& op, TensorList& outputs) override { return region_.serve(op, cursor, outputs); }
+  void after_forward(autodiff::OpEvent&) override {}
+  bool suppress_recording(const TensorList&) override { return false; }
+  size_t cursor = 0;
+
+ private:
+  Region& region_;
+};
+
+// Restores thread state on every exit path of a replay.
+class RecomputeScope {
+ public:
+  RecomputeScope(RngState replay_state, const Policy& policy, autodiff::RecordingObserver* observer)
+      : rng_(rng_state()), policy_(policy), grad_(true), observer_(autodiff::set_recording_observer(observer)) {
+    set_rng_state(replay_state);
+    autodiff::set_recompute_depth(autodiff::recompute_depth() + 1);
+  }
+  ~RecomputeScope() {
+    autodiff::set_recompute_depth(autodiff::recompute_depth() - 1);
+    autodiff::set_recording_observer(observer_);
+    set_rng_state(rng_);
+  }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+ private:
+  RngState rng_;
+  ScopedPolicy policy_;
+  EnableGradGuard grad_;
+  autodiff::RecordingObserver* observer_;
+};
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+const schedule::PlanNode* plan_node_at(const std::vector<schedule::PlanNode>& plan, int position) {
+  for (const auto& node : plan)
+    if (node.first <= position && position <= node.last) return &node;
+  return nullptr;
+}
+
+}  // namespace
+
+RegionCounters& region_counters() {
+  thread_local RegionCounters c;
+  return c;
+}
+
+bool inside_first_run() { return dynamic_cast<FirstRunObserver*>(autodiff::recording_observer()) != nullptr; }
+
+Region::Region(Kind kind, Policy policy, std::string label, std::shared_ptr<RegionProfile> profile,
+               std::vector<schedule::PlanNode> sub_plan)
+    : kind_(kind), policy_(std::move(policy)), label_(std::move(label)), profile_(std::move(profile)),
+      sub_plan_(std::move(sub_plan)) {}
+
+Region::~Region() {
+  if (open_) autodiff::set_recording_observer(previous_observer_);
+}
+
+void Region::open() {
+  REMAT_ASSERT(!open_ && !closed_, "region '", label_, "' opened twice");
+  rng_ = rng_state();
+  opened_at_ = std::chrono::steady_clock::now();
+  observer_ = std::make_unique<FirstRunObserver>(*this, autodiff::recording_observer());
+  previous_observer_ = autodiff::set_recording_observer(observer_.get());
+  open_ = true;
+}
+
+Region::Ref Region::ref_for_input(const Tensor& t) {
+  const TensorImpl* impl = t.impl_ptr().get();
+  auto p = produced_.find(impl);
+  if (p != produced_.end()) return p->second;
+  auto e = external_of_.find(impl);
+  if (e != external_of_.end()) return Ref{true, e->second, 0};
+  External ext;
+  ext.value = autodiff::SavedTensor(t);
+  ext.requires_grad = t.requires_grad();
+  ext.slot = next_edges.size();
+  next_edges.push_back(autodiff::gradient_edge(t));
+  uint32_t index = static_cast<uint32_t>(externals_.size());
+  externals_.push_back(std::move(ext));
+  external_of_[impl] = index;
+  return Ref{true, index, 0};
+}
+
+void Region::register_outputs(Step& step, TensorList& outputs, size_t count, const TensorList& inputs) {
+  const uint32_t step_index = static_cast<uint32_t>(steps_.size());
+  for (size_t i = 0; i < count; ++i) {
+    Tensor& out = outputs[i];
+    REMAT_CHECK(out.defined(), "checkpoint region '", label_, "': output ", i, " of ",
+                step.is_call ? "a layer call" : step.op->op(), " is undefined");
+    bool alias = out.grad_fn() != nullptr || out.requires_grad();
+    for (const auto& in : inputs) alias = alias || out.same(in);
+    if (alias) out = out.detach();  // a new handle: never rewire a tensor someone else holds
+    size_t slot = SIZE_MAX;
+    if (is_floating(out.dtype())) {
+      slot = this->outputs.size();
+      this->outputs.push_back({out.shape(), out.dtype(), out.device()});
+      out.impl().grad_fn = shared_from_this();
+      out.impl().output_nr = static_cast<uint32_t>(slot);
+      out.impl().requires_grad = true;
+      produced_impls_.push_back(out.impl_ptr());
+    }
+    produced_[out.impl_ptr().get()] = Ref{false, step_index, static_cast<uint32_t>(i)};
+    step.output_slots.push_back(slot);
+  }
+}
+
+TensorList Region::add_call(const RegionFn& fn, const TensorList& inputs, const CallStepInfo& info) {
+  REMAT_ASSERT(open_, "region '", label_, "': add_call on a closed region");
+  Step step;
+  step.is_call = true;
+  step.fn = fn;
+  step.info = info;
+  step.rng = rng_state();
+  TensorList args;
+  args.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    REMAT_CHECK(inputs[i].defined(), "checkpoint region '", label_, "': input ", i, " is undefined");
+    Ref r = ref_for_input(inputs[i]);
+    step.inputs.push_back(r);
+    args.push_back(r.external ? inputs[i].detach() : inputs[i]);
+  }
+  TensorList outputs;
+  ++call_depth_;
+  try {
+    outputs = fn(args);
+  } catch (...) {
+    --call_depth_;
+    throw;
+  }
+  --call_depth_;
+  ++num_calls_;
+  register_outputs(step, outputs, outputs.size(), inputs);
+  steps_.push_back(std::move(step));
+  return outputs;
+}
+
+void Region::track_storage(const Tensor& t) {
+  if (!t.defined()) return;
+  const std::shared_ptr<Storage>& s = t.storage();
+  read_storages_.try_emplace(s.get(), s);
+}
+
+void Region::on_op(autodiff::OpEvent& event) {
+  for (const auto& in : event.inputs) track_storage(in);
+  if (policy_.kind == Policy::Kind::selective) {
+    for (size_t i = 0; i < event.inputs.size(); ++i)
+      if (event.inputs[i].defined() && event.saves_input(i)) saved_by_ops_.insert(event.inputs[i].storage().get());
+    for (size_t i = 0; i < event.outputs.size(); ++i)
+      if (event.outputs[i].defined() && event.saves_output(i)) saved_by_ops_.insert(event.outputs[i].storage().get());
+    if (policy_.keeps_op(event.op)) cache_.push_back({event.op, event.outputs, {}, false});
+  }
+  if (kind_ != Kind::segment || call_depth_ > 0) return;
+  // an op between layer calls: traced as a step of the segment
+  Step step;
+  step.op = event.make_replay();
+  step.rng = rng_state();
+  for (const auto& in : event.inputs) step.inputs.push_back(ref_for_input(in));
+  register_outputs(step, event.outputs, event.visible, event.inputs);
+  steps_.push_back(std::move(step));
+}
+
+void Region::add_captured_edge(const autodiff::Edge& edge) {
+  if (!edge.valid() || captured_index_.count(edge)) return;
+  captured_index_[edge] = next_edges.size();
+  next_edges.push_back(edge);
+}
+
+void Region::on_recording(const TensorList& inputs) {
+  for (const auto& in : inputs) {
+    if (!in.requires_grad()) continue;
+    if (in.grad_fn().get() == this) continue;                     // an output of an earlier step
+    if (external_of_.count(in.impl_ptr().get())) continue;        // kept, with its own edge
+    add_captured_edge(autodiff::gradient_edge(in));
+  }
+}
+
+bool Region::serve(const std::string& op, size_t& cursor, TensorList& outputs) {
+  if (!policy_.keeps_op(op)) return false;
+  REMAT_CHECK(cursor < cache_.size() && cache_[cursor].op == op, "checkpoint region '", label_,
+              "': its recomputation ran ops in a different order than its first run (op ", op,
+              "); a region's function must be deterministic");
+  CacheEntry& entry = cache_[cursor++];
+  if (!entry.kept) return false;
+  for (auto& s : entry.values) outputs.push_back(s.get());
+  return true;
+}
+
+void Region::strip_outputs() {
+  for (auto& weak : produced_impls_) {
+    std::shared_ptr<TensorImpl> impl = weak.lock();
+    if (impl && impl->grad_fn.get() == this) {
+      impl->grad_fn.reset();
+      impl->requires_grad = false;
+      impl->output_nr = 0;
+    }
+  }
+}
+
+void Region::close() {
+  REMAT_ASSERT(open_, "region '", label_, "' closed twice");
+  autodiff::set_recording_observer(previous_observer_);
+  open_ = false;
+  closed_ = true;
+  const auto closed_at = std::chrono::steady_clock::now();
+  for (auto& [raw, weak] : read_storages_)
+    if (auto s = weak.lock()) read_versions_.emplace_back(weak, s->version());
+  for (auto& entry : cache_) {
+    bool keep = !entry.pending.empty();
+    for (const auto& t : entry.pending) keep = keep && t.defined() && saved_by_ops_.count(t.storage().get());
+    if (keep)
+      for (const auto& t : entry.pending) entry.values.emplace_back(t);
+    entry.kept = keep;
+    entry.pending.clear();
+  }
+  read_storages_.clear();
+  saved_by_ops_.clear();
+  external_of_.clear();
+  produced_.clear();
+  valid_ = std::any_of(next_edges.begin(), next_edges.end(), [](const autodiff::Edge& e) { return e.valid(); });
+  auto& rc = region_counters();
+  ++rc.created;
+  if (!valid_) {
+    // nothing to differentiate: the outputs become plain tensors and the node goes away
+    if (profile_) profile_->backward_done = true;  // a profiled stage with nothing to recompute
+    strip_outputs();
+    produced_impls_.clear();
+    release_saved();
+    return;
+  }
+  produced_impls_.clear();
+  size_t boundary = 0;
+  for (const auto& e : externals_) boundary += e.value.bytes();
+  size_t cached = 0;
+  for (const auto& entry : cache_)
+    for (const auto& v : entry.values) cached += v.bytes();
+  if (rc.records.size() < kMaxRegionRecords) {
+    record_index_ = rc.records.size();
+    RegionRecord rec;
+    rec.label = label_;
+    rec.kind = kind_ == Kind::segment ? "segment" : "layer";
+    rec.calls = num_calls_;
+    rec.boundary_bytes = boundary;
+    rec.cached_bytes = cached;
+    rec.forward_seconds = seconds_between(opened_at_, closed_at);
+    rc.records.push_back(std::move(rec));
+  }
+  if (profile_) {
+    profile_->forward_seconds = seconds_between(opened_at_, closed_at);
+    profile_->boundary_bytes = boundary;
+    profile_->output_bytes = 0;
+    for (const auto& m : this->outputs) profile_->output_bytes += static_cast<size_t>(shape_numel(m.shape)) * dtype_size(m.dtype);
+    profile_->backward_done = false;
+  }
+}
+
+void Region::abort() {
+  if (open_) autodiff::set_recording_observer(previous_observer_);
+  open_ = false;
+  closed_ = true;
+  strip_outputs();
+  produced_impls_.clear();
+  produced_.clear();
+  external_of_.clear();
+  read_storages_.clear();
+  release_saved();
+}
+
+size_t Region::saved_bytes() const {
+  size_t total = 0;
+  for (const auto& e : externals_) total += e.value.bytes();
+  for (const auto& entry : cache_)
+    for (const auto& v : entry.values) total += v.bytes();
+  return total;
+}
+
+TensorList Region::apply(TensorList&&) {
+  REMAT_ASSERT(false, "Region::apply is not used");
+  return {};
+}
+
+void Region::release_saved() {
+  for (auto& e : externals_) e.value.release();
+  cache_.clear();
+  steps_.clear();
+  read_versions_.clear();
+}
+
+void Region::check_versions() const {
+  for (const auto& [weak, version] : read_versions_) {
+    std::shared_ptr<Storage> s = weak.lock();
+    if (!s || s->version() == version) continue;
+    throw Error(detail::concat("checkpoint region '", label_, "': a tensor (", memory::format_bytes(static_cast<double>(s->bytes())),
+                               " of storage) that it reads was modified in place after the forward pass; "
+                               "recomputing from the new values would give a wrong gradient (save-all would raise "
+                               "for the same program: a value saved for the backward pass was modified in place)"));
+  }
+}
+
+TensorList Region::replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested) {
+  if (sub_plan_.empty()) return step.fn(inputs);
+  const int position = step.info.position;
+  const schedule::PlanNode* node = plan_node_at(sub_plan_, position);
+  REMAT_CHECK(node != nullptr, "checkpoint region '", label_, "': layer call ", position,
+              " is outside its plan; a model's layer calls must be the same on every run");
+  if (node->kind == schedule::PlanNode::Kind::stage) {
+    ScopedPolicy record_all(Policy::save_all());
+    return step.fn(inputs);
+  }
+  if (!nested) {
+    REMAT_CHECK(position == node->first, "checkpoint region '", label_, "': plan region ", schedule::format_tree({*node}),
+                " entered at layer call ", position);
+    nested = std::make_shared<Region>(Kind::segment, Policy::every_layer(),
+                                      "R[" + std::to_string(node->first) + ".." + std::to_string(node->last) + "]",
+                                      nullptr, node->children);
+    nested->open();
+  }
+  TensorList outputs = nested->add_call(step.fn, inputs, step.info);
+  if (position == node->last) {
+    nested->close();
+    nested.reset();
+  }
+  return outputs;
+}
+
+std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
+  using Clock = std::chrono::steady_clock;
+  REMAT_CHECK(closed_ && !open_, "checkpoint region '", label_,
+              "': the backward pass reached it while its forward pass was still running");
+  const auto recompute_start = Clock::now();
+  if (profile_) {
+    profile_->saved_live_at_backward = memory::live_bytes(memory::Tag::saved);
+    profile_->saved_peak_at_backward = memory::peak_bytes(memory::Tag::saved);
+  }
+  check_versions();
+  // Fresh leaves for the kept values.
+  TensorList leaves;
+  leaves.reserve(externals_.size());
+  for (const auto& e : externals_) {
+    Tensor leaf;
+    try {
+      leaf = e.value.get();
+    } catch (const Error& err) {
+      throw Error(detail::concat("checkpoint region '", label_, "': ", err.what()));
+    }
+    if (e.requires_grad && is_floating(leaf.dtype())) leaf.requires_grad_(true);
+    leaves.push_back(leaf);
+  }
+  const uint64_t first_sequence_nr = autodiff::next_sequence_nr();
+  const size_t saved_before = memory::live_bytes(memory::Tag::saved);
+  std::vector<TensorList> replayed(steps_.size());
+  RecomputeObserver observer(*this);
+  {
+    RecomputeScope scope(rng_, policy_, &observer);
+    std::shared_ptr<Region> nested;
+    try {
+      for (size_t s = 0; s < steps_.size(); ++s) {
+        const Step& step = steps_[s];
+        TensorList args;
+        args.reserve(step.inputs.size());
+        for (const Ref& r : step.inputs) args.push_back(r.external ? leaves[r.index] : replayed[r.index].at(r.output));
+        TensorList outs;
+        if (step.is_call) {
+          set_rng_state(step.rng);
+          outs = replay_call(step, args, nested);
+        } else {
+          outs = step.op->run(args);
+        }
+        REMAT_CHECK(outs.size() >= step.output_slots.size(), "checkpoint region '", label_, "': step ", s,
+                    " returned ", outs.size(), " outputs on recomputation, ", step.output_slots.size(),
+                    " on the first run; a region's function must be deterministic");
+        for (size_t k = 0; k < step.output_slots.size(); ++k) {
+          const size_t slot = step.output_slots[k];
+          if (slot == SIZE_MAX) continue;
+          REMAT_CHECK(outs[k].defined() && outs[k].shape() == this->outputs[slot].shape, "checkpoint region '",
+                      label_, "': output ", k, " of step ", s, " has shape ",
+                      outs[k].defined() ? shape_str(outs[k].shape()) : "(undefined)", " on recomputation, ",
+                      shape_str(this->outputs[slot].shape), " on the first run");
+        }
+        replayed[s] = std::move(outs);
+      }
+    } catch (...) {
+      if (nested) nested->abort();
+      throw;
+    }
+    if (nested) nested->close();
+  }
+  const size_t saved_after = memory::live_bytes(memory::Tag::saved);
+  REMAT_CHECK(observer.cursor == cache_.size(), "checkpoint region '", label_, "': its recomputation ran ",
+              observer.cursor, " kept ops where the first run had ", cache_.size(),
+              "; a region's function must be deterministic");
+  const auto backward_start = Clock::now();
+
+  // Backward through the sub-tape only.
+  std::vector<autodiff::Edge> roots;
+  TensorList root_grads;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    for (size_t k = 0; k < steps_[s].output_slots.size(); ++k) {
+      const size_t slot = steps_[s].output_slots[k];
+      if (slot == SIZE_MAX || slot >= grad_outputs.size() || !grad_outputs[slot].defined()) continue;
+      autodiff::Edge e = autodiff::gradient_edge(replayed[s][k]);
+      if (!e.valid()) continue;
+      roots.push_back(e);
+      root_grads.push_back(grad_outputs[slot]);
+    }
+  }
+  // The sub-tape's nodes are referenced by `replayed` only; the engine frees saved values as it goes.
+  autodiff::EngineResult result = autodiff::backward_subtape(std::move(roots), std::move(root_grads), first_sequence_nr);
+  replayed.clear();
+  const auto backward_end = Clock::now();
+
+  auto& rc = region_counters();
+  ++rc.recomputed;
+  ++rc.run_in_backward;
+  const size_t recomputed_saved = saved_after > saved_before ? saved_after - saved_before : 0;
+  if (record_index_ < rc.records.size()) {
+    auto& rec = rc.records[record_index_];
+    ++rec.recomputations;
+    rec.recomputed_saved_bytes = recomputed_saved;
+    rec.recompute_seconds += seconds_between(recompute_start, backward_start);
+    rec.backward_seconds += seconds_between(backward_start, backward_end);
+  }
+  if (profile_) {
+    profile_->recompute_seconds = seconds_between(recompute_start, backward_start);
+    profile_->backward_seconds = seconds_between(backward_start, backward_end);
+    profile_->saved_bytes = recomputed_saved;
+    profile_->backward_done = true;
+  }
+
+  std::vector<TensorList> input_grads(next_edges.size());
+  std::unordered_map<const autodiff::Node*, size_t> leaf_slot;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    if (!leaves[i].requires_grad()) continue;
+    leaf_slot[autodiff::gradient_edge(leaves[i]).node.get()] = externals_[i].slot;
+  }
+  for (size_t c = 0; c < result.captured_edges.size(); ++c) {
+    const autodiff::Edge& e = result.captured_edges[c];
+    const TensorList& grads = result.captured_grads[c];
+    if (grads.empty()) continue;
+    size_t slot;
+    auto li = leaf_slot.find(e.node.get());
+    if (li != leaf_slot.end()) {
+      slot = li->second;
+    } else {
+      auto xi = captured_index_.find(e);
+      REMAT_CHECK(xi != captured_index_.end(), "checkpoint region '", label_, "': its recomputation used a tensor ",
+                  "requiring grad (reached through ", e.node->name(), ") that its first run did not; a region's ",
+                  "function must be deterministic");
+      slot = xi->second;
+    }
+    for (const auto& g : grads) input_grads[slot].push_back(g);
+  }
+  return input_grads;
+}
+
+}  // namespace remat::detail

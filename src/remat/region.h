@@ -1,0 +1,174 @@
+// Internal: the checkpoint region node shared by remat::checkpoint, layer calls and segments.
+//
+// A Region is a tape node standing for a piece of forward computation that ran without
+// recording. It keeps a trace of what ran, as steps:
+//   - call steps: a function (a layer call) applied to some values;
+//   - op steps: one op made between layer calls (a residual add, a reshape), kept as an
+//     autodiff::OpReplay; only segments (every-k groups, budget plan regions) trace these.
+// Step inputs refer either to outputs of earlier steps or to external values (kept by the
+// region as SavedTensors, version-checked). Every visible output of every step is an output of
+// the region node: it gets the region as grad_fn while the forward runs, so later ops, inside or
+// outside the region, see it as part of the tape. In the backward pass the region replays its
+// steps with recording on (RNG restored before each step; selective caches served), runs the
+// backward of that sub-tape, and hands the gradients that leave it on along its edges, one
+// contribution at a time (the order save-all would have added them in).
+//
+// Note [what a region version-checks]. Recomputation re-reads everything the first run read.
+// External step inputs are SavedTensors (checked on get()). Everything else the ops read (captured
+// parameters, constants) is tracked by storage: the version of every storage an op read is taken
+// when the region closes, and compared before the replay; a storage that no longer exists could
+// not be re-read anyway. A mismatch is the error save-all gives for an overwritten saved value.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "remat/autodiff.h"
+#include "remat/budget.h"
+#include "remat/call.h"
+#include "remat/checkpoint.h"
+#include "remat/policy.h"
+#include "remat/random.h"
+#include "remat/schedule.h"
+
+namespace remat::detail {
+
+class Region;
+
+// How a call step runs when its region is replayed (set by the dispatcher, remat/call.cpp).
+struct CallStepInfo {
+  CallSite site;
+  int position = -1;  // stage index under a budget plan scope, else -1
+};
+
+struct EdgeHash {
+  size_t operator()(const autodiff::Edge& e) const { return std::hash<const void*>()(e.node.get()) * 31 + e.input_nr; }
+};
+
+class Region final : public autodiff::Node {
+ public:
+  enum class Kind { call, segment };
+  Region(Kind kind, Policy policy, std::string label, std::shared_ptr<RegionProfile> profile = nullptr,
+         std::vector<schedule::PlanNode> sub_plan = {});
+  ~Region() override;
+
+  // ---- first run
+  // Installs the first-run observer (recording off) and captures the RNG state.
+  void open();
+  // Runs a layer call as a step (its ops untaped); returns its outputs, now outputs of this node.
+  TensorList add_call(const RegionFn& fn, const TensorList& inputs, const CallStepInfo& info);
+  // Restores the observer, takes versions, settles the selective cache, writes counters. After
+  // close(), `valid()` tells whether any gradient can flow through the region; if not, its
+  // outputs have been made plain tensors again.
+  void close();
+  // Leaves without the bookkeeping of close() (an exception passed through the region).
+  void abort();
+  bool is_open() const { return open_; }
+  bool valid() const { return valid_; }
+  size_t num_calls() const { return num_calls_; }
+  const std::string& label() const { return label_; }
+  void set_label(std::string label) { label_ = std::move(label); }
+
+  // ---- autodiff::Node
+  std::string name() const override { return "Checkpoint(" + label_ + ")"; }
+  size_t saved_bytes() const override;
+  TensorList apply(TensorList&&) override;
+  bool returns_contributions() const override { return true; }
+  std::vector<TensorList> apply_contributions(TensorList&& grad_outputs) override;
+  void release_saved() override;
+
+  // ---- used by the observers
+  void on_op(autodiff::OpEvent& event);
+  void on_recording(const TensorList& inputs);
+  bool serve(const std::string& op, size_t& cursor, TensorList& outputs);
+  const Policy& policy() const { return policy_; }
+
+ private:
+  struct Ref {
+    bool external = false;
+    uint32_t index = 0;   // external: index into externals_; internal: step index
+    uint32_t output = 0;  // internal: output index of that step
+  };
+  struct Step {
+    bool is_call = false;
+    RegionFn fn;                                   // call steps
+    CallStepInfo info;                             // call steps
+    std::shared_ptr<autodiff::OpReplay> op;        // op steps
+    std::vector<Ref> inputs;
+    std::vector<size_t> output_slots;              // node output slot of each output (SIZE_MAX: none)
+    RngState rng;                                  // at the start of the step
+  };
+  struct External {
+    autodiff::SavedTensor value;
+    bool requires_grad = false;
+    size_t slot = 0;  // index into next_edges
+  };
+  struct CacheEntry {
+    std::string op;
+    TensorList pending;                            // first run: held until close() decides
+    std::vector<autodiff::SavedTensor> values;     // kept (served on replay)
+    bool kept = false;
+  };
+
+  Ref ref_for_input(const Tensor& t);
+  void register_outputs(Step& step, TensorList& outputs, size_t count, const TensorList& inputs);
+  void add_captured_edge(const autodiff::Edge& edge);
+  void track_storage(const Tensor& t);
+  void check_versions() const;
+  TensorList replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested);
+  void strip_outputs();
+
+  Kind kind_;
+  Policy policy_;
+  std::string label_;
+  std::shared_ptr<RegionProfile> profile_;
+  std::vector<schedule::PlanNode> sub_plan_;
+  bool open_ = false, valid_ = false, closed_ = false;
+  size_t num_calls_ = 0;
+  int call_depth_ = 0;  // > 0 while a call step's function runs
+  RngState rng_;
+  std::chrono::steady_clock::time_point opened_at_;
+  autodiff::RecordingObserver* previous_observer_ = nullptr;
+  std::unique_ptr<autodiff::RecordingObserver> observer_;
+
+  std::vector<Step> steps_;
+  std::vector<External> externals_;
+  std::unordered_map<const TensorImpl*, uint32_t> external_of_;  // first run only
+  std::unordered_map<const TensorImpl*, Ref> produced_;           // first run only
+  std::vector<std::weak_ptr<TensorImpl>> produced_impls_;         // first run only
+  std::unordered_map<autodiff::Edge, size_t, EdgeHash> captured_index_;
+  // Note [what a region version-checks]
+  std::unordered_map<const Storage*, std::weak_ptr<Storage>> read_storages_;  // first run only
+  std::vector<std::pair<std::weak_ptr<Storage>, uint64_t>> read_versions_;
+  // selective
+  std::vector<CacheEntry> cache_;
+  std::unordered_set<const Storage*> saved_by_ops_;  // first run only: storages some op would save
+  size_t record_index_ = SIZE_MAX;
+};
+
+// Counters shared by regions and the dispatcher (thread-local).
+struct RegionCounters {
+  uint64_t created = 0;
+  uint64_t recomputed = 0;
+  uint64_t run_in_backward = 0;  // regions recomputed since the last top-level backward ended
+  uint64_t layer_calls = 0;      // layer calls met (call.cpp)
+  std::vector<RegionRecord> records;
+};
+RegionCounters& region_counters();
+
+// True while a region's first run is in progress on this thread (nested explicit regions are
+// then plain calls: the enclosing region covers them).
+bool inside_first_run();
+
+// An explicit region (remat::checkpoint, or a call whose role is `layer` inside another layer):
+// a region under site.policy unless that policy keeps everything, grad mode is off, or a region's
+// first run is in progress (then a plain call). Implemented in call.cpp.
+TensorList explicit_region(const RegionFn& fn, const TensorList& inputs, const CallSite& site,
+                           std::shared_ptr<RegionProfile> profile);
+
+}  // namespace remat::detail
