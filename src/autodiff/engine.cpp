@@ -7,6 +7,7 @@
 // region runs the engine over its recomputed sub-tape with capture_all_frontier: gradients that
 // leave the sub-tape (towards its inputs, captured parameters or earlier nodes) are returned
 // instead of being propagated, so the region can hand them on along its own edges.
+#include <algorithm>
 #include <atomic>
 #include <queue>
 #include <unordered_map>
@@ -81,13 +82,18 @@ class Engine {
     return captured(e) || (executable(e.node.get()) && e.node->is_accumulator());
   }
 
-  // Iterative post-order DFS: marks needed nodes and counts dependencies between them.
+  // Finds the executable nodes reachable from the roots (iterative DFS), then marks the needed
+  // ones in creation order (a node's inputs were created before it, so their status is known when
+  // it is decided: with several roots, one root may lie on another's path, which a post-order DFS
+  // from the roots would decide too early), and counts dependencies between needed nodes.
   void discover() {
     std::vector<std::pair<Node*, size_t>> stack;
+    std::vector<Node*> reached;
     auto visit = [&](Node* n) {
       auto& info = info_[n];
       if (info.visited) return;
       info.visited = true;
+      reached.push_back(n);
       stack.push_back({n, 0});
     };
     for (auto& root : task_.roots)
@@ -99,16 +105,20 @@ class Engine {
         if (e.valid() && executable(e.node.get())) visit(e.node.get());
         continue;
       }
+      stack.pop_back();
+    }
+    std::sort(reached.begin(), reached.end(),
+              [](const Node* a, const Node* b) { return a->sequence_nr() < b->sequence_nr(); });
+    for (Node* node : reached) {
       bool needed = node->is_accumulator();
       for (const Edge& e : node->next_edges) {
         if (!e.valid()) continue;
         if (terminal(e) || (executable(e.node.get()) && info_[e.node.get()].needed)) needed = true;
       }
       info_[node].needed = needed;
-      stack.pop_back();
     }
-    for (auto& [node, info] : info_) {
-      if (!info.needed) continue;
+    for (Node* node : reached) {
+      if (!info_[node].needed) continue;
       for (const Edge& e : node->next_edges)
         if (e.valid() && executable(e.node.get()) && info_[e.node.get()].needed) ++info_[e.node.get()].dependencies;
     }

@@ -26,7 +26,7 @@ Tensor Linear::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined(), type_name(), ": input is undefined");
   REMAT_CHECK(x.dim() >= 1 && x.size(-1) == in_, type_name(), ": expects an input of shape [..., ", in_, "], got ",
               shape_str(x.shape()));
-  if (x.dim() == 1) return forward(x.unsqueeze(0)).squeeze(0);
+  if (x.dim() == 1) return forward_impl(x.unsqueeze(0)).squeeze(0);
   // x [..., in] @ weight^T [in, out] -> [..., out]
   Tensor y = matmul(x, weight, false, true);
   return bias.defined() ? add(y, bias) : y;

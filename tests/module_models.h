@@ -1,0 +1,114 @@
+// Test helpers: module-structured models written the way a user writes them (own classes, loops
+// over layers, residual glue in the model's own code), and measurement helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "remat/nn.h"
+#include "remat/remat.h"
+
+namespace remat::testing {
+
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  Tensor ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
+}
+
+// A user's layer: tanh(Linear(x)); its Linear is a sub-module (a nested call, run plain).
+class TanhBlock : public nn::Module {
+ public:
+  TanhBlock(int64_t width, DType dtype) { fc = register_module("fc", std::make_shared<nn::Linear>(width, width, true, dtype)); }
+  Tensor forward_impl(const Tensor& x) override { return tanh(fc->forward(x)); }
+  std::string type_name() const override { return "TanhBlock"; }
+  std::shared_ptr<nn::Linear> fc;
+};
+
+// A wider user layer: Linear(w, 4w) -> tanh -> Linear(4w, w); it keeps about 5x its input.
+class WideBlock : public nn::Module {
+ public:
+  WideBlock(int64_t width, DType dtype) {
+    up = register_module("up", std::make_shared<nn::Linear>(width, 4 * width, true, dtype));
+    down = register_module("down", std::make_shared<nn::Linear>(4 * width, width, true, dtype));
+  }
+  Tensor forward_impl(const Tensor& x) override { return down->forward(tanh(up->forward(x))); }
+  std::string type_name() const override { return "WideBlock"; }
+  std::shared_ptr<nn::Linear> up, down;
+};
+
+// A user's model: a loop over N layers (TanhBlock, or WideBlock when `wide`), optionally with the
+// residual add in its own code.
+class LoopModel : public nn::Module {
+ public:
+  LoopModel(int n, int64_t width, DType dtype, uint64_t seed, bool residual = false, bool wide = false)
+      : residual_(residual) {
+    for (int i = 0; i < n; ++i) {
+      std::shared_ptr<nn::Module> layer;
+      if (wide)
+        layer = std::make_shared<WideBlock>(width, dtype);
+      else
+        layer = std::make_shared<TanhBlock>(width, dtype);
+      layers.push_back(register_module("layer" + std::to_string(i), layer));
+    }
+    reset_parameters(seed);
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor h = x;
+    for (auto& layer : layers) h = residual_ ? add(h, mul_scalar(layer->forward(h), 0.5)) : layer->forward(h);
+    return h;
+  }
+  std::string type_name() const override { return "LoopModel"; }
+  std::vector<std::shared_ptr<nn::Module>> layers;
+
+ private:
+  bool residual_;
+};
+
+// Gradients of mean(model(x)) for every parameter and x, under a policy.
+inline TensorList module_grads(nn::Module& model, const Tensor& x, const Policy& policy, uint64_t dropout_seed = 7) {
+  TensorList wrt = model.parameters();
+  if (x.requires_grad()) wrt.push_back(x);
+  manual_seed(dropout_seed);
+  return remat::grad([&](const TensorList&) { return mean(model.forward(x)); }, wrt, GradOptions{policy});
+}
+
+struct StepMeasure {
+  size_t peak_saved = 0;
+  Counters counters;
+};
+
+// One backward of mean(model(x)) under a policy: the peak of saved bytes above the baseline, the
+// counters, and a check that every saved byte is freed afterwards.
+inline StepMeasure measure_step(nn::Module& model, const Tensor& x, const Policy& policy, uint64_t dropout_seed = 7) {
+  model.zero_grad();
+  manual_seed(dropout_seed);
+  memory::reset_peaks();
+  reset_counters();
+  const size_t base = memory::live_bytes(memory::Tag::saved);
+  backward([&] { return mean(model.forward(x)); }, GradOptions{policy});
+  StepMeasure m;
+  m.peak_saved = memory::peak_bytes(memory::Tag::saved) - base;
+  m.counters = counters();
+  EXPECT_EQ(memory::live_bytes(memory::Tag::saved), base) << "saved bytes left after the backward pass";
+  return m;
+}
+
+// The bound of include/remat/checkpoint.h for any region structure without nesting, when the ops
+// outside regions keep nothing: sum of what the regions keep + the largest re-run.
+inline size_t region_bound(const Counters& c) {
+  size_t kept = 0, rerun = 0;
+  for (const auto& r : c.regions) {
+    kept += r.boundary_bytes + r.cached_bytes;
+    rerun = std::max(rerun, r.recomputed_saved_bytes);
+  }
+  return kept + rerun;
+}
+
+}  // namespace remat::testing

@@ -1,0 +1,403 @@
+// Property test over module-structured random models, written the way users write them: their own
+// classes with loops over layers, residual trees in their own code, parallel branches, layers with
+// several inputs or outputs, shared sub-modules, dropout, custom ops, explicit regions inside
+// layers, the library's containers, and random per-module overrides (policies, transparent,
+// layer). Under random policies: gradients bitwise equal to save-all; every region recomputed
+// exactly once; no op recomputed more than once unless a nested region was asked for; peak
+// saved bytes within the header's bound; selective never above save-all.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+
+#include "module_models.h"
+
+using namespace remat;
+using remat::testing::measure_step;
+using remat::testing::module_grads;
+using remat::testing::region_bound;
+using remat::testing::same_bits;
+
+namespace {
+
+using ModulePtr = std::shared_ptr<nn::Module>;
+
+class Dense : public nn::Module {
+ public:
+  Dense(int64_t width, DType dtype, int act) : act_(act) {
+    fc = register_module("fc", std::make_shared<nn::Linear>(width, width, true, dtype));
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor z = fc->forward(x);
+    switch (act_) {
+      case 0: return tanh(z);
+      case 1: return gelu(z, true);
+      case 2: return silu(z);
+      case 3: return sigmoid(z);
+      default: return gelu(z);
+    }
+  }
+  std::shared_ptr<nn::Linear> fc;
+
+ private:
+  int act_;
+};
+
+class DropoutBlock : public nn::Module {
+ public:
+  DropoutBlock(ModulePtr inner, double p) : p_(p) { inner_ = register_module("inner", std::move(inner)); }
+  Tensor forward_impl(const Tensor& x) override { return dropout(inner_->forward(x), p_, training()); }
+
+ private:
+  ModulePtr inner_;
+  double p_;
+};
+
+CustomOp fused_silu() {
+  return CustomOp{"fused_silu",
+                  [](const TensorList& in, SaveContext& ctx) {
+                    ctx.save(in[0]);
+                    return TensorList{silu(in[0])};
+                  },
+                  [](const TensorList& grads, const SavedValues& saved) {
+                    Tensor s = sigmoid(saved[0]);  // reads saved[0] twice
+                    Tensor d = mul(s, add_scalar(mul(saved[0], add_scalar(neg(s), 1.0)), 1.0));
+                    return TensorList{mul(grads[0], d)};
+                  }};
+}
+
+class CustomBlock : public nn::Module {
+ public:
+  explicit CustomBlock(ModulePtr inner) : op_(fused_silu()) { inner_ = register_module("inner", std::move(inner)); }
+  Tensor forward_impl(const Tensor& x) override { return op_({inner_->forward(x)})[0]; }
+
+ private:
+  ModulePtr inner_;
+  CustomOp op_;
+};
+
+// The user's own residual loop: h = h + dropout(0.5 * child(h)), the add and the dropout (which
+// draws from the generator between layer calls) in the model's code.
+class ResidualLoop : public nn::Module {
+ public:
+  ResidualLoop(std::vector<ModulePtr> children, double p) : p_(p) {
+    for (size_t i = 0; i < children.size(); ++i) children_.push_back(register_module("r" + std::to_string(i), children[i]));
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor h = x;
+    for (auto& c : children_) h = add(h, dropout(mul_scalar(c->forward(h), 0.5), p_, training()));
+    return h;
+  }
+
+ private:
+  std::vector<ModulePtr> children_;
+  double p_;
+};
+
+// Two branches on the same input, summed in user code.
+class Branches : public nn::Module {
+ public:
+  Branches(ModulePtr a, ModulePtr b) {
+    a_ = register_module("a", std::move(a));
+    b_ = register_module("b", std::move(b));
+  }
+  Tensor forward_impl(const Tensor& x) override { return add(a_->forward(x), b_->forward(x)); }
+
+ private:
+  ModulePtr a_, b_;
+};
+
+// A layer with two inputs, called by user code.
+class TwoIn : public nn::Module {
+ public:
+  TwoIn(int64_t width, DType dtype) {
+    a = register_module("a", std::make_shared<nn::Linear>(width, width, true, dtype));
+    b = register_module("b", std::make_shared<nn::Linear>(width, width, true, dtype));
+  }
+  TensorList forward_list_impl(const TensorList& in) override {
+    return {tanh(add(mul(a->forward(in[0]), in[1]), b->forward(in[1])))};
+  }
+  std::shared_ptr<nn::Linear> a, b;
+};
+class TwoInUser : public nn::Module {
+ public:
+  TwoInUser(int64_t width, DType dtype) { mix = register_module("mix", std::make_shared<TwoIn>(width, dtype)); }
+  Tensor forward_impl(const Tensor& x) override { return mix->forward(x, mul_scalar(x, 0.5)); }
+  std::shared_ptr<TwoIn> mix;
+};
+
+// A layer with two outputs.
+class TwoOut : public nn::Module {
+ public:
+  TwoOut(int64_t width, DType dtype) { fc = register_module("fc", std::make_shared<nn::Linear>(width, 2 * width, true, dtype)); }
+  TensorList forward_list_impl(const TensorList& in) override {
+    Tensor h = tanh(fc->forward(in[0]));
+    const int64_t w = in[0].size(-1);
+    return {h.slice(-1, 0, w), h.slice(-1, w, 2 * w)};
+  }
+  std::shared_ptr<nn::Linear> fc;
+};
+class TwoOutUser : public nn::Module {
+ public:
+  TwoOutUser(int64_t width, DType dtype) { split = register_module("split", std::make_shared<TwoOut>(width, dtype)); }
+  Tensor forward_impl(const Tensor& x) override {
+    TensorList parts = split->forward(TensorList{x});
+    return add(parts[0], mul_scalar(parts[1], 0.25));
+  }
+  std::shared_ptr<TwoOut> split;
+};
+
+// One sub-module called twice.
+class Twice : public nn::Module {
+ public:
+  explicit Twice(ModulePtr child) { child_ = register_module("child", std::move(child)); }
+  Tensor forward_impl(const Tensor& x) override { return child_->forward(child_->forward(x)); }
+
+ private:
+  ModulePtr child_;
+};
+
+// An explicit region inside a layer (multi-level).
+class Explicit : public nn::Module {
+ public:
+  explicit Explicit(ModulePtr child) { child_ = register_module("child", std::move(child)); }
+  Tensor forward_impl(const Tensor& x) override {
+    ModulePtr c = child_;
+    return checkpoint([c](const Tensor& h) { return c->forward(h); }, x);
+  }
+
+ private:
+  ModulePtr child_;
+};
+
+// The model: a loop over its layers, with dropout between them in its own code (so the generator
+// is drawn from between layer calls, inside every-k groups too).
+class Root : public nn::Module {
+ public:
+  Root(std::vector<ModulePtr> layers, double p) : p_(p) {
+    for (size_t i = 0; i < layers.size(); ++i) layers_.push_back(register_module("l" + std::to_string(i), layers[i]));
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor h = x;
+    for (auto& l : layers_) h = dropout(l->forward(h), p_, training());
+    return h;
+  }
+
+ private:
+  std::vector<ModulePtr> layers_;
+  double p_;
+};
+
+struct Builder {
+  std::mt19937_64 rng;
+  DType dtype;
+  int64_t width;
+  std::vector<std::function<void(bool)>> overrides;  // apply (true) or clear (false)
+  bool multilevel = false;       // an explicit region or a set_layer() override exists
+  std::string trace;
+
+  explicit Builder(uint64_t seed) : rng(seed) {
+    dtype = pick(2) == 0 ? DType::f32 : DType::f64;
+    width = 3 + pick(6);
+  }
+  int pick(int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); }
+
+  std::optional<Policy> random_policy() {
+    switch (pick(5)) {
+      case 0: return Policy::save_all();
+      case 1: return Policy::every_layer();
+      case 2: return Policy::every_k(2);
+      case 3: return Policy::parse("selective:matmul");
+      default: return std::nullopt;
+    }
+  }
+
+  // Random overrides on m, applied only in the run under test.
+  void maybe_override(const ModulePtr& m, bool container) {
+    switch (pick(8)) {
+      case 0: {
+        auto p = random_policy();
+        overrides.push_back([m, p](bool on) { m->set_policy(on ? p : std::nullopt); });
+        trace += "[" + (p ? p->to_string() : std::string("inherit")) + "]";
+        break;
+      }
+      case 1:
+        if (container) {
+          CallRole previous = m->role();
+          overrides.push_back([m, previous](bool on) { m->set_role(on ? CallRole::transparent : previous); });
+          trace += "[transparent]";
+        }
+        break;
+      case 2: {
+        CallRole previous = m->role();
+        overrides.push_back([m, previous](bool on) { m->set_role(on ? CallRole::layer : previous); });
+        multilevel = true;
+        trace += "[layer]";
+        break;
+      }
+      default: break;
+    }
+  }
+
+  ModulePtr dense() {
+    trace += "dense ";
+    ModulePtr m = std::make_shared<Dense>(width, dtype, pick(5));
+    maybe_override(m, false);
+    return m;
+  }
+
+  ModulePtr block(int depth) {
+    const int kind = depth <= 0 ? pick(3) : pick(12);
+    ModulePtr m;
+    switch (kind) {
+      case 0: return dense();
+      case 1:
+        trace += "dropout(";
+        m = std::make_shared<DropoutBlock>(dense(), 0.1 + 0.1 * pick(3));
+        trace += ") ";
+        break;
+      case 2:
+        trace += "custom(";
+        m = std::make_shared<CustomBlock>(dense());
+        trace += ") ";
+        break;
+      case 3: {
+        trace += "resloop(";
+        std::vector<ModulePtr> children;
+        for (int i = 0, n = 1 + pick(3); i < n; ++i) children.push_back(block(depth - 1));
+        m = std::make_shared<ResidualLoop>(children, pick(2) == 0 ? 0.0 : 0.2);
+        trace += ") ";
+        maybe_override(m, true);
+        return m;
+      }
+      case 4:
+        trace += "branches(";
+        m = std::make_shared<Branches>(block(depth - 1), block(depth - 1));
+        trace += ") ";
+        maybe_override(m, true);
+        return m;
+      case 5:
+        trace += "two-in ";
+        m = std::make_shared<TwoInUser>(width, dtype);
+        break;
+      case 6:
+        trace += "two-out ";
+        m = std::make_shared<TwoOutUser>(width, dtype);
+        maybe_override(m, true);
+        return m;
+      case 7:
+        trace += "twice(";
+        m = std::make_shared<Twice>(block(depth - 1));
+        trace += ") ";
+        break;
+      case 8:
+        trace += "explicit(";
+        m = std::make_shared<Explicit>(block(depth - 1));
+        multilevel = true;
+        trace += ") ";
+        break;
+      case 9: {
+        trace += "sequential(";
+        auto seq = std::make_shared<nn::Sequential>();
+        for (int i = 0, n = 1 + pick(3); i < n; ++i) seq->add(block(depth - 1));
+        trace += ") ";
+        m = seq;
+        break;
+      }
+      case 10:
+        trace += "residual(";
+        m = std::make_shared<nn::Residual>(block(depth - 1));
+        trace += ") ";
+        break;
+      default: {
+        trace += "parallel(";
+        auto par = std::make_shared<nn::Parallel>();
+        par->add(block(depth - 1));
+        par->add(block(depth - 1));
+        auto seq = std::make_shared<nn::Sequential>();
+        seq->add(par);
+        seq->add(std::make_shared<nn::Linear>(2 * width, width, true, dtype));
+        trace += ") ";
+        m = seq;
+        break;
+      }
+    }
+    maybe_override(m, false);
+    return m;
+  }
+
+  void apply_overrides(bool on) {
+    for (auto& o : overrides) o(on);
+  }
+};
+
+Policy random_policy(std::mt19937_64& rng) {
+  static const char* policies[] = {"every-layer", "every-k:2", "every-k:3", "selective:matmul", "selective:tanh,add",
+                                   "save-all"};
+  return Policy::parse(policies[rng() % 6]);
+}
+
+}  // namespace
+
+TEST(ModuleProperty, RandomModuleModelsUnderRandomPoliciesMatchSaveAllBitwise) {
+  const int cases = 240;
+  std::mt19937_64 policy_rng(2026);
+  int with_overrides = 0, multilevel_cases = 0;
+  // To reproduce one case by hand: REMAT_PROPERTY_CASE=N (and REMAT_PROPERTY_POLICY=... to try
+  // another policy on it); the case then prints its regions.
+  const char* only = std::getenv("REMAT_PROPERTY_CASE");
+  for (int c = 0; c < cases; ++c) {
+    if (only != nullptr && c != std::atoi(only)) continue;
+    Builder builder(5000 + static_cast<uint64_t>(c));
+    std::vector<ModulePtr> layers;
+    for (int i = 0, n = 1 + builder.pick(5); i < n; ++i) layers.push_back(builder.block(3));
+    Root model(layers, builder.pick(3) == 0 ? 0.0 : 0.15);
+    model.reset_parameters(static_cast<uint64_t>(c));
+    const int64_t batch = 1 + builder.pick(4);
+    Tensor x = randn({batch, builder.width}, builder.dtype, RngState{static_cast<uint64_t>(c), 7}).requires_grad_();
+    Policy policy = random_policy(policy_rng);
+    if (const char* p = std::getenv("REMAT_PROPERTY_POLICY")) policy = Policy::parse(p);
+    const bool overrides = !builder.overrides.empty() && builder.pick(2) == 1;
+    const std::string what = "case " + std::to_string(c) + " policy " + policy.to_string() +
+                             (overrides ? " with overrides" : "") + "; model: " + builder.trace;
+
+    builder.apply_overrides(false);
+    TensorList reference = module_grads(model, x, Policy::save_all(), 77 + static_cast<uint64_t>(c));
+    builder.apply_overrides(overrides);
+    TensorList got = module_grads(model, x, policy, 77 + static_cast<uint64_t>(c));
+    ASSERT_EQ(got.size(), reference.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (only != nullptr && !same_bits(got[i], reference[i]))
+        std::printf("gradient %zu (%s) differs: max abs diff %g\n", i,
+                    i < model.named_parameters().size() ? model.named_parameters()[i].first.c_str() : "x",
+                    max(abs(sub(got[i], reference[i]))).item());
+      ASSERT_TRUE(same_bits(got[i], reference[i])) << what << ": gradient " << i;
+    }
+
+    // every region recomputed exactly once; without nesting, no op more than once
+    auto m = measure_step(model, x, policy, 77 + static_cast<uint64_t>(c));
+    if (only != nullptr) std::printf("%s", memory_report().c_str());
+    EXPECT_EQ(m.counters.regions_recomputed, m.counters.regions.size()) << what;
+    for (const auto& r : m.counters.regions) EXPECT_EQ(r.recomputations, 1u) << what << ": region " << r.label;
+    const bool nested = builder.multilevel;
+    if (!nested) {
+      const uint64_t first_run = m.counters.ops.forward_ops - m.counters.ops.recomputed_ops;
+      EXPECT_LE(m.counters.ops.recomputed_ops, first_run) << what;
+      // the bound of the header: what the regions keep + one re-run (the ops outside regions here
+      // keep nothing; overrides may run layers plain, outside any region)
+      if (!overrides && policy.recomputes()) EXPECT_LE(m.peak_saved, region_bound(m.counters)) << what;
+    }
+    builder.apply_overrides(false);
+    if (!nested) {
+      // selective keeps a subset of what save-all keeps
+      const size_t save_all = measure_step(model, x, Policy::save_all()).peak_saved;
+      const size_t selective = measure_step(model, x, Policy::parse("selective:matmul")).peak_saved;
+      EXPECT_LE(selective, save_all) << what;
+    }
+    with_overrides += overrides ? 1 : 0;
+    multilevel_cases += nested ? 1 : 0;
+  }
+  RecordProperty("cases_with_overrides", with_overrides);
+  RecordProperty("cases_with_nested_regions", multilevel_cases);
+  EXPECT_GT(with_overrides, cases / 10);
+}
