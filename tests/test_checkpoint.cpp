@@ -102,6 +102,30 @@ TEST(Checkpoint, Nesting200DeepMatchesSaveAll) {
   EXPECT_EQ(counters().regions_recomputed, static_cast<uint64_t>(depth));
 }
 
+TEST(Checkpoint, NestingBeyondTheLimitIsAnErrorAndLeavesNothingBehind) {
+  Tensor w = randn({3, 3}, DType::f64, RngState{9, 0}, 0.0, 0.3).requires_grad_();
+  Tensor x = randn({2, 3}, DType::f64, RngState{10, 0});
+  std::function<Tensor(const Tensor&, int, int)> level = [&](const Tensor& h, int d, int depth) -> Tensor {
+    if (d == depth) return h;
+    return checkpoint([&level, &w, d, depth](const Tensor& in) { return level(tanh(matmul(in, w)), d + 1, depth); }, h);
+  };
+  // exactly the limit works (and its backward recurses that deep)
+  Tensor g = remat::grad([&](const TensorList&) { return sum(level(x, 0, kMaxRegionNesting)); }, {w},
+                         GradOptions{Policy::every_layer()})[0];
+  EXPECT_TRUE(g.defined());
+  try {
+    level(x, 0, 1000);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 256 nested regions"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(autodiff::recording_observer(), nullptr);
+  EXPECT_FALSE(in_layer_call());
+  // and nothing is left behind: a normal region works afterwards
+  Tensor g2 = remat::grad([&](const TensorList&) { return sum(level(x, 0, 3)); }, {w}, GradOptions{Policy::every_layer()})[0];
+  EXPECT_TRUE(g2.defined());
+}
+
 TEST(Checkpoint, CustomOpInsideRegionRerunsForwardAndCallsBackwardOncePerUse) {
   int forward_calls = 0, backward_calls = 0, saved_reads = 0;
   CustomOp fused_silu{"fused_silu",

@@ -53,6 +53,10 @@ struct CheckpointOptions {
   std::shared_ptr<RegionProfile> profile;  // if set, the region writes its timings and sizes here
 };
 
+// Regions (explicit ones, and layers marked as layers inside other layers) nest at most this deep;
+// a deeper one is a remat::Error naming the depth.
+inline constexpr int kMaxRegionNesting = 256;
+
 // Runs fn(inputs) as a checkpoint region under the effective policy (save-all: a plain call).
 TensorList checkpoint(const RegionFn& fn, const TensorList& inputs, const CheckpointOptions& options = {});
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input,

@@ -234,6 +234,7 @@ TensorList grouped_call(Frame& top, const Policy& policy, const RegionFn& fn, co
 
 TensorList layer_call(Frame& top, const RegionFn& fn, const TensorList& inputs, const CallSite& site) {
   ++detail::region_counters().layer_calls;
+  ++detail::region_counters().layer_calls_since_backward;
   const bool own = site.policy.has_value();
   if (own && site.policy->kind == Policy::Kind::budget && top.plan == nullptr)
     return run_transparent(fn, inputs, site, &top);  // a layer with its own budget plans its own calls
@@ -253,6 +254,17 @@ TensorList layer_call(Frame& top, const RegionFn& fn, const TensorList& inputs, 
 
 TensorList detail::explicit_region(const RegionFn& fn, const TensorList& inputs, const CallSite& site,
                                    std::shared_ptr<RegionProfile> profile) {
+  // Regions nested inside regions: the backward pass recurses once per level (a region's replay
+  // runs the backward of the next one), so the depth is bounded to keep the stack bounded, also
+  // in sanitizer builds whose frames are several times larger.
+  thread_local int depth = 0;
+  REMAT_CHECK(depth < kMaxRegionNesting, "checkpoint region '", site.label, "': regions are nested ", depth + 1,
+              " deep; remat supports at most ", kMaxRegionNesting,
+              " nested regions (the backward pass recurses once per level)");
+  struct Depth {
+    Depth() { ++depth; }
+    ~Depth() { --depth; }
+  } level;
   const Policy policy = site.policy.value_or(current_policy());
   if (!policy.recomputes() || policy.kind == Policy::Kind::budget || !grad_enabled() || detail::inside_first_run()) {
     // the enclosing region (if any) covers this one; it becomes a region of its own when re-run

@@ -18,13 +18,16 @@ using detail::Region;
 std::mutex warning_mutex;
 WarningHandler warning_handler;  // guarded by warning_mutex; empty: stderr
 
-// Warns once per thread when a backward pass under a recomputing policy met no region.
+// Warns once per thread when a backward pass under a recomputing policy met no region and the
+// forward made no layer call (layer calls that all chose to keep everything, e.g. by their own
+// save-all policy or a budget plan of stages only, are a decision, not an oversight).
 void on_backward_end() {
   auto& rc = detail::region_counters();
-  const uint64_t regions = rc.run_in_backward;
+  const uint64_t regions = rc.run_in_backward, calls = rc.layer_calls_since_backward;
   rc.run_in_backward = 0;
+  rc.layer_calls_since_backward = 0;
   thread_local bool warned = false;
-  if (regions > 0 || warned) return;
+  if (regions > 0 || calls > 0 || warned) return;
   const Policy policy = current_policy();
   if (!policy.recomputes()) return;
   warned = true;

@@ -191,14 +191,8 @@ TensorList Region::add_call(const RegionFn& fn, const TensorList& inputs, const 
   return outputs;
 }
 
-void Region::track_storage(const Tensor& t) {
-  if (!t.defined()) return;
-  const std::shared_ptr<Storage>& s = t.storage();
-  read_storages_.try_emplace(s.get(), s);
-}
-
 void Region::on_op(autodiff::OpEvent& event) {
-  for (const auto& in : event.inputs) track_storage(in);
+  read_versions_.track(event.inputs);
   if (policy_.kind == Policy::Kind::selective) {
     for (size_t i = 0; i < event.inputs.size(); ++i)
       if (event.inputs[i].defined() && event.saves_input(i)) saved_by_ops_.insert(event.inputs[i].storage().get());
@@ -259,8 +253,7 @@ void Region::close() {
   open_ = false;
   closed_ = true;
   const auto closed_at = std::chrono::steady_clock::now();
-  for (auto& [raw, weak] : read_storages_)
-    if (auto s = weak.lock()) read_versions_.emplace_back(weak, s->version());
+  read_versions_.freeze();
   for (auto& entry : cache_) {
     bool keep = !entry.pending.empty();
     for (const auto& t : entry.pending) keep = keep && t.defined() && saved_by_ops_.count(t.storage().get());
@@ -269,7 +262,6 @@ void Region::close() {
     entry.kept = keep;
     entry.pending.clear();
   }
-  read_storages_.clear();
   saved_by_ops_.clear();
   external_of_.clear();
   produced_.clear();
@@ -318,7 +310,6 @@ void Region::abort() {
   produced_impls_.clear();
   produced_.clear();
   external_of_.clear();
-  read_storages_.clear();
   release_saved();
 }
 
@@ -340,17 +331,6 @@ void Region::release_saved() {
   cache_.clear();
   steps_.clear();
   read_versions_.clear();
-}
-
-void Region::check_versions() const {
-  for (const auto& [weak, version] : read_versions_) {
-    std::shared_ptr<Storage> s = weak.lock();
-    if (!s || s->version() == version) continue;
-    throw Error(detail::concat("checkpoint region '", label_, "': a tensor (", memory::format_bytes(static_cast<double>(s->bytes())),
-                               " of storage) that it reads was modified in place after the forward pass; "
-                               "recomputing from the new values would give a wrong gradient (save-all would raise "
-                               "for the same program: a value saved for the backward pass was modified in place)"));
-  }
 }
 
 TensorList Region::replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested) {
@@ -388,7 +368,7 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
     profile_->saved_live_at_backward = memory::live_bytes(memory::Tag::saved);
     profile_->saved_peak_at_backward = memory::peak_bytes(memory::Tag::saved);
   }
-  check_versions();
+  read_versions_.check("checkpoint region '" + label_ + "'");
   // Fresh leaves for the kept values.
   TensorList leaves;
   leaves.reserve(externals_.size());

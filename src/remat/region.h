@@ -35,6 +35,7 @@
 #include "remat/policy.h"
 #include "remat/random.h"
 #include "remat/schedule.h"
+#include "versions.h"
 
 namespace remat::detail {
 
@@ -118,8 +119,6 @@ class Region final : public autodiff::Node {
   Ref ref_for_input(const Tensor& t);
   void register_outputs(Step& step, TensorList& outputs, size_t count, const TensorList& inputs);
   void add_captured_edge(const autodiff::Edge& edge);
-  void track_storage(const Tensor& t);
-  void check_versions() const;
   TensorList replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested);
   void strip_outputs();
 
@@ -142,9 +141,7 @@ class Region final : public autodiff::Node {
   std::unordered_map<const TensorImpl*, Ref> produced_;           // first run only
   std::vector<std::weak_ptr<TensorImpl>> produced_impls_;         // first run only
   std::unordered_map<autodiff::Edge, size_t, EdgeHash> captured_index_;
-  // Note [what a region version-checks]
-  std::unordered_map<const Storage*, std::weak_ptr<Storage>> read_storages_;  // first run only
-  std::vector<std::pair<std::weak_ptr<Storage>, uint64_t>> read_versions_;
+  ReadVersions read_versions_;  // Note [what a region version-checks]
   // selective
   std::vector<CacheEntry> cache_;
   std::unordered_set<const Storage*> saved_by_ops_;  // first run only: storages some op would save
@@ -157,6 +154,7 @@ struct RegionCounters {
   uint64_t recomputed = 0;
   uint64_t run_in_backward = 0;  // regions recomputed since the last top-level backward ended
   uint64_t layer_calls = 0;      // layer calls met (call.cpp)
+  uint64_t layer_calls_since_backward = 0;
   std::vector<RegionRecord> records;
 };
 RegionCounters& region_counters();

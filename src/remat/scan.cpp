@@ -10,6 +10,8 @@
 // the order in which the unrolled loop's backward adds them.
 #include "remat/scan.h"
 
+#include "versions.h"
+
 #include <unordered_map>
 
 #include "remat/autodiff.h"
@@ -37,7 +39,7 @@ class CaptureFinder final : public autodiff::RecordingObserver {
  public:
   explicit CaptureFinder(ScanNode& node) : node_(node) {}
   bool replay(const std::string&, TensorList&) override { return false; }
-  void after_forward(autodiff::OpEvent&) override {}
+  void after_forward(autodiff::OpEvent& event) override;
   bool suppress_recording(const TensorList& inputs) override;
 
  private:
@@ -78,6 +80,10 @@ class ScanNode final : public autodiff::Node {
     for (auto& s : snapshots_) total += s.bytes();
     return total;
   }
+
+  // Note [what a region version-checks] (region.h): what the untaped steps read, checked before
+  // they are run again.
+  detail::ReadVersions read_versions;
 
   void add_external(const autodiff::Edge& e) {
     if (!e.valid() || external_index_.count(e)) return;
@@ -151,6 +157,7 @@ class ScanNode final : public autodiff::Node {
   std::vector<TensorList> apply_contributions(TensorList&& grad_outputs) override;
 
   size_t state_bytes = 0;
+  bool while_loop_ = false;
   Shape state_shape;
   DType state_dtype = DType::f32;
 
@@ -205,6 +212,8 @@ class ScanNode final : public autodiff::Node {
   int64_t turn_step_ = -1;
 };
 
+void CaptureFinder::after_forward(autodiff::OpEvent& event) { node_.read_versions.track(event.inputs); }
+
 bool CaptureFinder::suppress_recording(const TensorList& inputs) {
   for (const auto& in : inputs)
     if (in.requires_grad()) node_.add_external(autodiff::gradient_edge(in));
@@ -212,6 +221,7 @@ bool CaptureFinder::suppress_recording(const TensorList& inputs) {
 }
 
 std::vector<TensorList> ScanNode::apply_contributions(TensorList&& grad_outputs) {
+  read_versions.check(while_loop_ ? "while_loop" : "scan");
   Tensor adjoint = grad_outputs.at(0).defined() ? grad_outputs[0] : zeros(state_shape, state_dtype);
   std::vector<Tensor> external_sums(next_edges.size() - 1);
   const RngState saved_rng = rng_state();
@@ -276,6 +286,7 @@ Tensor plain_loop(const ScanStep& step, const Tensor& state0, int64_t n, const S
 }
 
 Tensor finish(std::shared_ptr<ScanNode> node, const Tensor& state0, const Tensor& output) {
+  node->read_versions.freeze();
   node->next_edges[0] = autodiff::gradient_edge(state0);
   bool any = false;
   for (const auto& e : node->next_edges) any = any || e.valid();
@@ -360,6 +371,7 @@ Tensor while_loop(const ScanCondition& cond, const ScanStep& step, const Tensor&
   REMAT_CHECK(options.schedule == ScanSchedule::online,
               "while_loop: the revolve schedule needs the number of steps in advance (use scan), or use online");
   auto node = std::make_shared<ScanNode>(step, options.snapshots, last_stats);
+  node->while_loop_ = true;
   node->state_bytes = state0.nbytes();
   node->state_shape = state0.shape();
   node->state_dtype = state0.dtype();
