@@ -130,6 +130,7 @@ void reset_counters();
 // recomputations, with totals. `save_all_peak_bytes`, when known (measured by running the same
 // step under save-all), is printed beside the totals.
 std::string memory_report(size_t save_all_peak_bytes = 0);
+std::string memory_report(const Counters& counters, size_t save_all_peak_bytes);
 
 // ---- warnings
 // A backward pass under a recomputing policy that met no region prints one warning per thread

@@ -121,8 +121,9 @@ void reset_counters() {
   rc.records.clear();
 }
 
-std::string memory_report(size_t save_all_peak_bytes) {
-  const Counters c = counters();
+std::string memory_report(size_t save_all_peak_bytes) { return memory_report(counters(), save_all_peak_bytes); }
+
+std::string memory_report(const Counters& c, size_t save_all_peak_bytes) {
   std::ostringstream out;
   char line[320];
   std::snprintf(line, sizeof line, "%-28s %8s %5s %12s %12s %10s %10s %10s %7s\n", "region", "kind", "calls",

@@ -17,6 +17,7 @@ struct TrainOptions {
   std::string save, load;
   bool json = false;
   bool progress = true;
+  bool explain = false;  // print the per-region table of one step
 };
 int run_train(const TrainOptions& options);
 

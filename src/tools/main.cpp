@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   t->add_option("--save", train.save, "write the weights (safetensors) here");
   t->add_option("--load", train.load, "start from these weights (architecture from the file)");
   t->add_flag("--json", train.json, "print one JSON object with the results as the last line");
+  t->add_flag("--explain", train.explain,
+              "print, per checkpoint region of one step, what it kept, what its re-run saved, its times and re-runs");
   bool quiet = false;
   t->add_flag("--quiet", quiet, "no progress output");
 

@@ -60,7 +60,24 @@ struct StepMeasure {
   double seconds = 0, loss = 0;
   size_t peak_saved = 0, peak_total = 0;
   double recomputed_flops = 0;
+  Counters counters;  // regions of this step
 };
+
+nlohmann::json regions_json(const Counters& c) {
+  nlohmann::json regions = nlohmann::json::array();
+  for (const auto& r : c.regions)
+    regions.push_back({{"label", r.label},
+                       {"kind", r.kind},
+                       {"calls", r.calls},
+                       {"boundary_bytes", r.boundary_bytes},
+                       {"cached_bytes", r.cached_bytes},
+                       {"recomputed_saved_bytes", r.recomputed_saved_bytes},
+                       {"forward_seconds", r.forward_seconds},
+                       {"recompute_seconds", r.recompute_seconds},
+                       {"backward_seconds", r.backward_seconds},
+                       {"recomputations", r.recomputations}});
+  return regions;
+}
 
 // One forward + backward under `policy` (no optimizer step), measured.
 StepMeasure measure_step(nn::GPT& model, const Batch& batch, const Policy& policy, uint64_t dropout_seed) {
@@ -77,7 +94,8 @@ StepMeasure measure_step(nn::GPT& model, const Batch& batch, const Policy& polic
   m.loss = loss.item();
   m.peak_saved = memory::peak_bytes(memory::Tag::saved) - saved_base;
   m.peak_total = memory::stats().peak_total - total_base;
-  m.recomputed_flops = counters().ops.recomputed_flops;
+  m.counters = counters();
+  m.recomputed_flops = m.counters.ops.recomputed_flops;
   return m;
 }
 
@@ -211,6 +229,10 @@ int run_train(const TrainOptions& o) {
                 "(median of the run %.4f s)\n",
                 plan->predicted_peak_bytes, predicted_step_seconds, chosen.peak_saved, chosen.seconds, step_median);
   }
+  if (o.explain) {
+    std::printf("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s",
+                policy.to_string().c_str(), memory_report(chosen.counters, save_all.peak_saved).c_str());
+  }
   if (!o.save.empty()) std::printf("  weights saved to %s\n", o.save.c_str());
   if (o.json) {
     nlohmann::json j = {{"policy", policy.to_string()},
@@ -237,6 +259,9 @@ int run_train(const TrainOptions& o) {
                         {"predicted_peak_saved_bytes", plan ? plan->predicted_peak_bytes : 0},
                         {"predicted_step_seconds", predicted_step_seconds},
                         {"plan", plan ? plan->tree : ""},
+                        {"layer_calls", chosen.counters.layer_calls},
+                        {"regions_created", chosen.counters.regions_created},
+                        {"regions", regions_json(chosen.counters)},
                         {"vocab", config.vocab}};
     std::printf("%s\n", j.dump().c_str());
   }
