@@ -429,3 +429,39 @@ TEST(Engine, SeveralRootsOneOnAnothersPath) {
   backward({h1, h2}, {ones({3}, DType::f64), ones({3}, DType::f64)});
   EXPECT_LT(max(abs(sub(x.grad(), expected))).item(), 1e-12);
 }
+
+TEST(LayerCalls, BudgetPlansAParallelAndResidualStructure) {
+  // Sequential of [Parallel(wide, wide) -> merge Linear] and Residual(wide) units: the layer calls
+  // are the branches, the merges and the residual functions, planned as one chain.
+  const int64_t w = 32;
+  auto model = std::make_shared<nn::Sequential>();
+  for (int i = 0; i < 4; ++i) {
+    auto par = std::make_shared<nn::Parallel>();
+    par->add(std::make_shared<remat::testing::WideBlock>(w, DType::f32));
+    par->add(std::make_shared<remat::testing::WideBlock>(w, DType::f32));
+    model->add(par);
+    model->add(std::make_shared<nn::Linear>(2 * w, w));
+    model->add(std::make_shared<nn::Residual>(std::make_shared<remat::testing::WideBlock>(w, DType::f32)));
+  }
+  model->reset_parameters(12);
+  Tensor x = randn({16, w}, DType::f32, RngState{13, 0}).requires_grad_();
+  TensorList reference = module_grads(*model, x, Policy::save_all());
+  const size_t save_all = measure_step(*model, x, Policy::save_all()).peak_saved;
+  auto every_layer = measure_step(*model, x, Policy::every_layer());
+  EXPECT_EQ(every_layer.counters.regions_created, 16u);  // 2 branches + merge + residual fn, 4 times
+  ASSERT_LT(every_layer.peak_saved, save_all);
+  for (double fraction : {0.2, 0.5, 1.0}) {
+    const size_t budget =
+        every_layer.peak_saved + static_cast<size_t>(fraction * static_cast<double>(save_all - every_layer.peak_saved));
+    SCOPED_TRACE(budget);
+    const Policy policy = Policy::budget(budget);
+    for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) measure_step(*model, x, policy);
+    auto m = measure_step(*model, x, policy);
+    auto report = model->planner()->report();
+    ASSERT_TRUE(report.has_value());
+    EXPECT_EQ(report->costs.num_stages(), 16);
+    EXPECT_LE(report->predicted_peak_bytes, budget);
+    EXPECT_LE(m.peak_saved, budget) << report->tree;
+    expect_same_grads(module_grads(*model, x, policy), reference, report->tree);
+  }
+}
