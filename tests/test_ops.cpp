@@ -99,8 +99,9 @@ OpCase binary_case(Bin kind, Shape sa, Shape sb) {
         case Bin::sub: return x - y;
         case Bin::mul: return x * y;
         case Bin::div: return x / y;
-        case Bin::maximum: return std::max(x, y);
-        case Bin::minimum: return std::min(x, y);
+        // NaN propagates (remat's convention, as PyTorch's); the inputs here are never NaN
+        case Bin::maximum: return std::isnan(x) || std::isnan(y) ? std::nan("") : std::max(x, y);
+        case Bin::minimum: return std::isnan(x) || std::isnan(y) ? std::nan("") : std::min(x, y);
       }
       return 0.0;
     };
@@ -289,7 +290,7 @@ std::vector<OpCase> build_table() {
                          away_gen(-2, 2, {0.0}, 0.1)));
   t.push_back(unary_case("tanh", [](const Tensor& x) { return tanh(x); }, [](double x) { return std::tanh(x); }));
   t.push_back(unary_case("sigmoid", [](const Tensor& x) { return sigmoid(x); }, sigmoid_d, uniform_gen(-4, 4)));
-  t.push_back(unary_case("relu", [](const Tensor& x) { return relu(x); }, [](double x) { return x > 0 ? x : 0.0; },
+  t.push_back(unary_case("relu", [](const Tensor& x) { return relu(x); }, [](double x) { return x > 0 || std::isnan(x) ? x : 0.0; },
                          away_gen(-2, 2, {0.0}, 0.1)));
   t.push_back(unary_case("gelu", [](const Tensor& x) { return gelu(x); }, gelu_d, uniform_gen(-3, 3)));
   t.push_back(unary_case("gelu_tanh", [](const Tensor& x) { return gelu(x, true); }, gelu_tanh_d, uniform_gen(-3, 3)));

@@ -68,8 +68,8 @@ TEST(Revolve, RepetitionNumberAndClosedForm) {
   EXPECT_EQ(rs::revolve_optimal_forward_steps(10, 9), 9);     // store-all: n - 1
   EXPECT_EQ(rs::revolve_optimal_forward_steps(10, 3), 2 * 10 - 5);  // r = 2, beta(4, 1) = 5
   EXPECT_EQ(rs::revolve_optimal_forward_steps(1000000, 20), 8 * 1000000 - 1184040);  // r = 8, beta(21, 7) = C(28, 7)
-  EXPECT_THROW(rs::revolve_optimal_forward_steps(5, 0), std::invalid_argument);
-  EXPECT_THROW(rs::revolve_optimal_forward_steps(-1, 2), std::invalid_argument);
+  EXPECT_THROW(rs::revolve_optimal_forward_steps(5, 0), remat::Error);
+  EXPECT_THROW(rs::revolve_optimal_forward_steps(-1, 2), remat::Error);
 
   // The closed form equals the recurrence over the grid.
   const auto t = recurrence_table(200, 10);
@@ -105,7 +105,7 @@ TEST(Revolve, SmallScheduleIsTheTextbookOne) {
 TEST(Revolve, ReplayerRejectsInvalidSchedules) {
   using K = RevolveAction::Kind;
   const auto rejects = [](std::vector<RevolveAction> schedule, int64_t n, int s) {
-    EXPECT_THROW(rs::replay_revolve(schedule, n, s), std::invalid_argument);
+    EXPECT_THROW(rs::replay_revolve(schedule, n, s), remat::Error);
   };
   rejects({{K::restore, 0, 0}, {K::firsturn, 0, -1}}, 1, 1);                    // empty slot
   rejects({{K::takeshot, 0, 1}, {K::firsturn, 0, -1}}, 1, 1);                   // slot out of range
@@ -157,7 +157,7 @@ TEST(Online, ReverseStartsFromHeldSnapshots) {
   EXPECT_EQ(held[2].first, 8);
   const rs::RevolveReplay replay = rs::replay_revolve(online.full_schedule(), 9, 3);
   EXPECT_LE(replay.forward_steps, 9 + rs::revolve_optimal_forward_steps(9, 3));
-  EXPECT_THROW(rs::OnlineCheckpointer(0), std::invalid_argument);
+  EXPECT_THROW(rs::OnlineCheckpointer(0), remat::Error);
 }
 
 // ---------------------------------------------------------------- chain plans: helpers
@@ -308,8 +308,8 @@ TEST(ChainPlan, UniformSegmentsFollowCheckpointSequential) {
   EXPECT_EQ(rs::format_tree(rs::plan_uniform_segments(costs, 1).tree), rs::format_tree(rs::plan_save_all(costs).tree));
   EXPECT_EQ(rs::format_tree(rs::plan_every_k(costs, 4).tree),
             "R[0..3](S0 S1 S2 S3) R[4..7](S4 S5 S6 S7) R[8..9](S8 S9)");
-  EXPECT_THROW(rs::plan_uniform_segments(costs, 11), std::invalid_argument);
-  EXPECT_THROW(rs::plan_uniform_segments(costs, 0), std::invalid_argument);
+  EXPECT_THROW(rs::plan_uniform_segments(costs, 11), remat::Error);
+  EXPECT_THROW(rs::plan_uniform_segments(costs, 0), remat::Error);
 }
 
 // plan_rotor at several limits against the best simulated plan among all trees; limits below the
@@ -436,28 +436,28 @@ TEST(ChainPlan, InvalidInputsAreRejected) {
   ChainCosts costs = ChainCosts::uniform(3, 1.0, 1.0, 4, 4);
   ChainCosts broken = costs;
   broken.boundary_bytes.pop_back();
-  EXPECT_THROW(rs::plan_rotor(broken, 1000), std::invalid_argument);
+  EXPECT_THROW(rs::plan_rotor(broken, 1000), remat::Error);
   broken = costs;
   broken.forward_time[1] = -1;
-  EXPECT_THROW(rs::plan_save_all(broken), std::invalid_argument);
-  EXPECT_THROW(rs::plan_rotor(costs, 1000, 0), std::invalid_argument);
+  EXPECT_THROW(rs::plan_save_all(broken), remat::Error);
+  EXPECT_THROW(rs::plan_rotor(costs, 1000, 0), remat::Error);
 
   // Trees: a gap, an overlap, a region whose only child is the same region, a wrong stage node.
-  EXPECT_THROW(rs::validate_tree({PlanNode::stage(0), PlanNode::stage(2)}, 3), std::invalid_argument);
-  EXPECT_THROW(rs::validate_tree({PlanNode::stage(0), PlanNode::stage(1)}, 3), std::invalid_argument);
+  EXPECT_THROW(rs::validate_tree({PlanNode::stage(0), PlanNode::stage(2)}, 3), remat::Error);
+  EXPECT_THROW(rs::validate_tree({PlanNode::stage(0), PlanNode::stage(1)}, 3), remat::Error);
   EXPECT_THROW(rs::validate_tree({PlanNode::region(0, 1, {PlanNode::stage(0), PlanNode::stage(1)}),
                                   PlanNode::stage(1), PlanNode::stage(2)},
                                  3),
-               std::invalid_argument);
+               remat::Error);
   EXPECT_THROW(rs::validate_tree({PlanNode::region(0, 2, {PlanNode::region(0, 2, {PlanNode::stage(0), PlanNode::stage(1),
                                                                                   PlanNode::stage(2)})})},
                                  3),
-               std::invalid_argument);
-  EXPECT_THROW(rs::validate_tree({PlanNode{PlanNode::Kind::stage, 0, 2, {}}}, 3), std::invalid_argument);
+               remat::Error);
+  EXPECT_THROW(rs::validate_tree({PlanNode{PlanNode::Kind::stage, 0, 2, {}}}, 3), remat::Error);
 
   // Action lists.
   const auto rejects = [&](const std::string& why, std::vector<Action> actions) {
-    EXPECT_THROW(rs::simulate_actions(costs, actions), std::invalid_argument) << why;
+    EXPECT_THROW(rs::simulate_actions(costs, actions), remat::Error) << why;
   };
   using K = ActionKind;
   const std::vector<Action> good = rs::plan_save_all(costs).actions;
@@ -477,7 +477,7 @@ TEST(ChainPlan, InvalidInputsAreRejected) {
 
   Plan mismatched = rs::plan_save_all(costs);
   mismatched.actions = rs::plan_every_layer(costs).actions;
-  EXPECT_THROW(rs::simulate(costs, mismatched), std::invalid_argument);
+  EXPECT_THROW(rs::simulate(costs, mismatched), remat::Error);
 }
 
 }  // namespace

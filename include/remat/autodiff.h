@@ -35,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "remat/tensor.h"
@@ -66,10 +67,14 @@ class EnableGradGuard {
 
 // ---- running the backward pass
 // Accumulates d(sum of outputs[i] * grad_outputs[i]) into the .grad() of every leaf reached.
-// A missing grad_output is 1 for a one-element output (and an error otherwise).
+// A missing grad_output is 1 for a one-element output (and an error otherwise). Transactional
+// for leaf gradients: if it throws (an op's backward, a checkpointed function that fails when it
+// is recomputed, an allocation), every leaf's .grad() is as before the call. The graph is
+// consumed all the same (saved values already used are released) unless retain_graph is set.
 void backward(const TensorList& outputs, const TensorList& grad_outputs = {}, bool retain_graph = false);
 // Returns d(sum outputs[i] * grad_outputs[i]) / d inputs[j]; leaves' .grad() are left untouched.
-// An input the outputs do not depend on gets a zero gradient (allow_unused) or an error.
+// An input the outputs do not depend on gets a zero gradient (allow_unused) or an error. An input
+// listed twice gets the full gradient in both entries.
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
                 bool retain_graph = false, bool allow_unused = true);
 
@@ -150,11 +155,22 @@ uint64_t next_sequence_nr();
 // Invalid when t does not require grad.
 Edge gradient_edge(const Tensor& t);
 
-// Accumulates into a leaf's .grad().
+// Accumulates into a leaf's .grad(), in two steps so that a backward pass can be transactional
+// (the engine stages every leaf as it is reached and commits them all once every node has run):
+//   stage(g):  validates g and prepares the update without touching the leaf: a fresh gradient
+//              buffer holding a copy of g when the leaf has no gradient yet, else g itself;
+//   commit():  installs that buffer, or adds g in place into the existing .grad(); cannot fail.
+// apply() does both at once.
 class AccumulateGrad final : public Node {
  public:
+  struct Staged {
+    Tensor fresh;      // the leaf's new .grad() (it had none)
+    Tensor increment;  // to add to the leaf's existing .grad()
+  };
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   std::string name() const override { return "AccumulateGrad"; }
+  Staged stage(const Tensor& grad) const;
+  void commit(Staged staged) noexcept;
   TensorList apply(TensorList&& grad_outputs) override;
   bool is_accumulator() const override { return true; }
   const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
@@ -192,6 +208,12 @@ EngineResult backward_subtape(std::vector<Edge> roots, TensorList root_grads, ui
 // checkpoint region). The checkpoint layer uses it to warn when a recomputing policy met no region.
 using BackwardListener = void (*)();
 void set_backward_listener(BackwardListener listener);
+
+// ---- op kinds
+// The built-in op kinds, sorted ("add", "matmul", "tanh", ...): the names a selective policy may
+// list and a RecordingObserver sees (custom ops are "custom:NAME").
+const std::vector<std::string>& op_kinds();
+bool is_op_kind(std::string_view name);
 
 // ---- op counters (thread-local totals, reset by reset_op_counters)
 struct OpCounters {

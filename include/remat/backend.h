@@ -18,6 +18,7 @@
 
 namespace remat {
 
+// relu propagates NaN (relu(NaN) = NaN); its derivative at NaN is 0, as PyTorch's.
 enum class UnaryOp : uint8_t {
   neg, exp, log, sqrt, abs, tanh, sigmoid, relu, gelu, gelu_tanh, silu, pow_scalar,
   // helpers used by backward formulas and optimisers
@@ -25,7 +26,10 @@ enum class UnaryOp : uint8_t {
 };
 const char* unary_op_name(UnaryOp op);
 
-enum class BinaryOp : uint8_t { add, sub, mul, div, maximum, minimum };
+// maximum and minimum propagate NaN: a NaN operand gives NaN (as in PyTorch and NumPy); ties go to
+// a. The *_picks_b helpers (used by their backward formulas) give 1 where maximum (minimum) of
+// (a, b) returns b, else 0.
+enum class BinaryOp : uint8_t { add, sub, mul, div, maximum, minimum, maximum_picks_b, minimum_picks_b };
 const char* binary_op_name(BinaryOp op);
 
 enum class ReduceOp : uint8_t { sum, mean, max, argmax };

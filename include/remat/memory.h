@@ -53,6 +53,8 @@ class Allocator {
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
+  // Throws remat::OutOfMemory (counters unchanged) when the memory cannot be had, after
+  // returning the cached blocks to the system and trying once more.
   void* allocate(size_t bytes, Tag tag);
   void deallocate(void* pointer, size_t bytes, Tag tag);
   // Moves `bytes` from one tag's account to another's (the block itself stays where it is).
@@ -71,11 +73,13 @@ class Allocator {
 
  protected:
   // The raw memory source; the CPU allocator uses aligned operator new. A CUDA allocator
-  // overrides these two and inherits the accounting.
+  // overrides these two and inherits the accounting. raw_allocate returns null (or throws
+  // std::bad_alloc) when the memory cannot be had.
   virtual void* raw_allocate(size_t bytes);
   virtual void raw_deallocate(void* pointer, size_t bytes);
 
  private:
+  void* try_raw_allocate(size_t bytes);
   void add(size_t bytes, Tag tag);
   void remove(size_t bytes, Tag tag);
 

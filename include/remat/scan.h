@@ -23,6 +23,9 @@
 //              reversed by Revolve between kept snapshots; at most n + t(n, s) extra forward
 //              evaluations (one sweep more than offline Revolve).
 // Memory (saved bytes, allocator-measured): at most (s + 1) * state_bytes + one step's internals.
+// Length: the revolve and online schedules are materialised as action lists, so a loop under them
+// has at most schedule::kMaxScheduleSteps = 2^24 steps (more is a remat::Error); store_all has
+// no limit.
 // Gradients are bitwise equal to the loop unrolled under save-all when the loop's captured
 // parameters get no other gradient contribution before the loop's own (their per-step
 // contributions are summed in the same order as the unrolled loop does).
@@ -46,7 +49,7 @@ struct ScanStats {
   int64_t steps = 0;               // n
   int64_t forward_steps = 0;       // step evaluations without recording (forward sweep + recomputation)
   int64_t recorded_steps = 0;      // step evaluations with recording (the n "turns")
-  int64_t optimal_forward_steps = 0;  // Revolve's closed form t(n, s) for this n and s
+  int64_t optimal_forward_steps = 0;  // Revolve's closed form t(n, s) for this n and s (-1: beyond int64)
   size_t state_bytes = 0;
   size_t snapshot_peak_bytes = 0;  // bytes of snapshots held at once, at most
 };

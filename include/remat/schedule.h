@@ -1,7 +1,8 @@
 // remat/schedule.h - checkpointing planners: plain data in, plain data (a plan) out.
 //
 // The schedule layer knows nothing about tensors: it reads per-stage costs and sizes and writes a
-// plan that the engine executes. It includes only the standard library, so it builds on its own
+// plan that the engine executes. It includes only the standard library and the header-only
+// remat/error.h (its errors are remat::Error, as everywhere in the API), so it builds on its own
 // (from the repository root; -fsyntax-only in place of -c writes no object files):
 //   g++ -std=c++20 -Wall -Wextra -Iinclude -c src/schedule/*.cpp
 //
@@ -71,7 +72,7 @@
 // live + x[L] (a_L and d_L both live), backward(i) at live + x[i] (d_{i+1}, record, a_i, d_i
 // all live). No other temporaries are modelled. Time = sum of uf over forward actions + sum of
 // ub over backward actions. Peak = the maximum over all actions.
-// Validity (simulate throws std::invalid_argument otherwise): every operand live when used, a
+// Validity (simulate throws remat::Error otherwise): every operand live when used, a
 // boundary never computed while already live, forward of a stage only before its backward,
 // backward exactly once per stage, in order L-1..0, and at the end only a_0 and d_0 live.
 //
@@ -114,25 +115,25 @@
 // or many slots) the result is exactly OPT(memory_limit). If the units admit no plan although
 // memory_limit >= min_feasible_memory(), plan_rotor returns the least-peak plan (always
 // within the limit). Cost: O(L^2 * slots) memory (10 bytes per entry; tables over 1.5e8
-// entries are refused with std::invalid_argument), O(L^3 * slots) time: with 500 slots about
+// entries are refused with remat::Error), O(L^3 * slots) time: with 500 slots about
 // 0.05 s for L = 50, 0.4 s for L = 100, 3 s for L = 200 (one loaded core).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "remat/error.h"
 
 namespace remat::schedule {
 
 // Thrown when no plan fits the memory limit. min_feasible_bytes is the least peak (exact bytes)
 // of any plan for the chain; the message states it.
-class InfeasibleError : public std::runtime_error {
+class InfeasibleError : public Error {
  public:
-  InfeasibleError(const std::string& message, size_t min_feasible)
-      : std::runtime_error(message), min_feasible_bytes(min_feasible) {}
+  InfeasibleError(const std::string& message, size_t min_feasible) : Error(message), min_feasible_bytes(min_feasible) {}
   size_t min_feasible_bytes;
 };
 
@@ -156,8 +157,13 @@ struct RevolveAction {
 };
 std::string to_string(const RevolveAction& action);
 
+// Schedules are materialised as action lists (at most about 4 actions per step), so their length
+// is bounded: revolve_schedule and OnlineCheckpointer refuse more than kMaxScheduleSteps steps.
+inline constexpr int64_t kMaxScheduleSteps = int64_t{1} << 24;
+
 // An optimal schedule (forward-step count t(n, s)) for n steps and s >= 1 slots. Begins with
 // takeshot of x0 in slot 0. s >= n - 1 gives store-all: snapshots of x0..x_{n-2}.
+// n <= kMaxScheduleSteps.
 std::vector<RevolveAction> revolve_schedule(int64_t n, int s);
 
 struct RevolveReplay {
@@ -168,7 +174,7 @@ struct RevolveReplay {
 // Executes a schedule on an abstract chain starting at x0 with all slots empty and checks it:
 // advances only forward and up to x_n, takeshot/restore slots in [0, s), restore only from a
 // filled slot, turns at the current state exactly once per step in order n-1..0 (firsturn first),
-// and the informational `step` fields match. Throws std::invalid_argument naming the action.
+// and the informational `step` fields match. Throws remat::Error naming the action.
 RevolveReplay replay_revolve(const std::vector<RevolveAction>& schedule, int64_t n, int s);
 
 // ================================ Online checkpointing ================================
@@ -222,7 +228,7 @@ struct ChainCosts {
   std::vector<size_t> saved_bytes;     // xbar[i], i = 0..L-1 (excluding the input boundary)
 
   int num_stages() const { return static_cast<int>(forward_time.size()); }
-  // Throws std::invalid_argument on mismatched lengths, no stage, negative or non-finite
+  // Throws remat::Error on mismatched lengths, no stage, negative or non-finite
   // times, or sizes whose sum could overflow.
   void validate() const;
   static ChainCosts uniform(int stages, double forward_time, double backward_time, size_t boundary_bytes,
@@ -262,12 +268,12 @@ struct SimResult {
 };
 
 // Checks a tree covers stages 0..num_stages-1 in order with valid regions; throws
-// std::invalid_argument naming the offending node.
+// remat::Error naming the offending node.
 void validate_tree(const std::vector<PlanNode>& tree, int num_stages);
 // The action list of a (valid) tree, per the rules above.
 std::vector<Action> plan_actions(const std::vector<PlanNode>& tree, int num_stages);
 // Executes a plan on the cost model. Uses the tree when present (plan.actions, if not empty,
-// must then equal plan_actions(tree)); otherwise the action list. Throws std::invalid_argument
+// must then equal plan_actions(tree)); otherwise the action list. Throws remat::Error
 // if the plan is invalid.
 SimResult simulate(const ChainCosts& costs, const Plan& plan);
 SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& actions);

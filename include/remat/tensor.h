@@ -11,8 +11,14 @@
 //   Tensor y = matmul(x, w).tanh();
 //   y.sum().backward();            // w.grad() now holds dL/dw
 //
-// Rank is at most 6. Storage is row-major with explicit strides (in elements). dtypes: f32 and f64
-// for values, i64 for indices (targets, token ids, argmax results).
+// Storage is row-major with explicit strides (in elements). dtypes: f32 and f64 for values, i64
+// for indices (targets, token ids, argmax results).
+//
+// Limits: rank at most kMaxRank = 6; every dimension and every shape's element count at most
+// kMaxElements = 2^60, with zero-size axes counted as 1 (so that strides fit as well), for views
+// as for allocated tensors. Then every element offset and byte size fits in int64. A shape beyond
+// these limits, a negative dimension, or an allocation that fails is a remat::Error naming the
+// operation and the shape (remat::OutOfMemory for a failed allocation, with the bytes asked).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "remat/checked.h"
 #include "remat/error.h"
 #include "remat/memory.h"
 
@@ -41,11 +48,19 @@ struct Device {
 std::string device_name(Device device);
 
 inline constexpr int kMaxRank = 6;
+inline constexpr int64_t kMaxElements = int64_t{1} << 60;
 using Shape = std::vector<int64_t>;
 using Strides = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);
+// The number of elements; throws remat::Error naming the shape if a dimension is negative or the
+// count exceeds kMaxElements.
 int64_t shape_numel(const Shape& shape);
+// Row-major strides (in elements); throws like shape_numel if they would exceed kMaxElements.
 Strides contiguous_strides(const Shape& shape);
+// Throws remat::Error naming `op` and the shape unless the shape is within the limits above
+// (rank <= kMaxRank, no negative dimension, element count within kMaxElements counting zero-size
+// axes as 1).
+void check_shape(const Shape& shape, const char* op);
 // NumPy broadcasting of two shapes; throws remat::Error naming `op` if incompatible.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
@@ -149,6 +164,9 @@ class Tensor {
   const std::shared_ptr<autodiff::Node>& grad_fn() const { return impl().grad_fn; }
   Tensor grad() const;  // undefined if none accumulated yet
   void zero_grad();     // drops the accumulated gradient (frees its storage)
+  // Replaces the accumulated gradient with a copy of `grad`, which must have this tensor's shape,
+  // dtype and device (an undefined `grad` drops it, like zero_grad). The copy is a fresh
+  // contiguous gradient buffer, so later backward passes never write into the caller's tensor.
   void set_grad(const Tensor& grad);
   // Back-propagates from this scalar (or with an explicit gradient) into leaves' grad().
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;

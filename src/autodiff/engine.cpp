@@ -7,6 +7,21 @@
 // region runs the engine over its recomputed sub-tape with capture_all_frontier: gradients that
 // leave the sub-tape (towards its inputs, captured parameters or earlier nodes) are returned
 // instead of being propagated, so the region can hand them on along its own edges.
+//
+// Note [leaf gradients are transactional]. A backward pass that accumulates into leaves changes
+// no leaf's .grad() until every node has run. When a leaf's AccumulateGrad node runs, all the
+// contributions to that leaf's gradient have arrived (the engine runs a node only after every
+// node feeding it): that is the leaf's *final point*. The node is then only staged
+// (AccumulateGrad::stage: a fresh copy of the gradient if the leaf has none yet, otherwise the
+// incoming gradient is held), and after the last node ran, the engine commits the staged leaves
+// in staging order (AccumulateGrad::commit: install the copy, or add in place; it cannot fail).
+// If anything throws before that (an op's backward, a checkpointed function during its
+// recomputation, a failed allocation), the staged values are dropped and every leaf's .grad()
+// is exactly as before the call. Cost: nothing extra when the leaves have no gradient yet (the
+// usual zero_grad() loop); when accumulating into existing gradients, the incoming gradients
+// are held until the end instead of being added one by one. A "gradient is final" hook (an
+// optimizer step in the backward, an all-reduce bucket) belongs at the final point, in
+// Engine::stage_leaf; such a hook commits that leaf early and so opts it out of the rollback.
 #include <algorithm>
 #include <atomic>
 #include <queue>
@@ -49,7 +64,11 @@ void accumulate(Tensor& slot, const Tensor& grad) {
 class Engine {
  public:
   explicit Engine(EngineTask& task) : task_(task) {
-    for (size_t i = 0; i < task_.capture.size(); ++i) capture_index_[key(task_.capture[i])] = i;
+    for (size_t i = 0; i < task_.capture.size(); ++i) {
+      // the same edge asked for twice (grad(f, {P, P})): one slot collects, the copies read it
+      auto [it, inserted] = capture_index_.emplace(key(task_.capture[i]), i);
+      if (!inserted) duplicate_captures_.push_back({i, it->second});
+    }
     result_.captured_edges = task_.capture;
     result_.captured_grads.resize(task_.capture.size());
   }
@@ -65,6 +84,11 @@ class Engine {
       ready.pop();
       execute(node, ready);
     }
+    // Every node ran: the commit point of the leaves' gradients (Note [leaf gradients are
+    // transactional]). Nothing below throws.
+    for (auto& leaf : staged_) leaf.node->commit(std::move(leaf.staged));
+    staged_.clear();
+    for (auto [copy, original] : duplicate_captures_) result_.captured_grads[copy] = result_.captured_grads[original];
     return std::move(result_);
   }
 
@@ -177,7 +201,9 @@ class Engine {
     std::vector<TensorList> contributions;
     if (any) {
       ++thread_state().counters.backward_nodes;
-      if (node->returns_contributions()) {
+      if (node->is_accumulator()) {
+        stage_leaf(node, grads.at(0));
+      } else if (node->returns_contributions()) {
         contributions = node->apply_contributions(std::move(grads));
       } else {
         TensorList input_grads = node->apply(std::move(grads));
@@ -190,8 +216,23 @@ class Engine {
     for (size_t i = 0; i < edges.size(); ++i) send_contributions(edges[i], contributions[i], ready, true);
   }
 
+  // A leaf's final point: all of its gradient for this backward has arrived.
+  void stage_leaf(Node* node, const Tensor& grad) {
+    auto accumulator = std::dynamic_pointer_cast<AccumulateGrad>(node->shared_from_this());
+    REMAT_ASSERT(accumulator != nullptr, node->name(), " is an accumulator but not an AccumulateGrad");
+    StagedLeaf staged{accumulator, accumulator->stage(grad)};
+    staged_.push_back(std::move(staged));
+  }
+
+  struct StagedLeaf {
+    std::shared_ptr<AccumulateGrad> node;
+    AccumulateGrad::Staged staged;
+  };
+
   EngineTask& task_;
   EngineResult result_;
+  std::vector<StagedLeaf> staged_;  // in staging order; committed when every node has run
+  std::vector<std::pair<size_t, size_t>> duplicate_captures_;  // (repeated slot, first slot)
   std::unordered_map<EdgeKey, size_t, EdgeKeyHash> capture_index_;
   std::unordered_map<Node*, NodeInfo> info_;
 };
@@ -287,6 +328,10 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
   TensorList grads(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     grads[i] = result.summed(i);
+    // an input listed twice gets its own copy of the same gradient, never a shared handle
+    for (size_t j = 0; j < i && grads[i].defined(); ++j)
+      if (result.captured_edges[j] == result.captured_edges[i] && grads[j].same(grads[i]))
+        grads[i] = kernels::copy(grads[i]);
     if (!grads[i].defined()) {
       REMAT_CHECK(allow_unused, "grad: the outputs do not depend on input ", i);
       grads[i] = zeros(inputs[i].shape(), inputs[i].dtype());

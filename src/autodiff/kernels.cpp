@@ -2,10 +2,13 @@
 
 #include <algorithm>
 
+#include "tensor/allocate.h"
+
 namespace remat::kernels {
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
-  return Tensor::empty(shape, dtype, memory::Tag::other, device);
+  // no op name here: autodiff::apply prefixes the op's name to a failed allocation's message
+  return detail::allocate_tensor(nullptr, shape, dtype, memory::Tag::other, device);
 }
 
 Tensor unary(UnaryOp op, const Tensor& x, double scalar) {

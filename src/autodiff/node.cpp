@@ -3,6 +3,7 @@
 #include "autodiff/kernels.h"
 #include "autodiff/state.h"
 #include "remat/autodiff.h"
+#include "tensor/allocate.h"
 
 namespace remat::autodiff {
 
@@ -54,22 +55,40 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::mo
   outputs.push_back({leaf_->shape, leaf_->dtype, leaf_->storage->device()});
 }
 
-TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
-  const Tensor& g = grad_outputs.at(0);
-  if (!g.defined()) return {};
+AccumulateGrad::Staged AccumulateGrad::stage(const Tensor& g) const {
+  REMAT_ASSERT(g.defined());
   REMAT_ASSERT(g.shape() == leaf_->shape, "gradient of shape ", shape_str(g.shape()), " for leaf of shape ",
                shape_str(leaf_->shape));
-  Tensor leaf(leaf_);
+  REMAT_ASSERT(g.dtype() == leaf_->dtype, "gradient of dtype ", dtype_name(g.dtype()), " for a leaf of dtype ",
+               dtype_name(leaf_->dtype));
+  Staged staged;
   if (!leaf_->grad) {
     // A fresh gradient-tagged buffer: the incoming tensor may be a view or shared.
-    Tensor grad = Tensor::empty(leaf_->shape, leaf_->dtype, memory::Tag::gradient, leaf.device());
-    backend(leaf.device()).copy(g, grad);
-    leaf_->grad = grad.impl_ptr();
+    Tensor leaf(leaf_);
+    staged.fresh = detail::allocate_tensor("backward", leaf_->shape, leaf_->dtype, memory::Tag::gradient, leaf.device());
+    backend(leaf.device()).copy(g, staged.fresh);
   } else {
     Tensor grad(leaf_->grad);
-    backend(leaf.device()).binary(BinaryOp::add, grad, g, grad);
+    REMAT_ASSERT(grad.shape() == leaf_->shape && grad.dtype() == leaf_->dtype, "the gradient of a leaf of shape ",
+                 shape_str(leaf_->shape), " is ", dtype_name(grad.dtype()), " ", shape_str(grad.shape()));
+    staged.increment = g;
+  }
+  return staged;
+}
+
+void AccumulateGrad::commit(Staged staged) noexcept {
+  if (staged.fresh.defined()) {
+    leaf_->grad = staged.fresh.impl_ptr();
+  } else if (staged.increment.defined()) {
+    Tensor grad(leaf_->grad);
+    backend(grad.device()).binary(BinaryOp::add, grad, staged.increment, grad);
     grad.storage()->bump_version();
   }
+}
+
+TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
+  const Tensor& g = grad_outputs.at(0);
+  if (g.defined()) commit(stage(g));
   return {};
 }
 

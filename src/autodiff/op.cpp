@@ -1,5 +1,9 @@
 #include "autodiff/op.h"
 
+#include <algorithm>
+#include <iterator>
+#include <string_view>
+
 #include "autodiff/kernels.h"
 #include "autodiff/state.h"
 
@@ -44,6 +48,35 @@ class Restore {
   T previous_;
 };
 }  // namespace
+
+// ---- the op kinds
+
+namespace {
+// Every built-in op kind (OpSpec name), sorted. A new op adds its name here; the OpSpec
+// constructor refuses a name that is missing, so the list cannot fall behind the ops.
+constexpr std::string_view kOpKinds[] = {
+    "abs",        "add",     "add_scalar", "concat",   "contiguous", "convert", "cross_entropy", "div",
+    "dropout",    "embedding", "exp",      "expand",   "gelu",       "gelu_tanh", "layer_norm", "log",
+    "log_softmax", "matmul", "max",        "maximum",  "mean",       "minimum", "mul",           "mul_scalar",
+    "neg",        "permute", "pow",        "relu",     "rms_norm",   "sigmoid", "silu",          "slice",
+    "softmax",    "split",   "sqrt",       "square",   "sub",        "sum",     "tanh",          "view",
+    "where"};
+static_assert(std::is_sorted(std::begin(kOpKinds), std::end(kOpKinds)));
+}  // namespace
+
+bool is_op_kind(std::string_view name) {
+  return std::binary_search(std::begin(kOpKinds), std::end(kOpKinds), name);
+}
+
+const std::vector<std::string>& op_kinds() {
+  static const std::vector<std::string> kinds(std::begin(kOpKinds), std::end(kOpKinds));
+  return kinds;
+}
+
+OpSpec::OpSpec(std::string name_, unsigned save_, int num_aux_, uint32_t saved_inputs_mask_)
+    : name(std::move(name_)), save(save_), num_aux(num_aux_), saved_inputs_mask(saved_inputs_mask_) {
+  REMAT_ASSERT(is_op_kind(name), "op kind '", name, "' is not listed in kOpKinds (src/autodiff/op.cpp)");
+}
 
 // ---- BackwardContext
 
@@ -107,7 +140,11 @@ TensorList OpNode::apply(TensorList&& grad_outputs) {
   Restore<RecordingObserver*> no_observer(state.observer, nullptr);
   grad_outputs.resize(num_visible_outputs);
   BackwardContext ctx(*this, std::move(grad_outputs));
-  backward_(ctx);
+  try {
+    backward_(ctx);
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(detail::concat(spec_.name, " (backward): ", e.what()), e.bytes());
+  }
   return ctx.take_input_grads();
 }
 
@@ -157,7 +194,11 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
   bool replayed = state.observer && !state.in_backward_formula && state.observer->replay(spec.name, outputs);
   if (!replayed) {
     Restore<bool> nested(state.in_op_forward, true);
-    outputs = forward(inputs);
+    try {
+      outputs = forward(inputs);
+    } catch (const OutOfMemory& e) {  // the kernels' allocations do not know the op's name
+      throw OutOfMemory(detail::concat(spec.name, ": ", e.what()), e.bytes());
+    }
   }
   REMAT_ASSERT(outputs.size() > static_cast<size_t>(spec.num_aux), spec.name, ": forward returned ",
                outputs.size(), " results");

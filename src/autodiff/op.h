@@ -29,6 +29,11 @@ struct OpSpec {
   unsigned save = save_nothing;
   int num_aux = 0;          // trailing forward results kept for backward only
   uint32_t saved_inputs_mask = ~0u;  // with save_inputs: which inputs (bit i = input i) are kept
+
+  OpSpec() = default;  // for custom ops, which fill in "custom:NAME" themselves
+  // A built-in op: `name` must be listed in kOpKinds (op.cpp), the registry behind op_kinds()
+  // and selective:OPS; an unlisted name is an internal error when the library loads.
+  OpSpec(std::string name, unsigned save = save_nothing, int num_aux = 0, uint32_t saved_inputs_mask = ~0u);
 };
 
 class OpNode;

@@ -1,4 +1,9 @@
 #include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <limits>
+#include <string>
 #include <cmath>
 #include <cstdio>
 #include <new>
@@ -46,7 +51,9 @@ void* Allocator::raw_allocate(size_t bytes) {
       return p;
     }
   }
-  return ::operator new(rounded, std::align_val_t(kAlignment));
+  // nothrow: a failed allocation is reported by allocate() as remat::OutOfMemory (under
+  // AddressSanitizer, run with allocator_may_return_null=1 to get there instead of an abort)
+  return ::operator new(rounded, std::align_val_t(kAlignment), std::nothrow);
 }
 
 void Allocator::raw_deallocate(void* pointer, size_t bytes) {
@@ -96,8 +103,33 @@ void Allocator::remove(size_t bytes, Tag tag) {
   stats_.live_total -= bytes;
 }
 
+namespace {
+// Blocks are rounded up to whole alignment units; anything near SIZE_MAX cannot be.
+constexpr size_t kLargestBlock = size_t{1} << 63;
+}  // namespace
+
+void* Allocator::try_raw_allocate(size_t bytes) {
+  try {
+    return raw_allocate(bytes);
+  } catch (const std::bad_alloc&) {  // a raw source that throws instead of returning null
+    return nullptr;
+  }
+}
+
 void* Allocator::allocate(size_t bytes, Tag tag) {
-  void* pointer = raw_allocate(bytes);  // may throw std::bad_alloc; counters untouched then
+  // The counters are updated only once the memory is there: a failure leaves them as they were.
+  void* pointer = bytes <= kLargestBlock ? try_raw_allocate(bytes) : nullptr;
+  if (pointer == nullptr && bytes <= kLargestBlock && stats().cached_bytes > 0) {
+    empty_cache();  // blocks of other sizes may be what stands in the way
+    pointer = try_raw_allocate(bytes);
+  }
+  if (pointer == nullptr) {
+    Stats s = stats();
+    throw OutOfMemory(detail::concat(device_name_, " allocator: cannot allocate ", format_bytes(static_cast<double>(bytes)),
+                                     " (", bytes, " bytes); ", format_bytes(static_cast<double>(s.live_total)),
+                                     " are live"),
+                      bytes);
+  }
   std::lock_guard lock(mutex_);
   add(bytes, tag);
   auto t = static_cast<size_t>(tag);
@@ -169,38 +201,52 @@ std::string format_bytes(double bytes) {
 }
 
 size_t parse_bytes(const std::string& text) {
-  size_t pos = 0;
-  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) ++pos;
-  std::string number = text.substr(0, pos);
-  std::string unit = text.substr(pos);
-  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
-  REMAT_CHECK(!number.empty(), "parse_bytes: cannot parse byte count '", text,
-              "': expected a number with an optional unit (B, KB, KiB, MB, MiB, GB, GiB), e.g. 64MiB");
-  double value = 0;
-  size_t used = 0;
-  try {
-    value = std::stod(number, &used);
-  } catch (...) {
-    used = 0;
+  // NUMBER [spaces] [UNIT]: NUMBER is digits with at most one '.', UNIT one of the table below.
+  const auto fail = [&](const std::string& why) -> size_t {
+    throw Error(detail::concat("parse_bytes: cannot parse byte count '", text, "': ", why));
+  };
+  size_t pos = 0, dots = 0, digits = 0;
+  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) {
+    (text[pos] == '.' ? dots : digits) += 1;
+    ++pos;
   }
-  // the whole number must parse ("1.2.3" is not 1.2)
-  REMAT_CHECK(used == number.size(), "parse_bytes: cannot parse byte count '", text, "': '", number,
-              "' is not a number");
+  const std::string number = text.substr(0, pos);
+  if (digits == 0)
+    return fail("expected a number with an optional unit (B, KB, KiB, MB, MiB, GB, GiB, TB, TiB), e.g. 64MiB");
+  if (dots > 1) return fail("'" + number + "' is not a number");
+  size_t unit_start = pos;
+  while (unit_start < text.size() && text[unit_start] == ' ') ++unit_start;
   std::string u;
-  for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  double scale = 0;
-  if (u.empty() || u == "b") scale = 1;
-  else if (u == "k" || u == "kb") scale = 1e3;
-  else if (u == "kib") scale = 1024.0;
-  else if (u == "m" || u == "mb") scale = 1e6;
-  else if (u == "mib") scale = 1024.0 * 1024;
-  else if (u == "g" || u == "gb") scale = 1e9;
-  else if (u == "gib") scale = 1024.0 * 1024 * 1024;
-  else if (u == "tb") scale = 1e12;
-  else if (u == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
-  REMAT_CHECK(scale > 0, "parse_bytes: cannot parse byte count '", text, "': unknown unit '", unit,
-              "' (use B, KB, KiB, MB, MiB, GB, GiB, TB or TiB)");
-  return static_cast<size_t>(std::llround(value * scale));
+  for (size_t i = unit_start; i < text.size(); ++i) u += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  static const struct {
+    const char* name;
+    uint64_t scale;
+  } kUnits[] = {{"", 1},           {"b", 1},
+                {"k", 1000},       {"kb", 1000},          {"kib", uint64_t{1} << 10},
+                {"m", 1000000},    {"mb", 1000000},       {"mib", uint64_t{1} << 20},
+                {"g", 1000000000}, {"gb", 1000000000},    {"gib", uint64_t{1} << 30},
+                {"tb", 1000000000000}, {"tib", uint64_t{1} << 40}};
+  uint64_t scale = 0;
+  for (const auto& unit : kUnits)
+    if (u == unit.name) scale = unit.scale;
+  if (scale == 0)
+    return fail("unknown unit '" + text.substr(unit_start) + "' (use B, KB, KiB, MB, MiB, GB, GiB, TB or TiB)");
+  // The largest count accepted: byte sizes elsewhere are int64 (2^63 - 1, about 8 EiB).
+  constexpr uint64_t kLargest = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  const std::string too_large = "more than 2^63 - 1 bytes";
+  if (dots == 0) {  // an integer: exact
+    uint64_t value = 0;
+    auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+    if (ec != std::errc() || end != number.data() + number.size() || value > kLargest / scale) return fail(too_large);
+    return static_cast<size_t>(value * scale);
+  }
+  if (scale == 1) return fail("a byte count without a unit (or in B) must be a whole number");
+  double value = 0;
+  auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+  if (ec != std::errc() || end != number.data() + number.size()) return fail("'" + number + "' is not a number");
+  const double bytes = std::round(value * static_cast<double>(scale));
+  if (!(bytes < 9223372036854775808.0)) return fail(too_large);  // 2^63, exactly representable
+  return static_cast<size_t>(bytes);
 }
 
 }  // namespace remat::memory

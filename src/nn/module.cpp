@@ -168,7 +168,14 @@ Tensor Module::register_parameter(const std::string& name, const Shape& shape, D
   check_new_name(name, "parameter");
   REMAT_CHECK(is_floating(dtype), type_name(), ": parameter \"", name, "\" must be f32 or f64, got ",
               dtype_name(dtype));
-  Tensor t = Tensor::empty(shape, dtype, memory::Tag::parameter);
+  Tensor t;
+  try {
+    t = Tensor::empty(shape, dtype, memory::Tag::parameter);
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(detail::concat(type_name(), ": parameter \"", name, "\": ", e.what()), e.bytes());
+  } catch (const Error& e) {  // a shape beyond the limits
+    throw Error(detail::concat(type_name(), ": parameter \"", name, "\": ", e.what()));
+  }
   init_tensor(t, init.kind == Init::Kind::keep ? Init::zeros() : init,
               parameter_rng_state(0, parameters_.size()));
   t.requires_grad_();

@@ -1,7 +1,11 @@
 #include "remat/policy.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <limits>
 
+#include "remat/autodiff.h"
 #include "remat/error.h"
 #include "remat/memory.h"
 
@@ -27,11 +31,20 @@ Policy Policy::every_k(int k) {
   return p;
 }
 
+static std::string known_op_kinds() {
+  std::string list;
+  for (const auto& kind : autodiff::op_kinds()) list += (list.empty() ? "" : ", ") + kind;
+  return list;
+}
+
 Policy Policy::selective(std::vector<std::string> ops) {
   REMAT_CHECK(!ops.empty(), "policy selective: list at least one op kind (e.g. selective:matmul)");
-  for (const auto& op : ops)
+  for (const auto& op : ops) {
     REMAT_CHECK(!op.empty() && op.rfind("custom:", 0) != 0, "policy selective: invalid op kind '", op,
                 "' (custom ops are always recomputed)");
+    REMAT_CHECK(autodiff::is_op_kind(op), "policy selective: unknown op kind '", op, "'; the op kinds are ",
+                known_op_kinds());
+  }
   Policy p{Kind::selective, 1, {}, 0};
   p.ops = std::move(ops);
   return p;
@@ -53,16 +66,16 @@ Policy Policy::parse(const std::string& raw) {
   if (head == "save-all" && !has_arg) return save_all();
   if (head == "every-layer" && !has_arg) return every_layer();
   if (head == "every-k" && has_arg) {
-    size_t used = 0;
-    long k = 0;
-    try {
-      k = std::stol(arg, &used);
-    } catch (...) {
-      used = 0;
-    }
-    REMAT_CHECK(used == arg.size() && used > 0 && k >= 1, "cannot parse policy '", raw, "': K must be a positive integer; ",
-                kValidForms);
-    return every_k(static_cast<int>(k));
+    // digits only (no sign, no spaces inside), and a value that fits in int
+    int k = 0;
+    const char* end = arg.data() + arg.size();
+    auto [ptr, ec] = std::from_chars(arg.data(), end, k);
+    REMAT_CHECK(!arg.empty() && std::isdigit(static_cast<unsigned char>(arg[0])) && ec != std::errc::result_out_of_range,
+                "cannot parse policy '", raw, "': K must be a positive integer of at most ",
+                std::numeric_limits<int>::max(), "; ", kValidForms);
+    REMAT_CHECK(ec == std::errc() && ptr == end && k >= 1, "cannot parse policy '", raw,
+                "': K must be a positive integer; ", kValidForms);
+    return every_k(k);
   }
   if (head == "selective" && has_arg) {
     std::vector<std::string> ops;
@@ -75,7 +88,11 @@ Policy Policy::parse(const std::string& raw) {
       if (comma == std::string::npos) break;
       start = comma + 1;
     }
-    return selective(ops);
+    try {
+      return selective(ops);
+    } catch (const Error& e) {
+      throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what()));
+    }
   }
   if (head == "budget" && has_arg) {
     size_t bytes = 0;

@@ -315,12 +315,22 @@ Tensor scan(const ScanStep& step, const Tensor& state0, int64_t n_steps, const S
   REMAT_CHECK(n_steps >= 0, "scan: the number of steps must be non-negative, got ", n_steps);
   REMAT_CHECK(options.schedule != ScanSchedule::online,
               "scan: the online schedule is for loops of unknown length (use while_loop); use revolve when n is known");
+  const bool revolve = options.schedule == ScanSchedule::revolve && grad_enabled() && n_steps > 0;
+  REMAT_CHECK(!revolve || n_steps <= schedule::kMaxScheduleSteps, "scan: ", n_steps, " steps with the revolve schedule ",
+              "is more than its limit of ", schedule::kMaxScheduleSteps, " (2^24) steps; split the loop into ",
+              "nested scans or use store_all");
+  int64_t optimal_forward_steps = 0;
+  try {
+    optimal_forward_steps = n_steps > 0 ? schedule::revolve_optimal_forward_steps(n_steps, options.snapshots) : 0;
+  } catch (const Error& e) {  // e.g. r > INT_MAX: n = 2^40 steps with one snapshot
+    if (revolve) throw Error(detail::concat("scan: ", n_steps, " steps with ", options.snapshots, " snapshots: ", e.what()));
+    optimal_forward_steps = -1;  // a statistic only, when no schedule is needed
+  }
   last_stats = std::make_shared<ScanStats>();
   ScanStats& stats = *last_stats;
   stats.state_bytes = state0.nbytes();
-  stats.optimal_forward_steps = n_steps > 0 ? schedule::revolve_optimal_forward_steps(n_steps, options.snapshots) : 0;
-  if (options.schedule == ScanSchedule::store_all || !grad_enabled() || n_steps == 0)
-    return plain_loop(step, state0, n_steps, nullptr, stats);
+  stats.optimal_forward_steps = optimal_forward_steps;
+  if (!revolve) return plain_loop(step, state0, n_steps, nullptr, stats);
 
   stats.steps = n_steps;
   auto node = std::make_shared<ScanNode>(step, options.snapshots, last_stats);

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
-#include <stdexcept>
+#include "remat/error.h"
 #include <string>
 #include <vector>
 
@@ -16,7 +16,7 @@ namespace remat::schedule {
 namespace {
 
 [[noreturn]] void invalid(const std::string& function, const std::string& why) {
-  throw std::invalid_argument(function + ": " + why);
+  throw Error(function + ": " + why);
 }
 
 std::string node_name(const PlanNode& node) {
@@ -154,7 +154,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
     const auto fail = [&](const std::string& why) {
       std::ostringstream out;
       out << "simulate: action " << position << " (" << format_actions({action}) << "): " << why;
-      throw std::invalid_argument(out.str());
+      throw Error(out.str());
     };
     const auto stage_ok = [&]() {
       if (i < 0 || i >= stages) fail("stage outside 0.." + std::to_string(stages - 1));
@@ -214,12 +214,12 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
     result.peak_bytes = std::max(result.peak_bytes, live);
   }
   if (gradient != 0)
-    throw std::invalid_argument(gradient < 0 ? "simulate: the plan never runs the loss"
+    throw Error(gradient < 0 ? "simulate: the plan never runs the loss"
                                              : "simulate: the plan ends before stage " + std::to_string(gradient - 1) +
                                                    "'s backward");
   for (int j = 1; j <= stages; ++j)
     if (boundary_live[static_cast<size_t>(j)])
-      throw std::invalid_argument("simulate: boundary " + std::to_string(j) + " is still live at the end");
+      throw Error("simulate: boundary " + std::to_string(j) + " is still live at the end");
   result.recomputed_forwards = result.forward_evaluations - stages;
   return result;
 }
@@ -229,7 +229,7 @@ SimResult simulate(const ChainCosts& costs, const Plan& plan) {
   if (plan.tree.empty()) return simulate_actions(costs, plan.actions);
   std::vector<Action> actions = plan_actions(plan.tree, costs.num_stages());
   if (!plan.actions.empty() && plan.actions != actions)
-    throw std::invalid_argument("simulate: the plan's actions differ from those of its tree " +
+    throw Error("simulate: the plan's actions differ from those of its tree " +
                                 format_tree(plan.tree));
   return simulate_actions(costs, actions);
 }

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <stdexcept>
+#include "remat/error.h"
 #include <string>
 #include <vector>
 
@@ -13,11 +13,14 @@ namespace remat::schedule {
 
 OnlineCheckpointer::OnlineCheckpointer(int slots) : slots_(slots) {
   if (slots < 1)
-    throw std::invalid_argument("OnlineCheckpointer(slots=" + std::to_string(slots) + "): needs at least 1 slot");
+    throw Error("OnlineCheckpointer(slots=" + std::to_string(slots) + "): needs at least 1 slot");
   slot_state_.assign(static_cast<size_t>(slots), -1);
 }
 
 OnlineCheckpointer::Decision OnlineCheckpointer::on_step() {
+  if (steps_ >= kMaxScheduleSteps)
+    throw Error("OnlineCheckpointer: more than " + std::to_string(kMaxScheduleSteps) +
+                " steps (2^24, the longest schedule remat materialises)");
   const int64_t state = steps_;
   Decision decision;
   const auto free_slot = [&]() {

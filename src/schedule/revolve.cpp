@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <numeric>
 #include <sstream>
-#include <stdexcept>
+#include "remat/error.h"
 #include <string>
 #include <vector>
 
@@ -22,8 +22,8 @@ std::string describe(const char* function, int64_t n, int s) {
 }
 
 void check_arguments(const char* function, int64_t n, int s) {
-  if (n < 0) throw std::invalid_argument(describe(function, n, s) + ": the step count n must be >= 0");
-  if (s < 1) throw std::invalid_argument(describe(function, n, s) + ": the slot count s must be >= 1");
+  if (n < 0) throw Error(describe(function, n, s) + ": the step count n must be >= 0");
+  if (s < 1) throw Error(describe(function, n, s) + ": the slot count s must be >= 1");
 }
 
 }  // namespace
@@ -51,7 +51,7 @@ int revolve_repetition_number(int64_t n, int s) {
   if (n <= 1) return 0;
   if (s == 1) {  // beta(1, r) = r + 1
     if (n - 1 > INT_MAX)
-      throw std::invalid_argument(describe("revolve_repetition_number", n, s) + ": r exceeds int");
+      throw Error(describe("revolve_repetition_number", n, s) + ": r exceeds int");
     return static_cast<int>(n - 1);
   }
   // beta(s, r) is increasing in r; binary search the smallest r with beta(s, r) >= n.
@@ -73,10 +73,10 @@ int64_t revolve_optimal_forward_steps(int64_t n, int s) {
   const uint64_t rows = static_cast<uint64_t>(r), steps = static_cast<uint64_t>(n);
   const uint64_t subtract = binomial_beta(s + 1, r - 1);  // <= r * n, since t(n, s) >= 0
   if (rows != 0 && steps > UINT64_MAX / rows)
-    throw std::invalid_argument(describe("revolve_optimal_forward_steps", n, s) + ": result exceeds int64");
+    throw Error(describe("revolve_optimal_forward_steps", n, s) + ": result exceeds int64");
   const uint64_t result = rows * steps - subtract;
   if (result > static_cast<uint64_t>(INT64_MAX))
-    throw std::invalid_argument(describe("revolve_optimal_forward_steps", n, s) + ": result exceeds int64");
+    throw Error(describe("revolve_optimal_forward_steps", n, s) + ": result exceeds int64");
   return static_cast<int64_t>(result);
 }
 
@@ -107,7 +107,7 @@ int64_t revolve_split(int64_t l, int s) {
   };
   const int64_t low = std::max<int64_t>({1, beta(s, r - 2), l - beta(s - 1, r)});
   const int64_t high = std::min<int64_t>({l - 1, beta(s, r - 1), l - beta(s - 1, r - 1)});
-  if (low > high) throw std::logic_error("revolve_split: empty optimal interval (internal error)");
+  if (low > high) throw Error("revolve_split: empty optimal interval (internal error)");
   return high;
 }
 
@@ -161,6 +161,9 @@ void RevolveWriter::reverse(int64_t begin, int64_t end, int slot_of_begin, std::
 
 std::vector<RevolveAction> revolve_schedule(int64_t n, int s) {
   check_arguments("revolve_schedule", n, s);
+  if (n > kMaxScheduleSteps)
+    throw Error(describe("revolve_schedule", n, s) + ": n exceeds " + std::to_string(kMaxScheduleSteps) +
+                " (2^24) steps, the longest schedule remat materialises (about 4 actions of 24 bytes per step)");
   std::vector<RevolveAction> out;
   if (n == 0) return out;
   detail::RevolveWriter writer(out, 0);
@@ -196,7 +199,7 @@ RevolveReplay replay_revolve(const std::vector<RevolveAction>& schedule, int64_t
       std::ostringstream out;
       out << "replay_revolve(n=" << n << ", s=" << s << "): action " << position << " " << to_string(action)
           << ": " << why;
-      throw std::invalid_argument(out.str());
+      throw Error(out.str());
     };
     const bool slot_ok = action.slot >= 0 && action.slot < s;
     switch (action.kind) {
@@ -241,7 +244,7 @@ RevolveReplay replay_revolve(const std::vector<RevolveAction>& schedule, int64_t
     std::ostringstream out;
     out << "replay_revolve(n=" << n << ", s=" << s << "): schedule ends with step " << next_turn
         << " not reversed";
-    throw std::invalid_argument(out.str());
+    throw Error(out.str());
   }
   return result;
 }

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
-#include <stdexcept>
+#include "remat/error.h"
 #include <string>
 #include <vector>
 
@@ -64,7 +64,7 @@ class RotorTable {
     std::vector<PlanNode> sequence;
     while (a <= b) {
       const int pick = choice(a, b, m, top);
-      if (pick < 0) throw std::logic_error("plan_rotor: reconstruction reached an infeasible entry (internal error)");
+      if (pick < 0) throw Error("plan_rotor: reconstruction reached an infeasible entry (internal error)");
       const size_t at = static_cast<size_t>(a);
       if (pick == 0) {
         sequence.push_back(PlanNode::stage(a));
@@ -243,7 +243,22 @@ Plan plan_min_memory(const ChainCosts& costs) {
 Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
   costs.validate();
   const int stages = costs.num_stages();
-  if (slots < 1) throw std::invalid_argument("plan_rotor: slots must be >= 1, got " + std::to_string(slots));
+  if (slots < 1) throw Error("plan_rotor: slots must be >= 1, got " + std::to_string(slots));
+  // The table's size first: it needs no planning, and a chain too long to plan is refused before
+  // the O(L^3) least-peak pass below would run.
+  const size_t available = memory_limit > costs.boundary_bytes[0] ? memory_limit - costs.boundary_bytes[0] : 0;
+  const size_t unit = std::max<size_t>(1, available / static_cast<size_t>(slots) +
+                                                (available % static_cast<size_t>(slots) != 0));
+  const double entries =
+      (static_cast<double>(stages) * (stages + 1) / 2 + stages) * static_cast<double>(available / unit + 1);
+  if (entries > kMaxTableEntries) {
+    std::ostringstream out;
+    out << "plan_rotor: a chain of " << stages << " stages with " << slots << " memory slots needs a table of "
+        << entries << " entries, above the limit of " << kMaxTableEntries
+        << " (10 bytes each, and O(L^3 * slots) time): plan fewer stages (group layers into nested chains) or "
+           "fewer slots";
+    throw Error(out.str());
+  }
   const MinPeak least(costs);
   const size_t minimal = costs.boundary_bytes[0] + least.top_peak();
   if (memory_limit < minimal) {
@@ -252,17 +267,7 @@ Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
         << minimal << " bytes for this chain of " << stages << " stages";
     throw InfeasibleError(out.str(), minimal);
   }
-  const size_t available = memory_limit - costs.boundary_bytes[0];
-  const size_t unit = std::max<size_t>(1, available / static_cast<size_t>(slots) +
-                                                (available % static_cast<size_t>(slots) != 0));
   const UnitCosts units = to_units(costs, available, unit);
-  const double entries = (static_cast<double>(stages) * (stages + 1) / 2 + stages) * static_cast<double>(units.budget + 1);
-  if (entries > kMaxTableEntries) {
-    std::ostringstream out;
-    out << "plan_rotor: the table would hold " << entries << " entries (L = " << stages << ", slots = " << slots
-        << "); the limit is " << kMaxTableEntries << ": lower slots";
-    throw std::invalid_argument(out.str());
-  }
   const RotorTable table(costs, units);
   Plan plan;
   if (table.cost(0, stages - 1, units.budget, true) == kInfinite) {
@@ -272,7 +277,7 @@ Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
     plan = make_plan(costs, table.build(0, stages - 1, units.budget, true));
   }
   if (plan.predicted_peak_bytes > memory_limit)
-    throw std::logic_error("plan_rotor: the plan's simulated peak " + std::to_string(plan.predicted_peak_bytes) +
+    throw Error("plan_rotor: the plan's simulated peak " + std::to_string(plan.predicted_peak_bytes) +
                            " exceeds the limit " + std::to_string(memory_limit) + " (internal error)");
   return plan;
 }

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "remat/backend.h"
+#include "tensor/allocate.h"
 
 namespace remat {
 
@@ -57,7 +58,7 @@ uint32_t philox_word(RngState state, uint64_t index) {
 Tensor rand(const Shape& shape, DType dtype, RngState state, double low, double high) {
   REMAT_CHECK(is_floating(dtype), "rand: dtype must be f32 or f64, got ", dtype_name(dtype));
   REMAT_CHECK(high > low, "rand: empty range [", low, ", ", high, ")");
-  Tensor t = Tensor::empty(shape, dtype);
+  Tensor t = detail::allocate_tensor("rand", shape, dtype, memory::Tag::other, Device{});
   cpu_backend().rand_uniform(t, state, low, high);
   return t;
 }
@@ -66,7 +67,7 @@ Tensor rand(const Shape& shape, DType dtype, double low, double high) {
   REMAT_CHECK(is_floating(dtype), "rand: dtype must be f32 or f64, got ", dtype_name(dtype));
   // validate (range and shape) before claiming words: a failed call leaves the generator as it was
   REMAT_CHECK(high > low, "rand: empty range [", low, ", ", high, ")");
-  Tensor t = Tensor::empty(shape, dtype);
+  Tensor t = detail::allocate_tensor("rand", shape, dtype, memory::Tag::other, Device{});
   cpu_backend().rand_uniform(t, rng_reserve(static_cast<uint64_t>(shape_numel(shape))), low, high);
   return t;
 }
@@ -74,7 +75,7 @@ Tensor rand(const Shape& shape, DType dtype, double low, double high) {
 Tensor randn(const Shape& shape, DType dtype, RngState state, double mean, double stddev) {
   REMAT_CHECK(is_floating(dtype), "randn: dtype must be f32 or f64, got ", dtype_name(dtype));
   REMAT_CHECK(stddev >= 0, "randn: negative standard deviation ", stddev);
-  Tensor t = Tensor::empty(shape, dtype);
+  Tensor t = detail::allocate_tensor("randn", shape, dtype, memory::Tag::other, Device{});
   cpu_backend().rand_normal(t, state, mean, stddev);
   return t;
 }
@@ -83,7 +84,7 @@ Tensor randn(const Shape& shape, DType dtype, double mean, double stddev) {
   REMAT_CHECK(is_floating(dtype), "randn: dtype must be f32 or f64, got ", dtype_name(dtype));
   // validate before claiming words: a failed call leaves the generator as it was
   REMAT_CHECK(stddev >= 0, "randn: negative standard deviation ", stddev);
-  Tensor t = Tensor::empty(shape, dtype);
+  Tensor t = detail::allocate_tensor("randn", shape, dtype, memory::Tag::other, Device{});
   // Box-Muller uses two words per value.
   cpu_backend().rand_normal(t, rng_reserve(2 * static_cast<uint64_t>(shape_numel(shape))), mean, stddev);
   return t;

@@ -10,6 +10,7 @@
 
 #include "remat/autodiff.h"
 #include "remat/backend.h"
+#include "tensor/allocate.h"
 
 namespace remat {
 
@@ -34,13 +35,41 @@ std::string shape_str(const Shape& shape) {
   return s + "]";
 }
 
+namespace {
+
+[[noreturn]] void too_many_elements(const Shape& shape, const char* op) {
+  throw Error(detail::concat(op ? op : "", op ? ": " : "", "shape ", shape_str(shape), " has more than 2^60 = ",
+                             kMaxElements, " elements (counting zero-size axes as 1), the largest tensor remat allows"));
+}
+
+// The product of the dimensions, zero-size axes counted as 1: the element count of a shape
+// without empty axes, and a bound on every contiguous stride. Throws past kMaxElements.
+int64_t checked_span(const Shape& shape, const char* op) {
+  int64_t span = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw Error(detail::concat(op ? op : "", op ? ": " : "", "negative dimension in shape ", shape_str(shape)));
+    if (d > 1 && (__builtin_mul_overflow(span, d, &span) || span > kMaxElements)) too_many_elements(shape, op);
+  }
+  return span;
+}
+
+}  // namespace
+
+void check_shape(const Shape& shape, const char* op) {
+  REMAT_CHECK(static_cast<int>(shape.size()) <= kMaxRank, op, ": rank ", shape.size(), " of shape ",
+              shape_str(shape), " exceeds the maximum rank ", kMaxRank);
+  checked_span(shape, op);
+}
+
 int64_t shape_numel(const Shape& shape) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  return n;
+  int64_t span = checked_span(shape, nullptr);
+  for (int64_t d : shape)
+    if (d == 0) return 0;
+  return span;
 }
 
 Strides contiguous_strides(const Shape& shape) {
+  checked_span(shape, nullptr);  // every stride is at most the span
   Strides strides(shape.size());
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
@@ -60,6 +89,12 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
                 " cannot be broadcast together (axis ", i, ": ", da, " vs ", db, ")");
     out[i] = da == 1 ? db : da;
   }
+  // two valid shapes can broadcast to one that is too large
+  int64_t span = 1;
+  bool fits = true;
+  for (int64_t d : out) fits = fits && (d <= 1 || (!__builtin_mul_overflow(span, d, &span) && span <= kMaxElements));
+  REMAT_CHECK(fits, op, ": shapes ", shape_str(a), " and ", shape_str(b), " broadcast to ", shape_str(out),
+              ", which has more than 2^60 = ", kMaxElements, " elements, the largest tensor remat allows");
   return out;
 }
 
@@ -88,20 +123,32 @@ void Storage::remove_saved_reference() {
 
 // ---- Tensor
 
-static void check_shape(const Shape& shape, const char* op) {
-  REMAT_CHECK(static_cast<int>(shape.size()) <= kMaxRank, op, ": rank ", shape.size(), " of shape ",
-              shape_str(shape), " exceeds the maximum rank ", kMaxRank);
-  for (auto d : shape) REMAT_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(shape));
-}
+namespace detail {
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, memory::Tag tag, Device device) {
-  check_shape(shape, "empty");
+Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
+  check_shape(shape, op ? op : "empty");
+  // numel <= 2^60 and at most 8 bytes per element: the product fits; checked all the same
+  const size_t bytes = checked_mul(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype),
+                                   [&] { return concat(op ? op : "empty", ": byte size of shape ", shape_str(shape)); });
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), tag, device);
+  try {
+    impl->storage = std::make_shared<Storage>(bytes, tag, device);
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(concat(op ? op : "", op ? ": " : "", "cannot allocate ", memory::format_bytes(static_cast<double>(bytes)),
+                             " (", bytes, " bytes) for a ", dtype_name(dtype), " tensor of shape ", shape_str(shape),
+                             " (", e.what(), ")"),
+                      bytes);
+  }
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
+}
+
+}  // namespace detail
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, memory::Tag tag, Device device) {
+  return detail::allocate_tensor("empty", shape, dtype, tag, device);
 }
 
 TensorImpl& Tensor::impl() const {
@@ -162,7 +209,14 @@ double Tensor::at(const std::vector<int64_t>& index) const {
 
 std::vector<double> Tensor::to_vector() const {
   REMAT_CHECK(device().type == DeviceType::cpu, "to_vector: tensor is on ", device_name(device()));
-  std::vector<double> out(static_cast<size_t>(numel()));
+  std::vector<double> out;
+  try {
+    out.resize(static_cast<size_t>(numel()));
+  } catch (const std::exception&) {  // bad_alloc or length_error: e.g. a huge expanded view
+    throw OutOfMemory(detail::concat("to_vector: cannot hold the ", numel(), " elements of shape ", shape_str(shape()),
+                                     " in a std::vector<double>"),
+                      static_cast<size_t>(numel()) * sizeof(double));
+  }
   const auto& s = shape();
   std::vector<int64_t> idx(s.size(), 0);
   for (size_t n = 0; n < out.size(); ++n) {
@@ -196,7 +250,16 @@ void Tensor::set_grad(const Tensor& grad) {
   }
   REMAT_CHECK(grad.shape() == shape(), "set_grad: gradient shape ", shape_str(grad.shape()),
               " differs from tensor shape ", shape_str(shape()));
-  impl().grad = grad.impl_ptr();
+  REMAT_CHECK(grad.dtype() == dtype(), "set_grad: gradient dtype ", dtype_name(grad.dtype()),
+              " differs from tensor dtype ", dtype_name(dtype()), " (convert it with .to(", dtype_name(dtype()),
+              ") first)");
+  REMAT_CHECK(grad.device() == device(), "set_grad: gradient is on ", device_name(grad.device()),
+              ", the tensor on ", device_name(device()));
+  // A private contiguous copy: the caller's tensor (perhaps a view, perhaps expanded with stride
+  // 0, perhaps used elsewhere) is never aliased, so a backward pass can accumulate in place.
+  Tensor copy = detail::allocate_tensor("set_grad", shape(), dtype(), memory::Tag::gradient, device());
+  backend(device()).copy(grad, copy);
+  impl().grad = copy.impl_ptr();
 }
 
 Tensor Tensor::detach() const {
@@ -271,31 +334,40 @@ std::ostream& operator<<(std::ostream& out, const Tensor& tensor) { return out <
 
 // ---- factories
 
-Tensor full(const Shape& shape, double value, DType dtype, memory::Tag tag) {
-  Tensor t = Tensor::empty(shape, dtype, tag);
+namespace {
+Tensor filled(const char* op, const Shape& shape, double value, DType dtype, memory::Tag tag) {
+  Tensor t = detail::allocate_tensor(op, shape, dtype, tag, Device{});
   cpu_backend().fill(t, value);
   return t;
 }
-Tensor zeros(const Shape& shape, DType dtype, memory::Tag tag) { return full(shape, 0.0, dtype, tag); }
-Tensor ones(const Shape& shape, DType dtype, memory::Tag tag) { return full(shape, 1.0, dtype, tag); }
+}  // namespace
+
+Tensor full(const Shape& shape, double value, DType dtype, memory::Tag tag) { return filled("full", shape, value, dtype, tag); }
+Tensor zeros(const Shape& shape, DType dtype, memory::Tag tag) { return filled("zeros", shape, 0.0, dtype, tag); }
+Tensor ones(const Shape& shape, DType dtype, memory::Tag tag) { return filled("ones", shape, 1.0, dtype, tag); }
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
 Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }
 
 Tensor arange(double start, double stop, double step, DType dtype) {
+  REMAT_CHECK(std::isfinite(start) && std::isfinite(stop) && std::isfinite(step), "arange: start, stop and step must be ",
+              "finite, got start ", start, ", stop ", stop, ", step ", step);
   REMAT_CHECK(step != 0, "arange: step must be nonzero");
-  double count = std::ceil((stop - start) / step);
-  int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
-  Tensor t = Tensor::empty({n}, dtype);
+  const double count = std::ceil((stop - start) / step);  // may be inf when step is tiny
+  REMAT_CHECK(!(count > static_cast<double>(kMaxElements)), "arange: [", start, ", ", stop, ") in steps of ", step,
+              " has ", count, " elements, more than 2^60 = ", kMaxElements);
+  const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
+  Tensor t = detail::allocate_tensor("arange", {n}, dtype, memory::Tag::other, Device{});
   cpu_backend().arange(t, start, step);
   return t;
 }
 Tensor arange(int64_t stop, DType dtype) { return arange(0.0, static_cast<double>(stop), 1.0, dtype); }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, memory::Tag tag) {
+  check_shape(shape, "from_vector");
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
               " values do not fill shape ", shape_str(shape));
-  Tensor t = Tensor::empty(shape, dtype, tag);
+  Tensor t = detail::allocate_tensor("from_vector", shape, dtype, tag, Device{});
   for (size_t i = 0; i < values.size(); ++i) {
     switch (dtype) {
       case DType::f32: t.data<float>()[i] = static_cast<float>(values[i]); break;
@@ -307,17 +379,19 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
 }
 
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, memory::Tag tag) {
+  check_shape(shape, "from_vector");
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
               " values do not fill shape ", shape_str(shape));
-  Tensor t = Tensor::empty(shape, DType::f32, tag);
+  Tensor t = detail::allocate_tensor("from_vector", shape, DType::f32, tag, Device{});
   if (!values.empty()) std::memcpy(t.data<float>(), values.data(), values.size() * sizeof(float));
   return t;
 }
 
 Tensor from_indices(const std::vector<int64_t>& values, const Shape& shape) {
+  check_shape(shape, "from_indices");
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_indices: ", values.size(),
               " values do not fill shape ", shape_str(shape));
-  Tensor t = Tensor::empty(shape, DType::i64);
+  Tensor t = detail::allocate_tensor("from_indices", shape, DType::i64, memory::Tag::other, Device{});
   if (!values.empty()) std::memcpy(t.data<int64_t>(), values.data(), values.size() * sizeof(int64_t));
   return t;
 }

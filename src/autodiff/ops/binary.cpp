@@ -79,19 +79,25 @@ Tensor div(const Tensor& a, const Tensor& b) {
                           });
 }
 
-// maximum picks a where a >= b (ties go to a); minimum picks a where a <= b. The gradient goes to
-// the input that was picked: gb = g where b was picked, ga = g - gb (exactly g or 0).
+// maximum picks a where a >= b (ties go to a) or a is NaN, else b; minimum likewise with <=. So a
+// NaN operand is returned (NaN propagates). The gradient goes to the input that was picked, exactly
+// g there and exactly 0 for the other (also when g is inf or NaN).
 static Tensor extremum(const OpSpec& spec, BinaryOp op, const Tensor& a, const Tensor& b) {
   check_pair(a, b, spec.name.c_str());
   return autodiff::apply1(spec, {a, b}, [op](const TensorList& in) { return forward_binary(op, in); },
                           [op](BackwardContext& ctx) {
                             Tensor g = ctx.grad_output(0);
-                            // d > 0 exactly where b is picked
-                            Tensor d = op == BinaryOp::maximum ? kernels::binary(BinaryOp::sub, ctx.input(1), ctx.input(0))
-                                                               : kernels::binary(BinaryOp::sub, ctx.input(0), ctx.input(1));
-                            Tensor gb = kernels::unary_backward(UnaryOp::relu, d, Tensor(), g);
-                            ctx.set_input_grad(1, gb);
-                            if (ctx.needs_input_grad(0)) ctx.set_input_grad(0, kernels::binary(BinaryOp::sub, g, gb));
+                            const BinaryOp picks_b =
+                                op == BinaryOp::maximum ? BinaryOp::maximum_picks_b : BinaryOp::minimum_picks_b;
+                            Tensor mask = kernels::binary(picks_b, ctx.input(0), ctx.input(1));  // 1 where b
+                            Tensor zero = zeros({}, g.dtype());
+                            auto select = [&](const Tensor& where_b, const Tensor& where_a) {
+                              Tensor out = kernels::empty(g.shape(), g.dtype(), g.device());
+                              kernels::backend_of(out).where(mask, where_b, where_a, out);
+                              return out;
+                            };
+                            if (ctx.needs_input_grad(1)) ctx.set_input_grad(1, select(g, zero));
+                            if (ctx.needs_input_grad(0)) ctx.set_input_grad(0, select(zero, g));
                           });
 }
 

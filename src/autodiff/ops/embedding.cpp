@@ -48,6 +48,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
   check_ids(ids, rows);
   Shape out_shape = ids.shape();
   out_shape.push_back(dim);
+  check_shape(out_shape, "embedding");
 
   return autodiff::apply1(
       kEmbedding, {table, ids},

@@ -39,8 +39,9 @@ Tensor concat(const TensorList& tensors, int64_t axis) {
     REMAT_CHECK(same, "concat: tensor ", i, " of shape ", shape_str(t.shape()), " does not match tensor 0 of shape ",
                 shape_str(first.shape()), " outside axis ", a);
     offsets.push_back(out_shape[a]);
-    out_shape[a] += t.shape()[a];
+    out_shape[a] = checked_add(out_shape[a], t.shape()[a], [&] { return detail::concat("concat: the size of axis ", a); });
   }
+  check_shape(out_shape, "concat");
 
   return autodiff::apply1(
       kConcat, tensors,
@@ -75,7 +76,7 @@ TensorList split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axi
   for (size_t i = 0; i < sizes.size(); ++i) {
     listed += (i ? ", " : "") + std::to_string(sizes[i]);
     REMAT_CHECK(sizes[i] >= 0, "split: negative size ", sizes[i], " at position ", i);
-    total += sizes[i];
+    total = checked_add(total, sizes[i], [&] { return detail::concat("split: the sum of sizes [", listed, "...]"); });
   }
   REMAT_CHECK(total == x.shape()[a], "split: sizes [", listed, "] sum to ", total, ", but axis ", a, " of shape ",
               shape_str(x.shape()), " has size ", x.shape()[a]);

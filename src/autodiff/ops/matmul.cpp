@@ -28,7 +28,12 @@ MatmulShape check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   REMAT_CHECK(ka == kb, "matmul: inner dimensions differ: a is ", shape_str(a.shape()), (ta ? " (transposed)" : ""),
               ", b is ", shape_str(b.shape()), (tb ? " (transposed)" : ""), " (", ka, " vs ", kb, ")");
   Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
-  return {broadcast_shapes(ab, bb, "matmul"), m, ka, n};
+  Shape batch = broadcast_shapes(ab, bb, "matmul");
+  Shape out = batch;
+  out.push_back(m);
+  out.push_back(n);
+  check_shape(out, "matmul");  // valid operands can have a product too large to exist
+  return {std::move(batch), m, ka, n};
 }
 
 // A [batch, r, c] view of x expanded to the batch shape (copies only when the batch axes cannot

@@ -31,6 +31,8 @@ int64_t norm_axis(int64_t axis, int64_t rank, const char* op, const Shape& shape
 }
 
 Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from, const char* op) {
+  REMAT_CHECK(static_cast<int>(requested.size()) <= kMaxRank, op, ": rank of ", shape_str(requested), " exceeds ",
+              kMaxRank);
   Shape shape = requested;
   int64_t known = 1, infer = -1;
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -39,17 +41,20 @@ Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from, cons
       infer = static_cast<int64_t>(i);
     } else {
       REMAT_CHECK(shape[i] >= 0, op, ": invalid dimension ", shape[i], " in shape ", shape_str(requested));
-      known *= shape[i];
     }
   }
   if (infer >= 0) {
+    Shape rest = shape;
+    rest[infer] = 1;
+    check_shape(rest, op);  // the known part alone must be a valid shape
+    known = shape_numel(rest);
     REMAT_CHECK(known > 0 && numel % known == 0, op, ": cannot reshape ", shape_str(from), " into ",
                 shape_str(requested));
     shape[infer] = numel / known;
   }
+  check_shape(shape, op);
   REMAT_CHECK(shape_numel(shape) == numel, op, ": cannot reshape ", shape_str(from), " (", numel, " elements) into ",
               shape_str(requested));
-  REMAT_CHECK(static_cast<int>(shape.size()) <= kMaxRank, op, ": rank of ", shape_str(shape), " exceeds ", kMaxRank);
   return shape;
 }
 
@@ -121,19 +126,21 @@ Tensor Tensor::slice(int64_t axis, int64_t start, int64_t stop, int64_t step) co
   int64_t a = norm_axis(axis, rank, "slice", shape());
   int64_t n = shape()[a];
   REMAT_CHECK(step >= 1, "slice: step must be positive, got ", step);
-  if (start < 0) start += n;
-  if (stop < 0) stop += n;
+  // Python semantics: negative bounds count from the end, then clamp to [0, n]. No sum below can
+  // overflow: n <= 2^60 and the bounds are clamped before any arithmetic that could.
+  if (start < 0) start = start < -n ? 0 : start + n;
+  if (stop < 0) stop = stop < -n ? 0 : stop + n;
   start = std::clamp<int64_t>(start, 0, n);
   stop = std::clamp<int64_t>(stop, start, n);
-  int64_t len = (stop - start + step - 1) / step;
+  const int64_t len = stop > start ? (stop - start - 1) / step + 1 : 0;
   return autodiff::apply1(
       kSlice, {*this},
       [a, start, step, len](const TensorList& in) {
         Shape s = in[0].shape();
         Strides st = in[0].strides();
-        int64_t off = in[0].offset() + start * st[a];
+        int64_t off = in[0].offset() + start * st[a];  // inside the viewed storage
         s[a] = len;
-        st[a] *= step;
+        if (len > 1) st[a] *= step;  // then step < n, and the stride stays inside the storage
         return TensorList{make_view(in[0], s, st, off)};
       },
       [a, start, stop, step](BackwardContext& ctx) {
@@ -152,13 +159,19 @@ Tensor Tensor::expand(const Shape& target) const {
               kMaxRank);
   size_t lead = target.size() - shape().size();
   Shape out = target;
-  for (size_t i = 0; i < shape().size(); ++i) {
-    int64_t t = target[lead + i];
-    if (t == -1) out[lead + i] = shape()[i];
+  for (size_t i = 0; i < target.size(); ++i) {
+    const int64_t t = target[i];
+    // -1 keeps an existing axis's size; new leading axes need an explicit size
+    REMAT_CHECK(t >= 0 || (t == -1 && i >= lead), "expand: invalid size ", t, " for axis ", i, " in ",
+                shape_str(target), " (expanding shape ", shape_str(shape()), "; -1 keeps an existing axis only)");
+    if (i < lead) continue;
+    const int64_t d = shape()[i - lead];
+    if (t == -1) out[i] = d;
     else
-      REMAT_CHECK(shape()[i] == t || shape()[i] == 1, "expand: cannot expand shape ", shape_str(shape()), " to ",
-                  shape_str(target), " (axis ", lead + i, ")");
+      REMAT_CHECK(d == t || d == 1, "expand: cannot expand shape ", shape_str(shape()), " to ", shape_str(target),
+                  " (axis ", i, ")");
   }
+  check_shape(out, "expand");
   if (out == shape()) return *this;
   return autodiff::apply1(
       kExpand, {*this},

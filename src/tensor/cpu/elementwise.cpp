@@ -14,7 +14,7 @@ const char* unary_op_name(UnaryOp op) {
 }
 
 const char* binary_op_name(BinaryOp op) {
-  static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum"};
+  static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "maximum_picks_b", "minimum_picks_b"};
   return names[static_cast<int>(op)];
 }
 
@@ -58,7 +58,7 @@ __attribute__((always_inline)) inline T unary_value(T x, T s) {
   else if constexpr (Op == UnaryOp::abs) return std::abs(x);
   else if constexpr (Op == UnaryOp::tanh) return tanh_of(x);
   else if constexpr (Op == UnaryOp::sigmoid) return sigmoid_of(x);
-  else if constexpr (Op == UnaryOp::relu) return x > T(0) ? x : T(0);
+  else if constexpr (Op == UnaryOp::relu) return x > T(0) || x != x ? x : T(0);  // NaN stays NaN
   else if constexpr (Op == UnaryOp::gelu) return T(0.5) * x * (T(1) + erf_of(x * T(kInvSqrt2)));
   else if constexpr (Op == UnaryOp::gelu_tanh)
     return T(0.5) * x * (T(1) + tanh_of(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
@@ -210,8 +210,11 @@ inline T binary_value(T a, T b) {
   else if constexpr (Op == BinaryOp::sub) return a - b;
   else if constexpr (Op == BinaryOp::mul) return a * b;
   else if constexpr (Op == BinaryOp::div) return a / b;
-  else if constexpr (Op == BinaryOp::maximum) return a >= b ? a : b;
-  else if constexpr (Op == BinaryOp::minimum) return a <= b ? a : b;
+  // NaN propagates: a when a >= b (ties) or a is NaN; otherwise b (which may be NaN)
+  else if constexpr (Op == BinaryOp::maximum) return a >= b || a != a ? a : b;
+  else if constexpr (Op == BinaryOp::minimum) return a <= b || a != a ? a : b;
+  else if constexpr (Op == BinaryOp::maximum_picks_b) return a >= b || a != a ? T(0) : T(1);
+  else if constexpr (Op == BinaryOp::minimum_picks_b) return a <= b || a != a ? T(0) : T(1);
 }
 
 template <BinaryOp Op, class T>
@@ -270,6 +273,8 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
       case BinaryOp::div: return binary_kernel<BinaryOp::div, scalar_t>(a, b, out);
       case BinaryOp::maximum: return binary_kernel<BinaryOp::maximum, scalar_t>(a, b, out);
       case BinaryOp::minimum: return binary_kernel<BinaryOp::minimum, scalar_t>(a, b, out);
+      case BinaryOp::maximum_picks_b: return binary_kernel<BinaryOp::maximum_picks_b, scalar_t>(a, b, out);
+      case BinaryOp::minimum_picks_b: return binary_kernel<BinaryOp::minimum_picks_b, scalar_t>(a, b, out);
     }
   });
 }
