@@ -107,7 +107,10 @@ void empty_cache();
 size_t live_bytes(Tag tag);
 size_t peak_bytes(Tag tag);
 
-// "12.5 MiB" style formatting and parsing ("64MiB", "1.5GB", "4096"); parse throws remat::Error.
+// "12.5 MiB" style formatting and parsing ("64MiB", "1.5GB", "4096"). parse_bytes is strict: digits
+// with at most one '.', optional spaces, an optional unit (B, K/KB, KiB, M/MB, MiB, G/GB, GiB, TB,
+// TiB; any case); a plain byte count must be whole, decimals with a unit round to the nearest
+// byte; at most 2^63 - 1 bytes. Anything else throws remat::Error quoting the text.
 std::string format_bytes(double bytes);
 size_t parse_bytes(const std::string& text);
 

@@ -2,11 +2,14 @@
 //
 //   save-all        keep everything every op's backward needs (no recomputation)
 //   every-layer     keep only the boundaries between layers; recompute each layer once (default)
-//   every-k:K       keep every K-th boundary; recompute segments of K layers
+//   every-k:K       keep every K-th boundary; recompute segments of K layers (1 <= K <= 2^31 - 1)
 //   selective:OPS   like every-layer, but inside each region keep the outputs of the listed op
-//                   kinds (comma-separated, e.g. selective:matmul) and recompute the rest
-//   budget:BYTES    keep what fits in BYTES (units: B, KB, KiB, MB, MiB, GB, GiB), chosen by
-//                   the planner at the least recomputation
+//                   kinds (comma-separated, e.g. selective:matmul) and recompute the rest; the
+//                   kinds are those of autodiff::op_kinds(), and an unknown one is an error
+//                   that lists them
+//   budget:BYTES    keep what fits in BYTES (units: B, KB, KiB, MB, MiB, GB, GiB, TB, TiB; at most
+//                   2^63 - 1 bytes), chosen by the planner at the least recomputation
+// Parsing is strict: no sign, no trailing characters, no value that does not fit.
 //
 // Three ways to set it, most specific first (the first one present wins):
 //   1. a per-layer or per-container override (CheckpointOptions::policy, Chain::set_policy,

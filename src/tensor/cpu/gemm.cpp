@@ -7,6 +7,8 @@
 
 #include <cblas.h>
 
+#include <limits>
+
 #include "tensor/cpu/cpu_backend.h"
 
 extern "C" void openblas_set_num_threads(int);
@@ -32,12 +34,14 @@ bool blas_view(const Tensor& t, bool logical_trans, MatrixView& view) {
   int64_t rows = t.shape()[1], cols = t.shape()[2];
   view.batch_stride = t.shape()[0] == 1 ? 0 : st[0];
   view.base = t.raw_data();
-  if ((st[2] == 1 || cols == 1) && st[1] >= std::max<int64_t>(cols, 1)) {
+  // CBLAS takes int dimensions: a leading dimension beyond INT_MAX is copied to a compact one
+  constexpr int64_t kMaxLeading = std::numeric_limits<int>::max();
+  if ((st[2] == 1 || cols == 1) && st[1] >= std::max<int64_t>(cols, 1) && st[1] <= kMaxLeading) {
     view.ld = std::max<int64_t>(st[1], 1);
     view.trans = logical_trans;
     return true;
   }
-  if ((st[1] == 1 || rows == 1) && st[2] >= std::max<int64_t>(rows, 1)) {
+  if ((st[1] == 1 || rows == 1) && st[2] >= std::max<int64_t>(rows, 1) && st[2] <= kMaxLeading) {
     view.ld = std::max<int64_t>(st[2], 1);
     view.trans = !logical_trans;
     return true;
@@ -67,6 +71,10 @@ void CpuBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, bool
   const int64_t batch = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
   const int64_t k = trans_a ? a_in.shape()[1] : a_in.shape()[2];
   if (batch == 0 || m == 0 || n == 0) return;
+  // OpenBLAS's CBLAS takes int sizes (oneDNN's sgemm takes int64): refuse what would truncate
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  REMAT_CHECK(c.dtype() != DType::f64 || (m <= kMaxInt && n <= kMaxInt && k <= kMaxInt), "matmul: f64 product of [", m,
+              ", ", k, "] and [", k, ", ", n, "] has a dimension above 2^31 - 1, which the f64 BLAS cannot take");
   Tensor a = a_in, b = b_in;
   MatrixView va, vb;
   if (!blas_view(a, trans_a, va)) {
