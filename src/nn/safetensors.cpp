@@ -335,10 +335,10 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
 SafetensorsFile load_safetensors(const std::string& path) {
   const std::string where = detail::concat("load_safetensors(\"", path, "\")");
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    if (ec) fail(where, "cannot read the file: ", ec.message());
-    fail(where, "cannot read the file: ", std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
-  }
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (status.type() == std::filesystem::file_type::not_found) fail(where, "cannot read the file: no such file");
+  if (ec) fail(where, "cannot read the file: ", ec.message());
+  if (!std::filesystem::is_regular_file(status)) fail(where, "cannot read the file: not a regular file");
   const uint64_t file_bytes = std::filesystem::file_size(path, ec);
   if (ec) fail(where, "cannot read the file: ", ec.message());
   std::ifstream in(path, std::ios::binary);

@@ -16,6 +16,9 @@ namespace {
 constexpr int kMaxDepth = 3;                           // {"stages": [{...}]}
 constexpr uint64_t kMaxFileBytes = 256ull << 20;       // far above any real chain
 constexpr double kMaxSeconds = 1e12;
+// The planner's work grows with the cube of the stages (about 9 s for 1000 on one core): a
+// longer chain is refused here rather than left to run for minutes.
+constexpr size_t kMaxStages = 1000;
 
 template <class... Parts>
 [[noreturn]] void fail(const std::string& name, Parts&&... parts) {
@@ -82,6 +85,8 @@ schedule::ChainCosts parse_costs(std::string_view text, const std::string& name)
   }
   if (!stages->is_array() || stages->empty())
     fail(name, "expected a non-empty list of stages, or {\"stages\": [...], \"output_bytes\": N}");
+  if (stages->size() > kMaxStages)
+    fail(name, "the chain has ", stages->size(), " stages; remat plan reads at most ", kMaxStages);
   schedule::ChainCosts c;
   for (size_t i = 0; i < stages->size(); ++i) {
     const nlohmann::json& s = (*stages)[i];

@@ -5,7 +5,7 @@
 // or the list of stages alone (the output then has the size of the last stage's input). The file
 // is untrusted: JSON nested at most 3 levels, each key once, no other keys; seconds are numbers
 // from 0 to 1e12 and bytes whole numbers (no fraction or exponent) within the planner's limits
-// (their sum at most 2^59). Every problem is a remat::Error naming the file and the stage.
+// (their sum at most 2^59); at most 1000 stages. Every problem is a remat::Error naming the file and the stage.
 #pragma once
 
 #include <string>

@@ -20,6 +20,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// "nan" and "inf" without the sign a NaN may carry.
+std::string number_text(double v) {
+  if (std::isnan(v)) return "nan";
+  return detail::concat(v);
+}
+
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double median(std::vector<double> v) {
@@ -186,8 +192,8 @@ int run_train(const TrainOptions& o) {
     // A non-finite loss or gradient would turn every weight into NaN at this step: stop first.
     if (!o.allow_nonfinite && !(std::isfinite(loss_value) && std::isfinite(grad_norm))) {
       progress.finish();
-      throw Error(detail::concat("train: step ", step + 1, " of ", o.steps, " has loss ", loss_value,
-                                 " and gradient norm ", grad_norm, " (learning rate ", lr_at(step), "): training ",
+      throw Error(detail::concat("train: step ", step + 1, " of ", o.steps, " has loss ", number_text(loss_value),
+                                 " and gradient norm ", number_text(grad_norm), " (learning rate ", lr_at(step), "): training ",
                                  "diverged and was stopped before the update", o.save.empty() ? "" : ", nothing was saved",
                                  ". Lower --lr, or pass --allow-nonfinite to keep going"));
     }

@@ -1,5 +1,7 @@
 #include "weights.h"
 
+#include <limits>
+
 #include "footprint.h"
 #include "numbers.h"
 
@@ -31,7 +33,8 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command) {
     return it->second;
   };
   auto number = [&](const char* key, int64_t min) {
-    return parse_int(detail::concat(command, ": metadata \"", key, "\"", in_file), get(key), min, kMaxMetadataSize);
+    return parse_int(detail::concat(command, ": metadata \"", key, "\"", in_file), get(key), min,
+                     std::numeric_limits<int64_t>::max());
   };
   auto format = w.file.metadata.find("format");
   REMAT_CHECK(format == w.file.metadata.end() || format->second == kFormat, command, ": ", path, " has format \"",

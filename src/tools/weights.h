@@ -25,7 +25,4 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command);
 // The metadata that read_char_gpt reads back.
 nn::Metadata char_gpt_metadata(const nn::GPTConfig& config, const CharTokenizer& tokenizer);
 
-// The largest layers, width, heads and seq a weight file's metadata may give.
-inline constexpr int64_t kMaxMetadataSize = int64_t{1} << 40;
-
 }  // namespace remat::tools
