@@ -31,6 +31,7 @@ class Numbers {
   void add(const std::string& name, T& target, T min, T max, const std::string& help, bool* given = nullptr) {
     auto text = std::make_shared<std::string>(std::to_string(target));
     CLI::Option* option = app_->add_option(name, *text, detail(help, min, max))->capture_default_str();
+    option->type_name(std::is_same_v<T, uint64_t> ? "UINT" : "INT");
     converters_.push_back([this, text, option, name, min, max, given, &target] {
       if (option->count() == 0) return;
       if (given) *given = true;
@@ -47,6 +48,7 @@ class Numbers {
   void add_real(const std::string& name, double& target, const std::string& help) {
     auto text = std::make_shared<std::string>(CLI::detail::to_string(target));
     CLI::Option* option = app_->add_option(name, *text, help)->capture_default_str();
+    option->type_name("REAL");
     converters_.push_back([this, text, option, name, &target] {
       if (option->count() > 0) target = parse_real(app_->get_name() + " " + name, *text);
     });
@@ -60,6 +62,7 @@ class Numbers {
   template <class T>
   static std::string detail(const std::string& help, T min, T max) {
     if constexpr (std::is_same_v<T, uint64_t>) return help;
+    if (max == std::numeric_limits<T>::max()) return help + " (>= " + std::to_string(min) + ")";
     return help + " [" + std::to_string(min) + ", " + std::to_string(max) + "]";
   }
 
