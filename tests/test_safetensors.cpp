@@ -307,3 +307,131 @@ TEST_F(Safetensors, AtomicWriteAndSaveErrors) {
   for (const auto& e : fs::directory_iterator(dir_)) files.push_back(e.path().filename().string());
   EXPECT_EQ(files, std::vector<std::string>{"w.safetensors"});
 }
+
+// ---- hostile headers (issue 11): nesting, repeated keys, strict integers, stride overflow
+
+TEST_F(Safetensors, DeeplyNestedHeaderIsAnErrorNotAStackOverflow) {
+  // 100,000 nested arrays in "shape" (then in "data_offsets") overflowed the stack when the
+  // message printed them; the parser now refuses the 4th level as soon as it reads it.
+  nn::GPT model(tiny_config(1));
+  std::vector<std::vector<double>> before;
+  for (const auto& p : model.parameters()) before.push_back(p.to_vector());
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string entries[] = {
+      R"({"x":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,8]}})",
+      R"({"x":{"dtype":"F32","shape":[2],"data_offsets":)" + deep + "}}",
+      R"({"__metadata__":{"a":)" + deep + "}}",
+      deep,
+  };
+  for (const std::string& header : entries) {
+    const std::string bytes = make_file(header, f32_bytes({1, 2}));
+    write_bytes(path("deep.safetensors"), bytes);
+    expect_load_error(path("deep.safetensors"), "more than 3 levels deep");
+    try {
+      nn::parse_safetensors(bytes, "deep-in-memory");
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("parse_safetensors(\"deep-in-memory\")"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("levels deep"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(model.load(path("deep.safetensors")), Error);
+  }
+  auto params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].to_vector(), before[i]) << i;
+}
+
+TEST_F(Safetensors, RepeatedKeysAreErrors) {
+  // JSON parsers usually keep the last of two equal keys; a weight file must not say two things.
+  const std::string x = R"("x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  const std::string data8 = f32_bytes({1, 2});
+  const std::pair<std::string, std::string> cases[] = {
+      {"{" + x + "," + R"("x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", "\"x\" twice"},
+      {R"({"x":{"dtype":"F32","dtype":"F64","shape":[2],"data_offsets":[0,8]}})", "\"dtype\" twice"},
+      {R"({"x":{"dtype":"F32","shape":[2],"shape":[1],"data_offsets":[0,8]}})", "\"shape\" twice"},
+      {R"({"__metadata__":{"k":"a","k":"b"},"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "\"k\" twice"},
+      {R"({"__metadata__":{},"__metadata__":{},"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+       "\"__metadata__\" twice"},
+  };
+  for (const auto& [header, fragment] : cases) {
+    SCOPED_TRACE(header);
+    write_bytes(path("dup.safetensors"), make_file(header, data8));
+    expect_load_error(path("dup.safetensors"), fragment);
+  }
+}
+
+TEST_F(Safetensors, SizesAndOffsetsAreStrictIntegers) {
+  const std::string data8 = f32_bytes({1, 2});
+  auto file = [&](const std::string& shape, const std::string& offsets) {
+    return make_file(R"({"weight":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":)" + offsets + "}}", data8);
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {file("[2.0]", "[0,8]"), "not an integer"},
+      {file("[2e0]", "[0,8]"), "not an integer"},
+      {file("[-0]", "[0,8]"), "not an integer"},
+      {file("[true]", "[0,8]"), "not an integer"},
+      {file("[null]", "[0,8]"), "not an integer"},
+      {file("[18446744073709551616]", "[0,8]"), "not an integer"},  // above 2^64: a double to the parser
+      {file("[9223372036854775808]", "[0,8]"), "not an integer"},   // 2^63: fits uint64, not int64
+      {file("[2]", "[0.0,8]"), "data_offsets"},
+      {file("[2]", "[0,8e0]"), "data_offsets"},
+      {file("[2]", "[0,8,9]"), "data_offsets"},
+      {file("[2]", "[\"0\",\"8\"]"), "data_offsets"},
+      {file("[2]", "{\"begin\":0}"), "data_offsets"},
+      // a zero size does not hide an overflow of the other sizes (their product is a stride)
+      {file("[0,4611686018427387904,4611686018427387904]", "[0,0]"), "too large"},
+      {file("[4611686018427387904,4,0]", "[0,0]"), "too large"},
+  };
+  for (const auto& [bytes, fragment] : cases) {
+    write_bytes(path("ints.safetensors"), bytes);
+    try {
+      nn::load_safetensors(path("ints.safetensors"));
+      ADD_FAILURE() << "no error for " << bytes.substr(8);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(fragment), std::string::npos) << m;
+      EXPECT_NE(m.find("ints.safetensors"), std::string::npos) << m;  // names the file
+      EXPECT_NE(m.find("\"weight\""), std::string::npos) << m;        // and the tensor
+    }
+  }
+  // a zero-size tensor whose other sizes are representable is fine
+  write_bytes(path("zero.safetensors"), make_file(R"({"z":{"dtype":"F64","shape":[0,1048576,1048576],"data_offsets":[0,0]}})", ""));
+  EXPECT_EQ(nn::load_safetensors(path("zero.safetensors")).tensors.at("z").shape(), (Shape{0, 1048576, 1048576}));
+}
+
+TEST_F(Safetensors, HeaderAbove100MBIsRefusedBeforeParsing) {
+  // a header of 100,000,001 bytes inside a file big enough to hold it
+  const uint64_t n = 100000001;
+  std::string bytes = le64(n) + std::string(n, ' ');
+  try {
+    nn::parse_safetensors(bytes, "big");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the limit of 100000000 bytes"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Safetensors, ParseFromMemoryMatchesTheFile) {
+  Tensor a = randn({3, 4}, DType::f32, RngState{5, 0});
+  Tensor b = from_indices({1, 2, 3}, {3});
+  nn::save_safetensors(path("m.safetensors"), {{"a", a}, {"b", b}}, {{"k", "v"}});
+  const std::string bytes = read_bytes(path("m.safetensors"));
+  nn::SafetensorsFile f = nn::parse_safetensors(bytes);
+  EXPECT_EQ(f.metadata.at("k"), "v");
+  EXPECT_TRUE(same_values(f.tensors.at("a"), a));
+  EXPECT_TRUE(same_values(f.tensors.at("b"), b));
+  EXPECT_EQ(f.tensors.at("a").name(), "a");
+  // every truncation of the bytes is an error naming the buffer
+  for (size_t length = 0; length < bytes.size(); length += 7) {
+    try {
+      nn::parse_safetensors(std::string_view(bytes).substr(0, length), "cut");
+      ADD_FAILURE() << "no error at length " << length;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("parse_safetensors(\"cut\"): ", 0), 0u) << e.what();
+    }
+  }
+}
+
+TEST_F(Safetensors, NonRegularFilesAreErrors) {
+  expect_load_error(dir_.string(), "not a regular file");
+  expect_load_error(path("missing.safetensors"), "no such file");
+}

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -23,7 +24,7 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-constexpr uint64_t kMaxHeaderBytes = 100ull * 1024 * 1024;  // as the reference implementation
+constexpr uint64_t kMaxHeaderBytes = 100000000;  // 100 MB, as the reference implementation
 constexpr const char* kMetadataKey = "__metadata__";
 
 const char* format_dtype(DType dtype) {
@@ -43,9 +44,13 @@ bool parse_dtype(const std::string& text, DType& dtype) {
   return true;
 }
 
+// The header is an object (depth 0) of objects (1) whose values are strings or flat arrays (2).
+constexpr int kMaxDepth = 3;
+
+// `where` names the call and the file, e.g. load_safetensors("w.safetensors").
 template <class... Parts>
-[[noreturn]] void fail(const std::string& path, Parts&&... parts) {
-  throw Error(detail::concat("load_safetensors(\"", path, "\"): ", std::forward<Parts>(parts)...));
+[[noreturn]] void fail(const std::string& where, Parts&&... parts) {
+  throw Error(detail::concat(where, ": ", std::forward<Parts>(parts)...));
 }
 
 // A CPU, contiguous tensor with the values of t (t itself when it already is one).
@@ -69,47 +74,186 @@ struct Entry {
   uint64_t begin, end;
 };
 
+// A short rendering of a JSON value for messages (a hostile header may hold huge values).
+std::string brief(const nlohmann::json& value) {
+  std::string text = value.dump();  // depth <= kMaxDepth: no deep recursion
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return text;
+}
+
+// A size: a JSON integer in [0, 2^63) (no sign, no fraction, no exponent, no overflow).
+bool is_size(const nlohmann::json& value) {
+  return value.is_number_unsigned() && value.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
+}
+
 // Parses and checks one tensor entry of the header.
-Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& value, uint64_t data_bytes) {
-  if (!value.is_object()) fail(path, "header entry \"", name, "\" is not an object");
+Entry parse_entry(const std::string& where, const std::string& name, const nlohmann::json& value, uint64_t data_bytes) {
+  if (!value.is_object()) fail(where, "header entry \"", name, "\" is not an object but ", brief(value));
   auto field = [&](const char* key) -> const nlohmann::json& {
     auto it = value.find(key);
-    if (it == value.end()) fail(path, "tensor \"", name, "\" has no \"", key, "\"");
+    if (it == value.end()) fail(where, "tensor \"", name, "\" has no \"", key, "\"");
     return *it;
   };
   Entry e;
   e.name = name;
   const nlohmann::json& dtype = field("dtype");
-  if (!dtype.is_string()) fail(path, "tensor \"", name, "\": \"dtype\" is not a string");
+  if (!dtype.is_string()) fail(where, "tensor \"", name, "\": \"dtype\" is ", brief(dtype), ", not a string");
   if (!parse_dtype(dtype.get<std::string>(), e.dtype))
-    fail(path, "tensor \"", name, "\" has dtype ", dtype.get<std::string>(), ", which remat does not read (F32, F64, I64)");
+    fail(where, "tensor \"", name, "\" has dtype ", brief(dtype), ", which remat does not read (F32, F64, I64)");
 
   const nlohmann::json& shape = field("shape");
-  if (!shape.is_array()) fail(path, "tensor \"", name, "\": \"shape\" is not an array");
+  if (!shape.is_array()) fail(where, "tensor \"", name, "\": \"shape\" is ", brief(shape), ", not an array");
   if (shape.size() > static_cast<size_t>(kMaxRank))
-    fail(path, "tensor \"", name, "\" has rank ", shape.size(), ", above the maximum rank ", kMaxRank);
-  uint64_t bytes = dtype_size(e.dtype);
-  for (const auto& d : shape) {
-    if (!d.is_number_unsigned()) fail(path, "tensor \"", name, "\": shape ", shape.dump(), " is not a list of sizes");
+    fail(where, "tensor \"", name, "\" has rank ", shape.size(), ", above the maximum rank ", kMaxRank);
+  // bytes = itemsize x every size; `nonzero` = itemsize x every non-zero size, which bounds the
+  // strides of a tensor with a zero size, e.g. [0, 2^62, 2^62].
+  uint64_t bytes = dtype_size(e.dtype), nonzero = bytes;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const nlohmann::json& d = shape[i];
+    if (!is_size(d))
+      fail(where, "tensor \"", name, "\": size ", i, " of shape ", brief(shape), " is ", brief(d),
+           ", not an integer in [0, 2^63)");
     const uint64_t size = d.get<uint64_t>();
-    if (size > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(bytes, size, &bytes))
-      fail(path, "tensor \"", name, "\": shape ", shape.dump(), " is too large");
+    if (__builtin_mul_overflow(bytes, size, &bytes) || (size > 0 && __builtin_mul_overflow(nonzero, size, &nonzero)) ||
+        nonzero > static_cast<uint64_t>(INT64_MAX))
+      fail(where, "tensor \"", name, "\": shape ", brief(shape), " is too large (its byte count overflows 2^63)");
     e.shape.push_back(static_cast<int64_t>(size));
   }
 
   const nlohmann::json& offsets = field("data_offsets");
-  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-      !offsets[1].is_number_unsigned())
-    fail(path, "tensor \"", name, "\": \"data_offsets\" ", offsets.dump(), " is not [begin, end]");
+  if (!offsets.is_array() || offsets.size() != 2 || !is_size(offsets[0]) || !is_size(offsets[1]))
+    fail(where, "tensor \"", name, "\": \"data_offsets\" ", brief(offsets), " is not [begin, end] (two integers)");
   e.begin = offsets[0].get<uint64_t>();
   e.end = offsets[1].get<uint64_t>();
   if (e.begin > e.end || e.end > data_bytes)
-    fail(path, "tensor \"", name, "\": data_offsets [", e.begin, ", ", e.end, "] are out of range of the ", data_bytes,
+    fail(where, "tensor \"", name, "\": data_offsets [", e.begin, ", ", e.end, "] are out of range of the ", data_bytes,
          "-byte data section");
   if (e.end - e.begin != bytes)
-    fail(path, "tensor \"", name, "\": data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin,
+    fail(where, "tensor \"", name, "\": data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin,
          " bytes, but ", format_dtype(e.dtype), " ", shape_str(e.shape), " needs ", bytes);
   return e;
+}
+
+// Parses the header text as JSON, refusing, as soon as the parser reaches them, values nested
+// deeper than kMaxDepth (an object of objects holding flat arrays) and repeated keys. The depth
+// bound comes first, so no deep structure is ever built or walked.
+nlohmann::json parse_header_json(const std::string& where, const std::string& text) {
+  std::vector<std::set<std::string>> keys;  // the keys seen in each open object
+  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    switch (event) {
+      case Event::object_start:
+      case Event::array_start:
+        if (depth >= kMaxDepth)
+          fail(where, "the header nests values more than ", kMaxDepth, " levels deep (a safetensors header is an "
+                     "object of objects whose values are strings or flat arrays of integers)");
+        if (event == Event::object_start) keys.emplace_back();
+        break;
+      case Event::object_end:
+        keys.pop_back();
+        break;
+      case Event::key:
+        if (!keys.back().insert(parsed.get<std::string>()).second)
+          fail(where, "the header has the key \"", parsed.get<std::string>(), "\" twice in one object");
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text, callback);
+  } catch (const nlohmann::json::exception& e) {
+    fail(where, "the header is not valid JSON: ", e.what());
+  }
+}
+
+// Reads the header of a safetensors file of `file_bytes` bytes. Returns the metadata and the validated entries (no tensor storage yet).
+struct Header {
+  Metadata metadata;
+  std::vector<Entry> entries;
+  uint64_t data_start = 0;  // file offset of the data section
+};
+
+// read(offset, n, into, what): n bytes of the file from `offset`; `what` names them in errors.
+using ReadBytes = std::function<void(uint64_t offset, uint64_t n, char* into, const std::string& what)>;
+
+Header read_header(const std::string& where, uint64_t file_bytes, const ReadBytes& read) {
+  if (file_bytes < 8) fail(where, "the file has ", file_bytes, " bytes, fewer than the 8-byte header length");
+  unsigned char length[8];
+  read(0, 8, reinterpret_cast<char*>(length), "the header length");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
+  if (n > file_bytes - 8)
+    fail(where, "the header length ", n, " exceeds the ", file_bytes - 8, " bytes after the length (truncated or not "
+               "a safetensors file)");
+  if (n > kMaxHeaderBytes) fail(where, "the header length ", n, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
+  std::string text(n, '\0');
+  read(8, n, text.data(), "the header");
+  Header h;
+  h.data_start = 8 + n;
+  const uint64_t data_bytes = file_bytes - h.data_start;
+
+  const nlohmann::json header = parse_header_json(where, text);
+  if (!header.is_object()) fail(where, "the header is not a JSON object");
+  try {
+    for (const auto& [key, value] : header.items()) {
+      if (key == kMetadataKey) {
+        if (!value.is_object()) fail(where, "\"", kMetadataKey, "\" is not an object");
+        for (const auto& [mk, mv] : value.items()) {
+          if (!mv.is_string()) fail(where, "metadata \"", mk, "\" is ", brief(mv), ", not a string");
+          h.metadata[mk] = mv.get<std::string>();
+        }
+        continue;
+      }
+      h.entries.push_back(parse_entry(where, key, value, data_bytes));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(where, "malformed header: ", e.what());
+  }
+
+  // The tensors must tile the data section exactly: no overlap, no gap, nothing left over.
+  std::vector<const Entry*> order;
+  for (const auto& e : h.entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t cursor = 0;
+  const Entry* previous = nullptr;
+  for (const Entry* e : order) {
+    if (e->begin < cursor)
+      fail(where, "tensor \"", e->name, "\" [", e->begin, ", ", e->end, "] overlaps \"", previous->name, "\" [",
+           previous->begin, ", ", previous->end, "]");
+    if (e->begin > cursor) fail(where, "bytes [", cursor, ", ", e->begin, ") of the data section belong to no tensor");
+    cursor = e->end;
+    previous = e;
+  }
+  if (cursor != data_bytes)
+    fail(where, "the data section has ", data_bytes, " bytes but the tensors cover ", cursor,
+         " (truncated, or trailing bytes)");
+  return h;
+}
+
+// Allocates the tensors of a validated header and fills them with read(offset, n, into).
+SafetensorsFile read_tensors(const std::string& where, Header& h, const ReadBytes& read) {
+  SafetensorsFile file;
+  for (const Entry& e : h.entries) {
+    Tensor t;
+    try {
+      t = Tensor::empty(e.shape, e.dtype);
+    } catch (const Error& error) {
+      fail(where, "tensor \"", e.name, "\" (", format_dtype(e.dtype), " ", shape_str(e.shape), "): ", error.what());
+    } catch (const std::bad_alloc&) {
+      fail(where, "tensor \"", e.name, "\" (", format_dtype(e.dtype), " ", shape_str(e.shape), "): cannot allocate ",
+           e.end - e.begin, " bytes");
+    }
+    if (e.end > e.begin) read(h.data_start + e.begin, e.end - e.begin, static_cast<char*>(t.raw_data()),
+                              detail::concat("the data of tensor \"", e.name, "\""));
+    t.set_name(e.name);
+    file.tensors.emplace(e.name, std::move(t));
+  }
+  file.metadata = std::move(h.metadata);
+  return file;
 }
 
 }  // namespace
@@ -189,85 +333,32 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
+  const std::string where = detail::concat("load_safetensors(\"", path, "\")");
   std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (status.type() == std::filesystem::file_type::not_found) fail(where, "cannot read the file: no such file");
+  if (ec) fail(where, "cannot read the file: ", ec.message());
+  if (!std::filesystem::is_regular_file(status)) fail(where, "cannot read the file: not a regular file");
   const uint64_t file_bytes = std::filesystem::file_size(path, ec);
-  if (ec) fail(path, "cannot read the file: ", ec.message());
+  if (ec) fail(where, "cannot read the file: ", ec.message());
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open the file: ", std::strerror(errno));
-  if (file_bytes < 8) fail(path, "the file has ", file_bytes, " bytes, fewer than the 8-byte header length");
+  if (!in) fail(where, "cannot open the file: ", std::strerror(errno));
+  auto read = [&](uint64_t offset, uint64_t n, char* into, const std::string& what) {
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(into, static_cast<std::streamsize>(n));
+    if (!in || static_cast<uint64_t>(in.gcount()) != n) fail(where, "cannot read ", what, " (the file changed?)");
+  };
+  Header header = read_header(where, file_bytes, read);
+  return read_tensors(where, header, read);
+}
 
-  unsigned char length[8];
-  in.read(reinterpret_cast<char*>(length), 8);
-  if (in.gcount() != 8) fail(path, "cannot read the header length");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(length[i]) << (8 * i);
-  if (n > file_bytes - 8)
-    fail(path, "the header length ", n, " exceeds the ", file_bytes - 8, " bytes after the length (truncated or not "
-               "a safetensors file)");
-  if (n > kMaxHeaderBytes) fail(path, "the header length ", n, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
-  std::string text(n, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(n));
-  if (static_cast<uint64_t>(in.gcount()) != n) fail(path, "cannot read the ", n, "-byte header");
-  const uint64_t data_bytes = file_bytes - 8 - n;
-
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, "the header is not valid JSON: ", e.what());
-  }
-  if (!header.is_object()) fail(path, "the header is not a JSON object");
-
-  SafetensorsFile file;
-  std::vector<Entry> entries;
-  try {
-    for (const auto& [key, value] : header.items()) {
-      if (key == kMetadataKey) {
-        if (!value.is_object()) fail(path, "\"", kMetadataKey, "\" is not an object");
-        for (const auto& [mk, mv] : value.items()) {
-          if (!mv.is_string()) fail(path, "metadata \"", mk, "\" is not a string");
-          file.metadata[mk] = mv.get<std::string>();
-        }
-        continue;
-      }
-      entries.push_back(parse_entry(path, key, value, data_bytes));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, "malformed header: ", e.what());
-  }
-
-  // The tensors must tile the data section exactly: no overlap, no gap, nothing left over.
-  std::vector<const Entry*> order;
-  for (const auto& e : entries) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-  });
-  uint64_t cursor = 0;
-  const Entry* previous = nullptr;
-  for (const Entry* e : order) {
-    if (e->begin < cursor)
-      fail(path, "tensor \"", e->name, "\" [", e->begin, ", ", e->end, "] overlaps \"", previous->name, "\" [",
-           previous->begin, ", ", previous->end, "]");
-    if (e->begin > cursor) fail(path, "bytes [", cursor, ", ", e->begin, ") of the data section belong to no tensor");
-    cursor = e->end;
-    previous = e;
-  }
-  if (cursor != data_bytes)
-    fail(path, "the data section has ", data_bytes, " bytes but the tensors cover ", cursor,
-         " (truncated, or trailing bytes)");
-
-  for (const Entry& e : entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype);
-    const uint64_t bytes = e.end - e.begin;
-    if (bytes > 0) {
-      in.seekg(static_cast<std::streamoff>(8 + n + e.begin));
-      in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(bytes));
-      if (!in || static_cast<uint64_t>(in.gcount()) != bytes) fail(path, "cannot read the data of tensor \"", e.name, "\"");
-    }
-    t.set_name(e.name);
-    file.tensors.emplace(e.name, std::move(t));
-  }
-  return file;
+SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& name) {
+  auto copy = [&](uint64_t offset, uint64_t n, char* into, const std::string&) {
+    std::memcpy(into, bytes.data() + offset, n);
+  };
+  const std::string where = detail::concat("parse_safetensors(\"", name, "\")");
+  Header header = read_header(where, bytes.size(), copy);
+  return read_tensors(where, header, copy);
 }
 
 }  // namespace remat::nn

@@ -6,6 +6,11 @@
 
 namespace remat::tools {
 
+// Limits of the numeric options (the model sizes are bounded by check_footprint instead).
+inline constexpr int kMaxThreads = 1024;
+inline constexpr int64_t kMaxSteps = 100'000'000;        // the run keeps 16 bytes per step
+inline constexpr int64_t kMaxSampleTokens = 10'000'000;
+
 struct TrainOptions {
   std::string data;  // empty: the default corpus
   int64_t layers = 4, width = 128, heads = 4, seq = 64, batch = 32, steps = 1000;
@@ -15,6 +20,8 @@ struct TrainOptions {
   double dropout = 0.0;
   int threads = 0;  // 0: all cores
   std::string save, load;
+  bool architecture_given = false;  // --layers, --width, --heads or --seq was passed
+  bool allow_nonfinite = false;     // keep training on a NaN or infinite loss or gradient norm
   bool json = false;
   bool progress = true;
   bool explain = false;  // print the per-region table of one step

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "numbers.h"
 #include "remat/random.h"
 
 namespace remat::tools {
@@ -82,22 +83,20 @@ CharTokenizer CharTokenizer::from_text(const std::string& text) {
   return t;
 }
 
-CharTokenizer CharTokenizer::from_string(const std::string& serialised) {
+CharTokenizer CharTokenizer::from_string(const std::string& serialised, const std::string& what) {
   CharTokenizer t;
   std::fill(std::begin(t.index_), std::end(t.index_), -1);
-  std::stringstream in(serialised);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    int c = -1;
-    try {
-      c = std::stoi(item);
-    } catch (...) {
-    }
-    REMAT_CHECK(c >= 0 && c < 256 && t.index_[c] < 0, "corrupt vocabulary in weight file: entry '", item, "'");
+  REMAT_CHECK(!serialised.empty(), what, " is empty");
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = std::min(serialised.find(',', begin), serialised.size());
+    const int c = static_cast<int>(parse_int(what, std::string_view(serialised).substr(begin, comma - begin), 0, 255));
+    REMAT_CHECK(t.index_[c] < 0, what, ": byte ", c, " appears twice");
     t.index_[c] = static_cast<int>(t.bytes_.size());
     t.bytes_.push_back(static_cast<unsigned char>(c));
+    if (comma == serialised.size()) break;
+    begin = comma + 1;
   }
-  REMAT_CHECK(!t.bytes_.empty(), "weight file has an empty vocabulary");
   return t;
 }
 

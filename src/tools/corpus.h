@@ -28,7 +28,9 @@ class CharTokenizer {
  public:
   CharTokenizer() = default;
   static CharTokenizer from_text(const std::string& text);
-  static CharTokenizer from_string(const std::string& serialised);  // as written by to_string()
+  // As written by to_string(): distinct byte values 0..255, comma-separated, parsed strictly;
+  // `what` names the source in errors.
+  static CharTokenizer from_string(const std::string& serialised, const std::string& what = "vocabulary");
   std::string to_string() const;  // the byte values, comma-separated
   int64_t vocab_size() const { return static_cast<int64_t>(bytes_.size()); }
   std::vector<int64_t> encode(const std::string& text) const;  // unknown bytes: error

@@ -2,11 +2,13 @@
 // to uniform segments and every-layer at the same memory.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "corpus.h"
+#include "costs.h"
+#include "footprint.h"
 #include "remat/nn.h"
 #include "remat/remat.h"
 #include "remat/schedule.h"
@@ -17,51 +19,21 @@ namespace rs = remat::schedule;
 
 namespace {
 
-rs::ChainCosts read_costs(const std::string& path) {
-  std::ifstream in(path);
-  REMAT_CHECK(in.good(), "plan: cannot read --costs file ", path);
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const std::exception& e) {
-    throw Error(detail::concat("plan: ", path, " is not valid JSON: ", e.what()));
-  }
-  // {"stages": [{"forward_seconds", "backward_seconds", "boundary_bytes", "saved_bytes"}...],
-  //  "output_bytes": N}   or the list of stages alone (output bytes = the last boundary).
-  const nlohmann::json& stages = j.is_array() ? j : j.value("stages", nlohmann::json::array());
-  REMAT_CHECK(stages.is_array() && !stages.empty(), "plan: ", path,
-              " must hold a non-empty list of stages (or {\"stages\": [...], \"output_bytes\": N})");
-  rs::ChainCosts c;
-  try {
-    for (const auto& s : stages) {
-      c.forward_time.push_back(s.at("forward_seconds").get<double>());
-      c.backward_time.push_back(s.at("backward_seconds").get<double>());
-      c.boundary_bytes.push_back(s.at("boundary_bytes").get<size_t>());
-      c.saved_bytes.push_back(s.at("saved_bytes").get<size_t>());
-    }
-    c.boundary_bytes.push_back(j.is_object() && j.contains("output_bytes") ? j.at("output_bytes").get<size_t>()
-                                                                            : c.boundary_bytes.back());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(detail::concat("plan: ", path, ": each stage needs numeric forward_seconds, backward_seconds, ",
-                               "boundary_bytes and saved_bytes (", e.what(), ")"));
-  }
-  try {
-    c.validate();
-  } catch (const std::exception& e) {
-    throw Error(detail::concat("plan: ", path, ": ", e.what()));
-  }
-  return c;
-}
-
 // Profiles the GPT of `remat train` with these options: the costs of its blocks and the saved
 // bytes outside them.
 std::pair<rs::ChainCosts, size_t> profile_model(const PlanOptions& o) {
+  REMAT_CHECK(o.train.width % o.train.heads == 0, "plan: --width ", o.train.width, " is not a multiple of --heads ",
+              o.train.heads);
+  REMAT_CHECK(o.train.dropout >= 0 && o.train.dropout < 1, "plan: --dropout must be in [0, 1), got ", o.train.dropout);
   Corpus corpus = load_corpus(o.train.data.empty() ? kDefaultCorpus : o.train.data);
   CharTokenizer tokenizer = CharTokenizer::from_text(corpus.text);
   std::vector<int64_t> tokens = tokenizer.encode(corpus.text);
   nn::GPTConfig config{.vocab = tokenizer.vocab_size(), .layers = o.train.layers, .width = o.train.width,
                        .heads = o.train.heads, .seq = o.train.seq, .dropout = o.train.dropout, .dtype = DType::f32,
                        .seed = o.train.seed};
+  check_footprint(config, o.train.batch, Use::profile,
+                  detail::concat("plan --layers ", o.train.layers, " --width ", o.train.width, " --heads ", o.train.heads,
+                                 " --seq ", o.train.seq, " --batch ", o.train.batch));
   nn::GPT model(config);
   Batch batch = sample_batch(tokens, o.train.batch, config.seq, o.train.seed, 0);
   Policy probe = Policy::budget(size_t(1) << 50);  // any budget: we only want the measured costs
@@ -106,6 +78,8 @@ nlohmann::json plan_json(const std::string& name, const rs::Plan& plan, size_t o
 
 int run_plan(const PlanOptions& o) {
   if (o.train.threads > 0) set_num_threads(o.train.threads);
+  REMAT_CHECK(o.costs.empty() || !o.train.architecture_given, "plan: --layers, --width, --heads and --seq describe a "
+              "model to profile; they cannot be combined with --costs");
   const size_t budget = memory::parse_bytes(o.budget);
   rs::ChainCosts costs;
   size_t outside = 0;
@@ -115,16 +89,19 @@ int run_plan(const PlanOptions& o) {
     std::tie(costs, outside) = profile_model(o);
   const int stages = costs.num_stages();
   const size_t limit = budget > outside ? budget - outside : 0;
-  rs::Plan best;
+  rs::Plan best, every_layer, save_all;
   try {
     best = rs::plan_rotor(costs, limit);
+    every_layer = rs::plan_every_layer(costs);
+    save_all = rs::plan_save_all(costs);
   } catch (const rs::InfeasibleError& e) {
     size_t smallest = e.min_feasible_bytes + outside;
     throw Error(detail::concat("plan: budget ", budget, " bytes (", memory::format_bytes(static_cast<double>(budget)),
                                ") is below the smallest feasible budget, ", smallest, " bytes (",
                                memory::format_bytes(static_cast<double>(smallest)), ")"));
+  } catch (const std::invalid_argument& e) {  // the schedule layer's errors (it has no remat::Error)
+    throw Error(detail::concat("plan: ", e.what()));
   }
-  rs::Plan every_layer = rs::plan_every_layer(costs), save_all = rs::plan_save_all(costs);
   // uniform segments: the fastest segment count that fits, else the one with the least peak
   std::optional<rs::Plan> uniform;
   int uniform_segments = 0;

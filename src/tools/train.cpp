@@ -1,21 +1,30 @@
 // `remat train`: a character-level GPT on a text corpus, checkpointed by the policy.
 #include <algorithm>
-#include <optional>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "corpus.h"
+#include "footprint.h"
 #include "progress.h"
 #include "remat/nn.h"
 #include "remat/remat.h"
+#include "weights.h"
 
 namespace remat::tools {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// "nan" and "inf" without the sign a NaN may carry.
+std::string number_text(double v) {
+  if (std::isnan(v)) return "nan";
+  return detail::concat(v);
+}
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -104,37 +113,48 @@ StepMeasure measure_step(nn::GPT& model, const Batch& batch, const Policy& polic
 int run_train(const TrainOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   const Policy policy = Policy::parse(o.policy);
-  REMAT_CHECK(o.steps >= 1, "train: --steps must be at least 1, got ", o.steps);
+  REMAT_CHECK(o.steps >= 1 && o.steps <= kMaxSteps, "train: --steps must be from 1 to ", kMaxSteps, ", got ", o.steps);
   REMAT_CHECK(o.batch >= 1 && o.seq >= 2, "train: --batch must be >= 1 and --seq >= 2");
-  REMAT_CHECK(o.lr > 0, "train: --lr must be positive, got ", o.lr);
+  REMAT_CHECK(std::isfinite(o.lr) && o.lr > 0, "train: --lr must be a finite number > 0, got ", o.lr);
   REMAT_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got ", o.dropout);
+  REMAT_CHECK(o.load.empty() || !o.architecture_given, "train: --layers, --width, --heads and --seq cannot be combined "
+              "with --load (the architecture comes from the weight file)");
+  REMAT_CHECK(!o.load.empty() || o.width % o.heads == 0, "train: --width ", o.width, " is not a multiple of --heads ",
+              o.heads);
 
   const std::string data_path = o.data.empty() ? kDefaultCorpus : o.data;
   Corpus corpus = load_corpus(data_path);
   nn::GPTConfig config{.vocab = 0, .layers = o.layers, .width = o.width, .heads = o.heads, .seq = o.seq,
                        .dropout = o.dropout, .dtype = DType::f32, .seed = o.seed};
   CharTokenizer tokenizer;
+  std::optional<CharGPTFile> weights;
+  std::string source;  // where the architecture comes from, for errors
   if (!o.load.empty()) {
-    auto file = nn::load_safetensors(o.load);
-    auto get = [&](const char* key) {
-      auto it = file.metadata.find(key);
-      REMAT_CHECK(it != file.metadata.end(), "train: ", o.load, " has no '", key, "' in its metadata (not written by remat train)");
-      return it->second;
-    };
-    tokenizer = CharTokenizer::from_string(get("vocabulary"));
-    config.layers = std::stoll(get("layers"));
-    config.width = std::stoll(get("width"));
-    config.heads = std::stoll(get("heads"));
-    config.seq = std::stoll(get("seq"));
+    weights = read_char_gpt(o.load, "train");
+    REMAT_CHECK(weights->config.seq >= 2, "train: ", o.load, " has seq ", weights->config.seq,
+                " in its metadata; training needs sequences of at least 2 tokens");
+    tokenizer = weights->tokenizer;
+    config.layers = weights->config.layers;
+    config.width = weights->config.width;
+    config.heads = weights->config.heads;
+    config.seq = weights->config.seq;
+    source = detail::concat("train: the model of ", o.load, " (layers ", config.layers, ", width ", config.width,
+                            ", heads ", config.heads, ", seq ", config.seq, ") with --batch ", o.batch);
   } else {
     tokenizer = CharTokenizer::from_text(corpus.text);
+    source = detail::concat("train --layers ", o.layers, " --width ", o.width, " --heads ", o.heads, " --seq ", o.seq,
+                            " --batch ", o.batch);
   }
   config.vocab = tokenizer.vocab_size();
+  check_footprint(config, o.batch, Use::train, source);  // before anything of that size is built
   std::vector<int64_t> tokens = tokenizer.encode(corpus.text);
   TokenSplit split = split_tokens(tokens);
 
   auto model = std::make_shared<nn::GPT>(config);
-  if (!o.load.empty()) model->load(o.load);
+  if (weights) {
+    model->load_parameters(weights->file.tensors, o.load);
+    weights.reset();  // the model holds the values now
+  }
   nn::AdamW optimizer(model->parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01});
   const int64_t warmup = std::min<int64_t>(100, std::max<int64_t>(1, o.steps / 10));
   const nn::WarmupCosine lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1, .warmup_steps = warmup, .total_steps = o.steps};
@@ -167,12 +187,21 @@ int run_train(const TrainOptions& o) {
     auto t0 = Clock::now();
     Tensor loss = backward([&] { return model->loss(batch.inputs, batch.targets); }, GradOptions{policy});
     if (step == 0) digest = gradient_digest(*model);
-    nn::clip_grad_norm(model->parameters(), 1.0);
+    const double loss_value = loss.item();
+    const double grad_norm = nn::clip_grad_norm(model->parameters(), 1.0);
+    // A non-finite loss or gradient would turn every weight into NaN at this step: stop first.
+    if (!o.allow_nonfinite && !(std::isfinite(loss_value) && std::isfinite(grad_norm))) {
+      progress.finish();
+      throw Error(detail::concat("train: step ", step + 1, " of ", o.steps, " has loss ", number_text(loss_value),
+                                 " and gradient norm ", number_text(grad_norm), " (learning rate ", lr_at(step), "): training ",
+                                 "diverged and was stopped before the update", o.save.empty() ? "" : ", nothing was saved",
+                                 ". Lower --lr, or pass --allow-nonfinite to keep going"));
+    }
     optimizer.set_lr(lr_at(step));
     optimizer.step();
     step_seconds.push_back(seconds_since(t0));
     if (step == BudgetPlanner::kProfilingSteps - 1) profiling_step_seconds = step_seconds.back();
-    losses.push_back(loss.item());
+    losses.push_back(loss_value);
     peak_saved = std::max(peak_saved, memory::peak_bytes(memory::Tag::saved) - saved_base);
     peak_total = std::max(peak_total, memory::stats().peak_total - total_base);
     recomputed_flops += counters().ops.recomputed_flops;
@@ -197,12 +226,7 @@ int run_train(const TrainOptions& o) {
   model->zero_grad();
 
   if (!o.save.empty()) {
-    model->save(o.save, {{"format", "remat-char-gpt"},
-                         {"vocabulary", tokenizer.to_string()},
-                         {"layers", std::to_string(config.layers)},
-                         {"width", std::to_string(config.width)},
-                         {"heads", std::to_string(config.heads)},
-                         {"seq", std::to_string(config.seq)}});
+    model->save(o.save, char_gpt_metadata(config, tokenizer));
   }
 
   const double step_median = median(step_seconds);

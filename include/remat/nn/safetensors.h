@@ -11,15 +11,25 @@
 // its start. Files are written atomically (a temporary file in the same directory, renamed over
 // the target), so a reader never sees half a file.
 //
-// Loading validates everything before it allocates tensor storage: the header length against
-// the file size, the JSON, each entry's dtype, shape and offsets (in range, byte count equal to
-// shape x dtype size, no overlap, no gap, the data section exactly covered), and throws
-// remat::Error naming the file and the problem; a corrupt or truncated file never crashes.
-// Other dtypes (BF16, F16, ...) are rejected with an error naming them.
+// A weight file is untrusted input. Loading validates everything before it allocates tensor
+// storage, and throws remat::Error naming the file, the tensor and the problem; a corrupt,
+// truncated or hostile file never crashes and returns nothing:
+//   - the header is at most 100 MB (as the reference implementation) and fits in the file;
+//   - it is JSON nested at most 3 levels deep (an object of objects whose values are strings or
+//     flat arrays), checked as the parser reads, before anything deeper is built; a key appears
+//     once per object;
+//   - "__metadata__", if present, maps strings to strings;
+//   - each tensor has a dtype remat reads (F32, F64, I64; BF16, F16, ... are errors naming them),
+//     a shape of at most kMaxRank sizes, each a plain JSON integer (no sign, fraction or exponent)
+//     whose byte count (and stride) fits in 63 bits, and data_offsets [begin, end] with
+//     begin <= end, end - begin = the shape's byte count;
+//   - the tensors tile the data section exactly: no overlap, no gap, nothing after the last.
+// Unknown fields inside a tensor entry are ignored.
 #pragma once
 
 #include <map>
 #include <string>
+#include <string_view>
 
 #include "remat/nn/module.h"
 
@@ -34,5 +44,8 @@ struct SafetensorsFile {
 // unique, non-empty and not "__metadata__".
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
 SafetensorsFile load_safetensors(const std::string& path);
+// The same for the bytes of a whole file held in memory (e.g. received over a network); `name`
+// stands for the file in error messages.
+SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& name = "memory");
 
 }  // namespace remat::nn

@@ -1,0 +1,71 @@
+#include "weights.h"
+
+#include <limits>
+
+#include "footprint.h"
+#include "numbers.h"
+
+namespace remat::tools {
+
+namespace {
+
+constexpr const char* kFormat = "remat-char-gpt";
+
+}  // namespace
+
+nn::Metadata char_gpt_metadata(const nn::GPTConfig& config, const CharTokenizer& tokenizer) {
+  return {{"format", kFormat},
+          {"vocabulary", tokenizer.to_string()},
+          {"layers", std::to_string(config.layers)},
+          {"width", std::to_string(config.width)},
+          {"heads", std::to_string(config.heads)},
+          {"seq", std::to_string(config.seq)}};
+}
+
+CharGPTFile read_char_gpt(const std::string& path, const std::string& command) {
+  CharGPTFile w;
+  w.file = nn::load_safetensors(path);
+  const std::string in_file = detail::concat(" of ", path);
+  auto get = [&](const char* key) -> const std::string& {
+    auto it = w.file.metadata.find(key);
+    REMAT_CHECK(it != w.file.metadata.end(), command, ": ", path, " has no \"", key,
+                "\" in its metadata (it was not written by remat train)");
+    return it->second;
+  };
+  auto number = [&](const char* key, int64_t min) {
+    return parse_int(detail::concat(command, ": metadata \"", key, "\"", in_file), get(key), min,
+                     std::numeric_limits<int64_t>::max());
+  };
+  auto format = w.file.metadata.find("format");
+  REMAT_CHECK(format == w.file.metadata.end() || format->second == kFormat, command, ": ", path, " has format \"",
+              format->second, "\" in its metadata, not \"", kFormat, "\"");
+  w.tokenizer = CharTokenizer::from_string(get("vocabulary"), detail::concat(command, ": metadata \"vocabulary\"", in_file));
+  nn::GPTConfig& c = w.config;
+  c.vocab = w.tokenizer.vocab_size();
+  c.layers = number("layers", 0);
+  c.width = number("width", 1);
+  c.heads = number("heads", 1);
+  c.seq = number("seq", 1);
+  REMAT_CHECK(c.width % c.heads == 0, command, ": metadata", in_file, ": width ", c.width,
+              " is not a multiple of heads ", c.heads);
+
+  // The metadata must describe the tensors the file holds: the model is then no larger than the file.
+  const std::string described = detail::concat(command, ": the metadata", in_file, " (vocabulary of ", c.vocab,
+                                               ", layers ", c.layers, ", width ", c.width, ", seq ", c.seq, ")");
+  auto expect_shape = [&](const char* name, const Shape& shape) {
+    auto it = w.file.tensors.find(name);
+    REMAT_CHECK(it != w.file.tensors.end(), command, ": ", path, " has no tensor \"", name, "\"");
+    REMAT_CHECK(it->second.shape() == shape, described, " describes ", name, " ", shape_str(shape), ", but the file's is ",
+                shape_str(it->second.shape()));
+  };
+  expect_shape("wte.weight", {c.vocab, c.width});
+  expect_shape("wpe.weight", {c.seq, c.width});
+  const uint64_t expected = gpt_parameter_count(c, described);
+  uint64_t held = 0;
+  for (const auto& [name, t] : w.file.tensors) held += static_cast<uint64_t>(t.numel());  // <= file bytes
+  REMAT_CHECK(held == expected, described, " describes a model of ", expected, " parameters, but the file holds ", held,
+              " values");
+  return w;
+}
+
+}  // namespace remat::tools

@@ -1,0 +1,150 @@
+// The command line's input checks, linked directly: strict numbers, the GPT footprint bound, the
+// --costs reader and the vocabulary of weight files.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "corpus.h"
+#include "costs.h"
+#include "footprint.h"
+#include "numbers.h"
+#include "remat/nn.h"
+
+using namespace remat;
+using namespace remat::tools;
+
+namespace {
+
+// Expects `f` to throw remat::Error whose message contains every fragment.
+template <class F>
+void expect_error(F&& f, std::initializer_list<std::string> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected " << *fragments.begin();
+  } catch (const Error& e) {
+    for (const auto& fragment : fragments)
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what() << "\n  expected: " << fragment;
+  }
+}
+
+}  // namespace
+
+TEST(CliNumbers, IntegersAreDecimalDigitsOnly) {
+  EXPECT_EQ(parse_int("--n", "42", 0, 100), 42);
+  EXPECT_EQ(parse_int("--n", "-3", -5, 5), -3);
+  EXPECT_EQ(parse_int("--n", "010", 0, 100), 10);  // decimal, not octal
+  EXPECT_EQ(parse_int("--n", "9223372036854775807", 0, INT64_MAX), INT64_MAX);
+  for (const char* bad : {"", " 1", "1 ", "+1", "0x10", "1e3", "1.0", "2x", "abc", "--1", "1,000", "١"})
+    expect_error([&] { parse_int("--n", bad, 0, 100); }, {"--n: expected a whole number from 0 to 100"});
+  expect_error([&] { parse_int("--n", "9223372036854775808", 0, INT64_MAX); }, {"--n", "is too large"});
+  expect_error([&] { parse_int("--n", "12345678901234567890", 0, INT64_MAX); }, {"is too large"});
+  expect_error([&] { parse_int("--threads", "-3", 0, 1024); }, {"--threads: -3 is out of range (a whole number from 0 to 1024)"});
+  expect_error([&] { parse_int("--n", "101", 0, 100); }, {"101 is out of range"});
+}
+
+TEST(CliNumbers, Uint64HasNoSign) {
+  EXPECT_EQ(parse_uint64("--seed", "18446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(parse_uint64("--seed", "0"), 0u);
+  expect_error([] { parse_uint64("--seed", "-1"); }, {"--seed: expected a whole number"});
+  expect_error([] { parse_uint64("--seed", "18446744073709551616"); }, {"--seed", "too large"});
+}
+
+TEST(CliNumbers, RealsAreFinite) {
+  EXPECT_EQ(parse_real("--lr", "2e-3"), 2e-3);
+  EXPECT_EQ(parse_real("--lr", "0.5"), 0.5);
+  EXPECT_EQ(parse_real("--lr", "1e300"), 1e300);
+  for (const char* bad : {"", "nan", "inf", "-inf", "infinity", "1e", "0.5x", " 1", "0x1p3", "1,5"})
+    expect_error([&] { parse_real("--lr", bad); }, {"--lr: expected a finite number"});
+  expect_error([] { parse_real("--lr", "1e400"); }, {"--lr", "out of the range of a double"});
+}
+
+TEST(CliFootprint, ParameterCountIsTheModels) {
+  for (const nn::GPTConfig& c : {nn::GPTConfig{.vocab = 7, .layers = 2, .width = 4, .heads = 2, .seq = 3},
+                                 nn::GPTConfig{.vocab = 79, .layers = 0, .width = 8, .heads = 1, .seq = 16},
+                                 nn::GPTConfig{.vocab = 256, .layers = 3, .width = 12, .heads = 3, .seq = 5}}) {
+    nn::GPT model(c);
+    EXPECT_EQ(gpt_parameter_count(c, "test"), static_cast<uint64_t>(model.num_parameters())) << c.layers << " " << c.width;
+  }
+}
+
+TEST(CliFootprint, ImpossibleSizesAreErrorsNamingTheSourceAndTheBytes) {
+  nn::GPTConfig c{.vocab = 79, .layers = 4, .width = 128, .heads = 4, .seq = 64};
+  EXPECT_GT(check_footprint(c, 32, Use::train, "train"), 0u);
+  nn::GPTConfig wide = c;
+  wide.width = int64_t{1} << 62;  // 12 w^2 overflows
+  expect_error([&] { check_footprint(wide, 32, Use::train, "train --width 4611686018427387904"); },
+               {"train --width 4611686018427387904", "more than 2^64 parameters"});
+  wide.width = int64_t{1} << 31;
+  expect_error([&] { check_footprint(wide, 32, Use::train, "src"); }, {"src:", "more than 2^64"});
+  nn::GPTConfig longseq = c;
+  longseq.seq = 1000000;  // attention scores [32, 4, 1e6, 1e6]: 5.1e14 bytes
+  expect_error([&] { check_footprint(longseq, 32, Use::train, "train --seq 1000000"); },
+               {"train --seq 1000000: needs at least", "bytes", "attention scores [32, 4, 1000000, 1000000]"});
+  nn::GPTConfig deep = c;
+  deep.layers = 100000000000;  // 1e11 blocks of 12 w^2 + 13 w parameters
+  expect_error([&] { check_footprint(deep, 1, Use::sample, "sample"); }, {"sample: needs at least", "parameters"});
+  expect_error([&] { check_footprint(c, int64_t{1} << 62, Use::train, "batch"); }, {"batch:", "more than 2^64 bytes"});
+}
+
+TEST(CliTokenizer, VocabularyIsStrict) {
+  CharTokenizer t = CharTokenizer::from_string("10,32,97");
+  EXPECT_EQ(t.vocab_size(), 3);
+  EXPECT_EQ(t.to_string(), "10,32,97");
+  for (const char* bad : {"", "1,,2", "1,2,", ",1", "1, 2", "1,2x", "a", "256", "-1", "0x41"})
+    expect_error([&] { CharTokenizer::from_string(bad, "metadata \"vocabulary\""); }, {"metadata \"vocabulary\""});
+  expect_error([] { CharTokenizer::from_string("1,2,1", "v"); }, {"v: byte 1 appears twice"});
+}
+
+TEST(CliCosts, AValidFileReadsBack) {
+  schedule::ChainCosts c = parse_costs(
+      R"({"stages": [{"forward_seconds": 0.5, "backward_seconds": 1, "boundary_bytes": 100, "saved_bytes": 400},
+                     {"forward_seconds": 0, "backward_seconds": 2e-3, "boundary_bytes": 200, "saved_bytes": 0}],
+          "output_bytes": 50})",
+      "c.json");
+  EXPECT_EQ(c.num_stages(), 2);
+  EXPECT_EQ(c.forward_time, (std::vector<double>{0.5, 0}));
+  EXPECT_EQ(c.backward_time, (std::vector<double>{1, 2e-3}));
+  EXPECT_EQ(c.boundary_bytes, (std::vector<size_t>{100, 200, 50}));
+  EXPECT_EQ(c.saved_bytes, (std::vector<size_t>{400, 0}));
+  schedule::ChainCosts list = parse_costs(
+      R"([{"forward_seconds": 1, "backward_seconds": 1, "boundary_bytes": 8, "saved_bytes": 8}])", "l.json");
+  EXPECT_EQ(list.boundary_bytes, (std::vector<size_t>{8, 8}));
+}
+
+TEST(CliCosts, BadFilesAreErrorsNamingTheFileAndStage) {
+  auto stage = [](const std::string& f, const std::string& b, const std::string& x, const std::string& s) {
+    return R"({"forward_seconds": )" + f + R"(, "backward_seconds": )" + b + R"(, "boundary_bytes": )" + x +
+           R"(, "saved_bytes": )" + s + "}";
+  };
+  const std::string ok = stage("1", "1", "8", "8");
+  const std::pair<std::string, std::string> cases[] = {
+      {"[" + ok + "," + stage("1", "1", "1.5", "8") + "]", "stage 1 boundary_bytes is 1.5; it must be a whole number"},
+      {"[" + stage("1", "1", "8", "1e30") + "]", "stage 0 saved_bytes is 1e+30; it must be a whole number"},
+      {"[" + stage("1", "1", "-8", "8") + "]", "stage 0 boundary_bytes is -8"},
+      {"[" + stage("1", "1", "18446744073709551615", "8") + "]", "above the limit of 2^59"},
+      {"[" + stage("1", "1", "576460752303423488", "576460752303423488") + "]", "sizes sum to more than"},
+      {"[" + stage("-1", "1", "8", "8") + "]", "stage 0 forward_seconds is -1"},
+      {"[" + stage("1", "1e300", "8", "8") + "]", "stage 0 backward_seconds is 1e+300"},
+      {"[" + stage("\"1\"", "1", "8", "8") + "]", "stage 0 forward_seconds is \"1\""},
+      {R"([{"forward_seconds": 1, "backward_seconds": 1, "boundary_bytes": 8}])", "stage 0 has no \"saved_bytes\""},
+      {R"([{"forward_seconds": 1, "backward_seconds": 1, "boundary_bytes": 8, "saved_bytes": 8, "extra": 1}])",
+       "unknown key \"extra\""},
+      {R"([{"forward_seconds": 1, "forward_seconds": 2, "backward_seconds": 1, "boundary_bytes": 8, "saved_bytes": 8}])",
+       "\"forward_seconds\" appears twice"},
+      {R"({"stages": [)" + ok + R"(], "output_bytes": 0.5})", "output_bytes is 0.5"},
+      {R"({"stages": [)" + ok + R"(], "outputs": 1})", "unknown key \"outputs\""},
+      {R"({"output_bytes": 1})", "has no \"stages\""},
+      {"[]", "non-empty list of stages"},
+      {"5", "non-empty list of stages"},
+      {"[5]", "stage 0 is 5, not an object"},
+      {"[" + ok, "not valid JSON"},
+      {"", "not valid JSON"},
+      {std::string(100000, '[') + std::string(100000, ']'), "nested more than 3 levels deep"},
+      {R"({"stages": [[[1]]]})", "nested more than 3 levels deep"},
+  };
+  for (const auto& [text, fragment] : cases) {
+    SCOPED_TRACE(text.substr(0, 80));
+    expect_error([&] { parse_costs(text, "bad.json"); }, {"plan: --costs bad.json: ", fragment});
+  }
+  expect_error([] { read_costs("/nonexistent/costs.json"); }, {"cannot read the --costs file /nonexistent/costs.json"});
+}
