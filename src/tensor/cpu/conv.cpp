@@ -55,6 +55,17 @@ namespace {
 // ResNet shapes; README "Convolution choice").
 constexpr ConvAlgorithm kAutomaticConvAlgorithm = ConvAlgorithm::onednn_blocked;
 
+// Below this many FLOPs (about 20 microseconds of one core) a convolution runs on the calling
+// thread through im2col, whatever the algorithm: starting a parallel region, as oneDNN does for
+// every call, costs more than it saves, and far more when another process holds a core (each
+// OpenMP barrier then waits for a descheduled thread).
+constexpr double kSmallConvFlops = 2.0 * (1 << 20);
+
+double conv_flops(const Tensor& x, const Tensor& w, const Tensor& y, const Conv2dGeometry& g) {
+  return 2.0 * static_cast<double>(y.numel()) * static_cast<double>(x.shape()[1] / g.groups) *
+         static_cast<double>(w.shape()[2] * w.shape()[3]);
+}
+
 // The sizes of one convolution, read from its tensors.
 struct ConvShape {
   int64_t n, c, h, w;      // input
@@ -145,8 +156,8 @@ void col2im(const T* col, const ConvShape& s, const Conv2dGeometry& g, T* gx) {
 // Runs body(n, scratch) for every image: in parallel (one scratch buffer per thread) for float,
 // one after the other (the GEMM library threads) for double.
 template <class T, class Body>
-void for_images(int64_t images, int64_t scratch_elements, Body&& body) {
-  const bool parallel = std::is_same_v<T, float> && images > 1 && omp_get_max_threads() > 1;
+void for_images(int64_t images, int64_t scratch_elements, bool threads_allowed, Body&& body) {
+  const bool parallel = threads_allowed && std::is_same_v<T, float> && images > 1 && omp_get_max_threads() > 1;
   const int threads = parallel ? omp_get_max_threads() : 1;
   Tensor scratch = scratch_elements > 0
                        ? Tensor::empty({threads * scratch_elements}, std::is_same_v<T, float> ? DType::f32 : DType::f64)
@@ -161,7 +172,8 @@ void for_images(int64_t images, int64_t scratch_elements, Body&& body) {
 }
 
 template <class T>
-void im2col_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g, const Tensor& y) {
+void im2col_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g, const Tensor& y,
+                    bool threads) {
   const ConvShape s = conv_shape(x, w, y, g);
   const bool pointwise = is_pointwise(s, g);
   const int64_t k = s.k(), p = s.p();
@@ -169,7 +181,7 @@ void im2col_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   const T* wp = w.data<T>();
   const T* bp = bias.defined() ? bias.data<T>() : nullptr;
   T* yp = y.data<T>();
-  for_images<T>(s.n, pointwise ? 0 : k * p, [&](int64_t n, T* col) {
+  for_images<T>(s.n, pointwise ? 0 : k * p, threads, [&](int64_t n, T* col) {
     for (int64_t grp = 0; grp < s.groups; ++grp) {
       const T* xg = xp + (n * s.c + grp * s.cg) * s.h * s.w;
       T* yg = yp + (n * s.o + grp * s.og) * p;
@@ -188,14 +200,15 @@ void im2col_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 }
 
 template <class T>
-void im2col_backward_input(const Tensor& gy, const Tensor& w, const Conv2dGeometry& g, const Tensor& gx) {
+void im2col_backward_input(const Tensor& gy, const Tensor& w, const Conv2dGeometry& g, const Tensor& gx,
+                           bool threads) {
   const ConvShape s = conv_shape(gx, w, gy, g);
   const bool pointwise = is_pointwise(s, g);
   const int64_t k = s.k(), p = s.p();
   const T* gyp = gy.data<T>();
   const T* wp = w.data<T>();
   T* gxp = gx.data<T>();
-  for_images<T>(s.n, pointwise ? 0 : k * p, [&](int64_t n, T* col) {
+  for_images<T>(s.n, pointwise ? 0 : k * p, threads, [&](int64_t n, T* col) {
     for (int64_t grp = 0; grp < s.groups; ++grp) {
       const T* gyg = gyp + (n * s.o + grp * s.og) * p;
       T* gxg = gxp + (n * s.c + grp * s.cg) * s.h * s.w;
@@ -214,7 +227,7 @@ constexpr int64_t kWeightGradBlocks = 8;
 
 template <class T>
 void im2col_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeometry& g, const Tensor& gw,
-                            const Tensor& gbias) {
+                            const Tensor& gbias, bool threads) {
   const T* xp = x.data<T>();
   const T* gyp = gy.data<T>();
   const int64_t p = gy.shape()[2] * gy.shape()[3];
@@ -228,7 +241,7 @@ void im2col_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeome
     const DType dt = std::is_same_v<T, float> ? DType::f32 : DType::f64;
     Tensor partial = Tensor::empty({blocks, wsize}, dt);
     T* pp = partial.data<T>();
-    const bool parallel = std::is_same_v<T, float> && blocks > 1 && omp_get_max_threads() > 1;
+    const bool parallel = threads && std::is_same_v<T, float> && blocks > 1 && omp_get_max_threads() > 1;
     const int threads = parallel ? omp_get_max_threads() : 1;
     Tensor scratch = pointwise ? Tensor() : Tensor::empty({threads * k * p}, dt);
     auto run_block = [&](int64_t b) {
@@ -263,7 +276,7 @@ void im2col_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeome
   if (gbias.defined()) {
     T* gbp = gbias.data<T>();
     const int64_t o_count = gy.shape()[1], n_count = gy.shape()[0];
-    for_rows(o_count, n_count * p, [&](int64_t o) {
+    auto channel_sum = [&](int64_t o) {
       Acc<T> total = 0;
       for (int64_t n = 0; n < n_count; ++n) {
         const T* row = gyp + (n * o_count + o) * p;
@@ -273,49 +286,53 @@ void im2col_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeome
         total += part;
       }
       gbp[o] = static_cast<T>(total);
-    });
+    };
+    if (threads) {
+      for_rows(o_count, n_count * p, channel_sum);
+    } else {
+      for (int64_t o = 0; o < o_count; ++o) channel_sum(o);
+    }
   }
 }
 
-// The f32 implementation in force for this call; `automatic` is the measured winner.
-ConvAlgorithm f32_algorithm() {
+// The implementation for this call: an explicit choice (set_conv_algorithm) is followed; the
+// automatic one is im2col on the calling thread for small problems (any dtype) and otherwise
+// kAutomaticConvAlgorithm for float32, im2col for float64.
+struct Choice {
+  bool onednn = false, blocked = false, threads = true;
+};
+Choice choose(DType dtype, double flops) {
   const ConvAlgorithm chosen = conv_algorithm();
-  return chosen == ConvAlgorithm::automatic ? kAutomaticConvAlgorithm : chosen;
+  Choice c;
+  if (chosen == ConvAlgorithm::automatic && flops < kSmallConvFlops) {
+    c.threads = false;
+    return c;
+  }
+  const ConvAlgorithm a = chosen == ConvAlgorithm::automatic ? kAutomaticConvAlgorithm : chosen;
+  c.onednn = dtype == DType::f32 && a != ConvAlgorithm::im2col_gemm;
+  c.blocked = a == ConvAlgorithm::onednn_blocked;
+  return c;
 }
 
 }  // namespace
 
-void CpuBackend::conv2d(const Tensor& xin, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g,
+void CpuBackend::conv2d(const Tensor& xin, const Tensor& win, const Tensor& bin, const Conv2dGeometry& g,
                         const Tensor& y) {
-  Tensor x = contiguous_input(xin);
+  Tensor x = contiguous_input(xin), w = contiguous_input(win), bias = contiguous_input(bin);
   if (y.numel() == 0) return;
-  if (x.dtype() == DType::f32) {
-    const ConvAlgorithm a = f32_algorithm();
-    if (a != ConvAlgorithm::im2col_gemm && onednn_conv2d_forward(x, contiguous_input(w), contiguous_input(bias), g, y,
-                                                                 a == ConvAlgorithm::onednn_blocked))
-      return;
-    return im2col_forward<float>(x, contiguous_input(w), contiguous_input(bias), g, y);
-  }
-  dispatch_float(x.dtype(), "conv2d", [&]<class T>() {
-    im2col_forward<T>(x, contiguous_input(w), contiguous_input(bias), g, y);
-  });
+  const Choice c = choose(x.dtype(), conv_flops(x, w, y, g));
+  if (c.onednn && onednn_conv2d_forward(x, w, bias, g, y, c.blocked)) return;
+  dispatch_float(x.dtype(), "conv2d", [&]<class T>() { im2col_forward<T>(x, w, bias, g, y, c.threads); });
 }
 
-void CpuBackend::conv2d_backward_input(const Tensor& gyin, const Tensor& w, const Conv2dGeometry& g,
+void CpuBackend::conv2d_backward_input(const Tensor& gyin, const Tensor& win, const Conv2dGeometry& g,
                                        const Tensor& gx) {
-  Tensor gy = contiguous_input(gyin);
+  Tensor gy = contiguous_input(gyin), w = contiguous_input(win);
   if (gx.numel() == 0) return;
   if (gy.numel() == 0) return fill(gx, 0.0);
-  if (gy.dtype() == DType::f32) {
-    const ConvAlgorithm a = f32_algorithm();
-    if (a != ConvAlgorithm::im2col_gemm &&
-        onednn_conv2d_backward_input(gy, contiguous_input(w), g, gx, a == ConvAlgorithm::onednn_blocked))
-      return;
-    return im2col_backward_input<float>(gy, contiguous_input(w), g, gx);
-  }
-  dispatch_float(gy.dtype(), "conv2d_backward", [&]<class T>() {
-    im2col_backward_input<T>(gy, contiguous_input(w), g, gx);
-  });
+  const Choice c = choose(gy.dtype(), conv_flops(gx, w, gy, g));
+  if (c.onednn && onednn_conv2d_backward_input(gy, w, g, gx, c.blocked)) return;
+  dispatch_float(gy.dtype(), "conv2d_backward", [&]<class T>() { im2col_backward_input<T>(gy, w, g, gx, c.threads); });
 }
 
 void CpuBackend::conv2d_backward_weight(const Tensor& xin, const Tensor& gyin, const Conv2dGeometry& g,
@@ -327,14 +344,17 @@ void CpuBackend::conv2d_backward_weight(const Tensor& xin, const Tensor& gyin, c
     if (gbias.defined()) fill(gbias, 0.0);
     return;
   }
-  if (x.dtype() == DType::f32) {
-    const ConvAlgorithm a = f32_algorithm();
-    if (a != ConvAlgorithm::im2col_gemm &&
-        onednn_conv2d_backward_weight(x, gy, g, gw, gbias, a == ConvAlgorithm::onednn_blocked))
-      return;
-    return im2col_backward_weight<float>(x, gy, g, gw, gbias);
+  if (!gw.defined()) {  // the bias gradient alone: a reduction over gy
+    dispatch_float(x.dtype(), "conv2d_backward", [&]<class T>() {
+      im2col_backward_weight<T>(x, gy, g, gw, gbias, gy.numel() >= kParallelThreshold);
+    });
+    return;
   }
-  dispatch_float(x.dtype(), "conv2d_backward", [&]<class T>() { im2col_backward_weight<T>(x, gy, g, gw, gbias); });
+  const Choice c = choose(x.dtype(), conv_flops(x, gw, gy, g));
+  if (c.onednn && onednn_conv2d_backward_weight(x, gy, g, gw, gbias, c.blocked)) return;
+  dispatch_float(x.dtype(), "conv2d_backward", [&]<class T>() {
+    im2col_backward_weight<T>(x, gy, g, gw, gbias, c.threads);
+  });
 }
 
 }  // namespace remat::cpu
