@@ -16,8 +16,8 @@
 // save-all's peaks: peak saved bytes, step time, and whether every gradient and every running
 // statistic equals save-all's bitwise. Exits 1 if any differs or if the loss did not decrease.
 //
-// --deep: for N blocks in --deep-blocks (one stage of width --width, so every boundary has the
-// same size), the peak saved bytes of one step under save-all, every-layer and every-k:sqrt(N)
+// --deep: for N blocks in --deep-blocks (one stage, so every boundary has the same size; width 4,
+// 8x8 images and batch 4 unless --width, --size, --batch say otherwise), the peak saved bytes of one step under save-all, every-layer and every-k:sqrt(N)
 // (Chen et al.'s segments), and the smallest budget whose plan recomputes each block at most once
 // (found on the profiled costs with equal stage times), with the peak measured under it. That
 // budget grows as sqrt(N), the others as N.
@@ -45,6 +45,7 @@ struct Options {
   uint64_t seed = 1;
   int threads = 0;
   bool compare = true, deep = false;
+  bool width_given = false, size_given = false, batch_given = false;
   std::vector<int64_t> deep_blocks = {16, 64, 256};
 };
 
@@ -76,9 +77,9 @@ Options parse(int argc, char** argv) {
     };
     if (a == "--stages") o.stages = parse_int(value(), "--stages", 1, 6);
     else if (a == "--blocks") o.blocks = parse_int(value(), "--blocks", 1, 4096);
-    else if (a == "--width") o.width = parse_int(value(), "--width", 1, 1024);
-    else if (a == "--batch") o.batch = parse_int(value(), "--batch", 2, 4096);
-    else if (a == "--size") o.size = parse_int(value(), "--size", 1, 512);
+    else if (a == "--width") o.width = parse_int(value(), "--width", 1, 1024), o.width_given = true;
+    else if (a == "--batch") o.batch = parse_int(value(), "--batch", 2, 4096), o.batch_given = true;
+    else if (a == "--size") o.size = parse_int(value(), "--size", 1, 512), o.size_given = true;
     else if (a == "--images") o.images = parse_int(value(), "--images", 2, 1 << 20);
     else if (a == "--steps") o.steps = parse_int(value(), "--steps", 1, 1 << 24);
     else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(value(), "--seed", 0, INT64_MAX));
@@ -192,7 +193,8 @@ int train(const Options& o) {
   std::printf("resnet: mean loss of the first / last %zu steps %.4f -> %.4f (%s); held-out accuracy %.1f%% "
               "(chance %.1f%%); %.2f s per step; peak saved %s\n",
               std::max<size_t>(window, 1), first / std::max<size_t>(window, 1), last / std::max<size_t>(window, 1),
-              decreased ? "decreased" : "DID NOT DECREASE", 100.0 * accuracy(*model, test_x, test_y), 10.0,
+              decreased ? "decreased" : "DID NOT DECREASE", 100.0 * accuracy(*model, test_x, test_y),
+              100.0 / static_cast<double>(model->config().classes),
               seconds / static_cast<double>(o.steps), memory::format_bytes(static_cast<double>(peak_saved)).c_str());
   return decreased ? 0 : 1;
 }
@@ -268,7 +270,9 @@ size_t one_recomputation_limit(schedule::ChainCosts costs, int slots) {
 }
 
 int deep(const Options& o) {
-  const int64_t width = o.width == 16 ? 4 : o.width, size = o.size == 32 ? 8 : o.size, batch = std::min<int64_t>(o.batch, 4);
+  // small images and channels by default: the point is the growth with depth
+  const int64_t width = o.width_given ? o.width : 4, size = o.size_given ? o.size : 8;
+  const int64_t batch = o.batch_given ? o.batch : 4;
   auto data = nn::make_synthetic_images({.count = batch, .size = size, .seed = o.seed + 300});
   std::printf("resnet --deep: one stage of width %lld, images %lldx%lld, batch %lld; peak saved bytes of one step\n\n",
               static_cast<long long>(width), static_cast<long long>(size), static_cast<long long>(size),
