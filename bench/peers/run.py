@@ -170,7 +170,7 @@ def steps_for(model, a):
 
 def remat_cmd(model, policy, a, save_init=None):
     cmd = affinity_prefix() + [RUNNER, "--model", model, "--policy", policy, "--steps", str(steps_for(model, a)), "--warmup",
-                               str(a.warmup), "--threads", "2"]
+                               str(a.warmup), "--threads", str(a.threads)]
     if save_init:
         cmd += ["--save-init", save_init]
     return cmd
@@ -180,7 +180,7 @@ def peer_cmd(script, model, policy, init, a):
     cmd = affinity_prefix() + [PY, os.path.join(HERE, script), "--model", model, "--policy", policy, "--init", init,
                                "--steps", str(steps_for(model, a)), "--warmup", str(a.warmup)]
     if script.startswith("torch"):
-        cmd += ["--threads", "2"]
+        cmd += ["--threads", str(a.threads)]
     return cmd
 
 
@@ -418,8 +418,9 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
               "libopenblas0", "python", "torch", "torch_onednn", "jax", "numpy"]:
         if env.get(k):
             L.append(f"| {k} | {env[k]} |")
-    L.append(f"| threads | 2 in every system (remat::set_num_threads(2); torch.set_num_threads(2); XLA on "
-             f"{'taskset -c 0,1' if affinity_prefix() else 'the machine’s 2 CPUs'}) |")
+    L.append(f"| threads | {a.threads} in remat and PyTorch (remat::set_num_threads({a.threads}); "
+             f"torch.set_num_threads({a.threads})); XLA on "
+             f"{'taskset -c 0,1' if affinity_prefix() else 'the machine’s 2 CPUs'} |")
     L.append(f"| run | {started:%Y-%m-%d %H:%M} to {finished:%H:%M}, {a.warmup} warm-up + measured steps per "
              "configuration: " + ", ".join(f"{m} {r['steps']}" for m in models
                                            for r in [next((x for x in results if x['model'] == m and 'steps' in x), {'steps': '?'})])
@@ -579,6 +580,9 @@ def main():
     ap.add_argument("--steps", type=int, default=0,
                     help="measured steps per configuration (default: 20 for mlp and gpt, 5 for gpt-large)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads of remat and PyTorch (JAX takes the CPUs it may run on); 1 is steadier on a "
+                         "machine that other work shares")
     ap.add_argument("--repeats", type=int, default=0,
                     help="passes over all configurations of a model (default: 3 for mlp and gpt, 1 for gpt-large); "
                          "the report gives the median over the passes")
@@ -615,14 +619,14 @@ def main():
         EXTRA_ENV.update(saved.get("extra_env", {}))
         QUIET.update(saved.get("quiet", {}))
         results = saved["results"]
-        a.steps, a.warmup = saved["steps"], saved["warmup"]
+        a.steps, a.warmup, a.threads = saved["steps"], saved["warmup"], saved.get("threads", 2)
         models = [m for m in models if any(r["model"] == m for r in results)]
         started = datetime.datetime.fromisoformat(saved["started"])
         finished = datetime.datetime.fromisoformat(saved["finished"])
         stem = a.render[:-len(".json")]
         loss_failures = check_losses(results)
         env = saved["environment"]
-        plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
+        plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, {a.threads} thread(s), {started:%Y-%m-%d}")
         write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
                        os.path.basename(stem) + ".svg", a.notes)
         return 1 if loss_failures else 0
@@ -647,7 +651,7 @@ def main():
     def save(env=None, finished=None):
         with open(stem + ".json", "w") as f:
             json.dump({"environment": env or {}, "extra_env": EXTRA_ENV, "quiet": QUIET, "started": started.isoformat(),
-                       "finished": (finished or datetime.datetime.now()).isoformat(), "steps": a.steps,
+                       "finished": (finished or datetime.datetime.now()).isoformat(), "steps": a.steps, "threads": a.threads,
                        "warmup": a.warmup, "models_done": sorted(done), "results": results}, f, indent=1)
 
     with tempfile.TemporaryDirectory(prefix="remat-peers-") as tmp:
@@ -661,7 +665,7 @@ def main():
     loss_failures = check_losses(results)
     env = environment()
     save(env, finished)
-    plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
+    plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, {a.threads} thread(s), {started:%Y-%m-%d}")
     write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
                    os.path.basename(stem) + ".svg", a.notes)
     log(f"wrote {stem}.md, .svg, .json ({(finished - started).total_seconds() / 60:.1f} min)")

@@ -3,9 +3,11 @@
 // sums over N * S elements, each computed by one thread in a fixed order (image by image, then
 // along the plane; f32 accumulates in f64), so they are bitwise the same for any thread count —
 // and a checkpoint region that re-runs batch norm gets exactly the batch statistics of its first
-// run. The statistics take two passes (mean, then the mean square deviation), which avoids the
-// cancellation of E[x^2] - E[x]^2.
+// run. The statistics take one pass over values shifted by a sample of their channel, which
+// avoids the cancellation of E[x^2] - E[x]^2 (see statistics()).
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "tensor/cpu/cpu_backend.h"
 
@@ -22,20 +24,28 @@ ChannelLayout layout_of(const Tensor& x) {
   return {x.shape()[0], x.shape()[1], s};
 }
 
-// sum over n and s of f(x[n, c, s], ...) for one channel, in the fixed order.
-template <class T, class F>
-Acc<T> channel_sum(const ChannelLayout& l, int64_t c, F&& f) {
-  Acc<T> total = 0;
+// The sums over n and s of f(i) and g(i) for one channel (i the flat index of x[n, c, s]), in
+// the fixed order, in one pass.
+template <class T, class F, class G>
+std::pair<Acc<T>, Acc<T>> channel_sums(const ChannelLayout& l, int64_t c, F&& f, G&& g) {
+  Acc<T> total_f = 0, total_g = 0;
   for (int64_t n = 0; n < l.n; ++n) {
     const int64_t base = (n * l.c + c) * l.s;
-    Acc<T> part = 0;
-#pragma omp simd reduction(+ : part)
-    for (int64_t i = 0; i < l.s; ++i) part += f(base + i);
-    total += part;
+    Acc<T> part_f = 0, part_g = 0;
+#pragma omp simd reduction(+ : part_f, part_g)
+    for (int64_t i = 0; i < l.s; ++i) {
+      part_f += f(base + i);
+      part_g += g(base + i);
+    }
+    total_f += part_f;
+    total_g += part_g;
   }
-  return total;
+  return {total_f, total_g};
 }
 
+// One pass over the channel, shifted by its first value s (so that the sums of x - s and
+// (x - s)^2 stay small and var = E[(x - s)^2] - E[x - s]^2 does not cancel; s is a sample,
+// within a few standard deviations of the mean).
 template <class T>
 void statistics(const Tensor& x, const Tensor& mean, const Tensor& var) {
   const ChannelLayout l = layout_of(x);
@@ -44,14 +54,16 @@ void statistics(const Tensor& x, const Tensor& mean, const Tensor& var) {
   T* vp = var.data<T>();
   const Acc<T> count = static_cast<Acc<T>>(l.n * l.s);
   for_rows(l.c, l.n * l.s, [&](int64_t c) {
-    const Acc<T> m = channel_sum<T>(l, c, [&](int64_t i) { return static_cast<Acc<T>>(xp[i]); }) / count;
-    const Acc<T> v = channel_sum<T>(l, c, [&](int64_t i) {
-                       const Acc<T> d = static_cast<Acc<T>>(xp[i]) - m;
-                       return d * d;
-                     }) /
-                     count;
-    mp[c] = static_cast<T>(m);
-    vp[c] = static_cast<T>(v);
+    const Acc<T> shift = static_cast<Acc<T>>(xp[c * l.s]);
+    auto [s1, s2] = channel_sums<T>(
+        l, c, [&](int64_t i) { return static_cast<Acc<T>>(xp[i]) - shift; },
+        [&](int64_t i) {
+          const Acc<T> d = static_cast<Acc<T>>(xp[i]) - shift;
+          return d * d;
+        });
+    const Acc<T> m = s1 / count;
+    mp[c] = static_cast<T>(shift + m);
+    vp[c] = static_cast<T>(std::max<Acc<T>>(s2 / count - m * m, 0));
   });
 }
 
@@ -93,10 +105,11 @@ void backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Ten
   if (need_sums) {
     for_rows(l.c, l.n * l.s, [&](int64_t c) {
       const Acc<T> m = static_cast<Acc<T>>(mp[c]), r = static_cast<Acc<T>>(rp[c]);
-      sum_gy[c] = static_cast<T>(channel_sum<T>(l, c, [&](int64_t i) { return static_cast<Acc<T>>(gyp[i]); }));
-      sum_gy_xhat[c] = static_cast<T>(channel_sum<T>(l, c, [&](int64_t i) {
-        return static_cast<Acc<T>>(gyp[i]) * ((static_cast<Acc<T>>(xp[i]) - m) * r);
-      }));
+      auto [a, b] = channel_sums<T>(
+          l, c, [&](int64_t i) { return static_cast<Acc<T>>(gyp[i]); },
+          [&](int64_t i) { return static_cast<Acc<T>>(gyp[i]) * ((static_cast<Acc<T>>(xp[i]) - m) * r); });
+      sum_gy[c] = static_cast<T>(a);
+      sum_gy_xhat[c] = static_cast<T>(b);
     });
   }
   if (gbias.defined())
