@@ -294,7 +294,7 @@ int deep(const Options& o) {
     {
       ScopedPolicy generous(Policy::budget(2 * sa + (1 << 20)));
       for (int i = 0; i <= BudgetPlanner::kProfilingSteps; ++i) step_once(model, data.images, data.labels);
-      auto report = model.layers->planner()->report();
+      auto report = model.planner()->report();
       if (!report) {
         std::fprintf(stderr, "resnet --deep: no plan was made\n");
         return 1;

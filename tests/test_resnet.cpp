@@ -152,7 +152,7 @@ DeepRun deep_run(int64_t blocks) {
   // profile under a generous budget, then plan from the kept profile for the threshold budget
   ScopedPolicy generous(Policy::budget(size_t{1} << 30));
   for (int i = 0; i <= BudgetPlanner::kProfilingSteps; ++i) peak_saved_step(model, data);
-  auto report = model.layers->planner()->report();
+  auto report = model.planner()->report();
   EXPECT_TRUE(report.has_value());
   if (!report) return r;
   r.limit = one_recomputation_limit(report->costs);

@@ -37,7 +37,7 @@ void BatchNorm::reset_running_stats() {
   batches_tracked_ = 0;
 }
 
-Tensor BatchNorm::forward(const Tensor& x) {
+Tensor BatchNorm::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined() && x.dim() >= min_rank_ && x.dim() <= max_rank_ && x.size(1) == features_, type_name(),
               ": expects an input ", min_rank_ == 4 ? "[N, " : "[N, ", features_,
               min_rank_ == 4 ? ", H, W]" : "] or [N, " + std::to_string(features_) + ", L]", ", got ",

@@ -43,7 +43,7 @@ std::string Conv2d::type_name() const {
   return s + (bias.defined() ? ", bias)" : ", no bias)");
 }
 
-Tensor Conv2d::forward(const Tensor& x) {
+Tensor Conv2d::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined() && x.dim() == 4 && x.size(1) == in_, type_name(), ": expects an input [N, ", in_,
               ", H, W], got ", x.defined() ? shape_str(x.shape()) : "an undefined tensor");
   return conv2d(x, weight, bias, stride_, padding_, dilation_, groups_);
@@ -63,7 +63,7 @@ std::string MaxPool2d::type_name() const {
                         ceil_mode_ ? ", ceil)" : ")");
 }
 
-Tensor MaxPool2d::forward(const Tensor& x) { return max_pool2d(x, kernel_, stride_, padding_, dilation_, ceil_mode_); }
+Tensor MaxPool2d::forward_impl(const Tensor& x) { return max_pool2d(x, kernel_, stride_, padding_, dilation_, ceil_mode_); }
 
 AvgPool2d::AvgPool2d(Size2 kernel, Size2 stride, Size2 padding, bool ceil_mode, bool count_include_pad)
     : kernel_(kernel), stride_(stride), padding_(padding), ceil_mode_(ceil_mode), count_include_pad_(count_include_pad) {
@@ -77,7 +77,7 @@ std::string AvgPool2d::type_name() const {
   return detail::concat("AvgPool2d(", size2(kernel_), ", stride ", size2(stride_), ", padding ", size2(padding_), ")");
 }
 
-Tensor AvgPool2d::forward(const Tensor& x) {
+Tensor AvgPool2d::forward_impl(const Tensor& x) {
   return avg_pool2d(x, kernel_, stride_, padding_, ceil_mode_, count_include_pad_);
 }
 
@@ -85,9 +85,9 @@ std::string AdaptiveAvgPool2d::type_name() const {
   return detail::concat("AdaptiveAvgPool2d(", size2(output_size_), ")");
 }
 
-Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size_); }
+Tensor AdaptiveAvgPool2d::forward_impl(const Tensor& x) { return adaptive_avg_pool2d(x, output_size_); }
 
-Tensor Flatten::forward(const Tensor& x) {
+Tensor Flatten::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined(), "Flatten: input is undefined");
   const int64_t start = start_ < 0 ? start_ + x.dim() : start_;
   REMAT_CHECK(start >= 0 && start < std::max<int64_t>(x.dim(), 1), "Flatten: start axis ", start_,

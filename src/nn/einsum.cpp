@@ -446,7 +446,7 @@ Einsum::Einsum(std::string spec, std::vector<Shape> weight_shapes, DType dtype) 
 
 std::string Einsum::type_name() const { return "Einsum(\"" + spec_ + "\")"; }
 
-Tensor Einsum::forward(const Tensor& x) {
+Tensor Einsum::forward_impl(const Tensor& x) {
   TensorList operands{x};
   operands.insert(operands.end(), weights.begin(), weights.end());
   return einsum(spec_, operands);

@@ -19,7 +19,7 @@ PreActBody::PreActBody(int64_t channels, DType dtype) {
                                                             Size2{1, 1}, 1, false, dtype));
 }
 
-Tensor PreActBody::forward(const Tensor& x) {
+Tensor PreActBody::forward_impl(const Tensor& x) {
   Tensor h = conv1->forward(relu(bn1->forward(x)));
   return conv2->forward(relu(bn2->forward(h)));
 }
@@ -35,7 +35,7 @@ DownsampleBlock::DownsampleBlock(int64_t in, int64_t out, int64_t stride, DType 
                                                                   Size2{0, 0}, Size2{1, 1}, 1, false, dtype));
 }
 
-Tensor DownsampleBlock::forward(const Tensor& x) {
+Tensor DownsampleBlock::forward_impl(const Tensor& x) {
   Tensor a = relu(bn1->forward(x));
   Tensor h = conv2->forward(relu(bn2->forward(conv1->forward(a))));
   return add(h, shortcut->forward(a));
@@ -46,7 +46,7 @@ ResNetHead::ResNetHead(int64_t channels, int64_t classes, DType dtype) {
   fc = register_module("fc", std::make_shared<Linear>(channels, classes, true, dtype));
 }
 
-Tensor ResNetHead::forward(const Tensor& x) {
+Tensor ResNetHead::forward_impl(const Tensor& x) {
   Tensor pooled = adaptive_avg_pool2d(relu(bn->forward(x)), {1, 1});  // [N, C, 1, 1]
   return fc->forward(pooled.reshape({pooled.size(0), pooled.size(1)}));
 }
@@ -91,7 +91,7 @@ std::string ResNet::type_name() const {
                         " blocks, width ", config_.width, ")");
 }
 
-Tensor ResNet::forward(const Tensor& images) {
+Tensor ResNet::forward_impl(const Tensor& images) {
   REMAT_CHECK(images.defined() && images.dim() == 4 && images.size(1) == config_.in_channels, type_name(),
               ": expects images [N, ", config_.in_channels, ", H, W], got ",
               images.defined() ? shape_str(images.shape()) : "an undefined tensor");

@@ -22,7 +22,7 @@ class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel, Size2 stride = {1, 1}, Size2 padding = {0, 0},
          Size2 dilation = {1, 1}, int64_t groups = 1, bool bias = true, DType dtype = DType::f32);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   int64_t in_channels() const { return in_; }
   int64_t out_channels() const { return out_; }
@@ -40,7 +40,7 @@ class MaxPool2d : public Module {
   // stride defaults to the kernel
   explicit MaxPool2d(Size2 kernel) : MaxPool2d(kernel, kernel) {}
   MaxPool2d(Size2 kernel, Size2 stride, Size2 padding = {0, 0}, Size2 dilation = {1, 1}, bool ceil_mode = false);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
 
  private:
@@ -52,7 +52,7 @@ class AvgPool2d : public Module {
  public:
   explicit AvgPool2d(Size2 kernel) : AvgPool2d(kernel, kernel) {}
   AvgPool2d(Size2 kernel, Size2 stride, Size2 padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
 
  private:
@@ -64,7 +64,7 @@ class AvgPool2d : public Module {
 class AdaptiveAvgPool2d : public Module {
  public:
   explicit AdaptiveAvgPool2d(Size2 output_size) : output_size_(output_size) {}
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
 
  private:
@@ -75,7 +75,7 @@ class AdaptiveAvgPool2d : public Module {
 class Flatten : public Module {
  public:
   explicit Flatten(int64_t start_axis = 1) : start_(start_axis) {}
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "Flatten"; }
 
  private:

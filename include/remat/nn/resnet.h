@@ -49,7 +49,7 @@ struct ResNetConfig {
 class PreActBody : public Module {
  public:
   PreActBody(int64_t channels, DType dtype);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "PreActBody"; }
   std::shared_ptr<BatchNorm2d> bn1, bn2;
   std::shared_ptr<Conv2d> conv1, conv2;
@@ -60,7 +60,7 @@ class PreActBody : public Module {
 class DownsampleBlock : public Module {
  public:
   DownsampleBlock(int64_t in, int64_t out, int64_t stride, DType dtype);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "DownsampleBlock"; }
   std::shared_ptr<BatchNorm2d> bn1, bn2;
   std::shared_ptr<Conv2d> conv1, conv2, shortcut;
@@ -70,7 +70,7 @@ class DownsampleBlock : public Module {
 class ResNetHead : public Module {
  public:
   ResNetHead(int64_t channels, int64_t classes, DType dtype);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "ResNetHead"; }
   std::shared_ptr<BatchNorm2d> bn;
   std::shared_ptr<Linear> fc;
@@ -80,7 +80,7 @@ class ResNet : public Module {
  public:
   explicit ResNet(const ResNetConfig& config);
   // images [N, in_channels, H, W] (H, W divisible by 2^(stages - 1)) -> logits [N, classes]
-  Tensor forward(const Tensor& images) override;
+  Tensor forward_impl(const Tensor& images) override;
   // mean cross entropy of forward(images) against labels [N] (i64)
   Tensor loss(const Tensor& images, const Tensor& labels);
   std::string type_name() const override;
