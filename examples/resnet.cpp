@@ -292,7 +292,8 @@ int deep(const Options& o) {
     size_t budget = 0, measured = 0;
     double recomputed = 0;
     {
-      ScopedPolicy generous(Policy::budget(2 * sa + (1 << 20)));
+      // profile under a budget between every-layer's and save-all's peaks (a plan with regions)
+      ScopedPolicy generous(Policy::budget(el + (sa - std::min(sa, el)) / 2));
       for (int i = 0; i <= BudgetPlanner::kProfilingSteps; ++i) step_once(model, data.images, data.labels);
       auto report = model.planner()->report();
       if (!report) {

@@ -145,12 +145,18 @@ DeepRun deep_run(int64_t blocks) {
   nn::ResNet model({.stages = 1, .blocks_per_stage = blocks, .width = 2, .classes = 2, .seed = 1});
   auto data = nn::make_synthetic_images({.count = 2, .classes = 2, .channels = 3, .size = 4, .seed = 1});
   DeepRun r;
+  size_t save_all_peak = 0;
   {
     ScopedPolicy scoped(Policy::every_layer());
     r.every_layer_peak = peak_saved_step(model, data);
   }
-  // profile under a generous budget, then plan from the kept profile for the threshold budget
-  ScopedPolicy generous(Policy::budget(size_t{1} << 30));
+  {
+    ScopedPolicy scoped(Policy::save_all());
+    save_all_peak = peak_saved_step(model, data);
+  }
+  // profile under a budget between the two (its plan has regions), then plan from the kept
+  // profile for the threshold budget
+  ScopedPolicy generous(Policy::budget((r.every_layer_peak + save_all_peak) / 2));
   for (int i = 0; i <= BudgetPlanner::kProfilingSteps; ++i) peak_saved_step(model, data);
   auto report = model.planner()->report();
   EXPECT_TRUE(report.has_value());

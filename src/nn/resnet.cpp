@@ -75,7 +75,10 @@ ResNet::ResNet(const ResNetConfig& c) : config_(c) {
       } else {
         auto body = std::make_shared<PreActBody>(out, c.dtype);
         batch_norms_.insert(batch_norms_.end(), {body->bn1, body->bn2});
-        layers->add(std::make_shared<Residual>(body));
+        // a block (its add included) is one layer call, so every-k:K groups K blocks
+        auto block = std::make_shared<Residual>(body);
+        block->set_role(CallRole::automatic);
+        layers->add(block);
       }
       channels = out;
     }

@@ -32,7 +32,6 @@ class BatchNorm : public Module {
   // track_running_stats = false: batch statistics in evaluation mode too, no running state.
   BatchNorm(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats, DType dtype,
             int min_rank, int max_rank, const char* name);
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   int64_t num_features() const { return features_; }
   int64_t num_batches_tracked() const { return batches_tracked_; }
@@ -41,6 +40,9 @@ class BatchNorm : public Module {
 
   Tensor weight, bias;              // undefined without affine
   Tensor running_mean, running_var;  // undefined without track_running_stats
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   int64_t features_;

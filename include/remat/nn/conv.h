@@ -22,12 +22,14 @@ class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel, Size2 stride = {1, 1}, Size2 padding = {0, 0},
          Size2 dilation = {1, 1}, int64_t groups = 1, bool bias = true, DType dtype = DType::f32);
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   int64_t in_channels() const { return in_; }
   int64_t out_channels() const { return out_; }
   Tensor weight;
   Tensor bias;  // undefined without bias
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   int64_t in_, out_;
@@ -40,8 +42,10 @@ class MaxPool2d : public Module {
   // stride defaults to the kernel
   explicit MaxPool2d(Size2 kernel) : MaxPool2d(kernel, kernel) {}
   MaxPool2d(Size2 kernel, Size2 stride, Size2 padding = {0, 0}, Size2 dilation = {1, 1}, bool ceil_mode = false);
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   Size2 kernel_, stride_, padding_, dilation_;
@@ -52,8 +56,10 @@ class AvgPool2d : public Module {
  public:
   explicit AvgPool2d(Size2 kernel) : AvgPool2d(kernel, kernel) {}
   AvgPool2d(Size2 kernel, Size2 stride, Size2 padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true);
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   Size2 kernel_, stride_, padding_;
@@ -64,8 +70,10 @@ class AvgPool2d : public Module {
 class AdaptiveAvgPool2d : public Module {
  public:
   explicit AdaptiveAvgPool2d(Size2 output_size) : output_size_(output_size) {}
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   Size2 output_size_;
@@ -75,8 +83,10 @@ class AdaptiveAvgPool2d : public Module {
 class Flatten : public Module {
  public:
   explicit Flatten(int64_t start_axis = 1) : start_(start_axis) {}
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "Flatten"; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   int64_t start_;

@@ -67,10 +67,12 @@ EinsumPath einsum_path(const std::string& spec, const std::vector<Shape>& shapes
 class Einsum : public Module {
  public:
   Einsum(std::string spec, std::vector<Shape> weight_shapes, DType dtype = DType::f32);
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   const std::string& spec() const { return spec_; }
   TensorList weights;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 
  private:
   std::string spec_;

@@ -13,12 +13,14 @@
 //                channels; the first block of every stage after the first halves the image
 //                (stride 2) and is a DownsampleBlock, the others are Residual(PreActBody)
 //   B + 1        head: BatchNorm2d, ReLU, global average pooling, Linear(-> classes)
-// with B = stages * blocks_per_stage and depth (weighted layers) 2 B + 2: stages = 3,
+// with B = stages * blocks_per_stage and depth (weighted layers) 2 B + 2. Each block is one
+// layer call (remat/call.h; the Residuals are made layers rather than transparent containers,
+// so a block's add is inside it): every-layer makes one region per block, every-k:K one per K
+// blocks, budget:BYTES plans over the B + 2 calls. stages = 3,
 // blocks_per_stage = n, width 16 is the CIFAR ResNet-(6n + 2) of the paper (n = 3: ResNet-20,
-// n = 200: ResNet-1202); stages = 4, blocks_per_stage = 2, width 64 is ResNet-18's layout. The
-// blocks are the children of one chain, so every policy applies to them directly: every-layer
-// keeps one boundary per block, every-k:K one per K blocks, budget:BYTES what the planner picks
-// (for a deep net memory grows as O(sqrt(B)) there, as in Chen et al. 2016).
+// n = 200: ResNet-1202); stages = 4, blocks_per_stage = 2, width 64 is ResNet-18's layout. Under
+// budget:BYTES a deep net's saved memory grows as O(sqrt(B)) (Chen et al. 2016; examples/resnet
+// --deep).
 //
 // Parameter names match the same structure written with torch.nn (nn.Sequential numbering,
 // "layers.3.fn.conv1.weight"), as bench/peers/torch_runner.py does.
@@ -49,10 +51,12 @@ struct ResNetConfig {
 class PreActBody : public Module {
  public:
   PreActBody(int64_t channels, DType dtype);
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "PreActBody"; }
   std::shared_ptr<BatchNorm2d> bn1, bn2;
   std::shared_ptr<Conv2d> conv1, conv2;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 };
 
 // a = relu(bn1(x)); conv2(relu(bn2(conv1(a)))) + shortcut(a), where conv1 and the 1x1 shortcut
@@ -60,27 +64,30 @@ class PreActBody : public Module {
 class DownsampleBlock : public Module {
  public:
   DownsampleBlock(int64_t in, int64_t out, int64_t stride, DType dtype);
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "DownsampleBlock"; }
   std::shared_ptr<BatchNorm2d> bn1, bn2;
   std::shared_ptr<Conv2d> conv1, conv2, shortcut;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 };
 
 // relu(bn(x)) averaged over the image, then a Linear layer: [N, C, H, W] -> [N, classes].
 class ResNetHead : public Module {
  public:
   ResNetHead(int64_t channels, int64_t classes, DType dtype);
-  Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "ResNetHead"; }
   std::shared_ptr<BatchNorm2d> bn;
   std::shared_ptr<Linear> fc;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
 };
 
 class ResNet : public Module {
  public:
   explicit ResNet(const ResNetConfig& config);
   // images [N, in_channels, H, W] (H, W divisible by 2^(stages - 1)) -> logits [N, classes]
-  Tensor forward_impl(const Tensor& images) override;
   // mean cross entropy of forward(images) against labels [N] (i64)
   Tensor loss(const Tensor& images, const Tensor& labels);
   std::string type_name() const override;
@@ -90,6 +97,9 @@ class ResNet : public Module {
   std::vector<std::shared_ptr<BatchNorm>> batch_norms() const { return batch_norms_; }
 
   std::shared_ptr<Sequential> layers;
+
+ protected:
+  Tensor forward_impl(const Tensor& images) override;
 
  private:
   ResNetConfig config_;
