@@ -11,10 +11,11 @@
 // --images synthetic images (nn::make_synthetic_images: each class a fixed pattern of gratings,
 // shifted and noised; nothing is downloaded). It prints the loss every few steps and the
 // accuracy on held-out images in evaluation mode (running statistics). Then, unless
-// --no-compare, one step from the same initial weights on the same batch under save-all,
-// every-layer, every-k:K, selective:conv2d and a budget halfway between every-layer's and
-// save-all's peaks: peak saved bytes, step time, and whether every gradient and every running
-// statistic equals save-all's bitwise. Exits 1 if any differs or if the loss did not decrease.
+// --no-compare, --compare-steps SGD steps (default 3) from the same initial weights on the same
+// batches under save-all, every-layer, every-k:K, selective:conv2d and a budget halfway between
+// every-layer's and save-all's peaks: peak saved bytes, step time, the loss, and whether every
+// step's gradients and the final running statistics equal save-all's bitwise. Exits 1 if any
+// differs or if the training loss did not decrease.
 //
 // --deep: for N blocks in --deep-blocks (one stage, so every boundary has the same size; width 4,
 // 8x8 images and batch 4 unless --width, --size, --batch say otherwise), the peak saved bytes of one step under save-all, every-layer and every-k:sqrt(N)
@@ -45,6 +46,7 @@ struct Options {
   uint64_t seed = 1;
   int threads = 0;
   bool compare = true, deep = false;
+  int64_t compare_steps = 3;
   bool width_given = false, size_given = false, batch_given = false;
   std::vector<int64_t> deep_blocks = {16, 64, 256};
 };
@@ -53,7 +55,7 @@ struct Options {
   std::fprintf(stderr,
                "%s\nusage: resnet [--stages 3] [--blocks 3] [--width 16] [--batch 32] [--size 32] [--images 512]\n"
                "              [--steps 30] [--lr 0.05] [--policy every-layer] [--seed 1] [--threads 0]\n"
-               "              [--no-compare] [--deep [--deep-blocks 16,64,256]]\n",
+               "              [--no-compare | --compare-steps 3] [--deep [--deep-blocks 16,64,256]]\n",
                message);
   std::exit(2);
 }
@@ -91,6 +93,7 @@ Options parse(int argc, char** argv) {
       if (v.empty() || *end != '\0' || !(o.lr > 0) || !std::isfinite(o.lr)) usage("--lr: expected a positive number");
     } else if (a == "--policy") o.policy = value();
     else if (a == "--no-compare") o.compare = false;
+    else if (a == "--compare-steps") o.compare_steps = parse_int(value(), "--compare-steps", 1, 1000);
     else if (a == "--deep") o.deep = true;
     else if (a == "--deep-blocks") {
       o.deep_blocks.clear();
@@ -199,25 +202,32 @@ int train(const Options& o) {
   return decreased ? 0 : 1;
 }
 
-// One step of a fresh model under each policy, against save-all, bit for bit.
+// --compare-steps SGD steps of a fresh model under each policy, on the same batches, against
+// save-all, bit for bit: every step's gradients and the running statistics at the end.
 int compare_policies(const Options& o) {
-  auto data = nn::make_synthetic_images({.count = o.batch, .size = o.size, .seed = o.seed + 200});
+  const int steps = static_cast<int>(o.compare_steps);
+  auto data = nn::make_synthetic_images({.count = o.batch * steps, .size = o.size, .seed = o.seed + 200});
   struct Run {
     std::string policy;
-    StepStats stats;
-    TensorList grads, running;
+    StepStats last;                   // the last step
+    double first_loss = 0;
+    std::vector<TensorList> grads;    // per step
+    TensorList running;
   };
   auto run = [&](const Policy& policy) {
     nn::ResNet model(config_of(o));
+    nn::SGD opt(model.parameters(), {.lr = o.lr, .momentum = 0.9});
     ScopedPolicy scoped(policy);
-    Run r{policy.to_string(), {}, {}, {}};
-    // budgets profile on their first steps: run until the plan is in force, measure the last
-    const int steps = policy.kind == Policy::Kind::budget ? BudgetPlanner::kProfilingSteps + 1 : 1;
+    Run r{policy.to_string(), {}, 0, {}, {}};
     for (int s = 0; s < steps; ++s) {
-      for (const auto& bn : model.batch_norms()) bn->reset_running_stats();
-      r.stats = step_once(model, data.images, data.labels);
+      r.last = step_once(model, data.images.slice(0, s * o.batch, (s + 1) * o.batch),
+                         data.labels.slice(0, s * o.batch, (s + 1) * o.batch));
+      if (s == 0) r.first_loss = r.last.loss;
+      TensorList grads;
+      for (const auto& p : model.parameters()) grads.push_back(p.grad().clone());
+      r.grads.push_back(std::move(grads));
+      opt.step();
     }
-    for (const auto& p : model.parameters()) r.grads.push_back(p.grad());
     for (const auto& bn : model.batch_norms()) {
       r.running.push_back(bn->running_mean.clone());
       r.running.push_back(bn->running_var.clone());
@@ -230,20 +240,25 @@ int compare_policies(const Options& o) {
   const int64_t blocks = o.stages * o.blocks + 2;
   runs.push_back(run(Policy::every_k(std::max(2, static_cast<int>(std::lround(std::sqrt(static_cast<double>(blocks))))))));
   runs.push_back(run(Policy::selective({"conv2d"})));
-  const size_t sa = runs[0].stats.peak_saved, el = runs[1].stats.peak_saved;
+  const size_t sa = runs[0].last.peak_saved, el = runs[1].last.peak_saved;
   runs.push_back(run(Policy::budget(el + (sa - std::min(sa, el)) / 2)));
-  std::printf("\nresnet: one step from the same weights, batch %lld, under each policy\n\n", static_cast<long long>(o.batch));
-  std::printf("| policy | peak saved bytes | vs save-all | step s | vs save-all | gradients and running stats |\n");
-  std::printf("|---|---:|---:|---:|---:|---|\n");
+  std::printf("\nresnet: %d SGD steps from the same weights on the same batches of %lld under each policy (the budget\n"
+              "profiles on its first %d steps and runs its plan after); peak saved bytes and time of the last step\n\n",
+              steps, static_cast<long long>(o.batch), BudgetPlanner::kProfilingSteps);
+  std::printf("| policy | peak saved bytes | vs save-all | step s | vs save-all | loss first -> last | every step's "
+              "gradients, running stats |\n");
+  std::printf("|---|---:|---:|---:|---:|---|---|\n");
   bool all_equal = true;
   for (const auto& r : runs) {
     bool equal = r.grads.size() == runs[0].grads.size() && r.running.size() == runs[0].running.size();
-    for (size_t i = 0; equal && i < r.grads.size(); ++i) equal = bitwise_equal(r.grads[i], runs[0].grads[i]);
+    for (size_t s = 0; equal && s < r.grads.size(); ++s)
+      for (size_t i = 0; equal && i < r.grads[s].size(); ++i) equal = bitwise_equal(r.grads[s][i], runs[0].grads[s][i]);
     for (size_t i = 0; equal && i < r.running.size(); ++i) equal = bitwise_equal(r.running[i], runs[0].running[i]);
     all_equal = all_equal && equal;
-    std::printf("| %s | %zu | %.3f | %.3f | %.2f | %s |\n", r.policy.c_str(), r.stats.peak_saved,
-                static_cast<double>(r.stats.peak_saved) / static_cast<double>(sa), r.stats.seconds,
-                r.stats.seconds / runs[0].stats.seconds, equal ? "bitwise equal" : "DIFFERENT");
+    std::printf("| %s | %zu | %.3f | %.3f | %.2f | %.4f -> %.4f | %s |\n", r.policy.c_str(), r.last.peak_saved,
+                static_cast<double>(r.last.peak_saved) / static_cast<double>(sa), r.last.seconds,
+                r.last.seconds / runs[0].last.seconds, r.first_loss, r.last.loss,
+                equal ? "bitwise equal" : "DIFFERENT");
   }
   std::printf("\n");
   return all_equal ? 0 : 1;

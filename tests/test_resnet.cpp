@@ -29,7 +29,8 @@ TEST(ResNet, StructureAndParameterNames) {
   EXPECT_EQ(model.parameter("layers.7.fc.weight").shape(), (Shape{7, 16}));
   Tensor logits = model.forward(zeros({2, 3, 8, 8}));
   EXPECT_EQ(logits.shape(), (Shape{2, 7}));
-  EXPECT_THROW(model.forward(zeros({2, 3, 6, 6})), Error);  // not a multiple of 4
+  EXPECT_EQ(model.forward(zeros({2, 3, 7, 5})).shape(), (Shape{2, 7}));  // odd sizes round up
+  EXPECT_THROW(model.forward(zeros({2, 3, 0, 8})), Error);
   EXPECT_THROW(model.forward(zeros({2, 1, 8, 8})), Error);
   EXPECT_THROW(model.loss(zeros({2, 3, 8, 8}), from_indices({0, 1, 2}, {3})), Error);
 }

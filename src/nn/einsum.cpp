@@ -420,7 +420,11 @@ Einsum::Einsum(std::string spec, std::vector<Shape> weight_shapes, DType dtype) 
   {
     std::string weights_only;
     for (size_t k = 1; k < terms.size(); ++k) weights_only += (k > 1 ? "," : "") + terms[k];
-    if (!weight_shapes.empty()) (void)einsum_path(weights_only, weight_shapes);
+    try {
+      if (!weight_shapes.empty()) (void)einsum_path(weights_only + "->", weight_shapes);
+    } catch (const Error& e) {
+      throw Error(remat::detail::concat("Einsum(\"", spec_, "\"): the weight shapes do not fit the spec: ", e.what()));
+    }
   }
   // the output's letters (implicit: those occurring once)
   std::string rhs;

@@ -98,10 +98,7 @@ Tensor ResNet::forward_impl(const Tensor& images) {
   REMAT_CHECK(images.defined() && images.dim() == 4 && images.size(1) == config_.in_channels, type_name(),
               ": expects images [N, ", config_.in_channels, ", H, W], got ",
               images.defined() ? shape_str(images.shape()) : "an undefined tensor");
-  const int64_t factor = int64_t{1} << (config_.stages - 1);
-  REMAT_CHECK(images.size(2) % factor == 0 && images.size(3) % factor == 0 && images.size(2) > 0 &&
-                  images.size(3) > 0,
-              type_name(), ": image height and width must be positive multiples of ", factor, ", got ",
+  REMAT_CHECK(images.size(2) > 0 && images.size(3) > 0, type_name(), ": empty images of shape ",
               shape_str(images.shape()));
   return layers->forward(images);
 }

@@ -87,7 +87,7 @@ class ResNetHead : public Module {
 class ResNet : public Module {
  public:
   explicit ResNet(const ResNetConfig& config);
-  // images [N, in_channels, H, W] (H, W divisible by 2^(stages - 1)) -> logits [N, classes]
+  // images [N, in_channels, H, W] -> logits [N, classes] (each later stage halves H and W, rounding up)
   // mean cross entropy of forward(images) against labels [N] (i64)
   Tensor loss(const Tensor& images, const Tensor& labels);
   std::string type_name() const override;
