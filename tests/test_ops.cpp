@@ -10,6 +10,7 @@
 #include <set>
 
 #include "op_harness.h"
+#include "op_rows_conv.h"  // issue 17: conv, pooling, batch_norm, diagonal, einsum
 
 using namespace remat;
 using namespace remat::test;
@@ -541,6 +542,9 @@ std::vector<OpCase> build_table() {
                         },
                         [](const Array& x) { return ref::map(x, [](double v) { return v * v; }); }));
   t.back().computes_in_f32 = true;
+
+  // ---- issue 17: convolution, pooling, batch norm, diagonal, general einsum (op_rows_conv.h)
+  for (auto& c : conv_pool_norm_einsum_rows()) t.push_back(std::move(c));
   return t;
 }
 
@@ -591,7 +595,10 @@ TEST(OpTable, CoversEveryOp) {
       "add_scalar", "mul_scalar", "add", "sub", "mul", "div", "maximum", "minimum", "where", "masked_fill", "operators",
       "sum_to", "sum", "mean", "max", "argmax", "matmul", "softmax", "log_softmax", "layer_norm", "rms_norm",
       "embedding", "cross_entropy", "dropout", "concat", "split", "reshape", "view", "flatten", "permute",
-      "transpose", "slice", "expand", "unsqueeze", "squeeze", "contiguous", "clone", "to"};
+      "transpose", "slice", "expand", "unsqueeze", "squeeze", "contiguous", "clone", "to",
+      // issue 17
+      "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm_train", "batch_norm_eval",
+      "diagonal", "einsum"};
   std::set<std::string> names;
   for (const auto& c : op_table()) {
     EXPECT_TRUE(names.insert(c.name).second) << "duplicate row " << c.name;
@@ -605,6 +612,24 @@ TEST(OpTable, CoversEveryOp) {
   for (std::string op : {"add", "sub", "mul", "div", "maximum", "minimum"})
     for (std::string pair : {"_2x3_by_3", "_4x1x3_by_2x1", "_s_by_2x3"})
       EXPECT_TRUE(names.count(op + pair)) << "missing " << op + pair;
+}
+
+// ---- issue 17: every float32 convolution algorithm passes the conv2d rows (the table itself
+// runs the automatic choice; float64 always runs im2col)
+
+TEST(ConvAlgorithms, EveryFloat32AlgorithmPassesTheConvRows) {
+  const ConvAlgorithm before = conv_algorithm();
+  for (ConvAlgorithm a : {ConvAlgorithm::im2col_gemm, ConvAlgorithm::onednn_plain, ConvAlgorithm::onednn_blocked}) {
+    set_conv_algorithm(a);
+    for (const auto& row : conv2d_rows()) {
+      OpCase c = conv2d_case(row);
+      CheckResult f = check_forward(c, DType::f32);
+      EXPECT_TRUE(f.ok) << c.name << " under " << conv_algorithm_name(a) << ":\n" << f.message;
+      CheckResult g = check_case_gradient(c, DType::f32);
+      EXPECT_TRUE(g.ok) << c.name << " under " << conv_algorithm_name(a) << ":\n" << g.message;
+    }
+  }
+  set_conv_algorithm(before);
 }
 
 // ---- self-tests of the harness: a broken backward must make a test fail

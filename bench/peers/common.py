@@ -17,6 +17,9 @@ MODELS = {
     "mlp": dict(kind="mlp", depth=64, width=512, batch=128),
     "gpt": dict(kind="gpt", vocab=114, layers=4, width=128, heads=4, seq=64, batch=32),
     "gpt-large": dict(kind="gpt", vocab=114, layers=8, width=256, heads=8, seq=256, batch=20),
+    # CIFAR pre-activation ResNets (remat::nn::ResNet): 3 stages of `blocks` blocks, 32x32 images
+    "resnet": dict(kind="resnet", stages=3, blocks=3, width=16, classes=10, batch=32),
+    "resnet-110": dict(kind="resnet", stages=3, blocks=18, width=16, classes=10, batch=32),
 }
 
 

@@ -1,11 +1,12 @@
 // bench/peers/remat_runner.cpp - one remat configuration of the peer benchmarks, in its own process.
 //
-//   remat_runner --model mlp|gpt|gpt-large --policy POLICY [--steps 5] [--warmup 2] [--threads 2]
+//   remat_runner --model mlp|gpt|gpt-large|resnet|resnet-110 --policy POLICY [--steps 5] [--warmup 2] [--threads 2]
 //                [--save-init FILE] [--lr 1e-4] [--alloc-cache BYTES]
 //
 // Builds the model from a fixed seed, makes its inputs from a fixed seed, optionally writes both to
 // FILE (safetensors: the parameters under their module names, the inputs as "input.x" or
-// "input.ids" / "input.targets") for the PyTorch and JAX scripts, then runs `warmup` + `steps`
+// "input.ids" / "input.targets", or "input.x" / "input.labels" for the ResNets, whose batch-norm
+// running statistics start at PyTorch's defaults) for the PyTorch and JAX scripts, then runs `warmup` + `steps`
 // training steps under POLICY and prints one JSON line. --alloc-cache sets the limit of the
 // allocator's cache of freed blocks (memory::Allocator::set_cache_limit; 0 turns it off), for
 // diagnosis; by default the library's own limit stands.
@@ -89,12 +90,17 @@ class TanhMLP : public nn::Module {
 };
 
 struct ModelSpec {
-  std::string kind;  // "mlp" or "gpt"
+  std::string kind;  // "mlp", "gpt" or "resnet"
   // mlp
   int64_t depth = 64, width = 512, batch = 128;
   // gpt
   nn::GPTConfig gpt;
-  int64_t layers() const { return kind == "mlp" ? depth : gpt.layers; }
+  // resnet (images 32x32, 10 classes)
+  nn::ResNetConfig resnet;
+  int64_t layers() const {
+    if (kind == "resnet") return resnet.stages * resnet.blocks_per_stage + 2;
+    return kind == "mlp" ? depth : gpt.layers;
+  }
 };
 
 ModelSpec spec_for(const std::string& name) {
@@ -111,8 +117,12 @@ ModelSpec spec_for(const std::string& name) {
     s.gpt = nn::GPTConfig{.vocab = 114, .layers = 8, .width = 256, .heads = 8, .seq = 256, .dropout = 0.0,
                           .dtype = DType::f32, .seed = 2};
     s.batch = 20;
+  } else if (name == "resnet" || name == "resnet-110") {  // CIFAR ResNet-20 / ResNet-110, width 16
+    s.kind = "resnet";
+    s.resnet = nn::ResNetConfig{.stages = 3, .blocks_per_stage = name == "resnet" ? 3 : 18, .width = 16, .seed = 3};
+    s.batch = 32;
   } else {
-    REMAT_CHECK(false, "remat_runner: unknown --model ", name, " (mlp, gpt, gpt-large)");
+    REMAT_CHECK(false, "remat_runner: unknown --model ", name, " (mlp, gpt, gpt-large, resnet, resnet-110)");
   }
   return s;
 }
@@ -143,7 +153,7 @@ double median(std::vector<double> v) {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: remat_runner --model mlp|gpt|gpt-large --policy POLICY [--steps N] [--warmup W] "
+               "usage: remat_runner --model mlp|gpt|gpt-large|resnet|resnet-110 --policy POLICY [--steps N] [--warmup W] "
                "[--threads T] [--lr LR] [--save-init FILE] [--alloc-cache BYTES]\n");
 }
 
@@ -185,12 +195,20 @@ int main(int argc, char** argv) {
     // ---- setup: model, inputs, optimizer
     std::shared_ptr<nn::Module> model;
     std::shared_ptr<nn::GPT> gpt;
-    Tensor x, ids, targets;
+    std::shared_ptr<nn::ResNet> resnet;
+    Tensor x, ids, targets, labels;
     nn::NamedTensors inputs;
     if (spec.kind == "mlp") {
       model = std::make_shared<TanhMLP>(spec.depth, spec.width, /*seed=*/7);
       x = randn({spec.batch, spec.width}, DType::f32, RngState{11, 0});
       inputs = {{"input.x", x}};
+    } else if (spec.kind == "resnet") {
+      resnet = std::make_shared<nn::ResNet>(spec.resnet);
+      model = resnet;
+      auto data = nn::make_synthetic_images({.count = spec.batch, .seed = 5});
+      x = data.images;
+      labels = data.labels;
+      inputs = {{"input.x", x}, {"input.labels", labels}};
     } else {
       gpt = std::make_shared<nn::GPT>(spec.gpt);
       model = gpt;
@@ -207,6 +225,7 @@ int main(int argc, char** argv) {
     nn::SGD optimizer(model->parameters(), {.lr = lr});
     auto loss_fn = [&]() -> Tensor {
       if (spec.kind == "mlp") return mean(square(model->forward(x)));
+      if (spec.kind == "resnet") return resnet->loss(x, labels);
       return gpt->loss(ids, targets);
     };
 
@@ -221,8 +240,6 @@ int main(int argc, char** argv) {
     // Under budget:B the first kProfilingSteps steps profile and the next one plans: warm up past
     // them all, so the measured steps run the plan.
     if (policy.kind == Policy::Kind::budget) warmup = std::max(warmup, BudgetPlanner::kProfilingSteps + 1);
-    std::shared_ptr<nn::Sequential> chain =
-        spec.kind == "mlp" ? std::static_pointer_cast<TanhMLP>(model)->layers : gpt->blocks;
 
     std::vector<double> times, cpu_times, losses;
     size_t steady_peak = 0, steady_saved_peak = 0;
@@ -281,8 +298,15 @@ int main(int argc, char** argv) {
         {"forward_flops_per_step", forward_flops / std::max(1, steps)},
         {"recomputed_flops_per_step", recomputed_flops / std::max(1, steps)},
     };
+    if (resnet) {
+      // batch-norm updates per step: 1 under every policy (PyTorch's checkpoint re-runs them)
+      j["bn_batches_tracked"] = resnet->batch_norms().front()->num_batches_tracked();
+      j["bn_batches_tracked_per_step"] =
+          static_cast<double>(resnet->batch_norms().front()->num_batches_tracked()) / (warmup + steps);
+    }
     if (policy.kind == Policy::Kind::budget) {
-      if (auto report = chain->planner()->report()) {
+      // the plan scope is the root module (remat/budget.h)
+      if (auto report = model->planner()->report()) {
         j["plan_predicted_peak_bytes"] = report->predicted_peak_bytes;
         j["plan_predicted_seconds"] = report->predicted_seconds;
         j["plan_tree"] = report->tree;

@@ -35,6 +35,9 @@ TIMEOUT_S = 900
 SYSTEMS = ["remat", "pytorch", "jax"]
 TORCH_POLICIES = ["none", "per-block", "sequential", "selective"]
 JAX_POLICIES = ["none", "per-block", "dots"]
+# The ResNets (issue 17): PyTorch without checkpointing, per block, and per residual stage; no
+# JAX runner for them.
+RESNET_TORCH_POLICIES = ["none", "per-block", "per-stage"]
 # Budgets: fractions of the way from every-layer's saved peak to save-all's; where the two are
 # (nearly) equal (the tanh MLP, whose layer boundary is all a layer keeps), fractions of
 # save-all's peak below it instead (the planner recomputes segments there).
@@ -158,7 +161,7 @@ def affinity_prefix():
 
 # Measured steps per model: more where a step is short (the median of 20 steps of ~0.1 s is
 # steadier than of 5), the minimum of 5 for gpt-large (~2 s a step). --steps sets all.
-MODEL_STEPS = {"mlp": 20, "gpt": 20, "gpt-large": 5}
+MODEL_STEPS = {"mlp": 20, "gpt": 20, "gpt-large": 5, "resnet": 10, "resnet-110": 5}
 
 
 def steps_for(model, a):
@@ -167,7 +170,7 @@ def steps_for(model, a):
 
 def remat_cmd(model, policy, a, save_init=None):
     cmd = affinity_prefix() + [RUNNER, "--model", model, "--policy", policy, "--steps", str(steps_for(model, a)), "--warmup",
-                               str(a.warmup), "--threads", "2"]
+                               str(a.warmup), "--threads", str(a.threads)]
     if save_init:
         cmd += ["--save-init", save_init]
     return cmd
@@ -177,7 +180,7 @@ def peer_cmd(script, model, policy, init, a):
     cmd = affinity_prefix() + [PY, os.path.join(HERE, script), "--model", model, "--policy", policy, "--init", init,
                                "--steps", str(steps_for(model, a)), "--warmup", str(a.warmup)]
     if script.startswith("torch"):
-        cmd += ["--threads", "2"]
+        cmd += ["--threads", str(a.threads)]
     return cmd
 
 
@@ -199,7 +202,7 @@ def budgets_for(el, sa):
 # Runs of every configuration per model (fresh processes, one pass over all configurations after
 # another, so that a disturbance hits different configurations in different passes); the report
 # gives the median over the passes. --repeats sets all.
-MODEL_REPEATS = {"mlp": 3, "gpt": 3, "gpt-large": 1}
+MODEL_REPEATS = {"mlp": 3, "gpt": 3, "gpt-large": 1, "resnet": 2, "resnet-110": 1}
 
 
 def repeats_for(model, a):
@@ -228,8 +231,13 @@ def merge_repeat(record, again):
 def run_model(model, a, tmp, results):
     init = os.path.join(tmp, f"{model}.safetensors")
     spec = MODELS[model]
-    n = spec["depth"] if spec["kind"] == "mlp" else spec["layers"]
+    if spec["kind"] == "resnet":
+        n = spec["stages"] * spec["blocks"] + 2  # the chain: stem, blocks, head
+    else:
+        n = spec["depth"] if spec["kind"] == "mlp" else spec["layers"]
     k = max(1, round(math.sqrt(n)))
+    resnet = spec["kind"] == "resnet"
+    selective = "selective:conv2d" if resnet else "selective:matmul"
     configs = []  # (record, command, environment) of the first pass, run again by later passes
 
     def show(record, system, policy, prefix=""):
@@ -257,7 +265,7 @@ def run_model(model, a, tmp, results):
         log(f"{model}: remat save-all failed; skipping the model")
         return
     el = add("remat", "every-layer", remat_cmd(model, "every-layer", a))
-    add("remat", "selective:matmul", remat_cmd(model, "selective:matmul", a))
+    add("remat", selective, remat_cmd(model, selective, a))
     add("remat", f"every-k:{k}", remat_cmd(model, f"every-k:{k}", a))
     if "error" not in el:
         for b in budgets_for(el["alloc_peak_saved_bytes"], sa["alloc_peak_saved_bytes"]):
@@ -268,9 +276,9 @@ def run_model(model, a, tmp, results):
                 pol = f"budget:{m.group(1)}"
                 r = None
             add("remat", pol, remat_cmd(model, pol, a), record=r, budget_bytes=int(pol.split(":")[1]))
-    for pol in TORCH_POLICIES:
+    for pol in (RESNET_TORCH_POLICIES if resnet else TORCH_POLICIES):
         add("pytorch", pol, peer_cmd("torch_runner.py", model, pol, init, a))
-    for pol in JAX_POLICIES:
+    for pol in ([] if resnet else JAX_POLICIES):
         add("jax", pol, peer_cmd("jax_runner.py", model, pol, init, a), env=jax_env())
 
     for p in range(2, repeats_for(model, a) + 1):
@@ -363,7 +371,13 @@ def targets(results, models):
             lines.append(f"| {model} | remat save-all no slower than PyTorch without checkpointing | "
                          f"{sa['median_step_seconds']:.4f} s vs {tn['median_step_seconds']:.4f} s "
                          f"({sa['median_step_seconds'] / tn['median_step_seconds']:.2f}x) | {'met' if met else 'MISSED'} |")
-        el, tb = get("remat", "every-layer"), get("pytorch", "per-block")
+        el, ts = get("remat", "every-layer"), get("pytorch", "per-stage")
+        if el and ts:
+            met = el["rss_peak_growth_bytes"] <= ts["rss_peak_growth_bytes"]
+            lines.append(f"| {model} | remat every-layer peak no larger than PyTorch per-stage checkpoint peak | "
+                         f"{fmt_mib(el['rss_peak_growth_bytes'])} MiB vs {fmt_mib(ts['rss_peak_growth_bytes'])} MiB RSS "
+                         f"(remat allocator: {fmt_mib(el['alloc_peak_bytes'])} MiB) | {'met' if met else 'MISSED'} |")
+        tb = get("pytorch", "per-block")
         if el and tb:
             met = el["rss_peak_growth_bytes"] <= tb["rss_peak_growth_bytes"]
             lines.append(f"| {model} | remat every-layer peak no larger than PyTorch per-block checkpoint peak | "
@@ -404,8 +418,9 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
               "libopenblas0", "python", "torch", "torch_onednn", "jax", "numpy"]:
         if env.get(k):
             L.append(f"| {k} | {env[k]} |")
-    L.append(f"| threads | 2 in every system (remat::set_num_threads(2); torch.set_num_threads(2); XLA on "
-             f"{'taskset -c 0,1' if affinity_prefix() else 'the machine’s 2 CPUs'}) |")
+    L.append(f"| threads | {a.threads} in remat and PyTorch (remat::set_num_threads({a.threads}); "
+             f"torch.set_num_threads({a.threads})); XLA on "
+             f"{'taskset -c 0,1' if affinity_prefix() else 'the machine’s 2 CPUs'} |")
     L.append(f"| run | {started:%Y-%m-%d %H:%M} to {finished:%H:%M}, {a.warmup} warm-up + measured steps per "
              "configuration: " + ", ".join(f"{m} {r['steps']}" for m in models
                                            for r in [next((x for x in results if x['model'] == m and 'steps' in x), {'steps': '?'})])
@@ -455,7 +470,11 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
              "default model of `remat train` (4 layers, width 128, 4 heads, seq 64, batch 32, vocab 114, random "
              "token ids); `gpt-large` 8 layers, width 256, 8 heads, seq 256, batch 20, vocab 114 (about 1 GiB of "
              "saved activations under save-all). All GPTs: pre-norm blocks, explicit causal attention "
-             "(-inf mask, softmax), exact GELU, mean cross entropy.")
+             "(-inf mask, softmax), exact GELU, mean cross entropy. `resnet` / `resnet-110`: the pre-activation CIFAR "
+             "ResNet-20 / ResNet-110 of remat::nn::ResNet (3 stages of 3 / 18 blocks, width 16, batch 32, 32x32 "
+             "synthetic images, batch norm in training mode, mean cross entropy); remat's chain is stem, blocks, head; "
+             "PyTorch `per-stage` checkpoints each residual stage (`bn/step`: batch-norm updates per step, from "
+             "num_batches_tracked: PyTorch's checkpoint re-runs the batch norms, remat updates once).")
     L.append("- Policies. remat: `save-all`, `every-layer`, `selective:matmul`, `every-k:K` (K = round(sqrt(N))), "
              "`budget:B` for B from every-layer's saved peak to save-all's (the MLP: below save-all's, since there "
              "every-layer keeps as much as save-all). PyTorch: `none`, `per-block` (checkpoint(use_reentrant=False) "
@@ -485,12 +504,15 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
         L.append(f"### {model}: " + ", ".join(f"{k} {v}" for k, v in spec.items() if k != "kind"))
         L.append("")
         base = next((r for r in rs if r["system"] == "remat" and r["label"] == "save-all" and ok(r)), None)
+        bn = spec["kind"] == "resnet"  # batch-norm updates per step
         L.append("| system | policy | median step (s) | vs remat save-all | step CPU (s) | RSS peak (MiB) "
-                 "| remat alloc peak (MiB) | remat saved peak (MiB) | first loss | Δloss | others |")
-        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                 "| remat alloc peak (MiB) | remat saved peak (MiB) | first loss | Δloss | others |"
+                 + (" bn/step |" if bn else ""))
+        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if bn else ""))
         for r in rs:
             if not ok(r):
-                L.append(f"| {r['system']} | {r['label']} | error: {r.get('error', '?')[:160]} | | | | | | | | |")
+                L.append(f"| {r['system']} | {r['label']} | error: {r.get('error', '?')[:160]} | | | | | | | | |"
+                         + (" |" if bn else ""))
                 continue
             rel = f"{r['median_step_seconds'] / base['median_step_seconds']:.2f}x" if base else ""
             pol = r["label"]
@@ -500,7 +522,8 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
                      f"{r.get('median_step_cpu_seconds', float('nan')):.3f} | "
                      f"{fmt_mib(r['rss_peak_growth_bytes'])} | {fmt_mib(r.get('alloc_peak_bytes'))} | "
                      f"{fmt_mib(r.get('alloc_peak_saved_bytes'))} | {r['first_loss']:.6f} | "
-                     f"{r.get('loss_rel_diff', float('nan')):.1e} | {r.get('others_busy', float('nan')):.2f} |")
+                     f"{r.get('loss_rel_diff', float('nan')):.1e} | {r.get('others_busy', float('nan')):.2f} |"
+                     + (f" {r.get('bn_batches_tracked_per_step', float('nan')):.1f} |" if bn else ""))
         L.append("")
     L.append("## Targets")
     L.append("")
@@ -526,7 +549,7 @@ def plot(path, results, models, title):
 
     colors = {"remat": "tab:red", "pytorch": "tab:blue", "jax": "tab:green"}
     markers = {"save-all": "s", "none": "s", "every-layer": "o", "per-block": "o", "selective:matmul": "^",
-               "selective": "^", "dots": "^", "sequential": "D"}
+               "selective:conv2d": "^", "selective": "^", "dots": "^", "sequential": "D", "per-stage": "D"}
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 5), squeeze=False)
     for ax, model in zip(axes[0], models):
         rs = [r for r in results if r["model"] == model and ok(r)]
@@ -557,6 +580,9 @@ def main():
     ap.add_argument("--steps", type=int, default=0,
                     help="measured steps per configuration (default: 20 for mlp and gpt, 5 for gpt-large)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads of remat and PyTorch (JAX takes the CPUs it may run on); 1 is steadier on a "
+                         "machine that other work shares")
     ap.add_argument("--repeats", type=int, default=0,
                     help="passes over all configurations of a model (default: 3 for mlp and gpt, 1 for gpt-large); "
                          "the report gives the median over the passes")
@@ -593,14 +619,14 @@ def main():
         EXTRA_ENV.update(saved.get("extra_env", {}))
         QUIET.update(saved.get("quiet", {}))
         results = saved["results"]
-        a.steps, a.warmup = saved["steps"], saved["warmup"]
+        a.steps, a.warmup, a.threads = saved["steps"], saved["warmup"], saved.get("threads", 2)
         models = [m for m in models if any(r["model"] == m for r in results)]
         started = datetime.datetime.fromisoformat(saved["started"])
         finished = datetime.datetime.fromisoformat(saved["finished"])
         stem = a.render[:-len(".json")]
         loss_failures = check_losses(results)
         env = saved["environment"]
-        plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
+        plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, {a.threads} thread(s), {started:%Y-%m-%d}")
         write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
                        os.path.basename(stem) + ".svg", a.notes)
         return 1 if loss_failures else 0
@@ -625,7 +651,7 @@ def main():
     def save(env=None, finished=None):
         with open(stem + ".json", "w") as f:
             json.dump({"environment": env or {}, "extra_env": EXTRA_ENV, "quiet": QUIET, "started": started.isoformat(),
-                       "finished": (finished or datetime.datetime.now()).isoformat(), "steps": a.steps,
+                       "finished": (finished or datetime.datetime.now()).isoformat(), "steps": a.steps, "threads": a.threads,
                        "warmup": a.warmup, "models_done": sorted(done), "results": results}, f, indent=1)
 
     with tempfile.TemporaryDirectory(prefix="remat-peers-") as tmp:
@@ -639,7 +665,7 @@ def main():
     loss_failures = check_losses(results)
     env = environment()
     save(env, finished)
-    plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, 2 threads, {started:%Y-%m-%d}")
+    plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, {a.threads} thread(s), {started:%Y-%m-%d}")
     write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
                    os.path.basename(stem) + ".svg", a.notes)
     log(f"wrote {stem}.md, .svg, .json ({(finished - started).total_seconds() / 60:.1f} min)")

@@ -1,12 +1,15 @@
 """One PyTorch (eager, CPU) configuration of the peer benchmarks, in its own process.
 
-  python torch_runner.py --model mlp|gpt|gpt-large --policy none|per-block|sequential|selective
+  python torch_runner.py --model mlp|gpt|gpt-large|resnet|resnet-110
+                         --policy none|per-block|per-stage|sequential|selective
                          --init FILE [--steps 5] [--warmup 2] [--threads 2] [--lr 1e-4]
 
 FILE is written by remat_runner --save-init: the parameters under the same module names as
 remat's (Linear weight [out, in], as in PyTorch) and the inputs. The models mirror remat's
-exactly: the tanh MLP (layers.i.fc) and remat::nn::GPT (pre-norm blocks, explicit causal
-attention with a -inf mask and softmax, exact GELU, mean cross entropy).
+exactly: the tanh MLP (layers.i.fc), remat::nn::GPT (pre-norm blocks, explicit causal
+attention with a -inf mask and softmax, exact GELU, mean cross entropy) and remat::nn::ResNet
+(pre-activation CIFAR ResNet: layers.0 the stem, layers.1..B the blocks, Residual(PreActBody) or
+DownsampleBlock, layers.B+1 the head; batch norm in training mode, mean cross entropy).
 
 Policies:
   none        no checkpointing
@@ -14,6 +17,11 @@ Policies:
   sequential  torch.utils.checkpoint.checkpoint_sequential(blocks, round(sqrt(N)) segments)
   selective   per-block checkpoint with create_selective_checkpoint_contexts: MUST_SAVE the
               outputs of aten.mm / aten.addmm / aten.bmm, PREFER_RECOMPUTE the rest
+  per-stage   (ResNets) checkpoint(use_reentrant=False) around each residual stage (the blocks
+              of one image size); the stem and the head run without checkpointing
+Under checkpoint, PyTorch re-runs the batch norms in training mode, so their running statistics
+are updated twice per step; the JSON line reports num_batches_tracked of the first block's
+first batch norm (bn_batches_tracked) to show it.
 
 A step: zero_grad (set_to_none), forward, loss, backward, SGD update (no momentum).
 """
@@ -92,15 +100,70 @@ def build(torch, spec):
             self.ln_f = nn.LayerNorm(width, eps=1e-5)
             self.lm_head = nn.Linear(width, vocab, bias=False)
 
+    def conv3(cin, cout, stride=1):
+        return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+
+    class PreActBody(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.bn1, self.conv1 = nn.BatchNorm2d(c), conv3(c, c)
+            self.bn2, self.conv2 = nn.BatchNorm2d(c), conv3(c, c)
+
+        def forward(self, x):
+            return self.conv2(F.relu(self.bn2(self.conv1(F.relu(self.bn1(x))))))
+
+    class Residual(nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, x):
+            return x + self.fn(x)
+
+    class DownsampleBlock(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.bn1, self.conv1 = nn.BatchNorm2d(cin), conv3(cin, cout, stride)
+            self.bn2, self.conv2 = nn.BatchNorm2d(cout), conv3(cout, cout)
+            self.shortcut = nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
+
+        def forward(self, x):
+            a = F.relu(self.bn1(x))
+            return self.conv2(F.relu(self.bn2(self.conv1(a)))) + self.shortcut(a)
+
+    class Head(nn.Module):
+        def __init__(self, c, classes):
+            super().__init__()
+            self.bn, self.fc = nn.BatchNorm2d(c), nn.Linear(c, classes)
+
+        def forward(self, x):
+            return self.fc(F.adaptive_avg_pool2d(F.relu(self.bn(x)), 1).flatten(1))
+
+    class ResNet(nn.Module):
+        def __init__(self, stages, blocks, width, classes):
+            super().__init__()
+            layers, c = [nn.Conv2d(3, width, 3, padding=1, bias=False)], width
+            self.stage_of_block = []
+            for s in range(stages):
+                out = width << s
+                for b in range(blocks):
+                    layers.append(DownsampleBlock(c, out, 2) if s > 0 and b == 0 else Residual(PreActBody(out)))
+                    self.stage_of_block.append(s)
+                    c = out
+            layers.append(Head(c, classes))
+            self.layers = nn.Sequential(*layers)
+
     if spec["kind"] == "mlp":
         return TanhMLP(spec["depth"], spec["width"])
+    if spec["kind"] == "resnet":
+        return ResNet(spec["stages"], spec["blocks"], spec["width"], spec["classes"])
     return GPT(spec["vocab"], spec["layers"], spec["width"], spec["heads"], spec["seq"])
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, choices=sorted(MODELS))
-    ap.add_argument("--policy", required=True, choices=["none", "per-block", "sequential", "selective"])
+    ap.add_argument("--policy", required=True, choices=["none", "per-block", "per-stage", "sequential", "selective"])
     ap.add_argument("--init", required=True)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
@@ -120,11 +183,26 @@ def main():
     model = build(torch, spec)
     tensors = load_file(a.init)
     params, inputs = split_inputs(tensors)
-    model.load_state_dict(params, strict=True)
+    if spec["kind"] == "resnet":
+        # the file holds remat's parameters; the batch-norm buffers keep PyTorch's defaults
+        # (running mean 0, variance 1, count 0), which are remat's initial running statistics
+        missing, unexpected = model.load_state_dict(params, strict=False)
+        buffers = ("running_mean", "running_var", "num_batches_tracked")
+        if unexpected or any(not k.endswith(buffers) for k in missing):
+            fail("pytorch", a.model, a.policy, f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+    else:
+        model.load_state_dict(params, strict=True)
     del tensors, params
     model.train()
-    blocks = list(model.layers if spec["kind"] == "mlp" else model.blocks)
+    if spec["kind"] == "mlp":
+        blocks = list(model.layers)
+    elif spec["kind"] == "resnet":
+        blocks = list(model.layers)[1:-1]
+    else:
+        blocks = list(model.blocks)
     n = len(blocks)
+    if a.policy == "per-stage" and spec["kind"] != "resnet":
+        fail("pytorch", a.model, a.policy, "per-stage is for the ResNets")
 
     selective_ctx = None
     if a.policy == "selective":
@@ -147,6 +225,16 @@ def main():
         elif a.policy == "selective":
             for blk in blocks:
                 h = checkpoint(blk, h, use_reentrant=False, context_fn=selective_ctx)
+        elif a.policy == "per-stage":
+            for s in sorted(set(model.stage_of_block)):
+                stage = [blk for blk, t in zip(blocks, model.stage_of_block) if t == s]
+
+                def run_stage(h, stage=stage):
+                    for blk in stage:
+                        h = blk(h)
+                    return h
+
+                h = checkpoint(run_stage, h, use_reentrant=False)
         else:  # sequential
             segments = max(1, round(math.sqrt(n)))
             h = checkpoint_sequential(torch.nn.Sequential(*blocks), segments, h, use_reentrant=False)
@@ -157,6 +245,12 @@ def main():
 
         def loss_fn():
             return run_blocks(x).square().mean()
+    elif spec["kind"] == "resnet":
+        x, labels = inputs["x"], inputs["labels"]
+        stem, head = model.layers[0], model.layers[-1]
+
+        def loss_fn():
+            return F.cross_entropy(head(run_blocks(stem(x))), labels)
     else:
         ids, targets = inputs["ids"], inputs["targets"]
         positions = torch.arange(ids.shape[1])
@@ -189,6 +283,9 @@ def main():
         "rss_base_bytes": probe.rss_base_kib * 1024, "hwm_reset": probe.hwm_reset,
         "segments": max(1, round(math.sqrt(n))) if a.policy == "sequential" else None,
         "version": torch.__version__,
+        **({"bn_batches_tracked": int(model.layers[1].fn.bn1.num_batches_tracked.item()),
+            "bn_batches_tracked_per_step": model.layers[1].fn.bn1.num_batches_tracked.item() / (a.warmup + a.steps)}
+           if spec["kind"] == "resnet" else {}),
     })
 
 

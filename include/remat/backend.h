@@ -34,6 +34,41 @@ const char* binary_op_name(BinaryOp op);
 
 enum class ReduceOp : uint8_t { sum, mean, max, argmax };
 
+// ---- convolution and pooling geometry (issue 17)
+// A 2-D convolution: stride, zero padding (both sides of each axis), dilation, groups.
+struct Conv2dGeometry {
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+  bool operator==(const Conv2dGeometry&) const = default;
+};
+// A 2-D pooling window. Output size per axis: floor-or-ceil((L + 2 pad - dilation (k - 1) - 1)
+// / stride) + 1, where with ceil_mode a last window starting inside the right padding is dropped
+// (PyTorch's rule). avg_pool2d: count_include_pad divides by the window size clipped to the
+// padded input, otherwise by the number of input elements in the window.
+struct Pool2dGeometry {
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;  // max_pool2d only
+  bool ceil_mode = false;
+  bool count_include_pad = true;           // avg_pool2d only
+};
+
+// How CPU conv2d in float32 is computed (float64 always uses im2col + OpenBLAS dgemm: oneDNN
+// has no f64 convolution on the CPU). `automatic` is the measured choice (README "Convolution
+// choice"); the others exist for benchmarks (bench/bench_conv.cpp) and cross-checking tests:
+//   im2col_gemm      remat's own im2col (col2im backward) + one GEMM per image and group
+//   onednn_plain     oneDNN primitives on the NCHW / OIHW tensors as they are
+//   onednn_blocked   oneDNN primitives in the layouts oneDNN prefers, with reorders in and out
+// Process-wide; set it before a training step, not during one (a region's recomputation must run
+// the same kernels as its first run for gradients to stay bitwise equal).
+enum class ConvAlgorithm : uint8_t { automatic, im2col_gemm, onednn_plain, onednn_blocked };
+const char* conv_algorithm_name(ConvAlgorithm algorithm);
+void set_conv_algorithm(ConvAlgorithm algorithm);
+ConvAlgorithm conv_algorithm();
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -97,6 +132,38 @@ class Backend {
                                       double label_smoothing, int64_t ignore_index, const Tensor& glogits) = 0;
   // y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p.
   virtual void dropout(const Tensor& x, double p, RngState state, const Tensor& y) = 0;
+
+  // ---- convolution, pooling and batch normalisation (issue 17; src/tensor/cpu/conv.cpp,
+  // pool.cpp, batch_norm.cpp). Images are NCHW and contiguous; weights [O, C / groups, KH, KW].
+  // y [N, O, OH, OW] = conv(x [N, C, H, W], w) + bias [O] (bias may be undefined).
+  virtual void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g,
+                      const Tensor& y) = 0;
+  // gx [N, C, H, W] = the input gradient of conv2d for gy [N, O, OH, OW].
+  virtual void conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dGeometry& g,
+                                     const Tensor& gx) = 0;
+  // gw [O, C / groups, KH, KW] and gbias [O] (either may be undefined) for x and gy.
+  virtual void conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeometry& g, const Tensor& gw,
+                                      const Tensor& gbias) = 0;
+  // y [N, C, OH, OW] = max over each window; indices (i64, y's shape) = the flat position
+  // h * W + w of the maximum within its input plane (the first one on ties).
+  virtual void max_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y, const Tensor& indices) = 0;
+  // gx (zero-filled here) [indices[i]] += gy[i], plane by plane.
+  virtual void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) = 0;
+  virtual void avg_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) = 0;
+  virtual void avg_pool2d_backward(const Tensor& gy, const Pool2dGeometry& g, const Tensor& gx) = 0;
+  // Output bin i of an axis of length L into n bins averages [floor(i L / n), ceil((i + 1) L / n)).
+  virtual void adaptive_avg_pool2d(const Tensor& x, const Tensor& y) = 0;
+  virtual void adaptive_avg_pool2d_backward(const Tensor& gy, const Tensor& gx) = 0;
+  // x [N, C, S...] (any S, possibly none): per-channel mean [C] and biased variance [C] over N and S.
+  virtual void batch_norm_statistics(const Tensor& x, const Tensor& mean, const Tensor& var) = 0;
+  // y = (x - mean[c]) * rstd[c] * weight[c] + bias[c] (weight, bias may be undefined).
+  virtual void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                                const Tensor& bias, const Tensor& y) = 0;
+  // Gradients of batch_norm_apply where mean and rstd are the batch statistics of x (training)
+  // or constants (evaluation). gx, gweight, gbias may each be undefined.
+  virtual void batch_norm_backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                                   const Tensor& gy, bool batch_statistics, const Tensor& gx, const Tensor& gweight,
+                                   const Tensor& gbias) = 0;
 };
 
 Backend& backend(Device device);

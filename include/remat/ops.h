@@ -9,6 +9,7 @@
 //   Tensor loss = cross_entropy(logits.reshape({B * T, V}), targets.reshape({B * T}));
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "remat/autodiff.h"
@@ -89,5 +90,52 @@ Tensor dropout(const Tensor& x, double p, RngState state);
 // ---- joining and splitting
 Tensor concat(const TensorList& tensors, int64_t axis);
 TensorList split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis);
+
+// ---- convolution, pooling and batch normalisation (issue 17; src/autodiff/ops/conv.cpp,
+// pool.cpp, batch_norm.cpp). Images are NCHW; a Size2 is (height, width).
+//
+//   Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});          // x [8, 3, 32, 32], w [16, 3, 3, 3] -> [8, 16, 32, 32]
+//   Tensor p = max_pool2d(y, {3, 3}, {2, 2}, {1, 1});    // -> [8, 16, 16, 16]
+//   Tensor z = batch_norm(y, gamma, beta, running_mean, running_var, /*training=*/true);
+using Size2 = std::array<int64_t, 2>;
+
+// x [N, C, H, W], weight [O, C / groups, KH, KW], bias [O] (may be undefined) -> [N, O, OH, OW] with
+// OH = floor((H + 2 padding_h - dilation_h (KH - 1) - 1) / stride_h) + 1 (likewise OW); zero padding.
+// float32 runs on oneDNN's primitives, float64 on im2col + OpenBLAS (remat/backend.h, ConvAlgorithm).
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Size2 stride = {1, 1},
+              Size2 padding = {0, 0}, Size2 dilation = {1, 1}, int64_t groups = 1);
+// x [N, C, L], weight [O, C / groups, K] -> [N, O, OL]: conv2d on images of height 1.
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
+              int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+// Max over each window of x [N, C, H, W] -> [N, C, OH, OW] (same output-size rule as conv2d with
+// kernel, stride, padding, dilation; with ceil_mode the division rounds up, but a last window that
+// would start in the right padding is dropped). Padding is at most half the dilated kernel and
+// counts as -inf. The gradient goes to the first maximum of each window. Stride defaults to the kernel.
+Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding = {0, 0}, Size2 dilation = {1, 1},
+                  bool ceil_mode = false);
+Tensor max_pool2d(const Tensor& x, Size2 kernel);
+// Mean over each window; count_include_pad divides by the window clipped to the padded input
+// (PyTorch's rule), otherwise by the number of input elements in it.
+Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding = {0, 0}, bool ceil_mode = false,
+                  bool count_include_pad = true);
+Tensor avg_pool2d(const Tensor& x, Size2 kernel);
+// x [N, C, H, W] -> [N, C, out_h, out_w]; bin i of n along an axis of length L averages
+// [floor(i L / n), ceil((i + 1) L / n)). adaptive_avg_pool2d(x, {1, 1}) is global average pooling.
+Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size);
+// Normalises x [N, C, ...] per channel (axis 1) over every other axis:
+//   y = (x - mean_c) / sqrt(var_c + eps) * weight_c + bias_c    (weight, bias [C] may be undefined)
+// training: mean and (biased) var are the batch's; when running_mean / running_var ([C], no
+// gradient) are given they are updated in place, r = (1 - momentum) r + momentum * batch, with
+// the unbiased variance for running_var (N * spatial size must then exceed 1).
+// !training: the running statistics (both required) normalise, and are left unchanged.
+// The op updates whatever running tensors it is given, every time it runs: nn::BatchNorm2d passes
+// them only outside recomputation (remat::is_recomputing()), so a step updates them once.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+
+// ---- diagonals (for einsum's repeated indices; src/autodiff/ops/diagonal.cpp)
+// The view of x whose last axis runs along the diagonal of axes axis1 != axis2 (both removed):
+// x [2, 3, 3] with axes 1, 2 -> [2, 3], element [b, i] = x[b, i, i]. Length min of the two sizes.
+Tensor diagonal(const Tensor& x, int64_t axis1, int64_t axis2);
 
 }  // namespace remat

@@ -51,7 +51,32 @@ class CpuBackend final : public Backend {
   void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss,
                               double label_smoothing, int64_t ignore_index, const Tensor& glogits) override;
   void dropout(const Tensor& x, double p, RngState state, const Tensor& y) override;
+
+  // ---- convolution, pooling, batch norm (issue 17): conv.cpp, pool.cpp, batch_norm.cpp
+  void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g,
+              const Tensor& y) override;
+  void conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dGeometry& g, const Tensor& gx) override;
+  void conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeometry& g, const Tensor& gw,
+                              const Tensor& gbias) override;
+  void max_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y, const Tensor& indices) override;
+  void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) override;
+  void avg_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) override;
+  void avg_pool2d_backward(const Tensor& gy, const Pool2dGeometry& g, const Tensor& gx) override;
+  void adaptive_avg_pool2d(const Tensor& x, const Tensor& y) override;
+  void adaptive_avg_pool2d_backward(const Tensor& gy, const Tensor& gx) override;
+  void batch_norm_statistics(const Tensor& x, const Tensor& mean, const Tensor& var) override;
+  void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                        const Tensor& bias, const Tensor& y) override;
+  void batch_norm_backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                           const Tensor& gy, bool batch_statistics, const Tensor& gx, const Tensor& gweight,
+                           const Tensor& gbias) override;
 };
+
+// Row-major C = alpha op(A) op(B) + beta C on raw pointers through the GEMM library of the dtype
+// (gemm.cpp): float -> oneDNN dnnl_sgemm, double -> OpenBLAS cblas_dgemm.
+template <class T>
+void gemm_rowmajor(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                   const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
 // Below this many elements a kernel runs on one thread (thread start-up costs more).
 inline constexpr int64_t kParallelThreshold = 1 << 15;

@@ -64,6 +64,17 @@ void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
 
 }  // namespace
 
+template <class T>
+void gemm_rowmajor(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                   int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  gemm_one<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+template void gemm_rowmajor<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                                   int64_t, float, float*, int64_t);
+template void gemm_rowmajor<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                                    const double*, int64_t, double, double*, int64_t);
+
 void CpuBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, bool trans_b, const Tensor& c,
                       double alpha, double beta) {
   REMAT_ASSERT(a_in.dim() == 3 && b_in.dim() == 3 && c.dim() == 3, "gemm expects rank-3 operands");

@@ -1,0 +1,58 @@
+// BatchNorm1d / BatchNorm2d (see include/remat/nn/batch_norm.h). The once-per-step rule lives
+// here, in the layer: the batch_norm op updates whatever running tensors it is given, and this
+// layer gives them only when the call is not a checkpoint region's recomputation.
+#include "remat/nn/batch_norm.h"
+
+#include <cmath>
+
+#include "remat/checkpoint.h"
+#include "remat/ops.h"
+
+namespace remat::nn {
+
+BatchNorm::BatchNorm(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats,
+                     DType dtype, int min_rank, int max_rank, const char* name)
+    : features_(num_features), eps_(eps), momentum_(momentum), min_rank_(min_rank), max_rank_(max_rank), name_(name) {
+  REMAT_CHECK(num_features > 0, name, ": num_features must be positive, got ", num_features);
+  REMAT_CHECK(eps > 0.0 && std::isfinite(eps), name, ": eps must be positive and finite, got ", eps);
+  REMAT_CHECK(momentum >= 0.0 && momentum <= 1.0, name, ": momentum must be in [0, 1], got ", momentum);
+  REMAT_CHECK(is_floating(dtype), name, ": dtype must be f32 or f64, got ", dtype_name(dtype));
+  if (affine) {
+    weight = register_parameter("weight", {num_features}, dtype, Init::ones());
+    bias = register_parameter("bias", {num_features}, dtype, Init::zeros());
+  }
+  if (track_running_stats) {
+    running_mean = zeros({num_features}, dtype, memory::Tag::parameter);
+    running_var = ones({num_features}, dtype, memory::Tag::parameter);
+  }
+}
+
+std::string BatchNorm::type_name() const { return detail::concat(name_, "(", features_, ")"); }
+
+void BatchNorm::reset_running_stats() {
+  if (running_mean.defined()) {
+    running_mean.fill_(0.0);
+    running_var.fill_(1.0);
+  }
+  batches_tracked_ = 0;
+}
+
+Tensor BatchNorm::forward_impl(const Tensor& x) {
+  REMAT_CHECK(x.defined() && x.dim() >= min_rank_ && x.dim() <= max_rank_ && x.size(1) == features_, type_name(),
+              ": expects an input ", min_rank_ == 4 ? "[N, " : "[N, ", features_,
+              min_rank_ == 4 ? ", H, W]" : "] or [N, " + std::to_string(features_) + ", L]", ", got ",
+              x.defined() ? shape_str(x.shape()) : "an undefined tensor");
+  const bool tracking = running_mean.defined();
+  if (training() || !tracking) {
+    // Once per step: a checkpoint region's recomputation of this call leaves the state alone
+    // (its batch statistics are recomputed from the same kept input, bit for bit).
+    const bool update = tracking && training() && !is_recomputing();
+    Tensor y = batch_norm(x, weight, bias, update ? running_mean : Tensor(), update ? running_var : Tensor(),
+                          /*training=*/true, momentum_, eps_);
+    if (update) ++batches_tracked_;
+    return y;
+  }
+  return batch_norm(x, weight, bias, running_mean, running_var, /*training=*/false, momentum_, eps_);
+}
+
+}  // namespace remat::nn
