@@ -30,6 +30,14 @@ const char* binary_op_name(BinaryOp op);
 
 enum class ReduceOp : uint8_t { sum, mean, max, argmax };
 
+// Fused attention (Backend::attention): out = dropout(softmax(q k^T * scale, mask)) @ v.
+struct AttentionParams {
+  bool causal = true;       // query i sees keys j <= i only
+  double scale = 1.0;       // multiplies the scores q . k
+  double dropout_p = 0.0;   // probability of dropping an attention probability (0: no dropout)
+  RngState dropout_state;   // where the dropout words come from (see Backend::attention)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -93,6 +101,22 @@ class Backend {
                                       double label_smoothing, int64_t ignore_index, const Tensor& glogits) = 0;
   // y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p.
   virtual void dropout(const Tensor& x, double p, RngState state, const Tensor& y) = 0;
+
+  // ---- fused attention, per batch b and head h, never forming the [Tq, Tk] probabilities:
+  //   out[b, h] = dropout(softmax(q[b, h] @ k[b, h]^T * scale, causal mask)) @ v[b, h]
+  // q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv], out [B, H, Tq, Dv]: any strides with a
+  // unit stride along the last axis; lse [B, H, Tq] contiguous receives each row's log-sum-exp of
+  // the scaled, masked scores (the backward recomputes the probabilities from it). Dropout keeps
+  // probability (b, h, i, j) iff uniform_float(word ((b * H + h) * Tq + i) * Tk + j of
+  // dropout_state) >= dropout_p, the words dropout() would use on the [B, H, Tq, Tk] tensor.
+  // Results do not depend on the number of threads.
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                         const Tensor& out, const Tensor& lse) = 0;
+  // Gradients gq, gk, gv (shapes of q, k, v; unit stride along the last axis) from the forward's
+  // out and lse and the output gradient gout.
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& gout, const AttentionParams& params,
+                                  const Tensor& gq, const Tensor& gk, const Tensor& gv) = 0;
 };
 
 Backend& backend(Device device);

@@ -51,6 +51,13 @@ class CpuBackend final : public Backend {
   void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss,
                               double label_smoothing, int64_t ignore_index, const Tensor& glogits) override;
   void dropout(const Tensor& x, double p, RngState state, const Tensor& y) override;
+
+  // attention.cpp
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params, const Tensor& out,
+                 const Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& gout, const AttentionParams& params, const Tensor& gq, const Tensor& gk,
+                          const Tensor& gv) override;
 };
 
 // Below this many elements a kernel runs on one thread (thread start-up costs more).
