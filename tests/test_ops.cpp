@@ -373,6 +373,18 @@ void add_attention_rows(std::vector<OpCase>& t) {
   t.push_back(attention_from_qkv_case(2, 5, 2, 3, 0.0, {}));
   t.push_back(attention_from_qkv_case(2, 5, 2, 3, 0.25, {2024, 12}));
 }
+
+// Rows wider than a vector (8 floats, 4 doubles) with a tail: the hand-vectorised row and GELU
+// kernels take their vector and scalar paths in one row.
+void add_wide_row_cases(std::vector<OpCase>& t) {
+  for (bool log : {false, true}) t.push_back(softmax_case(log, {3, 21}, -1));
+  t.push_back(layer_norm_case(true, true, {3, 19}));
+  t.push_back(layer_norm_case(false, false, {2, 27}));
+  t.push_back(rms_norm_case({3, 19}));
+  t.push_back(cross_entropy_case("wide", {3, 21}, {4, 20, 0}, 0.0, -100));
+  t.push_back(cross_entropy_case("wide_smoothing", {3, 21}, {13, -100, 7}, 0.1, -100));
+  t.push_back(unary_case("gelu_wide", [](const Tensor& x) { return gelu(x); }, gelu_d, uniform_gen(-4, 4), {5, 9}));
+}
 // ---- end of fused attention (issue 14) -------------------------------------------------------
 
 std::vector<OpCase> build_table() {
@@ -643,6 +655,7 @@ std::vector<OpCase> build_table() {
                         [](const Array& x) { return ref::map(x, [](double v) { return v * v; }); }));
   t.back().computes_in_f32 = true;
   add_attention_rows(t);  // issue 14
+  add_wide_row_cases(t);  // issue 14
   return t;
 }
 

@@ -28,39 +28,21 @@
 #include <limits>
 
 #include "tensor/cpu/cpu_backend.h"
-#include "tensor/cpu/vmath.h"
+#include "tensor/cpu/simd.h"
 
-// The vector helpers are always inlined, so no vector ever crosses a call boundary.
-#pragma GCC diagnostic ignored "-Wpsabi"
-#define REMAT_INLINE __attribute__((always_inline)) inline
+#define REMAT_INLINE REMAT_SIMD_INLINE
 
 namespace remat::cpu {
 
 namespace {
 
 template <class T>
-struct Simd;
-template <>
-struct Simd<float> {
-  typedef float V __attribute__((vector_size(32)));
-  static constexpr int64_t W = 8;
+struct Simd {
+  using V = simd::Vec<T>;
+  static constexpr int64_t W = simd::kWidth<T>;
 };
-template <>
-struct Simd<double> {
-  typedef double V __attribute__((vector_size(32)));
-  static constexpr int64_t W = 4;
-};
-
-template <class T>
-REMAT_INLINE typename Simd<T>::V load(const T* p) {
-  typename Simd<T>::V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <class T>
-REMAT_INLINE void store(T* p, typename Simd<T>::V v) {
-  std::memcpy(p, &v, sizeof v);
-}
+using simd::load;
+using simd::store;
 
 // Tiles are kBlock = 4 vectors wide: 32 floats or 16 doubles.
 template <class T>
@@ -159,51 +141,15 @@ REMAT_INLINE void tile_accumulate(T* acc, int64_t ldacc, const T* coef, int64_t 
   }
 }
 
-// exp of a vector: float32 as vmath::exp_f (same constants, within 2 ulp, exactly 0 below
-// -87.3 and for -inf, NaN propagated), float64 lane by lane through the C library.
 template <class T>
 REMAT_INLINE typename Simd<T>::V exp_vector(typename Simd<T>::V x) {
-  using V = typename Simd<T>::V;
-  if constexpr (sizeof(T) == 4) {
-    typedef int32_t VI __attribute__((vector_size(32)));
-    const float hi = 88.3762626647949f, lo = -87.3365447505531f;
-    V xc = x > hi ? V{} + hi : x;
-    xc = xc < lo ? V{} + lo : xc;
-    const V t = xc * 1.44269504088896341f;
-    const VI ni = __builtin_convertvector(t + (t >= 0.0f ? V{} + 0.5f : V{} - 0.5f), VI);  // nearest integer
-    const V n = __builtin_convertvector(ni, V);
-    V r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    const V z = r * r;
-    V y = V{} + 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * z + r + 1.0f;
-    const V scale = (V)((ni + 127) << 23);  // 2^n
-    const V keep = x >= lo ? V{} + 1.0f : V{};  // a product, not a select: NaN stays NaN
-    return y * scale * keep;
-  } else {
-    V y;
-    for (int i = 0; i < Simd<T>::W; ++i) y[i] = __builtin_exp(x[i]);
-    return y;
-  }
+  return simd::exp<T>(x);
 }
-
 template <class T>
 REMAT_INLINE T exp_of(T x) {
-  if constexpr (sizeof(T) == 4) return vmath::exp_f(x);
-  else return __builtin_exp(x);
+  return simd::exp_scalar<T>(x);
 }
-
-template <class T>
-REMAT_INLINE typename Simd<T>::V lane_index() {
-  typename Simd<T>::V v;
-  for (int i = 0; i < Simd<T>::W; ++i) v[i] = static_cast<T>(i);
-  return v;
-}
+using simd::lane_index;
 
 // Scales a row of kBlock scores in place, sets the columns from `valid` on to -inf (masked or
 // past the last key) and returns the largest of the row and `running_max`.
@@ -499,19 +445,19 @@ REMAT_INLINE void attention_backward_one(const Problem<T>& pb, int64_t bh, T* ws
 }
 
 // The per-(b, h) workers, compiled for AVX2 + FMA and for baseline x86-64.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void attention_forward_f32(const Problem<float>& pb,
+REMAT_CPU_CLONES void attention_forward_f32(const Problem<float>& pb,
                                                                                       int64_t bh, float* ws) {
   attention_forward_one<float>(pb, bh, ws);
 }
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void attention_forward_f64(const Problem<double>& pb,
+REMAT_CPU_CLONES void attention_forward_f64(const Problem<double>& pb,
                                                                                       int64_t bh, double* ws) {
   attention_forward_one<double>(pb, bh, ws);
 }
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void attention_backward_f32(const Problem<float>& pb,
+REMAT_CPU_CLONES void attention_backward_f32(const Problem<float>& pb,
                                                                                        int64_t bh, float* ws) {
   attention_backward_one<float>(pb, bh, ws);
 }
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void attention_backward_f64(const Problem<double>& pb,
+REMAT_CPU_CLONES void attention_backward_f64(const Problem<double>& pb,
                                                                                        int64_t bh, double* ws) {
   attention_backward_one<double>(pb, bh, ws);
 }

@@ -169,6 +169,26 @@ void for_rows(int64_t rows, int64_t cols, Body&& body) {
   }
 }
 
+// gelu.cpp: exact GELU and its backward over contiguous float32 (hand-vectorised)
+void gelu_f32_contiguous(const float* x, float* y, int64_t n);
+void gelu_backward_f32_contiguous(const float* x, const float* gy, float* gx, int64_t n);
+
+// Runs body(r0, r1) over consecutive ranges of rows covering [0, rows): one range per thread
+// when rows * cols is large, else one range.
+template <class Body>
+void for_row_ranges(int64_t rows, int64_t cols, Body&& body) {
+  if (rows > 1 && rows * cols >= kParallelThreshold) {
+#pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t r0 = rows * id / threads, r1 = rows * (id + 1) / threads;
+      if (r1 > r0) body(r0, r1);
+    }
+  } else if (rows > 0) {
+    body(0, rows);
+  }
+}
+
 // A contiguous tensor with the values of t (t itself when it already is contiguous). Kernels
 // are called with contiguous inputs; this only guards against a caller that forgets.
 Tensor contiguous_input(const Tensor& t);
