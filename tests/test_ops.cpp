@@ -384,6 +384,12 @@ void add_wide_row_cases(std::vector<OpCase>& t) {
   t.push_back(cross_entropy_case("wide", {3, 21}, {4, 20, 0}, 0.0, -100));
   t.push_back(cross_entropy_case("wide_smoothing", {3, 21}, {13, -100, 7}, 0.1, -100));
   t.push_back(unary_case("gelu_wide", [](const Tensor& x) { return gelu(x); }, gelu_d, uniform_gen(-4, 4), {5, 9}));
+  // reshape of strided tensors that regroup without a copy (views with computed strides)
+  t.push_back(view_case("reshape_strided_slice_view", {2, 3, 4}, [](const Tensor& x) { return x.slice(2, 0, 4, 2).reshape({12}); },
+                        [](const Array& x) { return ref::reshape(ref::slice(x, 2, 0, 4, 2), {12}); }));
+  t.push_back(view_case("reshape_split_last_axis_of_slice", {2, 3, 6},
+                        [](const Tensor& x) { return x.slice(2, 2, 6).reshape({2, 3, 2, 2}).permute({0, 2, 1, 3}); },
+                        [](const Array& x) { return ref::permute(ref::reshape(ref::slice(x, 2, 2, 6, 1), {2, 3, 2, 2}), {0, 2, 1, 3}); }));
 }
 // ---- end of fused attention (issue 14) -------------------------------------------------------
 
