@@ -384,6 +384,21 @@ void add_wide_row_cases(std::vector<OpCase>& t) {
   t.push_back(cross_entropy_case("wide", {3, 21}, {4, 20, 0}, 0.0, -100));
   t.push_back(cross_entropy_case("wide_smoothing", {3, 21}, {13, -100, 7}, 0.1, -100));
   t.push_back(unary_case("gelu_wide", [](const Tensor& x) { return gelu(x); }, gelu_d, uniform_gen(-4, 4), {5, 9}));
+  // linear: x @ W^T + b in one op
+  for (Shape sx : {Shape{4, 3}, Shape{2, 3, 3}}) {
+    OpCase c;
+    c.name = "linear_" + dims(sx) + "_by_5x3_bias";
+    c.make_inputs = [sx](Rng& r) {
+      return Inputs{floating("x", sx, r.uniform_vector(numel_of(sx), -1, 1)),
+                    floating("weight", {5, 3}, r.uniform_vector(15, -1, 1)), floating("bias", {5}, r.uniform_vector(5, -1, 1))};
+    };
+    c.apply = [](const TensorList& in) { return TensorList{linear(in[0], in[1], in[2])}; };
+    c.reference = [](const std::vector<Array>& a) {
+      Array y = ref::matmul(a[0], a[1], false, true);
+      return std::vector<Array>{ref::binary(y, a[2], [](double u, double v) { return u + v; })};
+    };
+    t.push_back(c);
+  }
   // reshape of strided tensors that regroup without a copy (views with computed strides)
   t.push_back(view_case("reshape_strided_slice_view", {2, 3, 4}, [](const Tensor& x) { return x.slice(2, 0, 4, 2).reshape({12}); },
                         [](const Array& x) { return ref::reshape(ref::slice(x, 2, 0, 4, 2), {12}); }));
@@ -713,7 +728,7 @@ TEST(OpTable, CoversEveryOp) {
       "sum_to", "sum", "mean", "max", "argmax", "matmul", "softmax", "log_softmax", "layer_norm", "rms_norm",
       "embedding", "cross_entropy", "dropout", "concat", "split", "reshape", "view", "flatten", "permute",
       "transpose", "slice", "expand", "unsqueeze", "squeeze", "contiguous", "clone", "to",
-      "scaled_dot_product_attention"};
+      "scaled_dot_product_attention", "linear"};
   std::set<std::string> names;
   for (const auto& c : op_table()) {
     EXPECT_TRUE(names.insert(c.name).second) << "duplicate row " << c.name;

@@ -68,6 +68,9 @@ Tensor argmax(const Tensor& x, int64_t axis, bool keepdim = false);  // i64, not
 // a [..., m, k] @ b [..., k, n] (with trans_a: a is [..., k, m]; with trans_b: b is [..., n, k]).
 // Leading (batch) axes broadcast; a 2-D b against a batched a is one large GEMM.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// x [..., in] @ weight [out, in]^T + bias [out] (bias may be undefined): one "matmul" op whose GEMM
+// adds the bias (no separate pass or tensor for it).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- normalisation and softmax over the last axis (softmax over any axis)
 Tensor softmax(const Tensor& x, int64_t axis = -1);

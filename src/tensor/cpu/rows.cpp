@@ -10,6 +10,7 @@
 // combined in block order, so the result is bitwise identical for any number of threads.
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/row_ops.h"
@@ -118,7 +119,7 @@ int64_t block_begin(int64_t block, int64_t blocks, int64_t rows) { return block 
 
 // out[c] = sum over b in order of partial[b * cols + c]
 template <class T>
-void combine_blocks(const std::vector<double>& partial, int64_t blocks, int64_t cols, T* out) {
+void combine_blocks(const double* partial, int64_t blocks, int64_t cols, T* out) {
   for (int64_t c = 0; c < cols; ++c) {
     double s = 0;
     for (int64_t b = 0; b < blocks; ++b) s += partial[static_cast<size_t>(b * cols + c)];
@@ -298,8 +299,10 @@ REMAT_SIMD_INLINE void norm_backward_block(const NormBackwardArgs<T>& a, int64_t
       if (pb32) pb64[k] += static_cast<double>(pb32[k]), pb32[k] = T(0);
     }
   };
-  if (pw32) std::fill(pw32, pw32 + n, T(0));
-  if (pb32) std::fill(pb32, pb32 + n, T(0));
+  for (T* p : {pw32, pb32})
+    if (p) std::fill(p, p + n, T(0));
+  for (double* p : {pw64, pb64})  // each block clears its own partials, on its own thread
+    if (p) std::fill(p, p + n, 0.0);
   for (int64_t r = r0; r < r1; ++r) {
     norm_backward_row(a, r, pw32, pb32);
     if ((pw32 || pb32) && ((r - r0 + 1) % kFlushRows == 0 || r + 1 == r1)) flush();
@@ -350,15 +353,18 @@ void norm_backward_rows(const NormBackwardArgs<T>& a, int64_t rows, T* gw, T* gb
     return;
   }
   const int64_t blocks = param_grad_blocks(rows);
-  std::vector<double> pw(gw ? static_cast<size_t>(blocks * cols) : 0, 0.0);
-  std::vector<double> pb(gb ? static_cast<size_t>(blocks * cols) : 0, 0.0);
+  // float64 partials per block and float32 ones per thread, uninitialised (the blocks clear them)
+  const int threads = rows * cols >= kParallelThreshold ? omp_get_max_threads() : 1;
+  std::unique_ptr<double[]> pw(gw ? new double[static_cast<size_t>(blocks * cols)] : nullptr);
+  std::unique_ptr<double[]> pb(gb ? new double[static_cast<size_t>(blocks * cols)] : nullptr);
+  std::unique_ptr<T[]> p32(new T[static_cast<size_t>(2 * cols * threads)]);
   for_blocks(blocks, rows, cols, [&](int64_t b) {
-    std::vector<T> p32(static_cast<size_t>(2 * cols));
-    run(block_begin(b, blocks, rows), block_begin(b + 1, blocks, rows), gw ? p32.data() : nullptr,
-        gb ? p32.data() + cols : nullptr, gw ? pw.data() + b * cols : nullptr, gb ? pb.data() + b * cols : nullptr);
+    T* mine = p32.get() + 2 * cols * (threads > 1 ? omp_get_thread_num() : 0);
+    run(block_begin(b, blocks, rows), block_begin(b + 1, blocks, rows), gw ? mine : nullptr, gb ? mine + cols : nullptr,
+        gw ? pw.get() + b * cols : nullptr, gb ? pb.get() + b * cols : nullptr);
   });
-  if (gw) combine_blocks(pw, blocks, cols, gw);
-  if (gb) combine_blocks(pb, blocks, cols, gb);
+  if (gw) combine_blocks(pw.get(), blocks, cols, gw);
+  if (gb) combine_blocks(pb.get(), blocks, cols, gb);
 }
 
 void check_out(const Tensor& t, const char* op) {
