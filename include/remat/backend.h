@@ -30,6 +30,17 @@ const char* binary_op_name(BinaryOp op);
 
 enum class ReduceOp : uint8_t { sum, mean, max, argmax };
 
+// One optimizer update (Backend::sgd_step, adamw_step); the formulas of remat/nn/optim.h.
+struct SgdStep {
+  double lr = 0.01, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+  bool first = false;  // the momentum buffer is set to the gradient instead of updated
+};
+struct AdamWStep {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double bias_correction1 = 1.0, bias_correction2 = 1.0;  // 1 - beta^t
+};
+
 // Fused attention (Backend::attention): out = dropout(softmax(q k^T * scale, mask)) @ v.
 struct AttentionParams {
   bool causal = true;       // query i sees keys j <= i only
@@ -101,6 +112,12 @@ class Backend {
                                       double label_smoothing, int64_t ignore_index, const Tensor& glogits) = 0;
   // y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p.
   virtual void dropout(const Tensor& x, double p, RngState state, const Tensor& y) = 0;
+
+  // ---- optimizer updates, in place, one pass over parameter, gradient and state (all
+  // contiguous, of the parameter's shape and dtype; the momentum buffer is undefined without momentum)
+  virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& step) = 0;
+  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                          const AdamWStep& step) = 0;
 
   // ---- fused attention, per batch b and head h, never forming the [Tq, Tk] probabilities:
   //   out[b, h] = dropout(softmax(q[b, h] @ k[b, h]^T * scale, causal mask)) @ v[b, h]

@@ -52,6 +52,10 @@ class CpuBackend final : public Backend {
                               double label_smoothing, int64_t ignore_index, const Tensor& glogits) override;
   void dropout(const Tensor& x, double p, RngState state, const Tensor& y) override;
 
+  // optim.cpp
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& step) override;
+  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                  const AdamWStep& step) override;
   // attention.cpp
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params, const Tensor& out,
                  const Tensor& lse) override;
