@@ -61,10 +61,21 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
                shape_str(leaf_->shape));
   Tensor leaf(leaf_);
   if (!leaf_->grad) {
-    // A fresh gradient-tagged buffer: the incoming tensor may be a view or shared.
-    Tensor grad = Tensor::empty(leaf_->shape, leaf_->dtype, memory::Tag::gradient, leaf.device());
-    backend(leaf.device()).copy(g, grad);
-    leaf_->grad = grad.impl_ptr();
+    // The incoming tensor becomes the gradient when nothing else can see its storage (the usual
+    // case: a fresh result of the last backward formula), retagged as gradient; otherwise (a
+    // view, or shared) a fresh gradient-tagged copy.
+    const std::shared_ptr<Storage>& storage = g.storage();
+    const bool sole_owner = g.impl_ptr().use_count() == 1 && storage.use_count() == 1 && g.is_contiguous() &&
+                            g.offset() == 0 && storage->bytes() == g.nbytes() && g.dtype() == leaf_->dtype &&
+                            storage->tag() == memory::Tag::other;
+    if (sole_owner) {
+      storage->set_tag(memory::Tag::gradient);
+      leaf_->grad = g.detach().impl_ptr();
+    } else {
+      Tensor grad = Tensor::empty(leaf_->shape, leaf_->dtype, memory::Tag::gradient, leaf.device());
+      backend(leaf.device()).copy(g, grad);
+      leaf_->grad = grad.impl_ptr();
+    }
   } else {
     Tensor grad(leaf_->grad);
     backend(leaf.device()).binary(BinaryOp::add, grad, g, grad);
