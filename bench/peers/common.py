@@ -17,6 +17,9 @@ MODELS = {
     "mlp": dict(kind="mlp", depth=64, width=512, batch=128),
     "gpt": dict(kind="gpt", vocab=114, layers=4, width=128, heads=4, seq=64, batch=32),
     "gpt-large": dict(kind="gpt", vocab=114, layers=8, width=256, heads=8, seq=256, batch=20),
+    # nanoGPT's CPU configuration of shakespeare_char (config/train_shakespeare_char.py with
+    # --device=cpu --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128)
+    "nanogpt": dict(kind="gpt", vocab=65, layers=4, width=128, heads=4, seq=64, batch=12),
 }
 
 

@@ -5,8 +5,10 @@
 
 FILE is written by remat_runner --save-init: the parameters under the same module names as
 remat's (Linear weight [out, in], as in PyTorch) and the inputs. The models mirror remat's
-exactly: the tanh MLP (layers.i.fc) and remat::nn::GPT (pre-norm blocks, explicit causal
-attention with a -inf mask and softmax, exact GELU, mean cross entropy).
+exactly: the tanh MLP (layers.i.fc) and remat::nn::GPT (pre-norm blocks, causal attention, exact
+GELU, mean cross entropy). Attention is nanoGPT's: torch.nn.functional.scaled_dot_product_attention
+with is_causal=True (PyTorch's fused CPU kernel; remat's nn attention is fused too); --attention
+explicit writes it out (scores, -inf mask, softmax).
 
 Policies:
   none        no checkpointing
@@ -26,7 +28,7 @@ import time
 from common import MODELS, MemoryProbe, emit, fail, split_inputs
 
 
-def build(torch, spec):
+def build(torch, spec, attention="sdpa"):
     nn = torch.nn
     F = torch.nn.functional
 
@@ -56,6 +58,9 @@ def build(torch, spec):
             h, d = self.heads, c // self.heads
             q, k, v = self.qkv(x).split(c, dim=-1)
             q, k, v = (z.reshape(b, t, h, d).permute(0, 2, 1, 3) for z in (q, k, v))
+            if attention == "sdpa":  # nanoGPT's model.py
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return self.proj(y.permute(0, 2, 1, 3).reshape(b, t, c))
             scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
             scores = scores.masked_fill(self.mask[:t, :t], float("-inf"))
             att = torch.softmax(scores, dim=-1)
@@ -106,6 +111,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--attention", choices=["sdpa", "explicit"], default="sdpa")
     a = ap.parse_args()
     try:
         import torch
@@ -117,7 +123,7 @@ def main():
 
     torch.set_num_threads(a.threads)
     spec = MODELS[a.model]
-    model = build(torch, spec)
+    model = build(torch, spec, a.attention)
     tensors = load_file(a.init)
     params, inputs = split_inputs(tensors)
     model.load_state_dict(params, strict=True)
@@ -188,7 +194,7 @@ def main():
         "first_loss": losses[0], "rss_peak_growth_bytes": probe.growth_bytes(),
         "rss_base_bytes": probe.rss_base_kib * 1024, "hwm_reset": probe.hwm_reset,
         "segments": max(1, round(math.sqrt(n))) if a.policy == "sequential" else None,
-        "version": torch.__version__,
+        "version": torch.__version__, "attention": a.attention,
     })
 
 
