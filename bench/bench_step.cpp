@@ -4,7 +4,7 @@
 //   build/bench/bench_step [--layers 4] [--width 128] [--heads 4] [--seq 64] [--batch 12]
 //                          [--vocab 65] [--policy save-all] [--steps 10] [--warmup 2]
 //                          [--threads 2] [--optimizer sgd|adamw] [--fuse-optimizer] [--json]
-//                          [--no-peak]
+//                          [--no-peak] [--attention fused|explicit]
 //
 // Defaults are nanoGPT's CPU configuration (shakespeare_char: 4 layers, 4 heads, width 128,
 // context 64, batch 12, vocabulary 65). A step is: drop the gradients, forward, loss, backward,
@@ -96,7 +96,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: bench_step [--layers N] [--width C] [--heads H] [--seq T] [--batch B] [--vocab V] "
                "[--policy P] [--steps N] [--warmup N] [--threads N] [--optimizer sgd|adamw] [--fuse-optimizer] "
-               "[--json] [--no-peak]\n");
+               "[--json] [--no-peak] [--attention fused|explicit]\n");
 }
 
 }  // namespace
@@ -126,6 +126,11 @@ int main(int argc, char** argv) {
     else if (a == "--fuse-optimizer") o.fuse_optimizer = true;
     else if (a == "--json") o.json = true;
     else if (a == "--no-peak") o.measure_peak = false;
+    else if (a == "--attention") {
+      const std::string v = value();
+      REMAT_CHECK(v == "fused" || v == "explicit", "bench_step: --attention fused|explicit, got ", v);
+      o.config.fused_attention = v == "fused";
+    }
     else {
       usage();
       return 2;
@@ -177,13 +182,14 @@ int main(int argc, char** argv) {
     if (o.json) {
       std::printf("{\"layers\": %lld, \"width\": %lld, \"heads\": %lld, \"seq\": %lld, \"batch\": %lld, "
                   "\"vocab\": %lld, \"policy\": \"%s\", \"optimizer\": \"%s\", \"fuse_optimizer\": %s, "
-                  "\"threads\": %d, \"steps\": %d, \"step_seconds_median\": %.6g, \"model_flops_per_step\": %.6g, "
+                  "\"attention\": \"%s\", \"threads\": %d, \"steps\": %d, \"step_seconds_median\": %.6g, \"model_flops_per_step\": %.6g, "
                   "\"sgemm_peak_flops\": %.6g, \"mfu\": %.4f, \"peak_total_bytes\": %zu, \"peak_saved_bytes\": %zu, "
                   "\"first_loss\": %.6f, \"last_loss\": %.6f}\n",
                   static_cast<long long>(o.config.layers), static_cast<long long>(o.config.width),
                   static_cast<long long>(o.config.heads), static_cast<long long>(o.config.seq),
                   static_cast<long long>(o.batch), static_cast<long long>(o.config.vocab), policy.to_string().c_str(),
-                  o.optimizer.c_str(), o.fuse_optimizer ? "true" : "false", o.threads, o.steps, step_s, model_flops,
+                  o.optimizer.c_str(), o.fuse_optimizer ? "true" : "false", o.config.fused_attention ? "fused" : "explicit",
+                  o.threads, o.steps, step_s, model_flops,
                   peak, mfu, peak_total, peak_saved, first_loss, last_loss);
     } else {
       std::printf("GPT %lldL x %lld wide, %lld heads, T %lld, batch %lld, vocab %lld, %s, %s%s, %d threads\n",

@@ -76,9 +76,10 @@ Tensor MLP::forward_impl(const Tensor& x) {
 
 // ---- TransformerBlock
 
-TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout, DType dtype) {
+TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout, DType dtype, bool fused_attention) {
   ln1 = register_module("ln1", std::make_shared<LayerNorm>(width, 1e-5, true, dtype));
-  attn = register_module("attn", std::make_shared<CausalSelfAttention>(width, heads, dropout, dropout, dtype));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(width, heads, dropout, dropout, dtype,
+                                                                       fused_attention));
   ln2 = register_module("ln2", std::make_shared<LayerNorm>(width, 1e-5, true, dtype));
   mlp = register_module("mlp", std::make_shared<MLP>(width, dropout, dtype));
 }

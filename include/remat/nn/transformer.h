@@ -53,7 +53,8 @@ class MLP : public Module {
 // weights, the attention output and the MLP output.
 class TransformerBlock : public Module {
  public:
-  TransformerBlock(int64_t width, int64_t heads, double dropout = 0.0, DType dtype = DType::f32);
+  TransformerBlock(int64_t width, int64_t heads, double dropout = 0.0, DType dtype = DType::f32,
+                   bool fused_attention = true);
   Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "TransformerBlock"; }
   std::shared_ptr<LayerNorm> ln1, ln2;
