@@ -1,13 +1,19 @@
-// Memory-bound kernels over x [4096, 1024] f32, in GB/s of bytes read + written (input and
-// output; the [1024] layer_norm weight/bias and the per-row statistics are not counted), next to
-// memcpy of the same bytes (one thread, and split across all threads with OpenMP).
+// Memory-bound kernels over x [4096, 1024] f32, in GB/s of bytes read + written (inputs and
+// output of the size of x; the [1024] weight/bias, per-row statistics and targets are not
+// counted), next to memcpy of 2 x 16 MiB (one thread, and split across all threads with OpenMP).
 //
-//   relu, tanh     y = op(x)
-//   softmax        y = softmax(x, -1)
-//   layer_norm     y = layer_norm(x, weight, bias)
+//   relu, tanh, gelu, gelu_tanh   y = op(x)                              (read x, write y)
+//   softmax, log_softmax          y = op(x, -1)                          (read x, write y)
+//   layer_norm, rms_norm          y = op(x, weight[, bias])              (read x, write y)
+//   cross_entropy                 per-row loss and the log-softmax its backward keeps
+//                                                                        (read x, write logp)
+//   *_backward                    the backend's backward kernel, as the op's backward formula
+//                                 calls it (softmax: read y, gy, write gx; layer_norm: read x,
+//                                 gy, write gx; cross_entropy: read logp, write glogits; ...)
 //
-// remat ops allocate their output every call, as in real use. Ops that are not implemented yet
-// are reported as errors ("not implemented") rather than failing the run.
+// remat ops allocate their output every call, as in real use; the backward kernels get a freshly
+// allocated output per call too. Ops that are not implemented yet are reported as errors rather
+// than failing the run.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -26,8 +32,8 @@ namespace {
 constexpr int64_t kRows = 4096, kCols = 1024;
 constexpr double kBytes = 2.0 * kRows * kCols * sizeof(float);  // read x + write y
 
-void set_counters(benchmark::State& state) {
-  state.counters["GBps"] = benchmark::Counter(kBytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+void set_counters(benchmark::State& state, double bytes = kBytes) {
+  state.counters["GBps"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void run_op(benchmark::State& state, const std::function<remat::Tensor(const remat::Tensor&)>& op) {
@@ -59,6 +65,116 @@ void BM_softmax(benchmark::State& state) {
 void BM_layer_norm(benchmark::State& state) {
   remat::Tensor weight = remat::ones({kCols}), bias = remat::zeros({kCols});
   run_op(state, [&](const remat::Tensor& x) { return remat::layer_norm(x, weight, bias, 1e-5); });
+}
+
+void BM_log_softmax(benchmark::State& state) {
+  run_op(state, [](const remat::Tensor& x) { return remat::log_softmax(x, -1); });
+}
+void BM_rms_norm(benchmark::State& state) {
+  remat::Tensor weight = remat::ones({kCols});
+  run_op(state, [&](const remat::Tensor& x) { return remat::rms_norm(x, weight, 1e-6); });
+}
+void BM_gelu(benchmark::State& state) { run_op(state, [](const remat::Tensor& x) { return remat::gelu(x); }); }
+void BM_gelu_tanh(benchmark::State& state) {
+  run_op(state, [](const remat::Tensor& x) { return remat::gelu(x, true); });
+}
+
+// ---- kernels called through the backend, output allocated per call
+
+remat::Tensor targets_for_rows() {
+  std::vector<int64_t> t(kRows);
+  for (int64_t r = 0; r < kRows; ++r) t[r] = (r * 37) % kCols;
+  return remat::from_indices(t, {kRows});
+}
+
+// Times body() (which allocates and fills its output) and reports `bytes` per call.
+void run_kernel(benchmark::State& state, double bytes, const std::function<remat::Tensor()>& body) {
+  remat::NoGradGuard no_grad;
+  try {
+    body();
+  } catch (const remat::Error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  for (auto _ : state) {
+    remat::Tensor out = body();
+    benchmark::DoNotOptimize(out.raw_data());
+  }
+  set_counters(state, bytes);
+}
+
+remat::Tensor empty_like_x() { return remat::Tensor::empty({kRows, kCols}); }
+
+void BM_cross_entropy(benchmark::State& state) {
+  remat::manual_seed(7);
+  remat::Tensor x = remat::randn({kRows, kCols}), targets = targets_for_rows();
+  remat::Tensor losses = remat::Tensor::empty({kRows});
+  run_kernel(state, kBytes, [&] {
+    remat::Tensor logp = empty_like_x();
+    remat::cpu_backend().cross_entropy(x, targets, 0.0, -100, losses, logp);
+    return logp;
+  });
+}
+
+void BM_softmax_backward(benchmark::State& state, bool log) {
+  remat::manual_seed(8);
+  remat::Tensor x = remat::randn({kRows, kCols});
+  remat::Tensor y = log ? remat::log_softmax(x, -1) : remat::softmax(x, -1), gy = remat::randn({kRows, kCols});
+  run_kernel(state, 1.5 * kBytes, [&] {
+    remat::Tensor gx = empty_like_x();
+    remat::cpu_backend().softmax_backward(y, gy, gx, log);
+    return gx;
+  });
+}
+
+void BM_layer_norm_backward(benchmark::State& state) {
+  remat::manual_seed(9);
+  remat::Tensor x = remat::randn({kRows, kCols}), gy = remat::randn({kRows, kCols});
+  remat::Tensor weight = remat::ones({kCols}), bias = remat::zeros({kCols});
+  remat::Tensor mean = remat::Tensor::empty({kRows}), rstd = remat::Tensor::empty({kRows});
+  remat::cpu_backend().layer_norm(x, weight, bias, 1e-5, empty_like_x(), mean, rstd);
+  remat::Tensor gw = remat::Tensor::empty({kCols}), gb = remat::Tensor::empty({kCols});
+  run_kernel(state, 1.5 * kBytes, [&] {
+    remat::Tensor gx = empty_like_x();
+    remat::cpu_backend().layer_norm_backward(x, weight, mean, rstd, gy, gx, gw, gb);
+    return gx;
+  });
+}
+
+void BM_rms_norm_backward(benchmark::State& state) {
+  remat::manual_seed(10);
+  remat::Tensor x = remat::randn({kRows, kCols}), gy = remat::randn({kRows, kCols});
+  remat::Tensor weight = remat::ones({kCols}), rstd = remat::Tensor::empty({kRows});
+  remat::cpu_backend().rms_norm(x, weight, 1e-6, empty_like_x(), rstd);
+  remat::Tensor gw = remat::Tensor::empty({kCols});
+  run_kernel(state, 1.5 * kBytes, [&] {
+    remat::Tensor gx = empty_like_x();
+    remat::cpu_backend().rms_norm_backward(x, weight, rstd, gy, gx, gw);
+    return gx;
+  });
+}
+
+void BM_cross_entropy_backward(benchmark::State& state) {
+  remat::manual_seed(11);
+  remat::Tensor x = remat::randn({kRows, kCols}), targets = targets_for_rows();
+  remat::Tensor logp = remat::log_softmax(x, -1), gloss = remat::full({kRows}, 1.0 / kRows);
+  run_kernel(state, kBytes, [&] {
+    remat::Tensor g = empty_like_x();
+    remat::cpu_backend().cross_entropy_backward(logp, targets, gloss, 0.0, -100, g);
+    return g;
+  });
+}
+
+void BM_unary_backward(benchmark::State& state, remat::UnaryOp op) {
+  remat::manual_seed(12);
+  remat::Tensor x = remat::randn({kRows, kCols}), gy = remat::randn({kRows, kCols});
+  remat::Tensor y = empty_like_x();
+  remat::cpu_backend().unary(op, x, y, 0.0);
+  run_kernel(state, 1.5 * kBytes, [&] {
+    remat::Tensor gx = empty_like_x();
+    remat::cpu_backend().unary_backward(op, x, y, gy, gx, 0.0);
+    return gx;
+  });
 }
 
 void BM_memcpy(benchmark::State& state) {
@@ -97,5 +213,18 @@ BENCHMARK(BM_relu)->Name("relu")->UseRealTime();
 BENCHMARK(BM_tanh)->Name("tanh")->UseRealTime();
 BENCHMARK(BM_softmax)->Name("softmax")->UseRealTime();
 BENCHMARK(BM_layer_norm)->Name("layer_norm")->UseRealTime();
+BENCHMARK(BM_log_softmax)->Name("log_softmax")->UseRealTime();
+BENCHMARK(BM_rms_norm)->Name("rms_norm")->UseRealTime();
+BENCHMARK(BM_cross_entropy)->Name("cross_entropy")->UseRealTime();
+BENCHMARK(BM_gelu)->Name("gelu")->UseRealTime();
+BENCHMARK(BM_gelu_tanh)->Name("gelu_tanh")->UseRealTime();
+BENCHMARK_CAPTURE(BM_softmax_backward, softmax, false)->Name("softmax_backward")->UseRealTime();
+BENCHMARK_CAPTURE(BM_softmax_backward, log_softmax, true)->Name("log_softmax_backward")->UseRealTime();
+BENCHMARK(BM_layer_norm_backward)->Name("layer_norm_backward")->UseRealTime();
+BENCHMARK(BM_rms_norm_backward)->Name("rms_norm_backward")->UseRealTime();
+BENCHMARK(BM_cross_entropy_backward)->Name("cross_entropy_backward")->UseRealTime();
+BENCHMARK_CAPTURE(BM_unary_backward, gelu, remat::UnaryOp::gelu)->Name("gelu_backward")->UseRealTime();
+BENCHMARK_CAPTURE(BM_unary_backward, gelu_tanh, remat::UnaryOp::gelu_tanh)->Name("gelu_tanh_backward")->UseRealTime();
+BENCHMARK_CAPTURE(BM_unary_backward, tanh, remat::UnaryOp::tanh)->Name("tanh_backward")->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "op_harness.h"
@@ -274,6 +275,140 @@ OpCase view_case(const std::string& name, Shape shape, std::function<Tensor(cons
   c.reference = [=](const std::vector<Array>& a) { return std::vector<Array>{reference(a[0])}; };
   return c;
 }
+
+
+// ---- fused attention (issue 14) -------------------------------------------------------------
+// Reference: softmax(q k^T * scale, causal mask) with the dropout mask of ref::dropout on the
+// [B, H, Tq, Tk] probabilities, then @ v; q [N.., Tq, D], k [N.., Tk, D], v [N.., Tk, Dv].
+Array ref_attention(const Array& q, const Array& k, const Array& v, bool causal, double scale, double p,
+                    RngState state) {
+  const size_t r = q.shape.size();
+  const int64_t tq = q.shape[r - 2], d = q.shape[r - 1], tk = k.shape[r - 2], dv = v.shape[r - 1];
+  const int64_t heads = numel_of(q.shape) / (tq * d);
+  Shape oshape = q.shape;
+  oshape[r - 1] = dv;
+  Array out = make_array(oshape);
+  std::vector<bool> keep = p > 0 ? ref::dropout_mask(heads * tq * tk, p, state) : std::vector<bool>();
+  for (int64_t n = 0; n < heads; ++n)
+    for (int64_t i = 0; i < tq; ++i) {
+      std::vector<double> w(static_cast<size_t>(tk), -std::numeric_limits<double>::infinity());
+      double mx = -std::numeric_limits<double>::infinity(), total = 0;
+      for (int64_t j = 0; j < tk; ++j) {
+        if (causal && j > i) continue;
+        double dot = 0;
+        for (int64_t e = 0; e < d; ++e) dot += q.v[(n * tq + i) * d + e] * k.v[(n * tk + j) * d + e];
+        w[j] = dot * scale;
+        mx = std::max(mx, w[j]);
+      }
+      for (int64_t j = 0; j < tk; ++j) total += w[j] == -std::numeric_limits<double>::infinity() ? 0 : std::exp(w[j] - mx);
+      for (int64_t j = 0; j < tk; ++j) {
+        if (w[j] == -std::numeric_limits<double>::infinity()) continue;
+        double a = std::exp(w[j] - mx) / total;
+        if (p > 0) a = keep[static_cast<size_t>((n * tq + i) * tk + j)] ? a / (1.0 - p) : 0.0;
+        for (int64_t x = 0; x < dv; ++x) out.v[(n * tq + i) * dv + x] += a * v.v[(n * tk + j) * dv + x];
+      }
+    }
+  return out;
+}
+
+OpCase attention_case(const std::string& variant, Shape sq, Shape sk, Shape sv, bool causal, double p = 0.0,
+                      RngState state = {}, std::optional<double> scale = std::nullopt) {
+  OpCase c;
+  c.name = "scaled_dot_product_attention_" + variant + "_" + dims(sq) + "_" + dims(sk) + "_" + dims(sv);
+  c.make_inputs = [=](Rng& r) {
+    const int64_t tk = sk[sk.size() - 2];
+    if (p > 0 && !ref::dropout_mask_is_unambiguous(numel_of(sq) / sq.back() * tk, p, state))
+      throw std::logic_error("attention case: pick another dropout state (f32/f64 masks could differ)");
+    return Inputs{floating("q", sq, r.uniform_vector(numel_of(sq), -1.5, 1.5)),
+                  floating("k", sk, r.uniform_vector(numel_of(sk), -1.5, 1.5)),
+                  floating("v", sv, r.uniform_vector(numel_of(sv), -1, 1))};
+  };
+  c.apply = [=](const TensorList& in) {
+    return TensorList{scaled_dot_product_attention(in[0], in[1], in[2], causal, p, state, scale)};
+  };
+  c.reference = [=](const std::vector<Array>& a) {
+    double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(sq.back()));
+    return std::vector<Array>{ref_attention(a[0], a[1], a[2], causal, sc, p, state)};
+  };
+  return c;
+}
+
+// q, k, v as [B, H, T, D] views of one [B, T, 3 * H * D] input, the way nn attention makes them
+// (strided along T and H; unit stride along D).
+OpCase attention_from_qkv_case(int64_t b, int64_t t, int64_t h, int64_t d, double p, RngState state) {
+  OpCase c;
+  c.name = "scaled_dot_product_attention_qkv_views_" + dims({b, t, 3 * h * d}) + "_p" +
+           std::to_string(static_cast<int>(p * 100));
+  const int64_t width = h * d;
+  c.make_inputs = [=](Rng& r) {
+    if (p > 0 && !ref::dropout_mask_is_unambiguous(b * h * t * t, p, state))
+      throw std::logic_error("attention case: pick another dropout state");
+    return Inputs{floating("qkv", {b, t, 3 * width}, r.uniform_vector(b * t * 3 * width, -1.5, 1.5))};
+  };
+  c.apply = [=](const TensorList& in) {
+    TensorList parts = split(in[0], {width, width, width}, -1);
+    auto heads = [&](const Tensor& z) { return z.reshape({b, t, h, d}).permute({0, 2, 1, 3}); };
+    Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), true, p, state);
+    return TensorList{y.permute({0, 2, 1, 3}).reshape({b, t, width})};
+  };
+  c.reference = [=](const std::vector<Array>& a) {
+    std::vector<Array> parts = ref::split(a[0], {width, width, width}, -1);
+    auto heads = [&](const Array& z) { return ref::permute(ref::reshape(z, {b, t, h, d}), {0, 2, 1, 3}); };
+    Array y = ref_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), true,
+                            1.0 / std::sqrt(static_cast<double>(d)), p, state);
+    return std::vector<Array>{ref::reshape(ref::permute(y, {0, 2, 1, 3}), {b, t, width})};
+  };
+  return c;
+}
+
+void add_attention_rows(std::vector<OpCase>& t) {
+  t.push_back(attention_case("causal", {2, 3, 5, 4}, {2, 3, 5, 4}, {2, 3, 5, 4}, true));
+  t.push_back(attention_case("full_tq_ne_tk_dv_ne_d", {2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 3}, false));
+  t.push_back(attention_case("causal_tq_gt_tk", {1, 2, 6, 3}, {1, 2, 4, 3}, {1, 2, 4, 2}, true));
+  t.push_back(attention_case("rank3", {3, 6, 2}, {3, 6, 2}, {3, 6, 2}, true));
+  t.push_back(attention_case("scale", {1, 2, 4, 3}, {1, 2, 4, 3}, {1, 2, 4, 3}, true, 0.0, {}, 0.7));
+  // several query and key tiles (32 f32 or 16 f64 positions per tile), odd head sizes
+  t.push_back(attention_case("tiles", {1, 1, 37, 3}, {1, 1, 37, 3}, {1, 1, 37, 5}, true));
+  t.push_back(attention_case("tiles_full", {1, 1, 19, 9}, {1, 1, 35, 9}, {1, 1, 35, 2}, false));
+  t.push_back(attention_case("dropout", {2, 2, 5, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, true, 0.3, {4321, 4}));
+  t.push_back(attention_case("dropout_tiles", {1, 1, 34, 3}, {1, 1, 34, 3}, {1, 1, 34, 3}, true, 0.2, {99, 0}));
+  t.push_back(attention_from_qkv_case(2, 5, 2, 3, 0.0, {}));
+  t.push_back(attention_from_qkv_case(2, 5, 2, 3, 0.25, {2024, 12}));
+}
+
+// Rows wider than a vector (8 floats, 4 doubles) with a tail: the hand-vectorised row and GELU
+// kernels take their vector and scalar paths in one row.
+void add_wide_row_cases(std::vector<OpCase>& t) {
+  for (bool log : {false, true}) t.push_back(softmax_case(log, {3, 21}, -1));
+  t.push_back(layer_norm_case(true, true, {3, 19}));
+  t.push_back(layer_norm_case(false, false, {2, 27}));
+  t.push_back(rms_norm_case({3, 19}));
+  t.push_back(cross_entropy_case("wide", {3, 21}, {4, 20, 0}, 0.0, -100));
+  t.push_back(cross_entropy_case("wide_smoothing", {3, 21}, {13, -100, 7}, 0.1, -100));
+  t.push_back(unary_case("gelu_wide", [](const Tensor& x) { return gelu(x); }, gelu_d, uniform_gen(-4, 4), {5, 9}));
+  // linear: x @ W^T + b in one op
+  for (Shape sx : {Shape{4, 3}, Shape{2, 3, 3}}) {
+    OpCase c;
+    c.name = "linear_" + dims(sx) + "_by_5x3_bias";
+    c.make_inputs = [sx](Rng& r) {
+      return Inputs{floating("x", sx, r.uniform_vector(numel_of(sx), -1, 1)),
+                    floating("weight", {5, 3}, r.uniform_vector(15, -1, 1)), floating("bias", {5}, r.uniform_vector(5, -1, 1))};
+    };
+    c.apply = [](const TensorList& in) { return TensorList{linear(in[0], in[1], in[2])}; };
+    c.reference = [](const std::vector<Array>& a) {
+      Array y = ref::matmul(a[0], a[1], false, true);
+      return std::vector<Array>{ref::binary(y, a[2], [](double u, double v) { return u + v; })};
+    };
+    t.push_back(c);
+  }
+  // reshape of strided tensors that regroup without a copy (views with computed strides)
+  t.push_back(view_case("reshape_strided_slice_view", {2, 3, 4}, [](const Tensor& x) { return x.slice(2, 0, 4, 2).reshape({12}); },
+                        [](const Array& x) { return ref::reshape(ref::slice(x, 2, 0, 4, 2), {12}); }));
+  t.push_back(view_case("reshape_split_last_axis_of_slice", {2, 3, 6},
+                        [](const Tensor& x) { return x.slice(2, 2, 6).reshape({2, 3, 2, 2}).permute({0, 2, 1, 3}); },
+                        [](const Array& x) { return ref::permute(ref::reshape(ref::slice(x, 2, 2, 6, 1), {2, 3, 2, 2}), {0, 2, 1, 3}); }));
+}
+// ---- end of fused attention (issue 14) -------------------------------------------------------
 
 std::vector<OpCase> build_table() {
   std::vector<OpCase> t;
@@ -545,6 +680,8 @@ std::vector<OpCase> build_table() {
 
   // ---- issue 17: convolution, pooling, batch norm, diagonal, general einsum (op_rows_conv.h)
   for (auto& c : conv_pool_norm_einsum_rows()) t.push_back(std::move(c));
+  add_attention_rows(t);  // issue 14
+  add_wide_row_cases(t);  // issue 14
   return t;
 }
 
@@ -598,7 +735,9 @@ TEST(OpTable, CoversEveryOp) {
       "transpose", "slice", "expand", "unsqueeze", "squeeze", "contiguous", "clone", "to",
       // issue 17
       "conv2d", "conv1d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm_train", "batch_norm_eval",
-      "diagonal", "einsum"};
+      "diagonal", "einsum",
+      // issue 14
+      "scaled_dot_product_attention", "linear"};
   std::set<std::string> names;
   for (const auto& c : op_table()) {
     EXPECT_TRUE(names.insert(c.name).second) << "duplicate row " << c.name;

@@ -176,10 +176,29 @@ TEST(Views, ReshapeIsAViewWhenContiguousAndCopiesOtherwise) {
   EXPECT_EQ(rt.to_vector(), t.to_vector());  // row-major order of the transposed view
   EXPECT_THROW(t.view({8, 3}), Error);
 
-  Tensor s = x.slice(2, 0, 4, 2);  // [2, 3, 2] with step: reshape copies
+  // [2, 3, 2] with step 2: every element is 2 apart, so the flat reshape is a strided view
+  Tensor s = x.slice(2, 0, 4, 2);
+  uint64_t a2 = allocations();
   Tensor rs = s.reshape({12});
-  EXPECT_NE(rs.storage(), x.storage());
+  EXPECT_EQ(allocations(), a2);
+  EXPECT_EQ(rs.storage(), x.storage());
+  EXPECT_EQ(rs.strides(), (Strides{2}));
   EXPECT_EQ(rs.to_vector(), (Values{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22}));
+
+  // a slice along the last axis split into two axes (attention's heads) is a view as well...
+  Tensor q = x.slice(2, 0, 2);  // [2, 3, 2] of rows of 4
+  Tensor heads = q.reshape({2, 3, 2, 1});
+  EXPECT_EQ(heads.storage(), x.storage());
+  EXPECT_EQ(heads.to_vector(), q.to_vector());
+  // ...but merging two axes that are not contiguous over each other copies
+  Tensor m = x.slice(1, 0, 2).reshape({2, 8});  // rows 0-1 of each [3, 4] block: contiguous runs of 8
+  EXPECT_EQ(m.storage(), x.storage());
+  Tensor m2 = x.slice(2, 1, 3).reshape({6, 2});  // [2, 3, 2] -> [6, 2]: axes 0 and 1 merge (strides 12 = 3 * 4)
+  EXPECT_EQ(m2.storage(), x.storage());
+  EXPECT_EQ(m2.to_vector(), (Values{1, 2, 5, 6, 9, 10, 13, 14, 17, 18, 21, 22}));
+  Tensor c = x.slice(2, 1, 3).reshape({12});  // runs of 2 elements 4 apart: no single stride
+  EXPECT_NE(c.storage(), x.storage());
+  EXPECT_EQ(c.to_vector(), (Values{1, 2, 5, 6, 9, 10, 13, 14, 17, 18, 21, 22}));
 }
 
 TEST(Views, CloneAlwaysCopiesDetachShares) {

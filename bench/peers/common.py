@@ -20,6 +20,9 @@ MODELS = {
     # CIFAR pre-activation ResNets (remat::nn::ResNet): 3 stages of `blocks` blocks, 32x32 images
     "resnet": dict(kind="resnet", stages=3, blocks=3, width=16, classes=10, batch=32),
     "resnet-110": dict(kind="resnet", stages=3, blocks=18, width=16, classes=10, batch=32),
+    # nanoGPT's CPU configuration of shakespeare_char (config/train_shakespeare_char.py with
+    # --device=cpu --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128)
+    "nanogpt": dict(kind="gpt", vocab=65, layers=4, width=128, heads=4, seq=64, batch=12),
 }
 
 

@@ -5,6 +5,8 @@
 
 The weights and inputs come from the same file as PyTorch's (written by remat_runner
 --save-init), read with numpy. The models are the same functions as remat's and PyTorch's.
+Attention is jax.nn.dot_product_attention(is_causal=True) where this JAX has it (--attention
+explicit, or an older JAX: scores, -inf mask, softmax).
 
 Policies:
   none       no rematerialisation
@@ -33,6 +35,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--attention", choices=["fused", "explicit"], default="fused")
     a = ap.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     try:
@@ -43,6 +46,7 @@ def main():
         fail("jax", a.model, a.policy, f"import: {e}")
 
     spec = MODELS[a.model]
+    attention = a.attention if hasattr(jax.nn, "dot_product_attention") else "explicit"
     tensors = load_file(a.init)
     params_np, inputs_np = split_inputs(tensors)
     params = {k: jnp.asarray(v) for k, v in params_np.items()}
@@ -75,11 +79,16 @@ def main():
             hx = layer_norm(p, pre + "ln1", x)
             q, k, v = jnp.split(linear(p, pre + "attn.qkv", hx), 3, axis=-1)
             q, k, v = (z.reshape(b, t, heads, d).transpose(0, 2, 1, 3) for z in (q, k, v))
-            scores = (q @ k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(d))
-            mask = jnp.triu(jnp.ones((t, t), dtype=bool), 1)
-            scores = jnp.where(mask, -jnp.inf, scores)
-            att = jax.nn.softmax(scores, axis=-1)
-            y = (att @ v).transpose(0, 2, 1, 3).reshape(b, t, c)
+            if attention == "fused":
+                # jax.nn.dot_product_attention takes [B, T, H, D]
+                y = jax.nn.dot_product_attention(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
+                                                  v.transpose(0, 2, 1, 3), is_causal=True).reshape(b, t, c)
+            else:
+                scores = (q @ k.transpose(0, 1, 3, 2)) * (1.0 / math.sqrt(d))
+                mask = jnp.triu(jnp.ones((t, t), dtype=bool), 1)
+                scores = jnp.where(mask, -jnp.inf, scores)
+                att = jax.nn.softmax(scores, axis=-1)
+                y = (att @ v).transpose(0, 2, 1, 3).reshape(b, t, c)
             h = x + linear(p, pre + "attn.proj", y)
             m = linear(p, pre + "mlp.proj", jax.nn.gelu(linear(p, pre + "mlp.fc", layer_norm(p, pre + "ln2", h)),
                                                          approximate=False))
@@ -131,7 +140,7 @@ def main():
         "steps": a.steps, "warmup": a.warmup, "step_seconds": times, "step_cpu_seconds": cpu_times, "losses": losses,
         "first_loss": losses[0], "rss_peak_growth_bytes": probe.growth_bytes(),
         "rss_base_bytes": probe.rss_base_kib * 1024, "hwm_reset": probe.hwm_reset,
-        "version": jax.__version__,
+        "version": jax.__version__, "attention": attention,
     })
 
 

@@ -1,6 +1,6 @@
 // bench/peers/remat_runner.cpp - one remat configuration of the peer benchmarks, in its own process.
 //
-//   remat_runner --model mlp|gpt|gpt-large|resnet|resnet-110 --policy POLICY [--steps 5] [--warmup 2] [--threads 2]
+//   remat_runner --model mlp|gpt|gpt-large|nanogpt|resnet|resnet-110 --policy POLICY [--steps 5] [--warmup 2] [--threads 2]
 //                [--save-init FILE] [--lr 1e-4] [--alloc-cache BYTES]
 //
 // Builds the model from a fixed seed, makes its inputs from a fixed seed, optionally writes both to
@@ -117,12 +117,17 @@ ModelSpec spec_for(const std::string& name) {
     s.gpt = nn::GPTConfig{.vocab = 114, .layers = 8, .width = 256, .heads = 8, .seq = 256, .dropout = 0.0,
                           .dtype = DType::f32, .seed = 2};
     s.batch = 20;
+  } else if (name == "nanogpt") {  // nanoGPT's CPU configuration of shakespeare_char
+    s.kind = "gpt";
+    s.gpt = nn::GPTConfig{.vocab = 65, .layers = 4, .width = 128, .heads = 4, .seq = 64, .dropout = 0.0,
+                          .dtype = DType::f32, .seed = 3};
+    s.batch = 12;
   } else if (name == "resnet" || name == "resnet-110") {  // CIFAR ResNet-20 / ResNet-110, width 16
     s.kind = "resnet";
     s.resnet = nn::ResNetConfig{.stages = 3, .blocks_per_stage = name == "resnet" ? 3 : 18, .width = 16, .seed = 3};
     s.batch = 32;
   } else {
-    REMAT_CHECK(false, "remat_runner: unknown --model ", name, " (mlp, gpt, gpt-large, resnet, resnet-110)");
+    REMAT_CHECK(false, "remat_runner: unknown --model ", name, " (mlp, gpt, gpt-large, nanogpt, resnet, resnet-110)");
   }
   return s;
 }
@@ -153,7 +158,7 @@ double median(std::vector<double> v) {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: remat_runner --model mlp|gpt|gpt-large|resnet|resnet-110 --policy POLICY [--steps N] [--warmup W] "
+               "usage: remat_runner --model mlp|gpt|gpt-large|nanogpt|resnet|resnet-110 --policy POLICY [--steps N] [--warmup W] "
                "[--threads T] [--lr LR] [--save-init FILE] [--alloc-cache BYTES]\n");
 }
 

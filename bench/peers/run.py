@@ -161,7 +161,7 @@ def affinity_prefix():
 
 # Measured steps per model: more where a step is short (the median of 20 steps of ~0.1 s is
 # steadier than of 5), the minimum of 5 for gpt-large (~2 s a step). --steps sets all.
-MODEL_STEPS = {"mlp": 20, "gpt": 20, "gpt-large": 5, "resnet": 10, "resnet-110": 5}
+MODEL_STEPS = {"mlp": 20, "gpt": 20, "gpt-large": 5, "nanogpt": 30, "resnet": 10, "resnet-110": 5}
 
 
 def steps_for(model, a):
@@ -202,7 +202,7 @@ def budgets_for(el, sa):
 # Runs of every configuration per model (fresh processes, one pass over all configurations after
 # another, so that a disturbance hits different configurations in different passes); the report
 # gives the median over the passes. --repeats sets all.
-MODEL_REPEATS = {"mlp": 3, "gpt": 3, "gpt-large": 1, "resnet": 2, "resnet-110": 1}
+MODEL_REPEATS = {"mlp": 3, "gpt": 3, "gpt-large": 1, "nanogpt": 3, "resnet": 2, "resnet-110": 1}
 
 
 def repeats_for(model, a):
@@ -360,11 +360,51 @@ def ok(r):
     return "error" not in r and "median_step_seconds" in r
 
 
+def ratio_line(model, what, num, den, key, limit, unit="s"):
+    """A target 'num / den <= limit' on the field `key` of two records, as a table row."""
+    if not num or not den or not den.get(key):
+        return None
+    ratio = num[key] / den[key]
+    fmt = (lambda v: f"{v:.4f} s") if unit == "s" else (lambda v: f"{fmt_mib(v)} MiB")
+    return (f"| {model} | {what} (<= {limit:g}x) | {fmt(num[key])} vs {fmt(den[key])} ({ratio:.2f}x) | "
+            f"{'met' if ratio <= limit else 'MISSED'} |")
+
+
+def issue14_targets(model, rs, get):
+    """The speed and memory targets of issue 14, where this run has the configurations."""
+    lines = []
+    sa = get("remat", "save-all")
+    if model in ("gpt", "gpt-large", "nanogpt"):
+        lines.append(ratio_line(model, "remat save-all step vs PyTorch eager without checkpointing (SDPA)", sa,
+                                get("pytorch", "none"), "median_step_seconds", 0.7))
+    if model == "mlp":
+        lines.append(ratio_line(model, "remat save-all step vs JAX jit without checkpointing", sa, get("jax", "none"),
+                                "median_step_seconds", 0.9))
+    if model in ("gpt", "nanogpt", "gpt-large"):
+        lines.append(ratio_line(model, "remat every-layer step vs save-all", get("remat", "every-layer"), sa,
+                                "median_step_seconds", 1.25))
+    if model == "gpt":
+        sel = get("remat", "selective:matmul")
+        lines.append(ratio_line(model, "remat selective:matmul step vs save-all", sel, sa, "median_step_seconds", 1.05))
+        lines.append(ratio_line(model, "remat selective:matmul saved bytes vs save-all", sel, sa,
+                                "alloc_peak_saved_bytes", 0.5, unit="bytes"))
+    fused = [r for r in rs if r["system"] == "remat" and r["label"].endswith("+fused-optimizer")]
+    peers = [r for r in rs if r["system"] != "remat"]
+    for f in fused:
+        worse = [p for p in peers if p["rss_peak_growth_bytes"] <= f["rss_peak_growth_bytes"]]
+        lines.append(f"| {model} | remat {f['label']} peak RSS growth below every PyTorch and JAX configuration | "
+                     f"{fmt_mib(f['rss_peak_growth_bytes'])} MiB (allocator: {fmt_mib(f['alloc_peak_bytes'])} MiB total) vs "
+                     f"smallest peer {fmt_mib(min((p['rss_peak_growth_bytes'] for p in peers), default=None))} MiB | "
+                     f"{'met' if peers and not worse else 'MISSED'} |")
+    return [line for line in lines if line]
+
+
 def targets(results, models):
     lines = []
     for model in models:
         rs = [r for r in results if r["model"] == model and ok(r)]
         get = lambda s, p: next((r for r in rs if r["system"] == s and r["label"] == p), None)  # noqa: E731
+        lines.extend(issue14_targets(model, rs, get))
         sa, tn = get("remat", "save-all"), get("pytorch", "none")
         if sa and tn:
             met = sa["median_step_seconds"] <= tn["median_step_seconds"]
@@ -469,8 +509,10 @@ def write_markdown(path, results, env, a, models, started, finished, loss_failur
     L.append("- Models: `mlp` 64 layers of tanh(h W^T + b), width 512, batch 128, loss mean(h^2); `gpt` the "
              "default model of `remat train` (4 layers, width 128, 4 heads, seq 64, batch 32, vocab 114, random "
              "token ids); `gpt-large` 8 layers, width 256, 8 heads, seq 256, batch 20, vocab 114 (about 1 GiB of "
-             "saved activations under save-all). All GPTs: pre-norm blocks, explicit causal attention "
-             "(-inf mask, softmax), exact GELU, mean cross entropy. `resnet` / `resnet-110`: the pre-activation CIFAR "
+             "saved activations under save-all); `nanogpt` nanoGPT's CPU configuration of shakespeare_char (4 "
+             "layers, width 128, 4 heads, seq 64, batch 12, vocab 65). All GPTs: pre-norm blocks, fused causal "
+             "attention (remat's scaled_dot_product_attention, PyTorch's F.scaled_dot_product_attention as in "
+             "nanoGPT, JAX's jax.nn.dot_product_attention), exact GELU, mean cross entropy. `resnet` / `resnet-110`: the pre-activation CIFAR "
              "ResNet-20 / ResNet-110 of remat::nn::ResNet (3 stages of 3 / 18 blocks, width 16, batch 32, 32x32 "
              "synthetic images, batch norm in training mode, mean cross entropy); remat's chain is stem, blocks, head; "
              "PyTorch `per-stage` checkpoints each residual stage (`bn/step`: batch-norm updates per step, from "
@@ -576,7 +618,7 @@ def plot(path, results, models, title):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="mlp,gpt,gpt-large")
+    ap.add_argument("--models", default="mlp,gpt,gpt-large,nanogpt")
     ap.add_argument("--steps", type=int, default=0,
                     help="measured steps per configuration (default: 20 for mlp and gpt, 5 for gpt-large)")
     ap.add_argument("--warmup", type=int, default=2)

@@ -6,10 +6,12 @@
 
 FILE is written by remat_runner --save-init: the parameters under the same module names as
 remat's (Linear weight [out, in], as in PyTorch) and the inputs. The models mirror remat's
-exactly: the tanh MLP (layers.i.fc), remat::nn::GPT (pre-norm blocks, explicit causal
-attention with a -inf mask and softmax, exact GELU, mean cross entropy) and remat::nn::ResNet
-(pre-activation CIFAR ResNet: layers.0 the stem, layers.1..B the blocks, Residual(PreActBody) or
-DownsampleBlock, layers.B+1 the head; batch norm in training mode, mean cross entropy).
+exactly: the tanh MLP (layers.i.fc), remat::nn::GPT (pre-norm blocks, causal attention, exact
+GELU, mean cross entropy) and remat::nn::ResNet (pre-activation CIFAR ResNet: layers.0 the stem,
+layers.1..B the blocks, Residual(PreActBody) or DownsampleBlock, layers.B+1 the head; batch norm in
+training mode, mean cross entropy). Attention is nanoGPT's:
+torch.nn.functional.scaled_dot_product_attention with is_causal=True (PyTorch's fused CPU kernel;
+remat's nn attention is fused too); --attention explicit writes it out (scores, -inf mask, softmax).
 
 Policies:
   none        no checkpointing
@@ -34,7 +36,7 @@ import time
 from common import MODELS, MemoryProbe, emit, fail, split_inputs
 
 
-def build(torch, spec):
+def build(torch, spec, attention="sdpa"):
     nn = torch.nn
     F = torch.nn.functional
 
@@ -64,6 +66,9 @@ def build(torch, spec):
             h, d = self.heads, c // self.heads
             q, k, v = self.qkv(x).split(c, dim=-1)
             q, k, v = (z.reshape(b, t, h, d).permute(0, 2, 1, 3) for z in (q, k, v))
+            if attention == "sdpa":  # nanoGPT's model.py
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return self.proj(y.permute(0, 2, 1, 3).reshape(b, t, c))
             scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
             scores = scores.masked_fill(self.mask[:t, :t], float("-inf"))
             att = torch.softmax(scores, dim=-1)
@@ -169,6 +174,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--attention", choices=["sdpa", "explicit"], default="sdpa")
     a = ap.parse_args()
     try:
         import torch
@@ -180,7 +186,7 @@ def main():
 
     torch.set_num_threads(a.threads)
     spec = MODELS[a.model]
-    model = build(torch, spec)
+    model = build(torch, spec, a.attention)
     tensors = load_file(a.init)
     params, inputs = split_inputs(tensors)
     if spec["kind"] == "resnet":
@@ -282,7 +288,7 @@ def main():
         "first_loss": losses[0], "rss_peak_growth_bytes": probe.growth_bytes(),
         "rss_base_bytes": probe.rss_base_kib * 1024, "hwm_reset": probe.hwm_reset,
         "segments": max(1, round(math.sqrt(n))) if a.policy == "sequential" else None,
-        "version": torch.__version__,
+        "version": torch.__version__, "attention": a.attention,
         **({"bn_batches_tracked": int(model.layers[1].fn.bn1.num_batches_tracked.item()),
             "bn_batches_tracked_per_step": model.layers[1].fn.bn1.num_batches_tracked.item() / (a.warmup + a.steps)}
            if spec["kind"] == "resnet" else {}),

@@ -166,6 +166,7 @@ class AccumulateGrad final : public Node {
   struct Staged {
     Tensor fresh;      // the leaf's new .grad() (it had none)
     Tensor increment;  // to add to the leaf's existing .grad()
+    bool adopt = false;  // fresh is the incoming gradient's own buffer, retagged at commit
   };
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   std::string name() const override { return "AccumulateGrad"; }

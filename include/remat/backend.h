@@ -69,6 +69,25 @@ const char* conv_algorithm_name(ConvAlgorithm algorithm);
 void set_conv_algorithm(ConvAlgorithm algorithm);
 ConvAlgorithm conv_algorithm();
 
+// One optimizer update (Backend::sgd_step, adamw_step); the formulas of remat/nn/optim.h.
+struct SgdStep {
+  double lr = 0.01, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+  bool first = false;  // the momentum buffer is set to the gradient instead of updated
+};
+struct AdamWStep {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double bias_correction1 = 1.0, bias_correction2 = 1.0;  // 1 - beta^t
+};
+
+// Fused attention (Backend::attention): out = dropout(softmax(q k^T * scale, mask)) @ v.
+struct AttentionParams {
+  bool causal = true;       // query i sees keys j <= i only
+  double scale = 1.0;       // multiplies the scores q . k
+  double dropout_p = 0.0;   // probability of dropping an attention probability (0: no dropout)
+  RngState dropout_state;   // where the dropout words come from (see Backend::attention)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -164,6 +183,28 @@ class Backend {
   virtual void batch_norm_backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                    const Tensor& gy, bool batch_statistics, const Tensor& gx, const Tensor& gweight,
                                    const Tensor& gbias) = 0;
+
+  // ---- optimizer updates, in place, one pass over parameter, gradient and state (all
+  // contiguous, of the parameter's shape and dtype; the momentum buffer is undefined without momentum)
+  virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& step) = 0;
+  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                          const AdamWStep& step) = 0;
+
+  // ---- fused attention, per batch b and head h, never forming the [Tq, Tk] probabilities:
+  //   out[b, h] = dropout(softmax(q[b, h] @ k[b, h]^T * scale, causal mask)) @ v[b, h]
+  // q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv], out [B, H, Tq, Dv]: any strides with a
+  // unit stride along the last axis; lse [B, H, Tq] contiguous receives each row's log-sum-exp of
+  // the scaled, masked scores (the backward recomputes the probabilities from it). Dropout keeps
+  // probability (b, h, i, j) iff uniform_float(word ((b * H + h) * Tq + i) * Tk + j of
+  // dropout_state) >= dropout_p, the words dropout() would use on the [B, H, Tq, Tk] tensor.
+  // Results do not depend on the number of threads.
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                         const Tensor& out, const Tensor& lse) = 0;
+  // Gradients gq, gk, gv (shapes of q, k, v; unit stride along the last axis) from the forward's
+  // out and lse and the output gradient gout.
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& gout, const AttentionParams& params,
+                                  const Tensor& gq, const Tensor& gk, const Tensor& gv) = 0;
 };
 
 Backend& backend(Device device);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <vector>
 
 #include "remat/autodiff.h"
@@ -68,6 +69,9 @@ Tensor argmax(const Tensor& x, int64_t axis, bool keepdim = false);  // i64, not
 // a [..., m, k] @ b [..., k, n] (with trans_a: a is [..., k, m]; with trans_b: b is [..., n, k]).
 // Leading (batch) axes broadcast; a 2-D b against a batched a is one large GEMM.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// x [..., in] @ weight [out, in]^T + bias [out] (bias may be undefined): one "matmul" op whose GEMM
+// adds the bias (no separate pass or tensor for it).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- normalisation and softmax over the last axis (softmax over any axis)
 Tensor softmax(const Tensor& x, int64_t axis = -1);
@@ -86,6 +90,23 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_s
 // generator's counter, so a checkpoint region that replays the RNG state replays the mask.
 Tensor dropout(const Tensor& x, double p, bool training = true);
 Tensor dropout(const Tensor& x, double p, RngState state);
+
+// ---- attention
+// Fused scaled dot-product attention, as one op:
+//   out = dropout(softmax(q @ k^T * scale, causal mask), dropout_p) @ v
+// q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] -> out [B, H, Tq, Dv] (or all without B).
+// causal: query i sees keys j <= i. scale defaults to 1 / sqrt(D). The kernel never forms the
+// [Tq, Tk] probabilities (FlashAttention's tiled online softmax); the backward keeps q, k, v, the
+// output and one log-sum-exp per query row, and recomputes the probabilities tile by tile. Dropout
+// draws one word per probability from the default generator (or the given state), the same words
+// dropout() on the probabilities would use, so checkpointing replays it exactly. The output is a
+// [B, H, Tq, Dv] view of a [B, Tq, H, Dv] buffer: out.permute({0, 2, 1, 3}).reshape({B, Tq, H * Dv})
+// is free.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
+                                    double dropout_p = 0.0, bool training = true,
+                                    std::optional<double> scale = std::nullopt);
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                                    RngState state, std::optional<double> scale = std::nullopt);
 
 // ---- joining and splitting
 Tensor concat(const TensorList& tensors, int64_t axis);

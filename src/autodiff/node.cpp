@@ -63,10 +63,22 @@ AccumulateGrad::Staged AccumulateGrad::stage(const Tensor& g) const {
                dtype_name(leaf_->dtype));
   Staged staged;
   if (!leaf_->grad) {
-    // A fresh gradient-tagged buffer: the incoming tensor may be a view or shared.
-    Tensor leaf(leaf_);
-    staged.fresh = detail::allocate_tensor("backward", leaf_->shape, leaf_->dtype, memory::Tag::gradient, leaf.device());
-    backend(leaf.device()).copy(g, staged.fresh);
+    // The incoming tensor becomes the gradient when nothing else can see its storage (the usual
+    // case: a fresh result of the last backward formula), retagged as gradient at commit;
+    // otherwise (a view, or shared) a fresh gradient-tagged copy.
+    const std::shared_ptr<Storage>& storage = g.storage();
+    const bool sole_owner = g.impl_ptr().use_count() == 1 && storage.use_count() == 1 && g.is_contiguous() &&
+                            g.offset() == 0 && storage->bytes() == g.nbytes() && g.dtype() == leaf_->dtype &&
+                            storage->tag() == memory::Tag::other;
+    if (sole_owner) {
+      staged.fresh = g.detach();
+      staged.adopt = true;
+    } else {
+      Tensor leaf(leaf_);
+      staged.fresh =
+          detail::allocate_tensor("backward", leaf_->shape, leaf_->dtype, memory::Tag::gradient, leaf.device());
+      backend(leaf.device()).copy(g, staged.fresh);
+    }
   } else {
     Tensor grad(leaf_->grad);
     REMAT_ASSERT(grad.shape() == leaf_->shape && grad.dtype() == leaf_->dtype, "the gradient of a leaf of shape ",
@@ -78,6 +90,7 @@ AccumulateGrad::Staged AccumulateGrad::stage(const Tensor& g) const {
 
 void AccumulateGrad::commit(Staged staged) noexcept {
   if (staged.fresh.defined()) {
+    if (staged.adopt) staged.fresh.storage()->set_tag(memory::Tag::gradient);
     leaf_->grad = staged.fresh.impl_ptr();
   } else if (staged.increment.defined()) {
     Tensor grad(leaf_->grad);

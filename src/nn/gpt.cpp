@@ -25,7 +25,8 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
   drop->set_transparent();
   blocks = register_module("blocks", std::make_shared<Sequential>());
   for (int64_t i = 0; i < config.layers; ++i)
-    blocks->add(std::make_shared<TransformerBlock>(config.width, config.heads, config.dropout, dt));
+    blocks->add(std::make_shared<TransformerBlock>(config.width, config.heads, config.dropout, dt,
+                                                   config.fused_attention));
   ln_f = register_module("ln_f", std::make_shared<LayerNorm>(config.width, 1e-5, true, dt));
   lm_head = register_module("lm_head", std::make_shared<Linear>(config.width, config.vocab, false, dt));
 

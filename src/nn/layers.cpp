@@ -28,8 +28,7 @@ Tensor Linear::forward_impl(const Tensor& x) {
               shape_str(x.shape()));
   if (x.dim() == 1) return forward_impl(x.unsqueeze(0)).squeeze(0);
   // x [..., in] @ weight^T [in, out] -> [..., out]
-  Tensor y = matmul(x, weight, false, true);
-  return bias.defined() ? add(y, bias) : y;
+  return linear(x, weight, bias);
 }
 
 // ---- Embedding

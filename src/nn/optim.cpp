@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "remat/autodiff.h"
+#include "remat/backend.h"
 #include "remat/ops.h"
 
 namespace remat::nn {
@@ -27,6 +28,23 @@ Tensor grad_of(const Tensor& p, const char* optimizer) {
               "\" is ", dtype_name(g.dtype()), " ", shape_str(g.shape()), ", the parameter ", dtype_name(p.dtype()),
               " ", shape_str(p.shape()));
   return g.detach();
+}
+
+Tensor contiguous_of(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// Runs update(value) on p's values (a contiguous copy when p is a strided view, written back),
+// then marks p's storage as written, so that a value saved before the step is detected as stale.
+template <class Update>
+void in_place(const Tensor& p, Update&& update) {
+  Tensor value = p.detach();
+  if (value.is_contiguous()) {
+    update(value);
+    value.storage()->bump_version();
+  } else {
+    Tensor work = value.contiguous();
+    update(work);
+    value.copy_(work);
+  }
 }
 
 }  // namespace
@@ -67,24 +85,22 @@ SGD::SGD(TensorList params, const SGDOptions& options) : Optimizer(std::move(par
 
 void SGD::step() {
   NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    Tensor g = grad_of(p, "SGD");
-    if (!g.defined()) continue;
-    Tensor value = p.detach();
-    if (options_.weight_decay != 0.0) g = add(g, mul_scalar(value, options_.weight_decay));
-    if (options_.momentum != 0.0) {
-      Tensor& buf = momentum_[i];
-      if (!buf.defined()) {
-        buf = state_like(p);
-        buf.copy_(g);
-      } else {
-        buf.copy_(add(mul_scalar(buf, options_.momentum), mul_scalar(g, 1.0 - options_.dampening)));
-      }
-      g = options_.nesterov ? add(g, mul_scalar(buf, options_.momentum)) : buf;
-    }
-    p.copy_(sub(value, mul_scalar(g, lr_)));
+  for (size_t i = 0; i < params_.size(); ++i) update(i);
+}
+
+void SGD::update(size_t i) {
+  Tensor& p = params_[i];
+  Tensor g = grad_of(p, "SGD");
+  if (!g.defined()) return;
+  SgdStep s{.lr = lr_, .momentum = options_.momentum, .dampening = options_.dampening,
+            .weight_decay = options_.weight_decay, .nesterov = options_.nesterov};
+  if (options_.momentum != 0.0 && !momentum_[i].defined()) {
+    momentum_[i] = state_like(p);
+    s.first = true;
   }
+  in_place(p, [&](const Tensor& value) {
+    backend(value.device()).sgd_step(value, contiguous_of(g), momentum_[i], s);
+  });
 }
 
 // ---- AdamW
@@ -102,26 +118,25 @@ AdamW::AdamW(TensorList params, const AdamWOptions& options)
 
 void AdamW::step() {
   NoGradGuard no_grad;
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i];
-    Tensor g = grad_of(p, "AdamW");
-    if (!g.defined()) continue;
-    if (!exp_avg_[i].defined()) {
-      exp_avg_[i] = state_like(p);
-      exp_avg_sq_[i] = state_like(p);
-    }
-    Tensor& m = exp_avg_[i];
-    Tensor& v = exp_avg_sq_[i];
-    const int64_t t = ++steps_[i];
-    if (options_.weight_decay != 0.0) p.copy_(mul_scalar(p.detach(), 1.0 - lr_ * options_.weight_decay));
-    m.copy_(add(mul_scalar(m, b1), mul_scalar(g, 1.0 - b1)));
-    v.copy_(add(mul_scalar(v, b2), mul_scalar(square(g), 1.0 - b2)));
-    const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(t));
-    const double bias_correction2 = 1.0 - std::pow(b2, static_cast<double>(t));
-    Tensor denom = add_scalar(mul_scalar(sqrt(v), 1.0 / std::sqrt(bias_correction2)), options_.eps);
-    p.copy_(sub(p.detach(), mul_scalar(div(m, denom), lr_ / bias_correction1)));
+  for (size_t i = 0; i < params_.size(); ++i) update(i);
+}
+
+void AdamW::update(size_t i) {
+  Tensor& p = params_[i];
+  Tensor g = grad_of(p, "AdamW");
+  if (!g.defined()) return;
+  if (!exp_avg_[i].defined()) {
+    exp_avg_[i] = state_like(p);
+    exp_avg_sq_[i] = state_like(p);
   }
+  const int64_t t = ++steps_[i];
+  const AdamWStep s{.lr = lr_, .beta1 = options_.beta1, .beta2 = options_.beta2, .eps = options_.eps,
+                    .weight_decay = options_.weight_decay,
+                    .bias_correction1 = 1.0 - std::pow(options_.beta1, static_cast<double>(t)),
+                    .bias_correction2 = 1.0 - std::pow(options_.beta2, static_cast<double>(t))};
+  in_place(p, [&](const Tensor& value) {
+    backend(value.device()).adamw_step(value, contiguous_of(g), exp_avg_[i], exp_avg_sq_[i], s);
+  });
 }
 
 // ---- clipping

@@ -24,8 +24,8 @@ Tensor future_mask(int64_t t) {
 // ---- CausalSelfAttention
 
 CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, double attn_dropout, double resid_dropout,
-                                         DType dtype)
-    : width_(width), heads_(heads), attn_dropout_(attn_dropout), resid_dropout_(resid_dropout) {
+                                         DType dtype, bool fused)
+    : width_(width), heads_(heads), attn_dropout_(attn_dropout), resid_dropout_(resid_dropout), fused_(fused) {
   REMAT_CHECK(width > 0 && heads > 0 && width % heads == 0, "CausalSelfAttention: width ", width,
               " must be a positive multiple of the number of heads ", heads);
   REMAT_CHECK(attn_dropout >= 0 && attn_dropout <= 1 && resid_dropout >= 0 && resid_dropout <= 1,
@@ -44,11 +44,17 @@ Tensor CausalSelfAttention::forward_impl(const Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = width_, h = heads_, d = c / h;
   TensorList parts = split(qkv->forward(x), {c, c, c}, -1);  // 3 x [B, T, C]
   auto heads_first = [&](const Tensor& z) { return z.reshape({b, t, h, d}).permute({0, 2, 1, 3}); };
-  Tensor q = heads_first(parts[0]), k = heads_first(parts[1]), v = heads_first(parts[2]);  // [B, H, T, D]
-  Tensor scores = mul_scalar(matmul(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(d)));  // [B, H, T, T]
-  scores = masked_fill(scores, future_mask(t), -std::numeric_limits<double>::infinity());
-  Tensor att = dropout(softmax(scores, -1), attn_dropout_, training());
-  Tensor y = matmul(att, v).permute({0, 2, 1, 3}).reshape({b, t, c});  // [B, T, C]
+  Tensor q = heads_first(parts[0]), k = heads_first(parts[1]), v = heads_first(parts[2]);  // [B, H, T, D] views
+  Tensor y;
+  if (fused_) {
+    // one op: keeps q, k, v, y and a log-sum-exp per row, never the [B, H, T, T] probabilities
+    y = scaled_dot_product_attention(q, k, v, /*causal=*/true, attn_dropout_, training());
+  } else {
+    Tensor scores = mul_scalar(matmul(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(d)));  // [B, H, T, T]
+    scores = masked_fill(scores, future_mask(t), -std::numeric_limits<double>::infinity());
+    y = matmul(dropout(softmax(scores, -1), attn_dropout_, training()), v);
+  }
+  y = y.permute({0, 2, 1, 3}).reshape({b, t, c});  // [B, T, C] (a view for the fused op)
   return dropout(proj->forward(y), resid_dropout_, training());
 }
 
@@ -70,9 +76,10 @@ Tensor MLP::forward_impl(const Tensor& x) {
 
 // ---- TransformerBlock
 
-TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout, DType dtype) {
+TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout, DType dtype, bool fused_attention) {
   ln1 = register_module("ln1", std::make_shared<LayerNorm>(width, 1e-5, true, dtype));
-  attn = register_module("attn", std::make_shared<CausalSelfAttention>(width, heads, dropout, dropout, dtype));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(width, heads, dropout, dropout, dtype,
+                                                                       fused_attention));
   ln2 = register_module("ln2", std::make_shared<LayerNorm>(width, 1e-5, true, dtype));
   mlp = register_module("mlp", std::make_shared<MLP>(width, dropout, dtype));
 }

@@ -38,6 +38,7 @@ struct GPTConfig {
   double dropout = 0.0;
   DType dtype = DType::f32;
   uint64_t seed = 0;      // the initialisation seed
+  bool fused_attention = true;  // false: attention written out (scores, mask, softmax; keeps [B, H, T, T])
 };
 
 class GPT : public Module {

@@ -13,8 +13,8 @@
 //   }
 //
 // The updates follow PyTorch's torch.optim.SGD and torch.optim.AdamW formulas. They run under
-// NoGradGuard and write each parameter in place (Tensor::copy_, which bumps the storage version
-// so a stale saved value is detected). State tensors (momentum, exp_avg, exp_avg_sq) are
+// NoGradGuard and write each parameter in place in one pass over parameter, gradient and state
+// (Backend::sgd_step / adamw_step), bumping the storage version so a stale saved value is detected. State tensors (momentum, exp_avg, exp_avg_sq) are
 // allocated on the first step of each parameter, in the `other` memory account. Parameters
 // without a gradient are skipped (their state and step count are unchanged).
 #pragma once
@@ -65,6 +65,7 @@ class SGD : public Optimizer {
   const Tensor& momentum_buffer(size_t i) const { return momentum_.at(i); }  // undefined before
 
  private:
+  void update(size_t i);
   SGDOptions options_;
   TensorList momentum_;
 };
@@ -90,6 +91,7 @@ class AdamW : public Optimizer {
   int64_t steps(size_t i) const { return steps_.at(i); }
 
  private:
+  void update(size_t i);
   AdamWOptions options_;
   TensorList exp_avg_, exp_avg_sq_;
   std::vector<int64_t> steps_;

@@ -18,10 +18,13 @@ namespace remat::nn {
 //   q, k, v = split(qkv(x)) as [B, H, T, D]
 //   att = softmax(mask_future(q @ k^T / sqrt(D)))          [B, H, T, T] (future: -inf)
 //   y = proj(dropout(att) @ v as [B, T, C]), then dropout (resid_dropout)
+// By default (fused) the attention is one scaled_dot_product_attention op, which never forms nor
+// keeps att; fused = false writes it out with matmul, masked_fill, softmax and dropout ops (the
+// same function and the same dropout mask; a reference for tests and benchmarks).
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t width, int64_t heads, double attn_dropout = 0.0, double resid_dropout = 0.0,
-                      DType dtype = DType::f32);
+                      DType dtype = DType::f32, bool fused = true);
   Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override;
   std::shared_ptr<Linear> qkv, proj;
@@ -29,6 +32,7 @@ class CausalSelfAttention : public Module {
  private:
   int64_t width_, heads_;
   double attn_dropout_, resid_dropout_;
+  bool fused_;
 };
 
 // proj(gelu(fc(x))), then dropout; hidden = 4 * width unless given.
@@ -49,7 +53,8 @@ class MLP : public Module {
 // weights, the attention output and the MLP output.
 class TransformerBlock : public Module {
  public:
-  TransformerBlock(int64_t width, int64_t heads, double dropout = 0.0, DType dtype = DType::f32);
+  TransformerBlock(int64_t width, int64_t heads, double dropout = 0.0, DType dtype = DType::f32,
+                   bool fused_attention = true);
   Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "TransformerBlock"; }
   std::shared_ptr<LayerNorm> ln1, ln2;

@@ -72,53 +72,88 @@ Tensor as_batched(const Tensor& x, const Shape& batch) {
   return Tensor(impl);
 }
 
-Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+// a @ b (+ bias [n] on every row: written into the output first, then added to by the GEMM)
+Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& bias = Tensor()) {
   MatmulShape s = check_matmul(a, b, ta, tb);
   Shape out_shape = s.batch;
   out_shape.push_back(s.m);
   out_shape.push_back(s.n);
   Tensor out = kernels::empty(out_shape, a.dtype(), a.device());
   Backend& be = kernels::backend_of(a);
+  double beta = 0.0;
+  if (bias.defined() && out.numel() > 0) {
+    be.copy(bias, out);  // broadcast over the rows
+    beta = 1.0;
+  }
   if (!ta && b.dim() == 2 && a.dim() > 2 && a.is_contiguous()) {
     // fold batch into rows: [B*m, k] @ [k, n]
     int64_t rows = a.numel() / s.k;
     Tensor a2 = a.detach().view({1, rows, s.k});
     Tensor b2 = as_batched(b, {1});
-    be.gemm(a2, false, b2, tb, out.detach().view({1, rows, s.n}), 1.0, 0.0);
+    be.gemm(a2, false, b2, tb, out.detach().view({1, rows, s.n}), 1.0, beta);
     return out;
   }
   Tensor a3 = as_batched(a, s.batch), b3 = as_batched(b, s.batch);
-  be.gemm(a3, ta, b3, tb, out.detach().view({shape_numel(s.batch), s.m, s.n}), 1.0, 0.0);
+  be.gemm(a3, ta, b3, tb, out.detach().view({shape_numel(s.batch), s.m, s.n}), 1.0, beta);
   return out;
 }
 
 }  // namespace
+
+namespace {
+
+// The backward of a @ op(b) for inputs 0 (a) and 1 (b); shared by matmul and linear.
+void matmul_backward(BackwardContext& ctx, bool trans_a, bool trans_b) {
+  Tensor g = ctx.grad_output(0);
+  Tensor av = ctx.input(0), bv = ctx.input(1);
+  if (ctx.needs_input_grad(0)) {
+    Tensor ga = trans_a ? matmul_forward(bv, g, trans_b, true) : matmul_forward(g, bv, false, !trans_b);
+    ctx.set_input_grad(0, ga);
+  }
+  if (ctx.needs_input_grad(1)) {
+    Tensor gb;
+    if (bv.dim() == 2 && av.dim() > 2 && !trans_a) {
+      // fold the batch: [B*m, k]^T @ [B*m, n]
+      Tensor a2 = av.contiguous().reshape({-1, av.size(-1)});
+      Tensor g2 = g.contiguous().reshape({-1, g.size(-1)});
+      gb = trans_b ? matmul_forward(g2, a2, true, false) : matmul_forward(a2, g2, true, false);
+    } else {
+      gb = trans_b ? matmul_forward(g, av, true, trans_a) : matmul_forward(av, g, !trans_a, false);
+    }
+    ctx.set_input_grad(1, gb);
+  }
+}
+
+const OpSpec kLinear{"matmul", autodiff::save_inputs, 0, 0b011};  // x and weight are kept, not the bias
+
+}  // namespace
+
+// x [..., in] @ weight [out, in]^T + bias [out]: one matmul op whose GEMM adds the bias.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  MatmulShape s = check_matmul(x, weight, false, true);
+  REMAT_CHECK(weight.dim() == 2, "linear: weight must be [out, in], got ", shape_str(weight.shape()));
+  if (!bias.defined()) return matmul(x, weight, false, true);
+  REMAT_CHECK(bias.dtype() == x.dtype() && bias.device() == x.device(), "linear: bias dtype ", dtype_name(bias.dtype()),
+              " differs from the input dtype ", dtype_name(x.dtype()));
+  REMAT_CHECK(bias.shape() == Shape{s.n}, "linear: bias of shape ", shape_str(bias.shape()), " for a weight of shape ",
+              shape_str(weight.shape()), " (expected [", s.n, "])");
+  double flops = 2.0 * static_cast<double>(shape_numel(s.batch)) * s.m * s.n * s.k;
+  return autodiff::apply1(
+      kLinear, {x, weight, bias},
+      [](const TensorList& in) { return TensorList{matmul_forward(in[0], in[1], false, true, in[2])}; },
+      [](BackwardContext& ctx) {
+        matmul_backward(ctx, false, true);
+        if (ctx.needs_input_grad(2)) ctx.set_input_grad(2, ctx.grad_output(0));  // summed over the rows
+      },
+      flops);
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   MatmulShape s = check_matmul(a, b, trans_a, trans_b);
   double flops = 2.0 * static_cast<double>(shape_numel(s.batch)) * s.m * s.n * s.k;
   return autodiff::apply1(
       kMatmul, {a, b}, [=](const TensorList& in) { return TensorList{matmul_forward(in[0], in[1], trans_a, trans_b)}; },
-      [=](BackwardContext& ctx) {
-        Tensor g = ctx.grad_output(0);
-        Tensor av = ctx.input(0), bv = ctx.input(1);
-        if (ctx.needs_input_grad(0)) {
-          Tensor ga = trans_a ? matmul_forward(bv, g, trans_b, true) : matmul_forward(g, bv, false, !trans_b);
-          ctx.set_input_grad(0, ga);
-        }
-        if (ctx.needs_input_grad(1)) {
-          Tensor gb;
-          if (bv.dim() == 2 && av.dim() > 2 && !trans_a) {
-            // fold the batch: [B*m, k]^T @ [B*m, n]
-            Tensor a2 = av.contiguous().reshape({-1, av.size(-1)});
-            Tensor g2 = g.contiguous().reshape({-1, g.size(-1)});
-            gb = trans_b ? matmul_forward(g2, a2, true, false) : matmul_forward(a2, g2, true, false);
-          } else {
-            gb = trans_b ? matmul_forward(g, av, true, trans_a) : matmul_forward(av, g, !trans_a, false);
-          }
-          ctx.set_input_grad(1, gb);
-        }
-      },
+      [=](BackwardContext& ctx) { matmul_backward(ctx, trans_a, trans_b); },
       flops);
 }
 

@@ -3,6 +3,7 @@
 // back to the input's layout.
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "autodiff/kernels.h"
 #include "autodiff/op.h"
@@ -77,10 +78,50 @@ Tensor Tensor::view(const Shape& requested) const {
       [](BackwardContext& ctx) { ctx.set_input_grad(0, ctx.grad_output(0).reshape(ctx.input_meta(0).shape)); }, 0);
 }
 
+namespace {
+// Strides under which a tensor of shape `from` / strides `strides` can be seen as `to` without a
+// copy, if any: each run of input axes that are contiguous over each other (stride[i] ==
+// stride[i+1] * size[i+1]) may be split or merged freely into output axes of the same total size;
+// a copy is needed only when an output axis would span two such runs.
+std::optional<Strides> view_strides(const Shape& from, const Strides& strides, const Shape& to) {
+  if (shape_numel(from) == 0 || from.empty()) return contiguous_strides(to);
+  Strides out(to.size(), 0);
+  int64_t view_d = static_cast<int64_t>(to.size()) - 1;
+  int64_t chunk_stride = strides.back();  // stride of the innermost axis of the current run
+  int64_t run_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(from.size()) - 1; d >= 0; --d) {
+    run_numel *= from[d];
+    const bool run_ends = d == 0 || (from[d - 1] != 1 && strides[d - 1] != run_numel * chunk_stride);
+    if (!run_ends) continue;
+    while (view_d >= 0 && (view_numel < run_numel || to[view_d] == 1)) {
+      out[view_d] = view_numel * chunk_stride;
+      view_numel *= to[view_d];
+      --view_d;
+    }
+    if (view_numel != run_numel) return std::nullopt;
+    if (d > 0) {
+      chunk_stride = strides[d - 1];
+      run_numel = 1;
+      view_numel = 1;
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+}  // namespace
+
 Tensor Tensor::reshape(const Shape& requested) const {
   Shape shape = infer_shape(requested, numel(), this->shape(), "reshape");
   if (shape == this->shape()) return *this;
   if (is_contiguous()) return view(shape);
+  // A strided tensor whose axes can be regrouped (splitting the last axis of a slice, adding or
+  // dropping size-1 axes, ...) is viewed, not copied.
+  if (std::optional<Strides> strides = view_strides(this->shape(), this->strides(), shape)) {
+    return autodiff::apply1(
+        kView, {*this},
+        [shape, st = *strides](const TensorList& in) { return TensorList{make_view(in[0], shape, st, in[0].offset())}; },
+        [](BackwardContext& ctx) { ctx.set_input_grad(0, ctx.grad_output(0).reshape(ctx.input_meta(0).shape)); }, 0);
+  }
   return contiguous().view(shape);
 }
 

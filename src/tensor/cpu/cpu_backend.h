@@ -70,6 +70,17 @@ class CpuBackend final : public Backend {
   void batch_norm_backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                            const Tensor& gy, bool batch_statistics, const Tensor& gx, const Tensor& gweight,
                            const Tensor& gbias) override;
+
+  // optim.cpp
+  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& step) override;
+  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                  const AdamWStep& step) override;
+  // attention.cpp
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params, const Tensor& out,
+                 const Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& gout, const AttentionParams& params, const Tensor& gq, const Tensor& gk,
+                          const Tensor& gv) override;
 };
 
 // Row-major C = alpha op(A) op(B) + beta C on raw pointers through the GEMM library of the dtype
@@ -184,6 +195,26 @@ void for_rows(int64_t rows, int64_t cols, Body&& body) {
     for (int64_t r = 0; r < rows; ++r) body(r);
   } else {
     for (int64_t r = 0; r < rows; ++r) body(r);
+  }
+}
+
+// gelu.cpp: exact GELU and its backward over contiguous float32 (hand-vectorised)
+void gelu_f32_contiguous(const float* x, float* y, int64_t n);
+void gelu_backward_f32_contiguous(const float* x, const float* gy, float* gx, int64_t n);
+
+// Runs body(r0, r1) over consecutive ranges of rows covering [0, rows): one range per thread
+// when rows * cols is large, else one range.
+template <class Body>
+void for_row_ranges(int64_t rows, int64_t cols, Body&& body) {
+  if (rows > 1 && rows * cols >= kParallelThreshold) {
+#pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t r0 = rows * id / threads, r1 = rows * (id + 1) / threads;
+      if (r1 > r0) body(r0, r1);
+    }
+  } else if (rows > 0) {
+    body(0, rows);
   }
 }
 

@@ -1,7 +1,8 @@
 // CPU row kernels over the last axis: softmax / log-softmax, layer norm and RMS norm, forward and
-// backward. A tensor is viewed as [rows, cols]; rows run in parallel (OpenMP) when the tensor is
-// large, and each row is processed by one thread with vectorisable inner loops. Sums of f32
-// accumulate in f64.
+// backward. A tensor is viewed as [rows, cols]; rows run in parallel (OpenMP, one range of rows
+// per thread) when the tensor is large, and each row is processed by one thread with hand-
+// vectorised loops (row_ops.h) compiled for AVX2 + FMA and for baseline x86-64 (picked at load
+// time). Sums of f32 end in f64 (row_ops.h, WideSum).
 //
 // Reproducibility: every per-row sum runs in a fixed order inside one thread. The parameter
 // gradients of the norms (gweight, gbias: sums over rows) are reduced over FIXED row blocks
@@ -9,9 +10,10 @@
 // combined in block order, so the result is bitwise identical for any number of threads.
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "tensor/cpu/cpu_backend.h"
-#include "tensor/cpu/vmath.h"
+#include "tensor/cpu/row_ops.h"
 
 namespace remat::cpu {
 
@@ -30,60 +32,78 @@ int64_t row_length(const Tensor& x) { return x.dim() == 0 ? 1 : x.shape().back()
 int64_t row_count(const Tensor& x, int64_t cols) { return cols == 0 ? 0 : x.numel() / cols; }
 
 // ---- softmax
+//
+// Three passes over a row: the max (from memory), exp(x - max) written to y with its float64 sum,
+// and the scaling by 1 / sum (log-softmax: y = x - (max + log(sum)), with the exps not stored).
+// The row (4 KiB at 1024 floats) stays in L1 between passes.
+
+template <class T>
+REMAT_SIMD_INLINE void softmax_row(const T* __restrict xr, T* __restrict yr, int64_t cols, bool log) {
+  using namespace rowops;
+  T m = rowops::max(xr, cols);
+  // A row of -inf only: subtract 0 instead of -inf (the row sum is then 0 and the result NaN,
+  // as in other libraries, rather than NaN from -inf - -inf inside exp).
+  if (m == -std::numeric_limits<T>::infinity()) m = T(0);
+  if (log) {
+    const Acc<T> sum = exp_sum<T>(xr, m, nullptr, cols);
+    const T shift = static_cast<T>(static_cast<Acc<T>>(m) + std::log(sum));
+    map<T>(
+        cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(yr + c, load(xr + c) - shift); },
+        [&](int64_t c) REMAT_ROW_LAMBDA { yr[c] = xr[c] - shift; });
+  } else {
+    const Acc<T> sum = exp_sum<T>(xr, m, yr, cols);
+    const T inv = static_cast<T>(Acc<T>(1) / sum);
+    map<T>(
+        cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(yr + c, load(yr + c) * inv); },
+        [&](int64_t c) REMAT_ROW_LAMBDA { yr[c] = yr[c] * inv; });
+  }
+}
+
+template <class T>
+REMAT_SIMD_INLINE void softmax_backward_row(const T* __restrict yr, const T* __restrict gr, T* __restrict out,
+                                            int64_t cols, bool log) {
+  using namespace rowops;
+  if (log) {
+    // y = log softmax: gx = gy - softmax * sum(gy)
+    const T st = static_cast<T>(rowops::sum(gr, cols));
+    map<T>(
+        cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(out + c, load(gr + c) - simd::exp<T>(load(yr + c)) * st); },
+        [&](int64_t c) REMAT_ROW_LAMBDA { out[c] = gr[c] - simd::exp_scalar<T>(yr[c]) * st; });
+  } else {
+    // gx = y * (gy - sum(gy * y))
+    const T st = static_cast<T>(dot(gr, yr, cols));
+    map<T>(
+        cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(out + c, load(yr + c) * (load(gr + c) - st)); },
+        [&](int64_t c) REMAT_ROW_LAMBDA { out[c] = yr[c] * (gr[c] - st); });
+  }
+}
+
+#define REMAT_ROW_RANGE(T, suffix)                                                                                \
+  REMAT_CPU_CLONES void softmax_range_##suffix(const T* x, T* y, int64_t r0, int64_t r1, int64_t cols, bool log) { \
+    for (int64_t r = r0; r < r1; ++r) softmax_row<T>(x + r * cols, y + r * cols, cols, log);                      \
+  }                                                                                                               \
+  REMAT_CPU_CLONES void softmax_backward_range_##suffix(const T* y, const T* gy, T* gx, int64_t r0, int64_t r1,    \
+                                                        int64_t cols, bool log) {                                 \
+    for (int64_t r = r0; r < r1; ++r)                                                                             \
+      softmax_backward_row<T>(y + r * cols, gy + r * cols, gx + r * cols, cols, log);                            \
+  }
+REMAT_ROW_RANGE(float, f32)
+REMAT_ROW_RANGE(double, f64)
+#undef REMAT_ROW_RANGE
 
 template <class T>
 void softmax_rows(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
-  for_rows(rows, cols, [&](int64_t r) {
-    const T* __restrict xr = x + r * cols;
-    T* __restrict yr = y + r * cols;
-    T m = -std::numeric_limits<T>::infinity();
-    for (int64_t c = 0; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
-    // A row of -inf only: subtract 0 instead of -inf (the row sum is then 0 and the result NaN,
-    // as in other libraries, rather than NaN from -inf - -inf inside exp).
-    if (m == -std::numeric_limits<T>::infinity()) m = T(0);
-    Acc<T> sum = 0;
-    if (log) {
-#pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < cols; ++c) sum += static_cast<Acc<T>>(exp_any(xr[c] - m));
-      const T shift = static_cast<T>(static_cast<Acc<T>>(m) + std::log(sum));
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - shift;
-    } else {
-#pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < cols; ++c) {
-        T e = exp_any(xr[c] - m);
-        yr[c] = e;
-        sum += static_cast<Acc<T>>(e);
-      }
-      const Acc<T> inv = Acc<T>(1) / sum;
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) yr[c] = static_cast<T>(static_cast<Acc<T>>(yr[c]) * inv);
-    }
+  for_row_ranges(rows, cols, [&](int64_t r0, int64_t r1) {
+    if constexpr (sizeof(T) == 4) softmax_range_f32(x, y, r0, r1, cols, log);
+    else softmax_range_f64(x, y, r0, r1, cols, log);
   });
 }
 
 template <class T>
 void softmax_backward_rows(const T* y, const T* gy, T* gx, int64_t rows, int64_t cols, bool log) {
-  for_rows(rows, cols, [&](int64_t r) {
-    const T* __restrict yr = y + r * cols;
-    const T* __restrict gr = gy + r * cols;
-    T* __restrict out = gx + r * cols;
-    Acc<T> s = 0;
-    if (log) {
-      // y = log softmax: gx = gy - softmax * sum(gy)
-#pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < cols; ++c) s += static_cast<Acc<T>>(gr[c]);
-      const T st = static_cast<T>(s);
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) out[c] = gr[c] - exp_any(yr[c]) * st;
-    } else {
-      // gx = y * (gy - sum(gy * y))
-#pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < cols; ++c) s += static_cast<Acc<T>>(gr[c]) * static_cast<Acc<T>>(yr[c]);
-      const T st = static_cast<T>(s);
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) out[c] = yr[c] * (gr[c] - st);
-    }
+  for_row_ranges(rows, cols, [&](int64_t r0, int64_t r1) {
+    if constexpr (sizeof(T) == 4) softmax_backward_range_f32(y, gy, gx, r0, r1, cols, log);
+    else softmax_backward_range_f64(y, gy, gx, r0, r1, cols, log);
   });
 }
 
@@ -99,7 +119,7 @@ int64_t block_begin(int64_t block, int64_t blocks, int64_t rows) { return block 
 
 // out[c] = sum over b in order of partial[b * cols + c]
 template <class T>
-void combine_blocks(const std::vector<double>& partial, int64_t blocks, int64_t cols, T* out) {
+void combine_blocks(const double* partial, int64_t blocks, int64_t cols, T* out) {
   for (int64_t c = 0; c < cols; ++c) {
     double s = 0;
     for (int64_t b = 0; b < blocks; ++b) s += partial[static_cast<size_t>(b * cols + c)];
@@ -118,178 +138,233 @@ void for_blocks(int64_t blocks, int64_t rows, int64_t cols, Body&& body) {
   }
 }
 
-// ---- layer norm
+// ---- layer norm and RMS norm
+//
+// Forward rows: statistics in Acc<T> (two passes for layer norm: mean, then the centred sum of
+// squares), then y in T. Backward rows: gx from two row sums; the parameter gradients add
+// gy * xhat (and gy) of each row into per-block float64 partials, through float32 partials
+// flushed every kFlushRows rows (so each float64 partial receives sums of at most kFlushRows
+// float32 terms, in a fixed order).
+
+constexpr int64_t kFlushRows = 16;
 
 template <class T>
-void layer_norm_rows(const T* x, const T* w, const T* bias, double eps, T* y, T* mean_out, T* rstd_out,
-                     int64_t rows, int64_t cols) {
-  for_rows(rows, cols, [&](int64_t r) {
-    const T* __restrict xr = x + r * cols;
-    T* __restrict yr = y + r * cols;
-    Acc<T> s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < cols; ++c) s += static_cast<Acc<T>>(xr[c]);
-    const Acc<T> mu = s / static_cast<Acc<T>>(cols);
-    Acc<T> v = 0;
-#pragma omp simd reduction(+ : v)
-    for (int64_t c = 0; c < cols; ++c) {
-      Acc<T> d = static_cast<Acc<T>>(xr[c]) - mu;
-      v += d * d;
-    }
-    const Acc<T> rs = Acc<T>(1) / std::sqrt(v / static_cast<Acc<T>>(cols) + static_cast<Acc<T>>(eps));
-    const T mu_t = static_cast<T>(mu), rs_t = static_cast<T>(rs);
-    mean_out[r] = mu_t;
-    rstd_out[r] = rs_t;
-    if (w && bias) {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu_t) * rs_t * w[c] + bias[c];
-    } else if (w) {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu_t) * rs_t * w[c];
-    } else if (bias) {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu_t) * rs_t + bias[c];
-    } else {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - mu_t) * rs_t;
-    }
-  });
+struct NormArgs {
+  const T* x;
+  const T* w;     // may be null
+  const T* bias;  // may be null (layer norm)
+  double eps;
+  T* y;
+  T* mean;  // layer norm only
+  T* rstd;
+  int64_t cols;
+};
+
+template <class T>
+REMAT_SIMD_INLINE void layer_norm_row(const NormArgs<T>& a, int64_t r) {
+  using namespace rowops;
+  const int64_t n = a.cols;
+  const T* __restrict xr = a.x + r * n;
+  T* __restrict yr = a.y + r * n;
+  const Acc<T> mu = rowops::sum(xr, n) / static_cast<Acc<T>>(n);
+  const T mu_t = static_cast<T>(mu);
+  WideSum<T> squares;
+  int64_t c = 0;
+  for (; c + W<T> <= n; c += W<T>) {
+    const V<T> d = load(xr + c) - mu_t;
+    squares.add(d * d);
+  }
+  Acc<T> v = squares.total();
+  for (; c < n; ++c) v += static_cast<Acc<T>>((xr[c] - mu_t) * (xr[c] - mu_t));
+  const Acc<T> rs = Acc<T>(1) / std::sqrt(v / static_cast<Acc<T>>(n) + static_cast<Acc<T>>(a.eps));
+  const T rs_t = static_cast<T>(rs);
+  a.mean[r] = mu_t;
+  a.rstd[r] = rs_t;
+  const T* __restrict w = a.w;
+  const T* __restrict b = a.bias;
+  if (w && b) {
+    map<T>(
+        n, [&](int64_t k) REMAT_ROW_LAMBDA { store(yr + k, (load(xr + k) - mu_t) * rs_t * load(w + k) + load(b + k)); },
+        [&](int64_t k) REMAT_ROW_LAMBDA { yr[k] = (xr[k] - mu_t) * rs_t * w[k] + b[k]; });
+  } else if (w) {
+    map<T>(
+        n, [&](int64_t k) REMAT_ROW_LAMBDA { store(yr + k, (load(xr + k) - mu_t) * rs_t * load(w + k)); },
+        [&](int64_t k) REMAT_ROW_LAMBDA { yr[k] = (xr[k] - mu_t) * rs_t * w[k]; });
+  } else if (b) {
+    map<T>(
+        n, [&](int64_t k) REMAT_ROW_LAMBDA { store(yr + k, (load(xr + k) - mu_t) * rs_t + load(b + k)); },
+        [&](int64_t k) REMAT_ROW_LAMBDA { yr[k] = (xr[k] - mu_t) * rs_t + b[k]; });
+  } else {
+    map<T>(
+        n, [&](int64_t k) REMAT_ROW_LAMBDA { store(yr + k, (load(xr + k) - mu_t) * rs_t); },
+        [&](int64_t k) REMAT_ROW_LAMBDA { yr[k] = (xr[k] - mu_t) * rs_t; });
+  }
 }
 
-// gx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = gy * w, xhat = (x - mean) * rstd.
-// Adds gy * xhat and gy of the row into pw / pb (when given).
 template <class T>
-void layer_norm_backward_row(const T* __restrict xr, const T* __restrict w, T mu, T rs, const T* __restrict gr,
-                             T* __restrict out, double* __restrict pw, double* __restrict pb, int64_t cols) {
-  if (out) {
-    Acc<T> sg = 0, sgx = 0;
-    if (w) {
-#pragma omp simd reduction(+ : sg, sgx)
-      for (int64_t c = 0; c < cols; ++c) {
-        Acc<T> g = static_cast<Acc<T>>(gr[c]) * static_cast<Acc<T>>(w[c]);
-        sg += g;
-        sgx += g * static_cast<Acc<T>>((xr[c] - mu) * rs);
-      }
-    } else {
-#pragma omp simd reduction(+ : sg, sgx)
-      for (int64_t c = 0; c < cols; ++c) {
-        Acc<T> g = static_cast<Acc<T>>(gr[c]);
-        sg += g;
-        sgx += g * static_cast<Acc<T>>((xr[c] - mu) * rs);
-      }
+REMAT_SIMD_INLINE void rms_norm_row(const NormArgs<T>& a, int64_t r) {
+  using namespace rowops;
+  const int64_t n = a.cols;
+  const T* __restrict xr = a.x + r * n;
+  T* __restrict yr = a.y + r * n;
+  const Acc<T> s = dot(xr, xr, n);
+  const T rs = static_cast<T>(Acc<T>(1) / std::sqrt(s / static_cast<Acc<T>>(n) + static_cast<Acc<T>>(a.eps)));
+  a.rstd[r] = rs;
+  const T* __restrict w = a.w;
+  if (w) {
+    map<T>(
+        n, [&](int64_t k) REMAT_ROW_LAMBDA { store(yr + k, load(xr + k) * rs * load(w + k)); },
+        [&](int64_t k) REMAT_ROW_LAMBDA { yr[k] = xr[k] * rs * w[k]; });
+  } else {
+    map<T>(
+        n, [&](int64_t k) REMAT_ROW_LAMBDA { store(yr + k, load(xr + k) * rs); },
+        [&](int64_t k) REMAT_ROW_LAMBDA { yr[k] = xr[k] * rs; });
+  }
+}
+
+template <class T>
+struct NormBackwardArgs {
+  const T* x;
+  const T* w;  // may be null
+  const T* mean;  // null for RMS norm
+  const T* rstd;
+  const T* gy;
+  T* gx;  // may be null
+  int64_t cols;
+};
+
+// gx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = gy * w, xhat = (x - mean) * rstd (RMS
+// norm: no mean(g) term and xhat = x * rstd). Adds gy * xhat and gy into the float32 partials
+// pw, pb (when given).
+template <class T>
+REMAT_SIMD_INLINE void norm_backward_row(const NormBackwardArgs<T>& a, int64_t r, T* __restrict pw,
+                                         T* __restrict pb) {
+  using namespace rowops;
+  const int64_t n = a.cols;
+  const T* __restrict xr = a.x + r * n;
+  const T* __restrict gr = a.gy + r * n;
+  const T* __restrict w = a.w;
+  const bool centred = a.mean != nullptr;
+  const T mu = centred ? a.mean[r] : T(0), rs = a.rstd[r];
+  if (a.gx) {
+    T* __restrict out = a.gx + r * n;
+    WideSum<T> sum_g, sum_gx;
+    int64_t c = 0;
+    for (; c + W<T> <= n; c += W<T>) {
+      const V<T> g = w ? load(gr + c) * load(w + c) : load(gr + c);
+      const V<T> xhat = (load(xr + c) - mu) * rs;
+      sum_g.add(g);
+      sum_gx.add(g * xhat);
     }
-    const T a = static_cast<T>(sg / static_cast<Acc<T>>(cols));
-    const T b = static_cast<T>(sgx / static_cast<Acc<T>>(cols));
-    if (w) {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) out[c] = rs * (gr[c] * w[c] - a - (xr[c] - mu) * rs * b);
-    } else {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) out[c] = rs * (gr[c] - a - (xr[c] - mu) * rs * b);
+    Acc<T> sg = sum_g.total(), sgx = sum_gx.total();
+    for (; c < n; ++c) {
+      const T g = w ? gr[c] * w[c] : gr[c];
+      sg += static_cast<Acc<T>>(g);
+      sgx += static_cast<Acc<T>>(g * ((xr[c] - mu) * rs));
     }
+    const T mg = centred ? static_cast<T>(sg / static_cast<Acc<T>>(n)) : T(0);
+    const T mgx = static_cast<T>(sgx / static_cast<Acc<T>>(n));
+    map<T>(
+        n,
+        [&](int64_t k) REMAT_ROW_LAMBDA {
+          const V<T> g = w ? load(gr + k) * load(w + k) : load(gr + k);
+          store(out + k, rs * (g - mg - (load(xr + k) - mu) * rs * mgx));
+        },
+        [&](int64_t k) REMAT_ROW_LAMBDA {
+          const T g = w ? gr[k] * w[k] : gr[k];
+          out[k] = rs * (g - mg - (xr[k] - mu) * rs * mgx);
+        });
   }
   if (pw) {
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) pw[c] += static_cast<double>(gr[c]) * static_cast<double>((xr[c] - mu) * rs);
+    map<T>(
+        n, [&](int64_t k) REMAT_ROW_LAMBDA { store(pw + k, load(pw + k) + load(gr + k) * ((load(xr + k) - mu) * rs)); },
+        [&](int64_t k) REMAT_ROW_LAMBDA { pw[k] += gr[k] * ((xr[k] - mu) * rs); });
   }
   if (pb) {
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) pb[c] += static_cast<double>(gr[c]);
+    map<T>(
+        n, [&](int64_t k) REMAT_ROW_LAMBDA { store(pb + k, load(pb + k) + load(gr + k)); },
+        [&](int64_t k) REMAT_ROW_LAMBDA { pb[k] += gr[k]; });
   }
 }
 
+// Rows [r0, r1) of a block: partials pw32/pb32 (float32 for float; T) are added into the block's
+// float64 partials pw64/pb64 every kFlushRows rows and at the end.
 template <class T>
-void layer_norm_backward_impl(const T* x, const T* w, const T* mean, const T* rstd, const T* gy, T* gx, T* gw,
-                              T* gb, int64_t rows, int64_t cols) {
+REMAT_SIMD_INLINE void norm_backward_block(const NormBackwardArgs<T>& a, int64_t r0, int64_t r1, T* pw32, T* pb32,
+                                           double* pw64, double* pb64) {
+  const int64_t n = a.cols;
+  auto flush = [&]() REMAT_ROW_LAMBDA {
+    for (int64_t k = 0; k < n; ++k) {
+      if (pw32) pw64[k] += static_cast<double>(pw32[k]), pw32[k] = T(0);
+      if (pb32) pb64[k] += static_cast<double>(pb32[k]), pb32[k] = T(0);
+    }
+  };
+  for (T* p : {pw32, pb32})
+    if (p) std::fill(p, p + n, T(0));
+  for (double* p : {pw64, pb64})  // each block clears its own partials, on its own thread
+    if (p) std::fill(p, p + n, 0.0);
+  for (int64_t r = r0; r < r1; ++r) {
+    norm_backward_row(a, r, pw32, pb32);
+    if ((pw32 || pb32) && ((r - r0 + 1) % kFlushRows == 0 || r + 1 == r1)) flush();
+  }
+}
+
+#define REMAT_NORM_RANGES(T, suffix)                                                                              \
+  REMAT_CPU_CLONES void layer_norm_range_##suffix(const NormArgs<T>& a, int64_t r0, int64_t r1) {                  \
+    for (int64_t r = r0; r < r1; ++r) layer_norm_row<T>(a, r);                                                   \
+  }                                                                                                               \
+  REMAT_CPU_CLONES void rms_norm_range_##suffix(const NormArgs<T>& a, int64_t r0, int64_t r1) {                    \
+    for (int64_t r = r0; r < r1; ++r) rms_norm_row<T>(a, r);                                                     \
+  }                                                                                                               \
+  REMAT_CPU_CLONES void norm_backward_block_##suffix(const NormBackwardArgs<T>& a, int64_t r0, int64_t r1, T* pw32, \
+                                                     T* pb32, double* pw64, double* pb64) {                       \
+    norm_backward_block<T>(a, r0, r1, pw32, pb32, pw64, pb64);                                                    \
+  }
+REMAT_NORM_RANGES(float, f32)
+REMAT_NORM_RANGES(double, f64)
+#undef REMAT_NORM_RANGES
+
+template <class T>
+void layer_norm_rows(const NormArgs<T>& a, int64_t rows) {
+  for_row_ranges(rows, a.cols, [&](int64_t r0, int64_t r1) {
+    if constexpr (sizeof(T) == 4) layer_norm_range_f32(a, r0, r1);
+    else layer_norm_range_f64(a, r0, r1);
+  });
+}
+template <class T>
+void rms_norm_rows(const NormArgs<T>& a, int64_t rows) {
+  for_row_ranges(rows, a.cols, [&](int64_t r0, int64_t r1) {
+    if constexpr (sizeof(T) == 4) rms_norm_range_f32(a, r0, r1);
+    else rms_norm_range_f64(a, r0, r1);
+  });
+}
+
+// gx for every row; gw = sum over rows of gy * xhat and gb = sum of gy, each over the fixed
+// blocks, combined in block order.
+template <class T>
+void norm_backward_rows(const NormBackwardArgs<T>& a, int64_t rows, T* gw, T* gb) {
+  const int64_t cols = a.cols;
+  auto run = [&](int64_t r0, int64_t r1, T* pw32, T* pb32, double* pw64, double* pb64) {
+    if constexpr (sizeof(T) == 4) norm_backward_block_f32(a, r0, r1, pw32, pb32, pw64, pb64);
+    else norm_backward_block_f64(a, r0, r1, pw32, pb32, pw64, pb64);
+  };
   if (!gw && !gb) {
-    for_rows(rows, cols, [&](int64_t r) {
-      layer_norm_backward_row<T>(x + r * cols, w, mean[r], rstd[r], gy + r * cols, gx ? gx + r * cols : nullptr,
-                                 nullptr, nullptr, cols);
-    });
+    for_row_ranges(rows, cols, [&](int64_t r0, int64_t r1) { run(r0, r1, nullptr, nullptr, nullptr, nullptr); });
     return;
   }
   const int64_t blocks = param_grad_blocks(rows);
-  std::vector<double> pw(gw ? static_cast<size_t>(blocks * cols) : 0, 0.0);
-  std::vector<double> pb(gb ? static_cast<size_t>(blocks * cols) : 0, 0.0);
+  // float64 partials per block and float32 ones per thread, uninitialised (the blocks clear them)
+  const int threads = rows * cols >= kParallelThreshold ? omp_get_max_threads() : 1;
+  std::unique_ptr<double[]> pw(gw ? new double[static_cast<size_t>(blocks * cols)] : nullptr);
+  std::unique_ptr<double[]> pb(gb ? new double[static_cast<size_t>(blocks * cols)] : nullptr);
+  std::unique_ptr<T[]> p32(new T[static_cast<size_t>(2 * cols * threads)]);
   for_blocks(blocks, rows, cols, [&](int64_t b) {
-    double* pwb = gw ? pw.data() + b * cols : nullptr;
-    double* pbb = gb ? pb.data() + b * cols : nullptr;
-    for (int64_t r = block_begin(b, blocks, rows), end = block_begin(b + 1, blocks, rows); r < end; ++r)
-      layer_norm_backward_row<T>(x + r * cols, w, mean[r], rstd[r], gy + r * cols, gx ? gx + r * cols : nullptr,
-                                 pwb, pbb, cols);
+    T* mine = p32.get() + 2 * cols * (threads > 1 ? omp_get_thread_num() : 0);
+    run(block_begin(b, blocks, rows), block_begin(b + 1, blocks, rows), gw ? mine : nullptr, gb ? mine + cols : nullptr,
+        gw ? pw.get() + b * cols : nullptr, gb ? pb.get() + b * cols : nullptr);
   });
-  if (gw) combine_blocks(pw, blocks, cols, gw);
-  if (gb) combine_blocks(pb, blocks, cols, gb);
-}
-
-// ---- RMS norm
-
-template <class T>
-void rms_norm_rows(const T* x, const T* w, double eps, T* y, T* rstd_out, int64_t rows, int64_t cols) {
-  for_rows(rows, cols, [&](int64_t r) {
-    const T* __restrict xr = x + r * cols;
-    T* __restrict yr = y + r * cols;
-    Acc<T> s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < cols; ++c) s += static_cast<Acc<T>>(xr[c]) * static_cast<Acc<T>>(xr[c]);
-    const T rs = static_cast<T>(Acc<T>(1) / std::sqrt(s / static_cast<Acc<T>>(cols) + static_cast<Acc<T>>(eps)));
-    rstd_out[r] = rs;
-    if (w) {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * rs * w[c];
-    } else {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * rs;
-    }
-  });
-}
-
-// gx = rstd * (g - xhat * mean(g * xhat)), g = gy * w, xhat = x * rstd; adds gy * xhat to pw.
-template <class T>
-void rms_norm_backward_row(const T* __restrict xr, const T* __restrict w, T rs, const T* __restrict gr,
-                           T* __restrict out, double* __restrict pw, int64_t cols) {
-  if (out) {
-    Acc<T> sgx = 0;
-    if (w) {
-#pragma omp simd reduction(+ : sgx)
-      for (int64_t c = 0; c < cols; ++c)
-        sgx += static_cast<Acc<T>>(gr[c]) * static_cast<Acc<T>>(w[c]) * static_cast<Acc<T>>(xr[c] * rs);
-    } else {
-#pragma omp simd reduction(+ : sgx)
-      for (int64_t c = 0; c < cols; ++c) sgx += static_cast<Acc<T>>(gr[c]) * static_cast<Acc<T>>(xr[c] * rs);
-    }
-    const T b = static_cast<T>(sgx / static_cast<Acc<T>>(cols));
-    if (w) {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) out[c] = rs * (gr[c] * w[c] - xr[c] * rs * b);
-    } else {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) out[c] = rs * (gr[c] - xr[c] * rs * b);
-    }
-  }
-  if (pw) {
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) pw[c] += static_cast<double>(gr[c]) * static_cast<double>(xr[c] * rs);
-  }
-}
-
-template <class T>
-void rms_norm_backward_impl(const T* x, const T* w, const T* rstd, const T* gy, T* gx, T* gw, int64_t rows,
-                            int64_t cols) {
-  if (!gw) {
-    for_rows(rows, cols, [&](int64_t r) {
-      rms_norm_backward_row<T>(x + r * cols, w, rstd[r], gy + r * cols, gx ? gx + r * cols : nullptr, nullptr, cols);
-    });
-    return;
-  }
-  const int64_t blocks = param_grad_blocks(rows);
-  std::vector<double> pw(static_cast<size_t>(blocks * cols), 0.0);
-  for_blocks(blocks, rows, cols, [&](int64_t b) {
-    double* pwb = pw.data() + b * cols;
-    for (int64_t r = block_begin(b, blocks, rows), end = block_begin(b + 1, blocks, rows); r < end; ++r)
-      rms_norm_backward_row<T>(x + r * cols, w, rstd[r], gy + r * cols, gx ? gx + r * cols : nullptr, pwb, cols);
-  });
-  combine_blocks(pw, blocks, cols, gw);
+  if (gw) combine_blocks(pw.get(), blocks, cols, gw);
+  if (gb) combine_blocks(pb.get(), blocks, cols, gb);
 }
 
 void check_out(const Tensor& t, const char* op) {
@@ -327,8 +402,8 @@ void CpuBackend::layer_norm(const Tensor& x_in, const Tensor& weight_in, const T
   const int64_t cols = row_length(x), rows = row_count(x, cols);
   if (rows == 0) return;
   dispatch_float(y.dtype(), "layer_norm", [&]<class T>() {
-    layer_norm_rows<T>(x.data<T>(), cdata<T>(w), cdata<T>(b), eps, y.data<T>(), mean.data<T>(), rstd.data<T>(), rows,
-                       cols);
+    NormArgs<T> a{x.data<T>(), cdata<T>(w), cdata<T>(b), eps, y.data<T>(), mean.data<T>(), rstd.data<T>(), cols};
+    layer_norm_rows<T>(a, rows);
   });
 }
 
@@ -347,8 +422,8 @@ void CpuBackend::layer_norm_backward(const Tensor& x_in, const Tensor& weight_in
         if (p) std::fill(p, p + cols, T(0));
       return;
     }
-    layer_norm_backward_impl<T>(x.data<T>(), cdata<T>(w), mean.data<T>(), rstd.data<T>(), gy.data<T>(), mdata<T>(gx),
-                                mdata<T>(gweight), mdata<T>(gbias), rows, cols);
+    NormBackwardArgs<T> a{x.data<T>(), cdata<T>(w), mean.data<T>(), rstd.data<T>(), gy.data<T>(), mdata<T>(gx), cols};
+    norm_backward_rows<T>(a, rows, mdata<T>(gweight), mdata<T>(gbias));
   });
 }
 
@@ -360,7 +435,8 @@ void CpuBackend::rms_norm(const Tensor& x_in, const Tensor& weight_in, double ep
   const int64_t cols = row_length(x), rows = row_count(x, cols);
   if (rows == 0) return;
   dispatch_float(y.dtype(), "rms_norm", [&]<class T>() {
-    rms_norm_rows<T>(x.data<T>(), cdata<T>(w), eps, y.data<T>(), rstd.data<T>(), rows, cols);
+    NormArgs<T> a{x.data<T>(), cdata<T>(w), nullptr, eps, y.data<T>(), nullptr, rstd.data<T>(), cols};
+    rms_norm_rows<T>(a, rows);
   });
 }
 
@@ -376,8 +452,8 @@ void CpuBackend::rms_norm_backward(const Tensor& x_in, const Tensor& weight_in, 
       if (gweight.defined()) std::fill(gweight.data<T>(), gweight.data<T>() + cols, T(0));
       return;
     }
-    rms_norm_backward_impl<T>(x.data<T>(), cdata<T>(w), rstd.data<T>(), gy.data<T>(), mdata<T>(gx),
-                              mdata<T>(gweight), rows, cols);
+    NormBackwardArgs<T> a{x.data<T>(), cdata<T>(w), nullptr, rstd.data<T>(), gy.data<T>(), mdata<T>(gx), cols};
+    norm_backward_rows<T>(a, rows, mdata<T>(gweight), nullptr);
   });
 }
 

@@ -1,0 +1,98 @@
+// CPU optimizer updates: SGD (momentum, dampening, Nesterov, coupled weight decay) and AdamW
+// (decoupled weight decay), each one pass over the parameter, its gradient and its state,
+// written in place. The formulas are PyTorch's torch.optim.SGD / AdamW (see remat/nn/optim.h);
+// every element is independent, so results do not depend on the thread count.
+#include <cmath>
+
+#include "tensor/cpu/cpu_backend.h"
+
+namespace remat::cpu {
+
+namespace {
+
+void check_state(const Tensor& t, const Tensor& param, const char* op, const char* what) {
+  REMAT_ASSERT(!t.defined() || (t.is_contiguous() && t.shape() == param.shape() && t.dtype() == param.dtype()), op,
+               ": ", what, " of shape ", shape_str(t.shape()), " does not match the parameter ", shape_str(param.shape()));
+}
+
+// Runs body(begin, end) over [0, n), split over the threads when n is large.
+template <class Body>
+void for_chunks(int64_t n, Body&& body) {
+  if (n >= 4 * kParallelThreshold) {
+#pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t begin = n * id / threads / 16 * 16, end = id + 1 == threads ? n : n * (id + 1) / threads / 16 * 16;
+      if (end > begin) body(begin, end);
+    }
+  } else if (n > 0) {
+    body(0, n);
+  }
+}
+
+template <class T>
+void sgd_kernel(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t n, const SgdStep& s) {
+  const T lr = static_cast<T>(s.lr), wd = static_cast<T>(s.weight_decay), mu = static_cast<T>(s.momentum),
+          keep = static_cast<T>(1.0 - s.dampening);
+  const bool decay = s.weight_decay != 0.0, momentum = s.momentum != 0.0, first = s.first, nesterov = s.nesterov;
+  for_chunks(n, [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      T d = decay ? g[i] + wd * p[i] : g[i];
+      if (momentum) {
+        const T m = first ? d : mu * buf[i] + keep * d;
+        buf[i] = m;
+        d = nesterov ? d + mu * m : m;
+      }
+      p[i] = p[i] - lr * d;
+    }
+  });
+}
+
+template <class T>
+void adamw_kernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t n,
+                  const AdamWStep& s) {
+  const T decay = static_cast<T>(1.0 - s.lr * s.weight_decay), b1 = static_cast<T>(s.beta1),
+          c1 = static_cast<T>(1.0 - s.beta1), b2 = static_cast<T>(s.beta2), c2 = static_cast<T>(1.0 - s.beta2),
+          inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(s.bias_correction2)), eps = static_cast<T>(s.eps),
+          step = static_cast<T>(s.lr / s.bias_correction1);
+  const bool decoupled = s.weight_decay != 0.0;
+  for_chunks(n, [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+      const T gi = g[i];
+      const T pi = decoupled ? p[i] * decay : p[i];
+      const T mi = b1 * m[i] + c1 * gi;
+      const T vi = b2 * v[i] + c2 * (gi * gi);
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = pi - step * (mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps));
+    }
+  });
+}
+
+}  // namespace
+
+void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& s) {
+  check_state(param, param, "sgd_step", "parameter");
+  check_state(grad, param, "sgd_step", "gradient");
+  check_state(momentum, param, "sgd_step", "momentum buffer");
+  REMAT_ASSERT(s.momentum == 0.0 || momentum.defined(), "sgd_step: momentum without a buffer");
+  dispatch_float(param.dtype(), "sgd_step", [&]<class T>() {
+    sgd_kernel<T>(param.data<T>(), grad.data<T>(), momentum.defined() ? momentum.data<T>() : nullptr, param.numel(), s);
+  });
+}
+
+void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                            const AdamWStep& s) {
+  check_state(param, param, "adamw_step", "parameter");
+  check_state(grad, param, "adamw_step", "gradient");
+  check_state(exp_avg, param, "adamw_step", "exp_avg");
+  check_state(exp_avg_sq, param, "adamw_step", "exp_avg_sq");
+  REMAT_ASSERT(exp_avg.defined() && exp_avg_sq.defined(), "adamw_step: state is undefined");
+  dispatch_float(param.dtype(), "adamw_step", [&]<class T>() {
+    adamw_kernel<T>(param.data<T>(), grad.data<T>(), exp_avg.data<T>(), exp_avg_sq.data<T>(), param.numel(), s);
+  });
+}
+
+}  // namespace remat::cpu
