@@ -93,9 +93,13 @@ struct OutputMeta {
   Device device;
 };
 
+struct PackedStorage;  // internal (saved_tensor.cpp)
+
 // A value kept for a backward pass. It holds a history-free alias of the tensor (no reference
 // cycle through the node that saved it) and counts the storage in the `saved` memory account
 // while it holds it. get() throws if the value was released or overwritten in place since.
+// While saved-value hooks are in force (remat/saved_hooks.h) it keeps what the hooks packed
+// instead, and get() unpacks it.
 class SavedTensor {
  public:
   SavedTensor() = default;
@@ -108,11 +112,20 @@ class SavedTensor {
 
   Tensor get() const;
   void release();
-  bool defined() const { return value_.defined(); }
-  size_t bytes() const;  // bytes of the storage kept alive
+  bool defined() const { return value_.defined() || packed_ != nullptr; }
+  size_t bytes() const;  // bytes of the storage it stands for
+  bool packed() const { return packed_ != nullptr; }
+  // Tells packing hooks that get() will be called soon (no effect without hooks).
+  void prefetch() const;
 
  private:
-  Tensor value_;
+  Tensor value_;                                 // without hooks
+  std::shared_ptr<PackedStorage> packed_;  // with hooks, and the view on the storage:
+  int64_t offset_ = 0;
+  Shape shape_;
+  Strides strides_;
+  DType dtype_ = DType::f32;
+  std::weak_ptr<Storage> original_;
   uint64_t version_ = 0;
   bool released_ = false;
 };
@@ -139,6 +152,9 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual bool is_accumulator() const { return false; }
   // Bytes this node keeps for its backward (for counters and tests).
   virtual size_t saved_bytes() const { return 0; }
+  // Called by the engine a few nodes before this one runs: saved values that packing hooks moved
+  // away may be brought back meanwhile.
+  virtual void prefetch_saved() const {}
 
   uint64_t sequence_nr() const { return sequence_nr_; }
   std::vector<Edge> next_edges;     // one per input
@@ -147,6 +163,9 @@ class Node : public std::enable_shared_from_this<Node> {
  private:
   uint64_t sequence_nr_;
 };
+
+// True while some packed saved value has hooks that can prefetch (the engine then looks ahead).
+bool prefetch_wanted();
 
 // The next sequence number a new node will get (nodes are numbered in creation order).
 uint64_t next_sequence_nr();
@@ -239,6 +258,10 @@ class OpReplay {
   virtual ~OpReplay() = default;
   virtual const std::string& op() const = 0;
   virtual TensorList run(const TensorList& inputs) const = 0;  // the visible outputs
+  // The forward alone, untaped and unobserved: every output, visible then aux (what dynamic
+  // rematerialization needs to bring an evicted value back).
+  virtual TensorList run_forward(const TensorList& inputs) const = 0;
+  virtual double flops() const = 0;  // the estimate counted for the call that made this replay
 };
 
 // What an observer is told about one op call, after its forward ran (or was served by replay()).
@@ -248,6 +271,7 @@ struct OpEvent {
   TensorList& outputs;   // visible outputs, then aux outputs; an observer may replace a handle by an alias
   size_t visible = 0;
   bool replayed = false;  // served by replay() instead of computed
+  double flops = 0;       // the op's FLOP estimate
   // Whether a recorded node of this op would keep input i / output i (visible or aux) for its backward.
   std::function<bool(size_t)> saves_input, saves_output;
   // Builds an OpReplay of this call (copies the op's definition; valid after the call returns).
@@ -264,6 +288,16 @@ class RecordingObserver {
   // Called when the op's inputs require grad; returning true suppresses recording of a node.
   virtual bool suppress_recording(const TensorList& inputs) = 0;
 };
+// Told of every op's forward outside backward formulas, whatever the recording observer (the
+// checkpoint layer's dynamic rematerialization keeps each op's lineage through it). One per thread.
+class OpListener {
+ public:
+  virtual ~OpListener() = default;
+  virtual void on_op(OpEvent& event) = 0;
+};
+OpListener* op_listener();
+OpListener* set_op_listener(OpListener* listener);  // returns the previous one
+
 RecordingObserver* recording_observer();
 // Installs `observer` for this thread; returns the previous one (restore it afterwards).
 RecordingObserver* set_recording_observer(RecordingObserver* observer);

@@ -42,6 +42,7 @@
 #include "remat/autodiff.h"
 #include "remat/budget.h"
 #include "remat/call.h"
+#include "remat/dynamic.h"
 #include "remat/policy.h"
 #include "remat/tensor.h"
 
@@ -120,6 +121,7 @@ struct Counters {
   uint64_t regions_created = 0;
   uint64_t regions_recomputed = 0;
   uint64_t layer_calls = 0;          // layer calls met (regions or not)
+  DynamicCounters dynamic;           // dynamic:BYTES and offload:DIR (remat/dynamic.h)
   std::vector<RegionRecord> regions;  // one per region created since the reset (capped)
 };
 Counters counters();

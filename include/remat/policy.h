@@ -9,6 +9,11 @@
 //                   that lists them
 //   budget:BYTES    keep what fits in BYTES (units: B, KB, KiB, MB, MiB, GB, GiB, TB, TiB; at most
 //                   2^63 - 1 bytes), chosen by the planner at the least recomputation
+//   dynamic:BYTES   any program: keep saved values up to BYTES, evict the cheapest to recompute
+//                   beyond, recompute evicted ones when the backward needs them (remat/dynamic.h)
+//   offload:DIR[,threshold=BYTES][,ram=BYTES]
+//                   keep everything, but write saved values of at least `threshold` bytes to
+//                   files in DIR and read them back for the backward pass (remat/dynamic.h)
 // Parsing is strict: no sign, no trailing characters, no value that does not fit.
 //
 // Three ways to set it, most specific first (the first one present wins):
@@ -20,6 +25,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,21 +33,28 @@
 namespace remat {
 
 struct Policy {
-  enum class Kind { save_all, every_layer, every_k, selective, budget };
+  enum class Kind { save_all, every_layer, every_k, selective, budget, dynamic, offload };
   Kind kind = Kind::every_layer;
   int k = 1;                       // every_k
   std::vector<std::string> ops;    // selective
-  size_t budget_bytes = 0;         // budget
+  size_t budget_bytes = 0;         // budget, dynamic
+  std::string directory;           // offload
+  size_t threshold_bytes = 0;      // offload: smaller saved values stay in memory
+  size_t ram_bytes = 0;            // offload: bound on values in flight (0: none)
 
-  static Policy save_all() { return {Kind::save_all, 1, {}, 0}; }
-  static Policy every_layer() { return {Kind::every_layer, 1, {}, 0}; }
+  static Policy save_all() { return {Kind::save_all, 1, {}, 0, {}, 0, 0}; }
+  static Policy every_layer() { return {Kind::every_layer, 1, {}, 0, {}, 0, 0}; }
   static Policy every_k(int k);
   static Policy selective(std::vector<std::string> ops);
   static Policy budget(size_t bytes);
+  static Policy dynamic(size_t bytes);
+  static Policy offload(std::string directory, size_t threshold_bytes = size_t{1} << 20, size_t ram_bytes = 0);
   // Parses the forms above; a malformed string throws remat::Error listing the valid forms.
   static Policy parse(const std::string& text);
   std::string to_string() const;
-  bool recomputes() const { return kind != Kind::save_all; }
+  bool recomputes() const { return kind != Kind::save_all && kind != Kind::offload; }
+  // Whether layer calls become regions (dynamic and offload act on saved values, not layers).
+  bool makes_regions() const { return recomputes() && kind != Kind::dynamic; }
   bool keeps_op(const std::string& op) const;  // selective: is `op` among the kept kinds?
   bool operator==(const Policy&) const = default;
 };
@@ -50,6 +63,8 @@ struct Policy {
 Policy current_policy();
 
 // Sets the thread's default policy for its lifetime (nests; restores the previous on exit).
+// A dynamic or offload policy also starts its runtime (remat/dynamic.h) for the scope, unless
+// one is running on the thread already.
 class ScopedPolicy {
  public:
   explicit ScopedPolicy(Policy policy);
@@ -60,6 +75,7 @@ class ScopedPolicy {
 
  private:
   std::optional<Policy> previous_;
+  std::shared_ptr<void> runtime_;
 };
 
 }  // namespace remat

@@ -115,6 +115,7 @@ struct TensorImpl {
   uint32_t output_nr = 0;                    // which output of grad_fn this is
   std::weak_ptr<autodiff::Node> grad_accumulator;  // leaves: the node that accumulates into grad
   std::shared_ptr<TensorImpl> grad;          // leaves: accumulated gradient
+  std::shared_ptr<void> lineage;             // dynamic rematerialization: how this value was made
   std::string name;                          // optional, for messages and weight files
 };
 

@@ -79,9 +79,11 @@ class Engine {
     for (size_t i = 0; i < task_.roots.size(); ++i) send(task_.roots[i], task_.root_grads[i], ready, false);
     for (auto& [node, info] : info_)
       if (info.needed && info.dependencies == 0 && !info.buffer.empty()) ready.push({node->sequence_nr(), node});
+    if (prefetch_wanted()) plan_prefetch();
     while (!ready.empty()) {
       Node* node = ready.top().second;
       ready.pop();
+      prefetch_ahead(node);
       execute(node, ready);
     }
     // Every node ran: the commit point of the leaves' gradients (Note [leaf gradients are
@@ -146,6 +148,25 @@ class Engine {
       for (const Edge& e : node->next_edges)
         if (e.valid() && executable(e.node.get()) && info_[e.node.get()].needed) ++info_[e.node.get()].dependencies;
     }
+  }
+
+  // Prefetching: the needed nodes in the order they will run (highest sequence number first);
+  // before a node runs, the saved values of the next kPrefetchAhead nodes are asked for.
+  static constexpr size_t kPrefetchAhead = 4;
+  void plan_prefetch() {
+    for (auto& [node, info] : info_)
+      if (info.needed) prefetch_order_.push_back(node);
+    std::sort(prefetch_order_.begin(), prefetch_order_.end(),
+              [](const Node* a, const Node* b) { return a->sequence_nr() > b->sequence_nr(); });
+  }
+  void prefetch_ahead(const Node* running) {
+    if (prefetch_order_.empty()) return;
+    while (next_to_run_ < prefetch_order_.size() &&
+           prefetch_order_[next_to_run_]->sequence_nr() >= running->sequence_nr())
+      ++next_to_run_;
+    const size_t until = std::min(prefetch_order_.size(), next_to_run_ + kPrefetchAhead);
+    for (size_t i = std::max(prefetched_until_, next_to_run_); i < until; ++i) prefetch_order_[i]->prefetch_saved();
+    prefetched_until_ = std::max(prefetched_until_, until);
   }
 
   void send(const Edge& e, const Tensor& grad, std::priority_queue<std::pair<uint64_t, Node*>>& ready,
@@ -235,6 +256,8 @@ class Engine {
   std::vector<std::pair<size_t, size_t>> duplicate_captures_;  // (repeated slot, first slot)
   std::unordered_map<EdgeKey, size_t, EdgeKeyHash> capture_index_;
   std::unordered_map<Node*, NodeInfo> info_;
+  std::vector<Node*> prefetch_order_;
+  size_t next_to_run_ = 0, prefetched_until_ = 0;
 };
 
 }  // namespace

@@ -26,6 +26,12 @@ namespace remat::autodiff {
 OpCounters op_counters() { return thread_state().counters; }
 void reset_op_counters() { thread_state().counters = {}; }
 RecordingObserver* recording_observer() { return thread_state().observer; }
+OpListener* op_listener() { return thread_state().listener; }
+OpListener* set_op_listener(OpListener* listener) {
+  OpListener* previous = thread_state().listener;
+  thread_state().listener = listener;
+  return previous;
+}
 RecordingObserver* set_recording_observer(RecordingObserver* observer) {
   RecordingObserver* previous = thread_state().observer;
   thread_state().observer = observer;
@@ -153,6 +159,11 @@ void OpNode::release_saved() {
   for (auto& s : saved_outputs) s.release();
 }
 
+void OpNode::prefetch_saved() const {
+  for (auto& s : saved_inputs) s.prefetch();
+  for (auto& s : saved_outputs) s.prefetch();
+}
+
 size_t OpNode::saved_bytes() const {
   size_t total = 0;
   for (auto& s : saved_inputs) total += s.bytes();
@@ -170,6 +181,11 @@ class StoredOp final : public OpReplay {
       : spec_(spec), forward_(std::move(forward)), backward_(std::move(backward)), flops_(flops) {}
   const std::string& op() const override { return spec_.name; }
   TensorList run(const TensorList& inputs) const override { return apply(spec_, inputs, forward_, backward_, flops_); }
+  TensorList run_forward(const TensorList& inputs) const override {
+    Restore<bool> nested(thread_state().in_op_forward, true);
+    return forward_(inputs);
+  }
+  double flops() const override { return flops_; }
 
  private:
   OpSpec spec_;
@@ -221,16 +237,23 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
       }
     }
   }
-  if (state.observer && !state.in_backward_formula) {
-    OpEvent event{spec.name, inputs, outputs, visible, replayed, {}, {}, {}};
+  if ((state.observer || state.listener) && !state.in_backward_formula) {
+    OpEvent event{spec.name, inputs, outputs, visible, replayed, 0.0, {}, {}, {}};
     event.saves_input = [&spec](size_t i) {
       return (spec.save & save_inputs) != 0 && i < 32 && ((spec.saved_inputs_mask >> i) & 1u) != 0;
     };
     event.saves_output = [&spec, visible](size_t i) { return (spec.save & save_outputs) != 0 || i >= visible; };
-    event.make_replay = [&spec, &forward, &backward, flops]() -> std::shared_ptr<OpReplay> {
-      return std::make_shared<StoredOp>(spec, forward, backward, flops);
+    double f = flops;
+    if (f < 0) {
+      f = 0;
+      for (size_t i = 0; i < visible; ++i) f += static_cast<double>(outputs[i].numel());
+    }
+    event.flops = f;
+    event.make_replay = [&spec, &forward, &backward, f]() -> std::shared_ptr<OpReplay> {
+      return std::make_shared<StoredOp>(spec, forward, backward, f);
     };
-    state.observer->after_forward(event);
+    if (state.observer) state.observer->after_forward(event);
+    if (state.listener) state.listener->on_op(event);
   }
 
   bool record = state.grad_enabled;

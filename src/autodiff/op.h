@@ -71,6 +71,7 @@ class OpNode final : public Node {
   TensorList apply(TensorList&& grad_outputs) override;
   void release_saved() override;
   size_t saved_bytes() const override;
+  void prefetch_saved() const override;
 
   OpSpec spec_;
   BackwardFn backward_;

@@ -1,9 +1,110 @@
+// SavedTensor: the one holder of values kept for a backward pass, with or without saved-value
+// hooks (remat/saved_hooks.h).
+#include <algorithm>
+#include <atomic>
+#include <unordered_map>
+#include <vector>
+
 #include "remat/autodiff.h"
+#include "remat/saved_hooks.h"
 
 namespace remat::autodiff {
 
+struct PackedStorage;
+
+namespace hooks_detail {
+
+// The hooks in force on a thread, and what they packed (by storage: each storage packs once).
+struct HooksState {
+  SavedTensorHooks hooks;
+  std::unordered_map<const Storage*, std::weak_ptr<PackedStorage>> packed;
+};
+
+std::atomic<int64_t> prefetching_packed{0};  // live packed storages whose hooks can prefetch
+
+}  // namespace hooks_detail
+
+struct PackedStorage {
+  ~PackedStorage() {
+    if (state && state->hooks.prefetch) --hooks_detail::prefetching_packed;
+  }
+  std::shared_ptr<hooks_detail::HooksState> state;  // the hooks that packed it unpack it
+  PackedValue value;
+  std::weak_ptr<Storage> original;
+  DType dtype = DType::f32;
+  int64_t numel = 0;
+  size_t bytes = 0;
+};
+
+namespace {
+
+thread_local std::vector<std::shared_ptr<hooks_detail::HooksState>> hooks_stack;
+thread_local bool inside_hook = false;  // a hook's own ops never pack
+
+// A contiguous 1-D tensor over the whole of `storage`, read as `dtype`.
+Tensor whole_storage(const std::shared_ptr<Storage>& storage, DType dtype) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = storage;
+  impl->offset = 0;
+  impl->dtype = dtype;
+  impl->shape = {static_cast<int64_t>(storage->bytes() / dtype_size(dtype))};
+  impl->strides = {1};
+  return Tensor(impl);
+}
+
+class InsideHook {
+ public:
+  InsideHook() : previous_(inside_hook) { inside_hook = true; }
+  ~InsideHook() { inside_hook = previous_; }
+  InsideHook(const InsideHook&) = delete;
+  InsideHook& operator=(const InsideHook&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// The packed form of `storage` under `state`: packed now, or shared with an earlier save.
+std::shared_ptr<PackedStorage> pack_storage(const std::shared_ptr<hooks_detail::HooksState>& state,
+                                                    const std::shared_ptr<Storage>& storage, DType dtype) {
+  auto it = state->packed.find(storage.get());
+  if (it != state->packed.end()) {
+    std::shared_ptr<PackedStorage> existing = it->second.lock();
+    if (existing && existing->original.lock() == storage && existing->dtype == dtype) return existing;
+  }
+  auto packed = std::make_shared<PackedStorage>();
+  packed->state = state;
+  if (state->hooks.prefetch) ++hooks_detail::prefetching_packed;
+  packed->original = storage;
+  packed->dtype = dtype;
+  packed->bytes = storage->bytes();
+  packed->numel = static_cast<int64_t>(storage->bytes() / dtype_size(dtype));
+  {
+    InsideHook guard;
+    packed->value = state->hooks.pack(whole_storage(storage, dtype));
+  }
+  state->packed[storage.get()] = packed;
+  if (state->packed.size() > 64 && state->packed.size() % 64 == 0) {
+    for (auto i = state->packed.begin(); i != state->packed.end();)
+      i = i->second.expired() ? state->packed.erase(i) : std::next(i);
+  }
+  return packed;
+}
+
+}  // namespace
+
 SavedTensor::SavedTensor(const Tensor& value) {
   if (!value.defined()) return;
+  if (!hooks_stack.empty() && !inside_hook) {
+    const std::shared_ptr<Storage>& storage = value.storage();
+    packed_ = pack_storage(hooks_stack.back(), storage, value.dtype());
+    offset_ = value.offset();
+    shape_ = value.shape();
+    strides_ = value.strides();
+    dtype_ = value.dtype();
+    original_ = storage;
+    version_ = storage->version();
+    return;
+  }
   value_ = value.detach();  // no grad_fn: no cycle through the node that keeps it
   version_ = value_.storage()->version();
   value_.storage()->add_saved_reference();
@@ -12,17 +113,27 @@ SavedTensor::SavedTensor(const Tensor& value) {
 SavedTensor::~SavedTensor() { release(); }
 
 SavedTensor::SavedTensor(SavedTensor&& other) noexcept
-    : value_(std::move(other.value_)), version_(other.version_), released_(other.released_) {
+    : value_(std::move(other.value_)), packed_(std::move(other.packed_)), offset_(other.offset_),
+      shape_(std::move(other.shape_)), strides_(std::move(other.strides_)), dtype_(other.dtype_),
+      original_(std::move(other.original_)), version_(other.version_), released_(other.released_) {
   other.value_ = Tensor();
+  other.packed_.reset();
 }
 
 SavedTensor& SavedTensor::operator=(SavedTensor&& other) noexcept {
   if (this != &other) {
     release();
     value_ = std::move(other.value_);
+    packed_ = std::move(other.packed_);
+    offset_ = other.offset_;
+    shape_ = std::move(other.shape_);
+    strides_ = std::move(other.strides_);
+    dtype_ = other.dtype_;
+    original_ = std::move(other.original_);
     version_ = other.version_;
     released_ = other.released_;
     other.value_ = Tensor();
+    other.packed_.reset();
   }
   return *this;
 }
@@ -30,6 +141,30 @@ SavedTensor& SavedTensor::operator=(SavedTensor&& other) noexcept {
 Tensor SavedTensor::get() const {
   REMAT_CHECK(!released_, "a value saved for the backward pass was already freed: the graph was run backward "
                           "once already (pass retain_graph=true to run it again)");
+  if (packed_) {
+    if (std::shared_ptr<Storage> original = original_.lock())
+      REMAT_CHECK(original->version() == version_, "a tensor of shape ", shape_str(shape_),
+                  " saved for the backward pass was modified in place after it was saved; its gradient would be wrong");
+    Tensor storage;
+    {
+      InsideHook guard;
+      storage = packed_->state->hooks.unpack(packed_->value);
+    }
+    REMAT_CHECK(storage.defined() && storage.dtype() == packed_->dtype && storage.numel() == packed_->numel &&
+                    storage.is_contiguous(),
+                "saved-value hooks: unpack returned ",
+                storage.defined() ? detail::concat(dtype_name(storage.dtype()), " ", shape_str(storage.shape()))
+                                  : std::string("an undefined tensor"),
+                " for a packed storage of ", packed_->numel, " ", dtype_name(packed_->dtype),
+                " elements; it must return a contiguous tensor of that dtype and size");
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = storage.storage();
+    impl->offset = storage.offset() + offset_;
+    impl->shape = shape_;
+    impl->strides = strides_;
+    impl->dtype = dtype_;
+    return Tensor(impl);
+  }
   if (!value_.defined()) return Tensor();
   REMAT_CHECK(value_.storage()->version() == version_,
               "a tensor of shape ", shape_str(value_.shape()), " saved for the backward pass was modified in "
@@ -43,8 +178,42 @@ void SavedTensor::release() {
     value_ = Tensor();
     released_ = true;
   }
+  if (packed_) {
+    packed_.reset();
+    released_ = true;
+  }
 }
 
-size_t SavedTensor::bytes() const { return value_.defined() ? value_.storage()->bytes() : 0; }
+size_t SavedTensor::bytes() const {
+  if (packed_) return packed_->bytes;
+  return value_.defined() ? value_.storage()->bytes() : 0;
+}
+
+void SavedTensor::prefetch() const {
+  if (!packed_ || !packed_->state->hooks.prefetch) return;
+  InsideHook guard;
+  packed_->state->hooks.prefetch(packed_->value);
+}
+
+bool prefetch_wanted() { return hooks_detail::prefetching_packed.load(std::memory_order_relaxed) > 0; }
 
 }  // namespace remat::autodiff
+
+namespace remat {
+
+ScopedSavedTensorHooks::ScopedSavedTensorHooks(SavedTensorHooks hooks) {
+  REMAT_CHECK(static_cast<bool>(hooks.pack) && static_cast<bool>(hooks.unpack),
+              "ScopedSavedTensorHooks: both pack and unpack must be set");
+  auto state = std::make_shared<autodiff::hooks_detail::HooksState>();
+  state->hooks = std::move(hooks);
+  autodiff::hooks_stack.push_back(state);
+  state_ = state;
+}
+
+ScopedSavedTensorHooks::~ScopedSavedTensorHooks() {
+  auto it = std::find(autodiff::hooks_stack.begin(), autodiff::hooks_stack.end(),
+                      std::static_pointer_cast<autodiff::hooks_detail::HooksState>(state_));
+  if (it != autodiff::hooks_stack.end()) autodiff::hooks_stack.erase(it);
+}
+
+}  // namespace remat

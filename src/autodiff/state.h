@@ -11,6 +11,7 @@ struct ThreadState {
   bool in_backward_formula = false;  // inside an op's backward formula: not counted as forward work
   int recompute_depth = 0;
   RecordingObserver* observer = nullptr;
+  OpListener* listener = nullptr;
   OpCounters counters;
 };
 ThreadState& thread_state();

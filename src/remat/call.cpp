@@ -245,7 +245,7 @@ TensorList layer_call(Frame& top, const RegionFn& fn, const TensorList& inputs, 
   if (policy.kind == Policy::Kind::every_k && policy.k > 1 && !own) return grouped_call(top, policy, fn, inputs, site);
   close_group(top);
   // Inside an open segment (a plan region spanning this call's container): the segment covers it.
-  if (!policy.recomputes() || policy.kind == Policy::Kind::budget || detail::inside_first_run())
+  if (!policy.makes_regions() || policy.kind == Policy::Kind::budget || detail::inside_first_run())
     return run_plain(fn, inputs, site);
   return single_region(fn, inputs, site, policy);
 }

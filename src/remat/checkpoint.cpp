@@ -6,6 +6,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "dynamic_internal.h"
 #include "region.h"
 #include "remat/memory.h"
 
@@ -29,7 +30,7 @@ void on_backward_end() {
   thread_local bool warned = false;
   if (regions > 0 || calls > 0 || warned) return;
   const Policy policy = current_policy();
-  if (!policy.recomputes()) return;
+  if (!policy.makes_regions()) return;  // dynamic and offload work on saved values, not regions
   warned = true;
   warn(detail::concat(
       "the backward pass ran under policy ", policy.to_string(),
@@ -109,6 +110,7 @@ Counters counters() {
   c.regions_recomputed = rc.recomputed;
   c.layer_calls = rc.layer_calls;
   c.regions = rc.records;
+  c.dynamic = detail::dynamic_counters();
   return c;
 }
 
@@ -119,6 +121,7 @@ void reset_counters() {
   rc.recomputed = 0;
   rc.layer_calls = 0;
   rc.records.clear();
+  detail::dynamic_counters() = {};
 }
 
 std::string memory_report(size_t save_all_peak_bytes) { return memory_report(counters(), save_all_peak_bytes); }

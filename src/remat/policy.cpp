@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "remat/autodiff.h"
+#include "remat/dynamic.h"
 #include "remat/error.h"
 #include "remat/memory.h"
 
@@ -16,7 +17,8 @@ thread_local std::optional<Policy> scoped_policy;
 
 const char* kValidForms =
     "valid forms: save-all, every-layer, every-k:K (K >= 1), selective:OP[,OP...] (e.g. selective:matmul), "
-    "budget:BYTES (e.g. budget:64MiB)";
+    "budget:BYTES (e.g. budget:64MiB), dynamic:BYTES (e.g. dynamic:64MiB), "
+    "offload:DIR[,threshold=BYTES][,ram=BYTES] (e.g. offload:/tmp,threshold=1MiB)";
 
 std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
@@ -26,7 +28,8 @@ std::string trim(const std::string& s) {
 
 Policy Policy::every_k(int k) {
   REMAT_CHECK(k >= 1, "policy every-k: K must be at least 1, got ", k);
-  Policy p{Kind::every_k, 1, {}, 0};
+  Policy p = every_layer();
+  p.kind = Kind::every_k;
   p.k = k;
   return p;
 }
@@ -45,15 +48,35 @@ Policy Policy::selective(std::vector<std::string> ops) {
     REMAT_CHECK(autodiff::is_op_kind(op), "policy selective: unknown op kind '", op, "'; the op kinds are ",
                 known_op_kinds());
   }
-  Policy p{Kind::selective, 1, {}, 0};
+  Policy p = every_layer();
+  p.kind = Kind::selective;
   p.ops = std::move(ops);
   return p;
 }
 
 Policy Policy::budget(size_t bytes) {
   REMAT_CHECK(bytes > 0, "policy budget: the budget must be positive");
-  Policy p{Kind::budget, 1, {}, 0};
+  Policy p = every_layer();
+  p.kind = Kind::budget;
   p.budget_bytes = bytes;
+  return p;
+}
+
+Policy Policy::dynamic(size_t bytes) {
+  REMAT_CHECK(bytes > 0, "policy dynamic: the budget must be positive");
+  Policy p = every_layer();
+  p.kind = Kind::dynamic;
+  p.budget_bytes = bytes;
+  return p;
+}
+
+Policy Policy::offload(std::string directory, size_t threshold_bytes, size_t ram_bytes) {
+  REMAT_CHECK(!directory.empty(), "policy offload: the directory is empty");
+  Policy p = every_layer();
+  p.kind = Kind::offload;
+  p.directory = std::move(directory);
+  p.threshold_bytes = threshold_bytes;
+  p.ram_bytes = ram_bytes;
   return p;
 }
 
@@ -104,6 +127,42 @@ Policy Policy::parse(const std::string& raw) {
     REMAT_CHECK(bytes > 0, "cannot parse policy '", raw, "': the budget must be positive; ", kValidForms);
     return budget(bytes);
   }
+  if (head == "dynamic" && has_arg) {
+    size_t bytes = 0;
+    try {
+      bytes = memory::parse_bytes(arg);
+    } catch (const Error& e) {
+      throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what(), "; ", kValidForms));
+    }
+    REMAT_CHECK(bytes > 0, "cannot parse policy '", raw, "': the budget must be positive; ", kValidForms);
+    return dynamic(bytes);
+  }
+  if (head == "offload" && has_arg) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    while (true) {
+      size_t comma = arg.find(',', start);
+      parts.push_back(trim(arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    REMAT_CHECK(!parts[0].empty(), "cannot parse policy '", raw, "': the directory is empty; ", kValidForms);
+    size_t threshold = size_t{1} << 20, ram = 0;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const size_t eq = parts[i].find('=');
+      const std::string key = eq == std::string::npos ? parts[i] : parts[i].substr(0, eq);
+      REMAT_CHECK(eq != std::string::npos && (key == "threshold" || key == "ram"), "cannot parse policy '", raw,
+                  "': unknown offload option '", parts[i], "' (threshold=BYTES or ram=BYTES); ", kValidForms);
+      size_t bytes = 0;
+      try {
+        bytes = memory::parse_bytes(parts[i].substr(eq + 1));
+      } catch (const Error& e) {
+        throw Error(detail::concat("cannot parse policy '", raw, "': ", key, ": ", e.what(), "; ", kValidForms));
+      }
+      (key == "threshold" ? threshold : ram) = bytes;
+    }
+    return offload(parts[0], threshold, ram);
+  }
   throw Error(detail::concat("cannot parse policy '", raw, "'; ", kValidForms));
 }
 
@@ -118,6 +177,12 @@ std::string Policy::to_string() const {
       return s;
     }
     case Kind::budget: return "budget:" + std::to_string(budget_bytes);
+    case Kind::dynamic: return "dynamic:" + std::to_string(budget_bytes);
+    case Kind::offload: {
+      std::string s = "offload:" + directory + ",threshold=" + std::to_string(threshold_bytes);
+      if (ram_bytes > 0) s += ",ram=" + std::to_string(ram_bytes);
+      return s;
+    }
   }
   return "?";
 }
@@ -128,7 +193,21 @@ bool Policy::keeps_op(const std::string& op) const {
 
 Policy current_policy() { return scoped_policy.value_or(Policy::every_layer()); }
 
-ScopedPolicy::ScopedPolicy(Policy policy) : previous_(scoped_policy) { scoped_policy = std::move(policy); }
-ScopedPolicy::~ScopedPolicy() { scoped_policy = previous_; }
+ScopedPolicy::ScopedPolicy(Policy policy) : previous_(scoped_policy) {
+  if (policy.kind == Policy::Kind::dynamic && !detail::dynamic_running())
+    runtime_ = std::make_shared<DynamicScope>(policy.budget_bytes);
+  if (policy.kind == Policy::Kind::offload && !detail::offload_running()) {
+    OffloadOptions options;
+    options.directory = policy.directory;
+    options.threshold_bytes = policy.threshold_bytes;
+    options.ram_bytes = policy.ram_bytes;
+    runtime_ = std::make_shared<OffloadScope>(options);
+  }
+  scoped_policy = std::move(policy);
+}
+ScopedPolicy::~ScopedPolicy() {
+  scoped_policy = previous_;
+  runtime_.reset();
+}
 
 }  // namespace remat

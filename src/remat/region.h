@@ -82,6 +82,9 @@ class Region final : public autodiff::Node {
   bool returns_contributions() const override { return true; }
   std::vector<TensorList> apply_contributions(TensorList&& grad_outputs) override;
   void release_saved() override;
+  void prefetch_saved() const override {
+    for (const auto& e : externals_) e.value.prefetch();
+  }
 
   // ---- used by the observers
   void on_op(autodiff::OpEvent& event);

@@ -270,6 +270,7 @@ Tensor Tensor::detach() const {
   alias->strides = impl().strides;
   alias->dtype = impl().dtype;
   alias->name = impl().name;
+  alias->lineage = impl().lineage;  // the same value: how it was made still holds
   return Tensor(std::move(alias));
 }
 

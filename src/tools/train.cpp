@@ -174,6 +174,7 @@ int run_train(const TrainOptions& o) {
   double profiling_step_seconds = 0;  // budget policy: the first step profiles the chain
   size_t peak_saved = 0, peak_total = 0;
   double recomputed_flops = 0;
+  DynamicCounters dynamic;  // dynamic: and offload: policies, summed over the run
   std::string digest;
   const size_t saved_base = memory::live_bytes(memory::Tag::saved);
   const size_t total_base = memory::stats().live_total;
@@ -205,6 +206,19 @@ int run_train(const TrainOptions& o) {
     peak_saved = std::max(peak_saved, memory::peak_bytes(memory::Tag::saved) - saved_base);
     peak_total = std::max(peak_total, memory::stats().peak_total - total_base);
     recomputed_flops += counters().ops.recomputed_flops;
+    {
+      const DynamicCounters d = counters().dynamic;
+      dynamic.evictions += d.evictions;
+      dynamic.rematerializations += d.rematerializations;
+      dynamic.remat_flops += d.remat_flops;
+      dynamic.remat_seconds += d.remat_seconds;
+      dynamic.smallest_feasible_bytes = std::max(dynamic.smallest_feasible_bytes, d.smallest_feasible_bytes);
+      dynamic.offloaded += d.offloaded;
+      dynamic.bytes_offloaded += d.bytes_offloaded;
+      dynamic.bytes_prefetched += d.bytes_prefetched;
+      dynamic.bytes_read_on_demand += d.bytes_read_on_demand;
+      dynamic.stall_seconds += d.stall_seconds;
+    }
     double tokens_per_s = static_cast<double>(o.batch * config.seq) / step_seconds.back();
     char fields[160];
     std::snprintf(fields, sizeof fields, "loss %.3f  %s tok/s  peak saved %s", losses.back(), human_count(tokens_per_s).c_str(),
@@ -253,6 +267,21 @@ int run_train(const TrainOptions& o) {
                 "(median of the run %.4f s)\n",
                 plan->predicted_peak_bytes, predicted_step_seconds, chosen.peak_saved, chosen.seconds, step_median);
   }
+  if (policy.kind == Policy::Kind::dynamic) {
+    std::printf("  dynamic: %llu evictions, %llu rematerializations (%s FLOP, %.3f s) over the run; the smallest "
+                "feasible budget seen: %zu bytes (%s)\n",
+                static_cast<unsigned long long>(dynamic.evictions),
+                static_cast<unsigned long long>(dynamic.rematerializations), human_count(dynamic.remat_flops).c_str(),
+                dynamic.remat_seconds, dynamic.smallest_feasible_bytes,
+                memory::format_bytes(static_cast<double>(dynamic.smallest_feasible_bytes)).c_str());
+  }
+  if (policy.kind == Policy::Kind::offload) {
+    std::printf("  offload: %llu values (%s) written, %s read ahead, %s read on demand, %.3f s stalled over the run\n",
+                static_cast<unsigned long long>(dynamic.offloaded),
+                memory::format_bytes(static_cast<double>(dynamic.bytes_offloaded)).c_str(),
+                memory::format_bytes(static_cast<double>(dynamic.bytes_prefetched)).c_str(),
+                memory::format_bytes(static_cast<double>(dynamic.bytes_read_on_demand)).c_str(), dynamic.stall_seconds);
+  }
   if (o.explain) {
     std::printf("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s",
                 policy.to_string().c_str(), memory_report(chosen.counters, save_all.peak_saved).c_str());
@@ -270,6 +299,16 @@ int run_train(const TrainOptions& o) {
                         {"peak_saved_bytes", peak_saved},
                         {"peak_total_bytes", peak_total},
                         {"recomputed_flops", recomputed_flops},
+                        {"evictions", dynamic.evictions},
+                        {"rematerializations", dynamic.rematerializations},
+                        {"remat_flops", dynamic.remat_flops},
+                        {"remat_seconds", dynamic.remat_seconds},
+                        {"smallest_feasible_bytes", dynamic.smallest_feasible_bytes},
+                        {"values_offloaded", dynamic.offloaded},
+                        {"bytes_offloaded", dynamic.bytes_offloaded},
+                        {"bytes_prefetched", dynamic.bytes_prefetched},
+                        {"bytes_read_on_demand", dynamic.bytes_read_on_demand},
+                        {"stall_seconds", dynamic.stall_seconds},
                         {"grad_digest", digest},
                         {"probe_step_seconds", chosen.seconds},
                         {"probe_peak_saved_bytes", chosen.peak_saved},

@@ -1,0 +1,107 @@
+// remat/dynamic.h - any program under a byte budget: dynamic rematerialization (dynamic:BYTES)
+// and offloading saved values to disk (offload:DIR).
+//
+//   // any program of remat ops, with or without modules and regions
+//   Tensor loss = backward([&] { return solver(u0); }, {Policy::parse("dynamic:64MiB")});
+//   remat::counters().dynamic;   // evictions, rematerializations, their FLOPs and seconds
+//
+//   // or as a scope of its own
+//   { remat::DynamicScope scope(64 << 20); Tensor l = f(x); l.backward(); }
+//
+// dynamic:BYTES (Dynamic Tensor Rematerialization, Kirisame et al., ICLR 2021). While the policy
+// is in force every op's lineage is kept: the op (its forward, as an autodiff::OpReplay) and the
+// values it read (references to how those were made, or the values themselves when they were not
+// made by an op: parameters, inputs). Every value saved for a backward pass goes through the
+// saved-value hooks (remat/saved_hooks.h) into the runtime, which holds its storage and counts it.
+// Whenever holding one more saved storage would take the live saved bytes above BYTES, the runtime
+// evicts the held storage with the lowest score
+//     h(t) = cost(t) / (bytes(t) * staleness(t))
+// where cost(t) is the FLOPs of the op that made t plus those of every evicted value its
+// recomputation would need first (the evicted ancestors, found by a walk of at most 64 values:
+// the paper's "evicted neighbourhood", computed directly instead of with its union-find
+// approximation, because the graphs of one step are small), and staleness is the number of op
+// calls and saved-value reads since t was last used (a logical clock: decisions, and so peak
+// memory, do not depend on timing noise). Only storages the runtime alone holds are evictable
+// (evicting one that the program still holds would free nothing), and never one in use. An
+// evicted value read by the backward pass is recomputed from its op and that op's inputs, which
+// are recomputed first if they were evicted too; random ops replay their captured generator
+// state, so gradients are bitwise equal to save-all on the CPU. The unit of eviction is the
+// storage: views share their base's. Regions compose: their kept inputs are saved values too.
+// A budget that no eviction can meet (the values an op needs at once exceed it) is a remat::Error
+// naming the smallest feasible budget seen so far in bytes and MiB; the op fails, nothing else
+// changes. counters().dynamic.smallest_feasible_bytes reports the smallest budget the steps run
+// so far needed (the largest of those needs).
+// Requirement on ops: an op's forward must be a pure function of its inputs and of what it
+// captured (all of remat's ops, and CustomOp forwards that keep no state of their own, are).
+//
+// offload:DIR[,threshold=BYTES][,ram=BYTES]. Saved values of at least `threshold` bytes (default
+// 1 MiB) are written to files in a private folder under DIR by a background thread and dropped
+// from memory once written; smaller ones stay in memory. The backward pass reads them back; the
+// engine asks a few nodes ahead, so reads overlap computation. `ram` bounds the bytes of values
+// in flight (written or read but not yet dropped); the forward waits when it is reached (that
+// time is counted as stall). Files are removed as soon as their value is no longer needed and the
+// folder when the scope ends, on every exit path. A directory that cannot be written, or a write
+// that fails (a full disk), is a remat::Error at the next saved value or read, and nothing is
+// lost: a value whose write failed stays in memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace remat {
+
+struct DynamicCounters {
+  uint64_t evictions = 0;
+  uint64_t rematerializations = 0;
+  double remat_flops = 0;
+  double remat_seconds = 0;
+  size_t smallest_feasible_bytes = 0;  // dynamic: the largest need seen (a lower bound of any feasible budget)
+  uint64_t offloaded = 0;              // offload: values written to disk
+  size_t bytes_offloaded = 0;
+  size_t bytes_prefetched = 0;         // read back ahead of need
+  size_t bytes_read_on_demand = 0;     // read back when the backward pass needed them
+  double stall_seconds = 0;            // waiting for writes (ram bound) or reads
+};
+
+// Dynamic rematerialization under `budget_bytes` for the lifetime of the scope (this thread).
+class DynamicScope {
+ public:
+  explicit DynamicScope(size_t budget_bytes);
+  ~DynamicScope();
+  DynamicScope(const DynamicScope&) = delete;
+  DynamicScope& operator=(const DynamicScope&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+struct OffloadOptions {
+  std::string directory;
+  size_t threshold_bytes = size_t{1} << 20;
+  size_t ram_bytes = 0;  // 0: no bound
+  // For tests: writes fail (as on a full disk) once this many bytes were written; 0: never.
+  size_t fail_after_bytes = 0;
+};
+
+// Offloading of saved values for the lifetime of the scope (this thread).
+class OffloadScope {
+ public:
+  explicit OffloadScope(const OffloadOptions& options);
+  ~OffloadScope();
+  OffloadScope(const OffloadScope&) = delete;
+  OffloadScope& operator=(const OffloadScope&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+namespace detail {
+bool dynamic_running();  // a DynamicScope is alive on this thread
+bool offload_running();  // an OffloadScope is alive on this thread
+}  // namespace detail
+
+}  // namespace remat
