@@ -61,12 +61,12 @@ namespace {
 // Every built-in op kind (OpSpec name), sorted. A new op adds its name here; the OpSpec
 // constructor refuses a name that is missing, so the list cannot fall behind the ops.
 constexpr std::string_view kOpKinds[] = {
-    "abs",        "add",     "add_scalar", "concat",   "contiguous", "convert", "cross_entropy", "div",
-    "dropout",    "embedding", "exp",      "expand",   "gelu",       "gelu_tanh", "layer_norm", "log",
-    "log_softmax", "matmul", "max",        "maximum",  "mean",       "minimum", "mul",           "mul_scalar",
-    "neg",        "permute", "pow",        "relu",     "rms_norm",   "sigmoid", "silu",          "slice",
-    "softmax",    "split",   "sqrt",       "square",   "sub",        "sum",     "tanh",          "view",
-    "where"};
+    "abs", "adaptive_avg_pool2d", "add", "add_scalar", "avg_pool2d", "batch_norm", "concat", "contiguous",
+    "conv2d", "convert", "cross_entropy", "diagonal", "div", "dropout", "embedding", "exp", "expand", "gelu",
+    "gelu_tanh", "layer_norm", "log", "log_softmax", "matmul", "max", "max_pool2d", "maximum", "mean",
+    "minimum", "mul", "mul_scalar", "neg", "permute", "pow", "relu", "rms_norm",
+    "scaled_dot_product_attention", "sigmoid", "silu", "slice", "softmax", "split", "sqrt", "square", "sub",
+    "sum", "tanh", "view", "where"};
 static_assert(std::is_sorted(std::begin(kOpKinds), std::end(kOpKinds)));
 }  // namespace
 
