@@ -347,14 +347,29 @@ TEST(Offload, PrefetchReadsAheadOfNeed) {
   const int n = 24;
   Tensor weight = randn({64, 64}, DType::f32, RngState{3, 0}, 0.0, 0.12).requires_grad_();
   Tensor x = randn({64, 64}, DType::f32, RngState{4, 0});
-  auto f = [&](const TensorList&) {
+  auto f = [&] {
     Tensor h = x;
     for (int i = 0; i < n; ++i) h = tanh(matmul(h, weight));
     return mean(h);
   };
-  TensorList reference = remat::grad(f, {weight}, GradOptions{Policy::save_all()});
+  ScopedPolicy keep(Policy::save_all());
+  TensorList reference = remat::grad(TensorList{f()}, {weight});
   reset_counters();
-  TensorList got = remat::grad(f, {weight}, GradOptions{Policy::offload(dir, 1024)});
+  TensorList got;
+  {
+    OffloadOptions options;
+    options.directory = dir;
+    options.threshold_bytes = 1024;
+    OffloadScope scope(options);
+    Tensor loss = f();
+    // Every value on disk before the backward starts (on a loaded machine the writes may still be
+    // running otherwise, and a value still in memory is neither prefetched nor read).
+    scope.wait_for_writes();
+    // One file per saved storage: x, the n tanh outputs (each the next matmul's input) and the
+    // weight, each 64 x 64 f32.
+    EXPECT_EQ(counters().dynamic.bytes_offloaded, size_t{n + 2} * 64 * 64 * 4);
+    got = remat::grad(TensorList{loss}, {weight});
+  }
   expect_same(got, reference, "prefetch");
   const Counters c = counters();
   EXPECT_GT(c.dynamic.bytes_prefetched, 0u);

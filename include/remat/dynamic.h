@@ -94,6 +94,10 @@ class OffloadScope {
   OffloadScope(const OffloadScope&) = delete;
   OffloadScope& operator=(const OffloadScope&) = delete;
 
+  // Blocks until every write started so far is on disk (their memory copies are then dropped,
+  // and the backward pass reads them back, ahead of need where it can). Rethrows a failed write.
+  void wait_for_writes();
+
  private:
   struct State;
   std::unique_ptr<State> state_;

@@ -164,6 +164,18 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     return entry->ram;
   }
 
+  void wait_for_writes() {
+    std::vector<std::shared_ptr<OffloadEntry>> writing;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& weak : watched_)
+        if (auto e = weak.lock(); e && e->job && e->state == OffloadEntry::State::writing) writing.push_back(e);
+    }
+    for (const auto& e : writing) wait_done(*e);
+    collect();
+    throw_pending_error();
+  }
+
   void prefetch(const std::shared_ptr<OffloadEntry>& entry) {
     collect();
     if (entry->ram.defined() || entry->state != OffloadEntry::State::on_disk) return;
@@ -392,6 +404,8 @@ OffloadScope::OffloadScope(const OffloadOptions& options) : state_(std::make_uni
   state_->hooks = std::make_unique<ScopedSavedTensorHooks>(std::move(hooks));
   ++detail::offload_scopes;
 }
+
+void OffloadScope::wait_for_writes() { state_->store->wait_for_writes(); }
 
 OffloadScope::~OffloadScope() {
   --detail::offload_scopes;
