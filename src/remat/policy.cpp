@@ -117,7 +117,7 @@ Policy Policy::parse(const std::string& raw) {
       throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what()));
     }
   }
-  if (head == "budget" && has_arg) {
+  if ((head == "budget" || head == "dynamic") && has_arg) {
     size_t bytes = 0;
     try {
       bytes = memory::parse_bytes(arg);
@@ -125,17 +125,7 @@ Policy Policy::parse(const std::string& raw) {
       throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what(), "; ", kValidForms));
     }
     REMAT_CHECK(bytes > 0, "cannot parse policy '", raw, "': the budget must be positive; ", kValidForms);
-    return budget(bytes);
-  }
-  if (head == "dynamic" && has_arg) {
-    size_t bytes = 0;
-    try {
-      bytes = memory::parse_bytes(arg);
-    } catch (const Error& e) {
-      throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what(), "; ", kValidForms));
-    }
-    REMAT_CHECK(bytes > 0, "cannot parse policy '", raw, "': the budget must be positive; ", kValidForms);
-    return dynamic(bytes);
+    return head == "budget" ? budget(bytes) : dynamic(bytes);
   }
   if (head == "offload" && has_arg) {
     std::vector<std::string> parts;
