@@ -164,6 +164,9 @@ int main(int argc, char** argv) try {
     for (int i = 0; i < 64; ++i) {
       Tensor w = randn({512, 512}, DType::f32, RngState{static_cast<uint64_t>(i), 0}, 0.0, 1.0 / std::sqrt(512.0))
                      .requires_grad_();
+      // Model weights, accounted as parameters (as nn::Linear's are): not saved activations, so
+      // neither P nor the dynamic budget counts them.
+      w.storage()->set_tag(memory::Tag::parameter);
       weights.push_back(w);
       chain->add([w](const Tensor& h) { return tanh(matmul(h, w)); });
     }
