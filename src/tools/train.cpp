@@ -408,22 +408,29 @@ int train(const TrainOptions& o, const DataParallel& dp) {
 int run_train(const TrainOptions& o) {
   DataParallel dp;
   dp.accumulate = o.accumulate;
+  REMAT_CHECK(o.reduce == "ordered" || o.reduce == "native", "train --reduce: expected ordered or native, got \"",
+              o.reduce, "\"");
   dp.reduction = distributed::parse_reduction(o.reduce);
   distributed::init();  // MPI, when started by mpirun
   dp.rank = distributed::rank();
   dp.world = distributed::world_size();
-  if (dp.world == 1) {
-    const int code = train(o, dp);
-    distributed::finalize();
-    return code;
-  }
-  TrainOptions mine = o;
-  if (dp.rank != 0) {
-    // rank 0 prints progress and the report; errors still reach stderr from every rank
-    mine.progress = false;
-    if (std::freopen("/dev/null", "w", stdout) == nullptr) throw Error(detail::concat("train: cannot silence stdout on rank ", dp.rank));
+  if (dp.world == 1) {  // a plain run, or mpirun -np 1
+    try {
+      const int code = train(o, dp);
+      distributed::finalize();
+      return code;
+    } catch (...) {
+      distributed::finalize();
+      throw;
+    }
   }
   try {
+    TrainOptions mine = o;
+    if (dp.rank != 0) {
+      // rank 0 prints progress and the report; errors still reach stderr from every rank
+      mine.progress = false;
+      REMAT_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "train: cannot silence stdout on rank ", dp.rank);
+    }
     const int code = train(mine, dp);
     std::fflush(stdout);
     distributed::finalize();

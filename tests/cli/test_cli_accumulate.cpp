@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "commands.h"
 #include "corpus.h"
 #include "data_parallel.h"
 #include "remat/nn.h"
@@ -104,4 +105,27 @@ TEST(Accumulate, EveryPolicyGivesTheSameBits) {
     EXPECT_EQ(r.loss, reference.loss);
     EXPECT_EQ(r.grads, reference.grads);
   }
+}
+
+TEST(Accumulate, BadOptionsAreErrorsBeforeTraining) {
+  auto expect_error = [](TrainOptions o, const std::string& fragment) {
+    o.data = "/nonexistent-corpus-never-read";  // the option checks come first
+    try {
+      run_train(o);
+      ADD_FAILURE() << "no error; expected " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  TrainOptions o;
+  o.accumulate = 0;
+  expect_error(o, "--accumulate must be from 1 to 1000000, got 0");
+  o.accumulate = kMaxAccumulate + 1;
+  expect_error(o, "--accumulate must be from 1 to");
+  o.steps = kMaxSteps;  // each is allowed, but steps x accumulate is over the bound on micro-batches
+  o.accumulate = kMaxAccumulate;
+  expect_error(o, "micro-batches");
+  o = TrainOptions{};
+  o.reduce = "sum";
+  expect_error(o, "train --reduce: expected ordered or native, got \"sum\"");
 }
