@@ -222,7 +222,8 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   DynamicCounters dynamic;  // dynamic: and offload: policies, summed over the run
   std::string digest;
   double communication_seconds = 0;
-  const int64_t tokens_per_step = o.batch * dp.micro_batches() * config.seq;
+  const double tokens_per_step =
+      static_cast<double>(o.batch) * static_cast<double>(dp.micro_batches()) * static_cast<double>(config.seq);
   const size_t saved_base = memory::live_bytes(memory::Tag::saved);
   const size_t total_base = memory::stats().live_total;
   auto run_start = Clock::now();
@@ -270,7 +271,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
       dynamic.bytes_read_on_demand += d.bytes_read_on_demand;
       dynamic.stall_seconds += d.stall_seconds;
     }
-    double tokens_per_s = static_cast<double>(tokens_per_step) / step_seconds.back();
+    double tokens_per_s = tokens_per_step / step_seconds.back();
     char fields[160];
     std::snprintf(fields, sizeof fields, "loss %.3f  %s tok/s  peak saved %s", losses.back(), human_count(tokens_per_s).c_str(),
                   memory::format_bytes(static_cast<double>(peak_saved)).c_str());
@@ -298,7 +299,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   const std::vector<double> rank_optimizer_bytes = distributed::all_gather(static_cast<double>(optimizer_state_bytes));
 
   const double step_median = median(step_seconds);
-  const double tokens_per_second = static_cast<double>(tokens_per_step) / step_median;
+  const double tokens_per_second = tokens_per_step / step_median;
   std::printf("\nreport (%lld steps in %.1f s)\n", static_cast<long long>(o.steps), train_seconds);
   std::printf("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", losses.front(),
               final_loss, tail, val_loss);
