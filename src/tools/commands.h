@@ -10,6 +10,8 @@ namespace remat::tools {
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int64_t kMaxSteps = 100'000'000;        // the run keeps 16 bytes per step
 inline constexpr int64_t kMaxSampleTokens = 10'000'000;
+inline constexpr int64_t kMaxAccumulate = 1'000'000;
+inline constexpr int64_t kMaxMicroBatches = 1'000'000'000'000;  // steps x accumulate x ranks
 
 struct TrainOptions {
   std::string data;  // empty: the default corpus
@@ -25,6 +27,9 @@ struct TrainOptions {
   bool json = false;
   bool progress = true;
   bool explain = false;  // print the per-region table of one step
+  int64_t accumulate = 1;          // micro-batches of --batch per rank and step (data_parallel.h)
+  std::string reduce = "ordered";  // gradient sum over MPI ranks: ordered | native
+  bool shard_optimizer = false;    // ZeRO-1 under mpirun: each rank keeps 1/N of the AdamW state
 };
 int run_train(const TrainOptions& options);
 

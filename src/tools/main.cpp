@@ -97,8 +97,14 @@ int main(int argc, char** argv) {
   add_model_options(train_numbers, train);
   train_numbers.add<int64_t>("--steps", train.steps, 1, kMaxSteps, "optimizer steps");
   train_numbers.add_real("--lr", train.lr, "peak learning rate, > 0 (warm-up then cosine decay)");
+  train_numbers.add<int64_t>("--accumulate", train.accumulate, 1, kMaxAccumulate,
+                             "micro-batches of --batch summed per step (and per rank under mpirun)");
+  t->add_option("--reduce", train.reduce, "gradient sum over MPI ranks: ordered (rank order, exact) | native")
+      ->capture_default_str();
   t->add_option("--policy", train.policy,
                 "save-all | every-layer | every-k:K | selective:OPS | budget:BYTES")->capture_default_str();
+  t->add_flag("--shard-optimizer", train.shard_optimizer,
+              "under mpirun: each rank keeps and updates the AdamW state of 1/N of the parameters (ZeRO-1)");
   t->add_option("--save", train.save, "write the weights (safetensors) here");
   t->add_option("--load", train.load, "start from these weights (architecture from the file)");
   t->add_flag("--allow-nonfinite", train.allow_nonfinite,

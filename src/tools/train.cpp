@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "corpus.h"
+#include "data_parallel.h"
 #include "footprint.h"
 #include "progress.h"
 #include "remat/nn.h"
@@ -50,6 +51,31 @@ std::string gradient_digest(const nn::Module& model) {
   char buffer[20];
   std::snprintf(buffer, sizeof buffer, "%016llx", static_cast<unsigned long long>(h));
   return buffer;
+}
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  const unsigned char* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= bytes[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Under mpirun: every rank must run the same training (options that change the result or the
+// number of collectives), on the same text, with the same model: else an error on every rank.
+void check_ranks_agree(const TrainOptions& o, const std::vector<int64_t>& tokens, const nn::GPT& model) {
+  const std::string options = detail::concat("steps ", o.steps, " batch ", o.batch, " accumulate ", o.accumulate, " lr ",
+                                             o.lr, " seed ", o.seed, " dropout ", o.dropout, " reduce ", o.reduce,
+                                             " allow_nonfinite ", o.allow_nonfinite, " shard_optimizer ",
+                                             o.shard_optimizer);
+  distributed::check_same(fnv1a(options.data(), options.size()),
+                          "set of training options (--steps, --batch, --accumulate, --lr, --seed, --dropout, --reduce, "
+                          "--allow-nonfinite, --shard-optimizer)");
+  distributed::check_same(fnv1a(tokens.data(), tokens.size() * sizeof(int64_t)), "corpus (--data)");
+  // names, shapes and dtypes, then rank 0's weights everywhere; with --load every rank must have
+  // read the same weights (a different file on one rank is an error, not silently replaced)
+  distributed::broadcast_parameters(model.named_parameters(), !o.load.empty());
 }
 
 double validation_loss(nn::GPT& model, const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed) {
@@ -110,7 +136,9 @@ StepMeasure measure_step(nn::GPT& model, const Batch& batch, const Policy& polic
 
 }  // namespace
 
-int run_train(const TrainOptions& o) {
+namespace {
+
+int train(const TrainOptions& o, const DataParallel& dp) {
   if (o.threads > 0) set_num_threads(o.threads);
   const Policy policy = Policy::parse(o.policy);
   REMAT_CHECK(o.steps >= 1 && o.steps <= kMaxSteps, "train: --steps must be from 1 to ", kMaxSteps, ", got ", o.steps);
@@ -119,6 +147,10 @@ int run_train(const TrainOptions& o) {
   REMAT_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got ", o.dropout);
   REMAT_CHECK(o.load.empty() || !o.architecture_given, "train: --layers, --width, --heads and --seq cannot be combined "
               "with --load (the architecture comes from the weight file)");
+  REMAT_CHECK(o.accumulate >= 1 && o.accumulate <= kMaxAccumulate, "train: --accumulate must be from 1 to ",
+              kMaxAccumulate, ", got ", o.accumulate);
+  REMAT_CHECK(o.steps <= kMaxMicroBatches / dp.micro_batches(), "train: --steps ", o.steps, " x --accumulate ",
+              o.accumulate, " x ", dp.world, " ranks is more than ", kMaxMicroBatches, " micro-batches");
   REMAT_CHECK(!o.load.empty() || o.width % o.heads == 0, "train: --width ", o.width, " is not a multiple of --heads ",
               o.heads);
 
@@ -155,13 +187,26 @@ int run_train(const TrainOptions& o) {
     model->load_parameters(weights->file.tensors, o.load);
     weights.reset();  // the model holds the values now
   }
-  nn::AdamW optimizer(model->parameters(), {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01});
+  if (dp.world > 1) check_ranks_agree(o, tokens, *model);
+  // every rank updates every parameter, or (--shard-optimizer) only those whose state it owns
+  const TensorList all_params = model->parameters();
+  const bool sharded = o.shard_optimizer && dp.world > 1;
+  const std::vector<int> owners = sharded ? optimizer_owners(all_params, dp.world) : std::vector<int>{};
+  TensorList updated;
+  for (size_t i = 0; i < all_params.size(); ++i)
+    if (!sharded || owners[i] == dp.rank) updated.push_back(all_params[i]);
+  size_t optimizer_state_bytes = 0;  // allocated by the first step (AdamW's moments)
+  nn::AdamW optimizer(updated, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01});
   const int64_t warmup = std::min<int64_t>(100, std::max<int64_t>(1, o.steps / 10));
   const nn::WarmupCosine lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1, .warmup_steps = warmup, .total_steps = o.steps};
 
   std::printf("remat train: %zu files, %s of text, vocabulary %lld, train %zu / validation %zu tokens\n",
               corpus.files.size(), memory::format_bytes(static_cast<double>(corpus.text.size())).c_str(),
               static_cast<long long>(config.vocab), split.train.size(), split.validation.size());
+  if (dp.micro_batches() > 1)
+    std::printf("global batch %lld = %d ranks x %lld micro-batches x %lld sequences; gradients summed %s\n",
+                static_cast<long long>(o.batch * dp.micro_batches()), dp.world, static_cast<long long>(o.accumulate),
+                static_cast<long long>(o.batch), dp.world > 1 ? distributed::to_string(dp.reduction) : "in order");
   std::printf("model: GPT layers=%lld width=%lld heads=%lld seq=%lld, %s parameters; batch %lld; policy %s; %d threads\n",
               static_cast<long long>(config.layers), static_cast<long long>(config.width),
               static_cast<long long>(config.heads), static_cast<long long>(config.seq),
@@ -176,19 +221,22 @@ int run_train(const TrainOptions& o) {
   double recomputed_flops = 0;
   DynamicCounters dynamic;  // dynamic: and offload: policies, summed over the run
   std::string digest;
+  double communication_seconds = 0;
+  const double tokens_per_step =
+      static_cast<double>(o.batch) * static_cast<double>(dp.micro_batches()) * static_cast<double>(config.seq);
   const size_t saved_base = memory::live_bytes(memory::Tag::saved);
   const size_t total_base = memory::stats().live_total;
   auto run_start = Clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
-    Batch batch = sample_batch(split.train, o.batch, config.seq, o.seed, static_cast<uint64_t>(step));
-    optimizer.zero_grad();
-    manual_seed(o.seed * 1000003ull + static_cast<uint64_t>(step));  // dropout stream of this step
+    model->zero_grad();
     memory::reset_peaks();
     reset_counters();
     auto t0 = Clock::now();
-    Tensor loss = backward([&] { return model->loss(batch.inputs, batch.targets); }, GradOptions{policy});
+    // forward and backward of every micro-batch of the step (one, unless --accumulate or mpirun)
+    const StepGradients sg = step_gradients(*model, split.train, o.batch, config.seq, o.seed, policy, step, dp);
+    communication_seconds += sg.communication_seconds;
     if (step == 0) digest = gradient_digest(*model);
-    const double loss_value = loss.item();
+    const double loss_value = sg.loss;
     const double grad_norm = nn::clip_grad_norm(model->parameters(), 1.0);
     // A non-finite loss or gradient would turn every weight into NaN at this step: stop first.
     if (!o.allow_nonfinite && !(std::isfinite(loss_value) && std::isfinite(grad_norm))) {
@@ -199,7 +247,11 @@ int run_train(const TrainOptions& o) {
                                  ". Lower --lr, or pass --allow-nonfinite to keep going"));
     }
     optimizer.set_lr(lr_at(step));
+    const size_t other_before = memory::live_bytes(memory::Tag::other);
     optimizer.step();
+    if (step == 0) optimizer_state_bytes = memory::live_bytes(memory::Tag::other) - std::min(other_before,
+                                               memory::live_bytes(memory::Tag::other));
+    if (sharded) broadcast_from_owners(all_params, owners);  // the owners' updates to every rank
     step_seconds.push_back(seconds_since(t0));
     if (step == BudgetPlanner::kProfilingSteps - 1) profiling_step_seconds = step_seconds.back();
     losses.push_back(loss_value);
@@ -219,7 +271,7 @@ int run_train(const TrainOptions& o) {
       dynamic.bytes_read_on_demand += d.bytes_read_on_demand;
       dynamic.stall_seconds += d.stall_seconds;
     }
-    double tokens_per_s = static_cast<double>(o.batch * config.seq) / step_seconds.back();
+    double tokens_per_s = tokens_per_step / step_seconds.back();
     char fields[160];
     std::snprintf(fields, sizeof fields, "loss %.3f  %s tok/s  peak saved %s", losses.back(), human_count(tokens_per_s).c_str(),
                   memory::format_bytes(static_cast<double>(peak_saved)).c_str());
@@ -239,12 +291,15 @@ int run_train(const TrainOptions& o) {
   StepMeasure save_all = measure_step(*model, probe, Policy::save_all(), o.seed);
   model->zero_grad();
 
-  if (!o.save.empty()) {
+  if (!o.save.empty() && dp.rank == 0) {
     model->save(o.save, char_gpt_metadata(config, tokenizer));
   }
+  const std::vector<double> rank_peak_saved = distributed::all_gather(static_cast<double>(peak_saved));
+  const std::vector<double> rank_peak_total = distributed::all_gather(static_cast<double>(peak_total));
+  const std::vector<double> rank_optimizer_bytes = distributed::all_gather(static_cast<double>(optimizer_state_bytes));
 
   const double step_median = median(step_seconds);
-  const double tokens_per_second = static_cast<double>(o.batch * config.seq) / step_median;
+  const double tokens_per_second = tokens_per_step / step_median;
   std::printf("\nreport (%lld steps in %.1f s)\n", static_cast<long long>(o.steps), train_seconds);
   std::printf("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", losses.front(),
               final_loss, tail, val_loss);
@@ -286,6 +341,14 @@ int run_train(const TrainOptions& o) {
     std::printf("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s",
                 policy.to_string().c_str(), memory_report(chosen.counters, save_all.peak_saved).c_str());
   }
+  if (dp.world > 1) {
+    std::printf("  data parallel: %d ranks, %s sum; communication %.3f s over the run (not overlapped with the "
+                "backward)\n", dp.world, distributed::to_string(dp.reduction), communication_seconds);
+    for (int r = 0; r < dp.world; ++r)
+      std::printf("  rank %d: peak saved %.0f bytes, peak total %.0f bytes, optimizer state %.0f bytes%s\n", r,
+                  rank_peak_saved[static_cast<size_t>(r)], rank_peak_total[static_cast<size_t>(r)],
+                  rank_optimizer_bytes[static_cast<size_t>(r)], sharded ? " (sharded)" : "");
+  }
   if (!o.save.empty()) std::printf("  weights saved to %s\n", o.save.c_str());
   if (o.json) {
     nlohmann::json j = {{"policy", policy.to_string()},
@@ -325,10 +388,62 @@ int run_train(const TrainOptions& o) {
                         {"layer_calls", chosen.counters.layer_calls},
                         {"regions_created", chosen.counters.regions_created},
                         {"regions", regions_json(chosen.counters)},
-                        {"vocab", config.vocab}};
+                        {"vocab", config.vocab},
+                        {"accumulate", o.accumulate},
+                        {"world_size", dp.world},
+                        {"global_batch", o.batch * dp.micro_batches()},
+                        {"reduction", distributed::to_string(dp.reduction)},
+                        {"communication_seconds", communication_seconds},
+                        {"rank_peak_saved_bytes", rank_peak_saved},
+                        {"rank_peak_total_bytes", rank_peak_total},
+                        {"shard_optimizer", sharded},
+                        {"optimizer_state_bytes", optimizer_state_bytes},
+                        {"rank_optimizer_state_bytes", rank_optimizer_bytes}};
     std::printf("%s\n", j.dump().c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+int run_train(const TrainOptions& o) {
+  DataParallel dp;
+  dp.accumulate = o.accumulate;
+  REMAT_CHECK(o.reduce == "ordered" || o.reduce == "native", "train --reduce: expected ordered or native, got \"",
+              o.reduce, "\"");
+  dp.reduction = distributed::parse_reduction(o.reduce);
+  distributed::init();  // MPI, when started by mpirun
+  dp.rank = distributed::rank();
+  dp.world = distributed::world_size();
+  if (dp.world == 1) {  // a plain run, or mpirun -np 1
+    try {
+      const int code = train(o, dp);
+      distributed::finalize();
+      return code;
+    } catch (...) {
+      distributed::finalize();
+      throw;
+    }
+  }
+  try {
+    TrainOptions mine = o;
+    if (dp.rank != 0) {
+      // rank 0 prints progress and the report; errors still reach stderr from every rank
+      mine.progress = false;
+      REMAT_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "train: cannot silence stdout on rank ", dp.rank);
+    }
+    const int code = train(mine, dp);
+    std::fflush(stdout);
+    distributed::finalize();
+    return code;
+  } catch (const std::exception& e) {
+    // The other ranks may be waiting in a collective for this one: end them all.
+    std::fprintf(stderr, "remat: error: rank %d of %d: %s\n", dp.rank, dp.world, e.what());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    distributed::abort(1);
+    throw;
+  }
 }
 
 }  // namespace remat::tools

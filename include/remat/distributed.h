@@ -1,0 +1,109 @@
+// remat/distributed.h - data-parallel training over MPI.
+//
+// N processes (ranks), started by `mpirun`, each hold the whole model. At start rank 0's weights
+// are broadcast to all and every rank checks that it has the same model (parameter names, shapes,
+// dtypes, then a checksum of the values). Each step every rank runs the forward and backward of
+// its own share of the global batch (the sharding below), the gradients are summed over ranks,
+// and every rank applies the same optimizer step to the same sum, so the weights stay identical.
+//
+//   remat::distributed::init();                       // MPI_Init when started by mpirun
+//   auto params = model.named_parameters();
+//   remat::distributed::broadcast_parameters(params);  // rank 0's values; checks every rank
+//   for (int64_t step = 0; step < steps; ++step) {
+//     int64_t index = remat::distributed::micro_batch_index(step, 0, 1);  // this rank's batch
+//     remat::backward([&] { return model.loss(batch(index)); }, {policy});
+//     remat::distributed::all_reduce_gradients(model.parameters());      // sum over ranks
+//     ... scale the gradients by 1 / world_size(), optimizer step ...
+//   }
+//   remat::distributed::finalize();
+//
+// Exactness. The gradient sum is `ordered` by default: every rank receives g0 + g1 + ... + g(N-1)
+// added left to right in rank order (rank r adds its own gradient to the partial sum of ranks
+// 0..r-1 and passes it on; the last rank broadcasts the result). That is the order in which a
+// single process accumulating the same micro-batches one after another adds them, so the
+// gradients are bitwise equal to that run, and equal on every rank, for any N. `native` uses
+// MPI_Allreduce, whose summation order is the MPI library's choice: bitwise equal as well for
+// N <= 2 (each element is then one addition, and addition is commutative), faster for large N,
+// but for N > 2 its rounding depends on the algorithm MPI picks.
+//
+// Without MPI (a build with REMAT_WITH_MPI=OFF, or a process not started by mpirun) there is one
+// rank: init() does nothing, the collectives leave their arguments as they are.
+//
+// Errors: a mismatch between ranks or a failed MPI call throws remat::Error on the ranks that see
+// it; a program should then call abort() so that no other rank waits forever in a collective.
+// mpirun ends every rank when one dies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "remat/tensor.h"
+
+namespace remat::distributed {
+
+// True when this library was built with MPI (REMAT_WITH_MPI).
+bool available();
+// True when the process was started by an MPI launcher (mpirun / mpiexec), from its environment.
+bool launched();
+// Starts MPI when launched() (and available(); otherwise throws remat::Error naming the build
+// option when launched). Idempotent. MPI errors then throw remat::Error instead of aborting.
+void init();
+// Ends MPI (collective: every rank calls it). No-op when init() did not start MPI.
+void finalize();
+// Ends every rank of the job with `code` (MPI_Abort); returns only when MPI is not running.
+void abort(int code);
+bool initialized();  // MPI was started by init() and not yet finalized
+int rank();          // 0 without MPI
+int world_size();    // 1 without MPI
+
+enum class Reduction {
+  ordered,  // rank-order sum, the same bits on every rank and as sequential accumulation (default)
+  native,   // MPI_Allreduce (library order; bitwise as `ordered` for N <= 2)
+};
+// "ordered" or "native"; anything else is a remat::Error.
+Reduction parse_reduction(const std::string& text);
+const char* to_string(Reduction mode);
+
+// Sums each tensor (f32 or f64, contiguous, the same shapes and dtypes in the same order on every
+// rank) elementwise over the ranks, in place. Undefined tensors are an error.
+void all_reduce_sum(const std::vector<Tensor>& tensors, Reduction mode = Reduction::ordered);
+// all_reduce_sum of the parameters' .grad(). A parameter without a gradient gets a zero one first
+// (another rank may have one). Returns the seconds spent communicating.
+double all_reduce_gradients(const std::vector<Tensor>& params, Reduction mode = Reduction::ordered);
+// Overwrites each tensor with rank `root`'s values (same layout on every rank).
+void broadcast(const std::vector<Tensor>& tensors, int root = 0);
+// Every rank's value of `v`, in rank order.
+std::vector<double> all_gather(double v);
+std::vector<uint64_t> all_gather(uint64_t v);
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+// FNV-1a over the names, dtypes and shapes, in order.
+uint64_t layout_hash(const NamedTensors& tensors);
+// FNV-1a over the bytes of the values, in order.
+uint64_t value_hash(const NamedTensors& tensors);
+// Throws remat::Error on every rank when the ranks' `value`s differ, naming `what` and the first
+// rank whose value differs from rank 0's.
+void check_same(uint64_t value, const std::string& what);
+// The start-up check: layouts equal on every rank (else an error before anything is sent), then
+// rank 0's values broadcast, then the value checksums compared. With require_equal_values the
+// values must already agree before the broadcast (e.g. every rank loaded what should be one file).
+void broadcast_parameters(const NamedTensors& params, bool require_equal_values = false);
+
+// Data sharding. A step's global batch is world_size() x per_rank micro-batches, numbered
+// step * world * per_rank + rank * per_rank + micro (rank-major: rank r owns a contiguous run).
+// With one rank this is step * per_rank + micro: a single process accumulating world micro-batches
+// per step runs, as its micro-batch r, what rank r runs with per_rank = 1.
+int64_t micro_batch_index(int64_t step, int64_t micro, int64_t per_rank, int rank, int world);
+inline int64_t micro_batch_index(int64_t step, int64_t micro, int64_t per_rank) {
+  return micro_batch_index(step, micro, per_rank, rank(), world_size());
+}
+// The contiguous share [begin, end) of `count` items that `rank` of `world` owns (the first
+// count % world ranks get one more).
+struct Range {
+  int64_t begin = 0, end = 0;
+};
+Range shard(int64_t count, int rank, int world);
+
+}  // namespace remat::distributed

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Data-parallel `remat train` under mpirun on this machine (loopback only), against single-process
+# runs. Usage: tests/mpi/run.sh REMAT_BINARY TEST, TEST one of:
+#   bitwise POLICY   mpirun -np 2 train == one process with --accumulate 2 (grad_digest, losses,
+#                    saved weights byte for byte), and != one process with --accumulate 1
+#   ordered3         mpirun -np 3 (ordered sum) == one process with --accumulate 3
+#   mismatch         ranks with different weight files (same and different architecture), or
+#                    different options, all end with an error naming the difference, in bounded time
+#   zero             --shard-optimizer (ZeRO-1) saves the weights of plain data parallelism, each
+#                    rank holding about half the AdamW state (allocator counters)
+#   dead-rank        a rank killed during training ends the job in bounded time; a weight file
+#                    saved before is left as it was
+# Exit 0 on success; the failing check is printed otherwise.
+set -uo pipefail
+
+remat=$1
+test=$2
+limit=${REMAT_MPI_TEST_SECONDS:-120}  # every mpirun must end within this
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# loopback only, no shared-memory or InfiniBand probing, processes may share cores
+mpi=(mpirun --oversubscribe --bind-to none --mca btl self,tcp --mca btl_tcp_if_include lo
+     --mca oob_tcp_if_include lo --mca pml ob1)
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/remat-mpi-test.XXXXXX")
+[[ -n "${REMAT_MPI_TEST_KEEP:-}" ]] || trap 'rm -rf "$dir"' EXIT
+for i in $(seq 200); do printf 'the quick brown fox %d jumps over the lazy dog\n%%\n' "$i"; done >"$dir/corpus.txt"
+model=(--threads 1 --data "$dir/corpus.txt" --layers 2 --width 16 --heads 2 --seq 16 --batch 4 --quiet --json)
+
+fail() {
+  echo "FAIL ($test): $*"
+  exit 1
+}
+field() {  # field NAME FILE: the value of "NAME" in the JSON line of FILE
+  grep -o "\"$1\":[^,}]*" "$2" | tail -1 | cut -d: -f2-
+}
+# run NAME CMD...: runs CMD with the time limit, output in $dir/NAME.out, exit code in $rc
+run() {
+  local name=$1
+  shift
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$dir/$name.out" 2>&1
+  rc=$?
+  echo "-- $name: exit $rc in $((SECONDS - start)) s: $*"
+  ((rc == 124)) && { cat "$dir/$name.out"; fail "$name did not end within $limit s"; }
+  return 0
+}
+expect_ok() {
+  ((rc == 0)) || { cat "$dir/$1.out"; fail "$1 exited with $rc"; }
+}
+expect_error() {  # expect_error NAME FRAGMENT
+  ((rc != 0)) || { cat "$dir/$1.out"; fail "$1 succeeded but should have failed"; }
+  grep -qF -- "$2" "$dir/$1.out" || { cat "$dir/$1.out"; fail "$1: no \"$2\" in its output"; }
+}
+
+# same NAME_A NAME_B: the runs agree on the gradient digest, the losses and their saved weights
+same() {
+  local f
+  for f in grad_digest first_loss final_loss val_loss; do
+    [[ -n "$(field $f "$dir/$1.out")" && "$(field $f "$dir/$1.out")" == "$(field $f "$dir/$2.out")" ]] ||
+      fail "$f differs: $1 $(field $f "$dir/$1.out"), $2 $(field $f "$dir/$2.out")"
+  done
+  cmp "$dir/$1.safetensors" "$dir/$2.safetensors" || fail "the weights saved by $1 and $2 differ"
+  echo "   $1 == $2: grad_digest $(field grad_digest "$dir/$1.out"), final_loss $(field final_loss "$dir/$1.out")"
+}
+
+case $test in
+  bitwise)
+    policy=$3
+    run single1 "$remat" train "${model[@]}" --steps 2 --policy "$policy" --save "$dir/single1.safetensors"
+    expect_ok single1
+    run single2 "$remat" train "${model[@]}" --steps 2 --policy "$policy" --accumulate 2 --save "$dir/single2.safetensors"
+    expect_ok single2
+    run mpi2 "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 2 --policy "$policy" --save "$dir/mpi2.safetensors"
+    expect_ok mpi2
+    [[ "$(field world_size "$dir/mpi2.out")" == 2 && "$(field global_batch "$dir/mpi2.out")" == 8 ]] ||
+      fail "mpi2 does not report 2 ranks and a global batch of 8"
+    same single2 mpi2
+    [[ "$(field grad_digest "$dir/single1.out")" != "$(field grad_digest "$dir/single2.out")" ]] ||
+      fail "--accumulate 2 has the digest of --accumulate 1: the second micro-batch did not count"
+    # the other policy on the ranks than in the single process: checkpointing changes nothing
+    other=save-all
+    [[ "$policy" == save-all ]] && other=every-layer
+    run mpi2other "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 2 --policy "$other" --save "$dir/mpi2other.safetensors"
+    expect_ok mpi2other
+    same single2 mpi2other
+    ;;
+  ordered3)
+    run single3 "$remat" train "${model[@]}" --steps 2 --accumulate 3 --save "$dir/single3.safetensors"
+    expect_ok single3
+    run mpi3 "${mpi[@]}" -np 3 "$remat" train "${model[@]}" --steps 2 --reduce ordered --save "$dir/mpi3.safetensors"
+    expect_ok mpi3
+    same single3 mpi3
+    # two ranks that each accumulate 2 run the 4 micro-batches of one process with --accumulate 4:
+    # the same loss up to the order of 4 double additions ((l0 + l1) + (l2 + l3) against a left
+    # fold; the float gradients likewise agree only to rounding)
+    run mpi2x2 "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 1 --accumulate 2
+    expect_ok mpi2x2
+    run single4 "$remat" train "${model[@]}" --steps 1 --accumulate 4
+    expect_ok single4
+    awk -v a="$(field first_loss "$dir/mpi2x2.out")" -v b="$(field first_loss "$dir/single4.out")" \
+      'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-12 * a) }' ||
+      fail "first_loss of 2 ranks x --accumulate 2 differs from --accumulate 4"
+    ;;
+  zero)
+    # ZeRO-1: each rank keeps the AdamW state of half the parameters; the result is plain DP's
+    run plain "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 3 --save "$dir/plain.safetensors"
+    expect_ok plain
+    run sharded "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 3 --shard-optimizer --save "$dir/sharded.safetensors"
+    expect_ok sharded
+    [[ "$(field shard_optimizer "$dir/sharded.out")" == true ]] || fail "the sharded run does not report sharding"
+    same plain sharded
+    total=$(field optimizer_state_bytes "$dir/plain.out")
+    ranks=$(grep -o '"rank_optimizer_state_bytes":\[[^]]*\]' "$dir/sharded.out" | tail -1 | sed 's/.*\[//; s/\]//')
+    plain_ranks=$(grep -o '"rank_optimizer_state_bytes":\[[^]]*\]' "$dir/plain.out" | tail -1 | sed 's/.*\[//; s/\]//')
+    IFS=, read -r r0 r1 <<<"$ranks"
+    IFS=, read -r p0 p1 <<<"$plain_ranks"
+    echo "   optimizer state bytes: plain $p0 / $p1 per rank, sharded $r0 / $r1 per rank"
+    r0=${r0%.*} r1=${r1%.*} p0=${p0%.*} p1=${p1%.*}
+    ((total > 0 && p0 == total && p1 == total)) || fail "plain DP: every rank should hold all $total bytes of state"
+    ((r0 + r1 == total)) || fail "the shards ($r0 + $r1) do not add up to the whole state ($total)"
+    # about half each: within the largest parameter's state (the embedding or the head) of total/2
+    ((r0 > 0 && r1 > 0 && 10 * r0 <= 7 * total && 10 * r1 <= 7 * total)) ||
+      fail "a shard holds more than 70% of the state ($r0, $r1 of $total)"
+    ;;
+  mismatch)
+    run wa "$remat" train "${model[@]}" --steps 1 --save "$dir/a.safetensors"
+    expect_ok wa
+    run wb "$remat" train "${model[@]}" --steps 1 --seed 2 --save "$dir/b.safetensors"
+    expect_ok wb
+    run wc "$remat" train --threads 1 --data "$dir/corpus.txt" --layers 2 --width 32 --heads 2 --seq 16 --batch 4 \
+      --quiet --steps 1 --save "$dir/c.safetensors"
+    expect_ok wc
+    cat >"$dir/per-rank.sh" <<SCRIPT
+#!/usr/bin/env bash
+# rank 0 loads \$1, the others \$2; the rest are the train options
+a=\$1 b=\$2
+shift 2
+if [[ "\$OMPI_COMM_WORLD_RANK" == 0 ]]; then w=\$a; else w=\$b; fi
+exec "$remat" train --threads 1 --data "$dir/corpus.txt" --batch 4 --quiet --json --load "\$w" "\$@"
+SCRIPT
+    chmod +x "$dir/per-rank.sh"
+    run same_file "${mpi[@]}" -np 2 "$dir/per-rank.sh" "$dir/a.safetensors" "$dir/a.safetensors" --steps 1
+    expect_ok same_file
+    run other_weights "${mpi[@]}" -np 2 "$dir/per-rank.sh" "$dir/a.safetensors" "$dir/b.safetensors" --steps 1
+    expect_error other_weights "rank 1 of 2 has a different set of weights from rank 0"
+    run other_model "${mpi[@]}" -np 2 "$dir/per-rank.sh" "$dir/a.safetensors" "$dir/c.safetensors" --steps 1
+    expect_error other_model "rank 1 of 2 has a different model (parameter names, shapes or dtypes) from rank 0"
+    cat >"$dir/per-rank-steps.sh" <<SCRIPT
+#!/usr/bin/env bash
+steps=3
+[[ "\$OMPI_COMM_WORLD_RANK" == 1 ]] && steps=4
+exec "$remat" train --threads 1 --data "$dir/corpus.txt" --layers 1 --width 8 --heads 2 --seq 8 --batch 2 --quiet \
+  --steps \$steps
+SCRIPT
+    chmod +x "$dir/per-rank-steps.sh"
+    run other_steps "${mpi[@]}" -np 2 "$dir/per-rank-steps.sh"
+    expect_error other_steps "rank 1 of 2 has a different set of training options"
+    ;;
+  dead-rank)
+    run before "$remat" train "${model[@]}" --steps 1 --save "$dir/w.safetensors"
+    expect_ok before
+    cp "$dir/w.safetensors" "$dir/w.before"
+    # rank 1 is killed (SIGKILL) two seconds into a run far longer than the limit
+    cat >"$dir/dies.sh" <<SCRIPT
+#!/usr/bin/env bash
+if [[ "\$OMPI_COMM_WORLD_RANK" == 1 ]]; then (sleep 2; kill -9 \$\$) & fi
+exec "$remat" train --threads 1 --data "$dir/corpus.txt" --layers 2 --width 16 --heads 2 --seq 16 --batch 4 --quiet \
+  --steps 100000000 --save "$dir/w.safetensors"
+SCRIPT
+    chmod +x "$dir/dies.sh"
+    run dies "${mpi[@]}" -np 2 "$dir/dies.sh"
+    ((rc != 0)) || fail "the job succeeded although rank 1 was killed"
+    grep -qiE "signal 9|killed" "$dir/dies.out" || { cat "$dir/dies.out"; fail "no message about the killed rank"; }
+    grep -iE "signal 9|killed" "$dir/dies.out" | head -2
+    cmp "$dir/w.safetensors" "$dir/w.before" || fail "the weight file saved before the run was changed"
+    ;;
+  *)
+    fail "unknown test"
+    ;;
+esac
+echo "PASS ($test)"
