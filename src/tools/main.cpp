@@ -176,7 +176,8 @@ int main(int argc, char** argv) {
   t->add_option("--policy", train.policy,
                 "save-all | every-layer | every-k:K | selective:OPS | budget:BYTES")->capture_default_str();
   t->add_option("--save", train.save, "write the weights (safetensors) here");
-  t->add_option("--load", train.load, "start from these weights (architecture from the file)");
+  t->add_option("--load", train.load, "start from these weights (architecture from the file; remat or nanoGPT names)");
+  t->add_option("--format", train.format, "names of the --save file: remat | nanogpt")->capture_default_str();
   t->add_flag("--allow-nonfinite", train.allow_nonfinite,
               "keep training when the loss or the gradient norm is NaN or infinite (default: stop with an error)");
   t->add_flag("--json", train.json,

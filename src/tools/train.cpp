@@ -163,6 +163,8 @@ int run_train(const TrainOptions& o) {
   REMAT_USAGE_CHECK(o.batch >= 1 && o.seq >= 2, "train: --batch must be >= 1 and --seq >= 2");
   REMAT_USAGE_CHECK(std::isfinite(o.lr) && o.lr > 0, "train: --lr must be a finite number > 0, got ", o.lr);
   REMAT_USAGE_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got ", o.dropout);
+  REMAT_USAGE_CHECK(o.format == "remat" || o.format == "nanogpt", "train: --format must be remat or nanogpt, got \"",
+                    o.format, "\"");
   REMAT_USAGE_CHECK(!o.eval_only || !o.load.empty(), "train: --eval-only needs --load FILE (the weights to evaluate)");
   REMAT_USAGE_CHECK(!o.load.empty() || o.width % o.heads == 0, "train: --width ", o.width, " is not a multiple of --heads ",
                     o.heads);
@@ -311,7 +313,7 @@ int run_train(const TrainOptions& o) {
   model->zero_grad();
 
   if (!o.save.empty()) {
-    model->save(o.save, char_gpt_metadata(config, tokenizer));
+    save_char_gpt(o.save, *model, char_gpt_metadata(config, tokenizer), o.format);
   }
 
   const double step_median = median(step_seconds);

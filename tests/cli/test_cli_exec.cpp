@@ -465,3 +465,24 @@ TEST_F(Cli, PlanExplainsItsNotation) {
   // everything fits: every stage recorded; boundary 1 freed once stage 1's backward is done
   EXPECT_NE(r.output.find("\n  Fa0 Fa1 L B1 D1 B0\n"), std::string::npos) << r.output;
 }
+
+TEST_F(Cli, NanoGPTNamesOnSaveAndLoad) {
+  const std::string nano = path("nano.safetensors");
+  Result r = run(train_args({{"--save", nano}, {"--format", "nanogpt"}}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  nn::SafetensorsFile f = nn::load_safetensors(nano);
+  EXPECT_EQ(f.tensors.count("transformer.h.0.attn.c_attn.weight"), 1u);
+  EXPECT_EQ(f.tensors.count("transformer.wte.weight"), 1u);
+  EXPECT_EQ(f.tensors.count("wte.weight"), 0u);
+  // the same run saved with remat's names samples the same text from either file
+  const std::string own = path("own.safetensors");
+  ASSERT_EQ(run(train_args({{"--save", own}})).code, 0);
+  const std::string s = "sample --threads 1 --tokens 20 --temperature 0 --load ";
+  Result a = run(s + nano), b = run(s + own);
+  EXPECT_EQ(a.code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+  // and training continues from it
+  r = run(train_args({{"--steps", "1"}}) + " --load " + nano);
+  EXPECT_EQ(r.code, 0) << r.output;
+  expect_usage_error(train_args({{"--format", "hf"}}), {"--format must be remat or nanogpt"});
+}
