@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -238,7 +239,8 @@ TEST_F(Safetensors, CorruptHeadersAreErrors) {
       {make_file(R"({"x": {"shape": [2], "data_offsets": [0, 8]}})", data8), "no \"dtype\""},
       {make_file(R"({"x": {"dtype": "F32", "data_offsets": [0, 8]}})", data8), "no \"shape\""},
       {make_file(R"({"x": {"dtype": "F32", "shape": [2]}})", data8), "no \"data_offsets\""},
-      {make_file("{\"x\":" + entry("BF16", "[4]", "[0,8]") + "}", data8), "BF16"},
+      {make_file("{\"x\":" + entry("F8_E4M3", "[8]", "[0,8]") + "}", data8), "F8_E4M3"},
+      {make_file("{\"x\":" + entry("BF16", "[3]", "[0,8]") + "}", data8), "BF16 [3] needs 6"},
       {make_file("{\"x\":" + entry("F32", "[-2]", "[0,8]") + "}", data8), "shape"},
       {make_file("{\"x\":" + entry("F32", "[2.5]", "[0,8]") + "}", data8), "shape"},
       {make_file("{\"x\":" + entry("F32", "\"2\"", "[0,8]") + "}", data8), "shape"},
@@ -434,4 +436,48 @@ TEST_F(Safetensors, ParseFromMemoryMatchesTheFile) {
 TEST_F(Safetensors, NonRegularFilesAreErrors) {
   expect_load_error(dir_.string(), "not a regular file");
   expect_load_error(path("missing.safetensors"), "no such file");
+}
+
+// F16 and BF16 tensors (as PyTorch and Hugging Face save them) are read as f32, exactly.
+TEST_F(Safetensors, ReadsF16AndBF16AsF32) {
+  auto entry = [](const std::string& dtype, const std::string& shape, const std::string& offsets) {
+    return R"({"dtype":")" + dtype + R"(","shape":)" + shape + R"(,"data_offsets":)" + offsets + "}";
+  };
+  auto le16 = [](std::initializer_list<uint16_t> values) {
+    std::string out;
+    for (uint16_t v : values) out += std::string{static_cast<char>(v & 0xff), static_cast<char>(v >> 8)};
+    return out;
+  };
+  // F16: 1, -2.5, 65504 (largest), 2^-24 (smallest subnormal), 2^-14 (smallest normal), -0, inf, NaN
+  const std::string f16 = le16({0x3C00, 0xC100, 0x7BFF, 0x0001, 0x0400, 0x8000, 0x7C00, 0x7E00});
+  // BF16: 1, -2.5, 3.140625, 1e38-ish (0x7E96), -inf
+  const std::string bf16 = le16({0x3F80, 0xC020, 0x4049, 0x7E96, 0xFF80, 0x0000});
+  const std::string header = "{\"a\":" + entry("F16", "[2,4]", "[0,16]") + ",\"b\":" + entry("BF16", "[6]", "[16,28]") + "}";
+  write_bytes(path("half.safetensors"), make_file(header, f16 + bf16));
+  nn::SafetensorsFile f = nn::load_safetensors(path("half.safetensors"));
+  const Tensor& a = f.tensors.at("a");
+  EXPECT_EQ(a.dtype(), DType::f32);
+  EXPECT_EQ(a.shape(), (Shape{2, 4}));
+  std::vector<double> v = a.to_vector();
+  EXPECT_EQ(v[0], 1.0);
+  EXPECT_EQ(v[1], -2.5);
+  EXPECT_EQ(v[2], 65504.0);
+  EXPECT_EQ(v[3], std::ldexp(1.0, -24));
+  EXPECT_EQ(v[4], std::ldexp(1.0, -14));
+  EXPECT_EQ(v[5], 0.0);
+  EXPECT_TRUE(std::signbit(v[5]));
+  EXPECT_EQ(v[6], INFINITY);
+  EXPECT_TRUE(std::isnan(v[7]));
+  const Tensor& b = f.tensors.at("b");
+  EXPECT_EQ(b.dtype(), DType::f32);
+  std::vector<double> w = b.to_vector();
+  EXPECT_EQ(w[0], 1.0);
+  EXPECT_EQ(w[1], -2.5);
+  EXPECT_EQ(w[2], 3.140625);
+  uint32_t bits = 0x7E960000u;
+  float big;
+  std::memcpy(&big, &bits, sizeof big);
+  EXPECT_EQ(w[3], static_cast<double>(big));
+  EXPECT_EQ(w[4], -INFINITY);
+  EXPECT_EQ(w[5], 0.0);
 }

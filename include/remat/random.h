@@ -34,6 +34,10 @@ struct Philox4 {
   uint32_t v[4];
 };
 Philox4 philox4x32(uint64_t counter, uint64_t key);
+// The same block function on a full 128-bit counter (words c[0] .. c[3], low word first) and key
+// (k[0], k[1]); philox4x32(counter, key) is this with c = {counter, counter >> 32, 0, 0} and
+// k = {key, key >> 32}. Its outputs match Random123's published known-answer vectors.
+Philox4 philox4x32(const Philox4& counter, uint32_t key0, uint32_t key1);
 // The `index`-th 32-bit word of the stream (seed, offset).
 uint32_t philox_word(RngState state, uint64_t index);
 // Converts a 32-bit word to a uniform float in [0, 1) with 24 (f32) or 32 bits of randomness.

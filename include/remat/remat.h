@@ -5,6 +5,7 @@
 #include "remat/backend.h"
 #include "remat/checkpoint.h"
 #include "remat/error.h"
+#include "remat/gradcheck.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
 #include "remat/policy.h"

@@ -26,6 +26,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "remat/checked.h"
@@ -102,6 +103,23 @@ namespace autodiff {
 class Node;
 }
 
+class Tensor;
+namespace detail {
+// The dtype whose elements are T (float, double, int64_t, const or not); other T do not compile.
+template <class T>
+constexpr DType dtype_of() {
+  using U = std::remove_cv_t<T>;
+  static_assert(std::is_same_v<U, float> || std::is_same_v<U, double> || std::is_same_v<U, int64_t>,
+                "Tensor::data<T>(): T must be float (f32), double (f64) or int64_t (i64)");
+  if constexpr (std::is_same_v<U, float>) return DType::f32;
+  else if constexpr (std::is_same_v<U, double>) return DType::f64;
+  else return DType::i64;
+}
+// Throws the remat::Error of a data<T>() call that asked for `wanted` (or, with
+// `contiguity`, of a contiguous_data<T>() call on a strided tensor).
+[[noreturn]] void data_dtype_mismatch(const Tensor& t, DType wanted, bool contiguity);
+}  // namespace detail
+
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   int64_t offset = 0;  // in elements
@@ -141,9 +159,21 @@ class Tensor {
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
 
+  // The first element, typed: T is float for f32, double for f64, int64_t for i64 (const
+  // allowed). A T that does not match dtype() throws remat::Error naming both; the pointer is to
+  // a possibly strided layout (index with strides()). contiguous_data<T>() also requires
+  // is_contiguous(), for kernels that read or write data[0 .. numel()) as a flat array.
   template <class T>
   T* data() const {
-    return static_cast<T*>(impl().storage->data()) + impl().offset;
+    const TensorImpl& i = impl();
+    if (i.dtype != detail::dtype_of<T>()) detail::data_dtype_mismatch(*this, detail::dtype_of<T>(), false);
+    return static_cast<T*>(i.storage->data()) + i.offset;
+  }
+  template <class T>
+  T* contiguous_data() const {
+    T* p = data<T>();
+    if (!is_contiguous()) detail::data_dtype_mismatch(*this, detail::dtype_of<T>(), true);
+    return p;
   }
   void* raw_data() const;
 

@@ -39,9 +39,14 @@ TensorList CustomOp::operator()(const TensorList& inputs) const {
                 input_grads.size(), " gradients for ", ctx.num_inputs(), " inputs");
     for (size_t i = 0; i < input_grads.size(); ++i) {
       if (!input_grads[i].defined()) continue;
-      REMAT_CHECK(input_grads[i].shape() == ctx.input_meta(i).shape, "custom op '", op_name,
+      const autodiff::OutputMeta& meta = ctx.input_meta(i);
+      REMAT_CHECK(input_grads[i].shape() == meta.shape, "custom op '", op_name,
                   "': backward returned a gradient of shape ", shape_str(input_grads[i].shape()), " for input ", i,
-                  " of shape ", shape_str(ctx.input_meta(i).shape));
+                  ", expected shape ", shape_str(meta.shape), " (dtype ", dtype_name(meta.dtype), ")");
+      if (!ctx.needs_input_grad(i)) continue;
+      REMAT_CHECK(input_grads[i].dtype() == meta.dtype, "custom op '", op_name, "': backward returned a gradient of dtype ",
+                  dtype_name(input_grads[i].dtype()), " for input ", i, ", expected dtype ", dtype_name(meta.dtype),
+                  " (shape ", shape_str(meta.shape), ")");
       ctx.set_input_grad(i, input_grads[i]);
     }
   };

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <cmath>
 #include <cstdio>
 #include <new>
@@ -13,7 +14,11 @@
 
 namespace remat::detail {
 void assert_failed(const char* condition, const char* file, int line, const std::string& message) {
-  throw Error(concat("internal error at ", file, ":", line, ": ", condition, " failed",
+  // The library is built with __FILE__ relative to its source root; code built elsewhere may
+  // still pass an absolute path, of which only the file name is shown.
+  std::string_view where = file;
+  if (!where.empty() && where.front() == '/') where = where.substr(where.rfind('/') + 1);
+  throw Error(concat("internal error at ", where, ":", line, ": ", condition, " failed",
                      message.empty() ? "" : ": ", message));
 }
 }  // namespace remat::detail

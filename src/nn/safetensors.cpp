@@ -8,10 +8,12 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -36,12 +38,37 @@ const char* format_dtype(DType dtype) {
   return "?";
 }
 
-bool parse_dtype(const std::string& text, DType& dtype) {
+// Half-precision element types of a file, read as f32.
+enum class Half : uint8_t { none, f16, bf16 };
+
+// `half` is set for F16 and BF16, whose tensors are read as f32.
+bool parse_dtype(const std::string& text, DType& dtype, Half& half) {
+  half = Half::none;
   if (text == "F32") dtype = DType::f32;
   else if (text == "F64") dtype = DType::f64;
   else if (text == "I64") dtype = DType::i64;
+  else if (text == "F16") dtype = DType::f32, half = Half::f16;
+  else if (text == "BF16") dtype = DType::f32, half = Half::bf16;
   else return false;
   return true;
+}
+
+// IEEE binary16 to float, exactly (subnormals, infinities and NaN included).
+float f16_to_f32(uint16_t h) {
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  const int exponent = (h >> 10) & 0x1f;
+  const int mantissa = h & 0x3ff;
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
+  if (exponent == 31) return mantissa ? std::numeric_limits<float>::quiet_NaN() : sign * std::numeric_limits<float>::infinity();
+  return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
+}
+
+// bfloat16 is the upper half of a float.
+float bf16_to_f32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
 }
 
 // The header is an object (depth 0) of objects (1) whose values are strings or flat arrays (2).
@@ -70,9 +97,14 @@ std::string temporary_name(const std::string& path) {
 struct Entry {
   std::string name;
   DType dtype;
+  Half half = Half::none;  // F16 or BF16 in the file (dtype is then f32)
   Shape shape;
   uint64_t begin, end;
 };
+
+const char* file_dtype(const Entry& e) {
+  return e.half == Half::f16 ? "F16" : e.half == Half::bf16 ? "BF16" : format_dtype(e.dtype);
+}
 
 // A short rendering of a JSON value for messages (a hostile header may hold huge values).
 std::string brief(const nlohmann::json& value) {
@@ -98,8 +130,8 @@ Entry parse_entry(const std::string& where, const std::string& name, const nlohm
   e.name = name;
   const nlohmann::json& dtype = field("dtype");
   if (!dtype.is_string()) fail(where, "tensor \"", name, "\": \"dtype\" is ", brief(dtype), ", not a string");
-  if (!parse_dtype(dtype.get<std::string>(), e.dtype))
-    fail(where, "tensor \"", name, "\" has dtype ", brief(dtype), ", which remat does not read (F32, F64, I64)");
+  if (!parse_dtype(dtype.get<std::string>(), e.dtype, e.half))
+    fail(where, "tensor \"", name, "\" has dtype ", brief(dtype), ", which remat does not read (F32, F64, I64, F16, BF16)");
 
   const nlohmann::json& shape = field("shape");
   if (!shape.is_array()) fail(where, "tensor \"", name, "\": \"shape\" is ", brief(shape), ", not an array");
@@ -107,7 +139,7 @@ Entry parse_entry(const std::string& where, const std::string& name, const nlohm
     fail(where, "tensor \"", name, "\" has rank ", shape.size(), ", above the maximum rank ", kMaxRank);
   // bytes = itemsize x every size; `nonzero` = itemsize x every non-zero size, which bounds the
   // strides of a tensor with a zero size, e.g. [0, 2^62, 2^62].
-  uint64_t bytes = dtype_size(e.dtype), nonzero = bytes;
+  uint64_t bytes = e.half != Half::none ? 2 : dtype_size(e.dtype), nonzero = bytes;
   for (size_t i = 0; i < shape.size(); ++i) {
     const nlohmann::json& d = shape[i];
     if (!is_size(d))
@@ -130,7 +162,7 @@ Entry parse_entry(const std::string& where, const std::string& name, const nlohm
          "-byte data section");
   if (e.end - e.begin != bytes)
     fail(where, "tensor \"", name, "\": data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin,
-         " bytes, but ", format_dtype(e.dtype), " ", shape_str(e.shape), " needs ", bytes);
+         " bytes, but ", file_dtype(e), " ", shape_str(e.shape), " needs ", bytes);
   return e;
 }
 
@@ -242,13 +274,27 @@ SafetensorsFile read_tensors(const std::string& where, Header& h, const ReadByte
     try {
       t = Tensor::empty(e.shape, e.dtype);
     } catch (const Error& error) {
-      fail(where, "tensor \"", e.name, "\" (", format_dtype(e.dtype), " ", shape_str(e.shape), "): ", error.what());
+      fail(where, "tensor \"", e.name, "\" (", file_dtype(e), " ", shape_str(e.shape), "): ", error.what());
     } catch (const std::bad_alloc&) {
-      fail(where, "tensor \"", e.name, "\" (", format_dtype(e.dtype), " ", shape_str(e.shape), "): cannot allocate ",
+      fail(where, "tensor \"", e.name, "\" (", file_dtype(e), " ", shape_str(e.shape), "): cannot allocate ",
            e.end - e.begin, " bytes");
     }
-    if (e.end > e.begin) read(h.data_start + e.begin, e.end - e.begin, static_cast<char*>(t.raw_data()),
-                              detail::concat("the data of tensor \"", e.name, "\""));
+    if (e.end > e.begin && e.half == Half::none) {
+      read(h.data_start + e.begin, e.end - e.begin, static_cast<char*>(t.raw_data()),
+           detail::concat("the data of tensor \"", e.name, "\""));
+    } else if (e.end > e.begin) {
+      // F16 / BF16: the 2-byte values land in the second half of the f32 buffer, then widen in
+      // place from the front (element i is written at 4i after its source at 2n + 2i was read)
+      const size_t n = static_cast<size_t>(t.numel());
+      char* base = static_cast<char*>(t.raw_data());
+      read(h.data_start + e.begin, e.end - e.begin, base + 2 * n, detail::concat("the data of tensor \"", e.name, "\""));
+      float* out = t.contiguous_data<float>();
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, base + 2 * n + 2 * i, sizeof v);
+        out[i] = e.half == Half::f16 ? f16_to_f32(v) : bf16_to_f32(v);
+      }
+    }
     t.set_name(e.name);
     file.tensors.emplace(e.name, std::move(t));
   }

@@ -32,10 +32,9 @@ RngState rng_reserve(uint64_t words) {
   return claimed;
 }
 
-Philox4 philox4x32(uint64_t counter, uint64_t key) {
+Philox4 philox4x32(const Philox4& counter, uint32_t k0, uint32_t k1) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  uint32_t c0 = counter.v[0], c1 = counter.v[1], c2 = counter.v[2], c3 = counter.v[3];
   for (int round = 0; round < 10; ++round) {
     uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
     uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
@@ -48,6 +47,11 @@ Philox4 philox4x32(uint64_t counter, uint64_t key) {
     k1 += kW1;
   }
   return {{c0, c1, c2, c3}};
+}
+
+Philox4 philox4x32(uint64_t counter, uint64_t key) {
+  return philox4x32(Philox4{{static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0, 0}},
+                    static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
 }
 
 uint32_t philox_word(RngState state, uint64_t index) {

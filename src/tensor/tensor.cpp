@@ -174,6 +174,31 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+namespace detail {
+static const char* element_type_name(DType d) {
+  switch (d) {
+    case DType::f32: return "float";
+    case DType::f64: return "double";
+    case DType::i64: return "int64_t";
+  }
+  return "?";
+}
+void data_dtype_mismatch(const Tensor& t, DType wanted, bool contiguity) {
+  std::string which = t.name().empty() ? std::string("a tensor") : "tensor '" + t.name() + "'";
+  if (contiguity) {
+    std::string strides;
+    for (size_t i = 0; i < t.strides().size(); ++i) strides += (i ? ", " : "") + std::to_string(t.strides()[i]);
+    throw Error(concat("Tensor::contiguous_data<", element_type_name(wanted), ">(): ", which, " of shape ",
+                       shape_str(t.shape()), " with strides [", strides,
+                       "] is not contiguous; call .contiguous() first or index with strides() through data<",
+                       element_type_name(wanted), ">()"));
+  }
+  throw Error(concat("Tensor::data<", element_type_name(wanted), ">(): ", which, " of shape ", shape_str(t.shape()),
+                     " has dtype ", dtype_name(t.dtype()), ", not ", dtype_name(wanted), "; use data<",
+                     element_type_name(t.dtype()), ">() or convert with .to(DType::", dtype_name(wanted), ")"));
+}
+}  // namespace detail
+
 void* Tensor::raw_data() const {
   return static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(dtype_size(dtype()));
 }

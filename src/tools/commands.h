@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace remat::tools {
 
@@ -22,7 +23,11 @@ struct TrainOptions {
   double dropout = 0.0;
   int threads = 0;  // 0: all cores
   std::string save, load;
+  std::string format = "remat";     // --save's names: remat or nanogpt (--load reads both)
   bool architecture_given = false;  // --layers, --width, --heads or --seq was passed
+  bool layers_given = false, width_given = false, heads_given = false, seq_given = false;
+  bool eval_only = false;           // --eval-only: the validation loss of the --load weights
+  int64_t eval_every = 0;           // validation loss every this many steps (0: about 10 times a run)
   bool allow_nonfinite = false;     // keep training on a NaN or infinite loss or gradient norm
   bool json = false;
   bool progress = true;
@@ -37,12 +42,20 @@ struct SampleOptions {
   std::string load;
   std::string prompt;
   int64_t tokens = 300;
-  double temperature = 0.8;
+  double temperature = 0.8;  // 0: greedy (the most likely character each step)
+  int64_t top_k = 0;         // > 0: sample among the k most likely characters only
+  double top_p = 1.0;        // < 1: sample among the fewest characters whose probability reaches p
+  bool raw = false;          // write the bytes as generated (default: valid UTF-8, bad bytes escaped)
   uint64_t seed = 1;
   int threads = 0;
   bool stop_at_separator = true;  // stop at the fortune separator "\n%\n"
 };
 int run_sample(const SampleOptions& options);
+// The candidates' weights after temperature, top-k and top-p (unnormalised; zero = excluded), for
+// logits z; greedy (temperature 0) leaves one candidate, the first most likely.
+std::vector<double> sampling_weights(const std::vector<double>& z, double temperature, int64_t top_k, double top_p);
+// `bytes` as valid UTF-8: well-formed sequences are kept, every other byte becomes "\xNN".
+std::string utf8_escaped(const std::string& bytes);
 
 struct PlanOptions {
   TrainOptions train;  // the model options (and --json, --threads)

@@ -2,10 +2,16 @@
 //   remat train [--data PATH] [--layers N] ... [--policy P] [--json]
 //   remat sample --load FILE [--prompt TEXT] [--tokens N]
 //   remat plan --budget BYTES [model options | --costs FILE] [--json]
-// Numeric options are read as text and parsed strictly (numbers.h) with a range each; a bad
-// value is a remat::Error ("remat: error: train --width: ...", exit 1), like every other error.
+//   remat --version
+// Numeric options are read as text and parsed strictly (numbers.h) with a range each. Exit codes:
+// 0 success, 2 a usage error (unknown option or subcommand, with the closest valid one suggested;
+// a value that does not parse or is out of range; options that cannot be combined), 1 an error
+// while running (a weight file, the corpus, divergence). Errors print "remat: error: ..." on
+// stderr; with --json, also a JSON object {"error": ..., "exit_code": ...} on stdout.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -13,9 +19,12 @@
 #include <type_traits>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
 #include "numbers.h"
 #include "remat/error.h"
+#include "usage.h"
 
 namespace {
 
@@ -54,8 +63,15 @@ class Numbers {
     });
   }
 
+  // Parses the values; a bad one is a usage error.
   void convert() const {
-    for (const auto& c : converters_) c();
+    try {
+      for (const auto& c : converters_) c();
+    } catch (const UsageError&) {
+      throw;
+    } catch (const remat::Error& e) {
+      throw UsageError(e.what());
+    }
   }
 
  private:
@@ -74,14 +90,71 @@ constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 
 // The model options shared by train and plan.
 void add_model_options(Numbers& n, TrainOptions& o) {
-  n.add<int64_t>("--layers", o.layers, 0, kMaxInt, "transformer blocks", &o.architecture_given);
-  n.add<int64_t>("--width", o.width, 1, kMaxInt, "embedding width", &o.architecture_given);
-  n.add<int64_t>("--heads", o.heads, 1, kMaxInt, "attention heads (a divisor of --width)", &o.architecture_given);
-  n.add<int64_t>("--seq", o.seq, 2, kMaxInt, "sequence length", &o.architecture_given);
+  n.add<int64_t>("--layers", o.layers, 0, kMaxInt, "transformer blocks", &o.layers_given);
+  n.add<int64_t>("--width", o.width, 1, kMaxInt, "embedding width", &o.width_given);
+  n.add<int64_t>("--heads", o.heads, 1, kMaxInt, "attention heads (a divisor of --width)", &o.heads_given);
+  n.add<int64_t>("--seq", o.seq, 2, kMaxInt, "sequence length", &o.seq_given);
   n.add<int64_t>("--batch", o.batch, 1, kMaxInt, "sequences per step");
   n.add<uint64_t>("--seed", o.seed, 0, std::numeric_limits<uint64_t>::max(), "seed for initialisation, batches and dropout");
   n.add_real("--dropout", o.dropout, "dropout probability, in [0, 1)");
   n.add<int>("--threads", o.threads, 0, kMaxThreads, "CPU threads (0: all cores)");
+}
+
+void note_architecture(TrainOptions& o) {
+  o.architecture_given = o.layers_given || o.width_given || o.heads_given || o.seq_given;
+}
+
+// The long option names of `app` (and of the top level's --help, --version).
+std::vector<std::string> option_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : app.get_options())
+    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+  return names;
+}
+
+// " (did you mean ...?)" for the first unknown subcommand or option of argv, or "".
+std::string suggestion(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2) return "";
+  std::vector<std::string> subcommands;
+  for (const CLI::App* sub : app.get_subcommands({}))
+    if (!sub->get_name().empty()) subcommands.push_back(sub->get_name());
+  const std::string first = argv[1];
+  const CLI::App* sub = nullptr;
+  for (const CLI::App* candidate : app.get_subcommands({}))
+    if (candidate->get_name() == first) sub = candidate;
+  if (sub == nullptr) {
+    if (first.rfind("-", 0) == 0) return "";
+    std::string match = closest_match(first, subcommands);
+    return match.empty() ? "" : " (did you mean `remat " + match + "`?)";
+  }
+  const std::vector<std::string> known = option_names(*sub);
+  for (int i = 2; i < argc; ++i) {
+    std::string word = argv[i];
+    if (word.rfind("--", 0) != 0 || word.size() == 2) continue;
+    word = word.substr(0, word.find('='));
+    if (std::find(known.begin(), known.end(), word) != known.end()) continue;
+    std::string match = closest_match(word, known);
+    if (!match.empty()) return " (did you mean " + match + "?)";
+    return "";
+  }
+  return "";
+}
+
+bool wants_json(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--json") == 0) return true;
+  return false;
+}
+
+// Prints the error (and, with --json, a JSON object on stdout); returns the exit code.
+int report_error(const std::string& message, int code, bool json) {
+  std::fprintf(stderr, "remat: error: %s\n", message.c_str());
+  if (json) {
+    nlohmann::json j = {{"error", message}, {"exit_code", code}, {"version", REMAT_VERSION}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::fflush(stdout);
+  }
+  return code;
 }
 
 }  // namespace
@@ -89,6 +162,7 @@ void add_model_options(Numbers& n, TrainOptions& o) {
 int main(int argc, char** argv) {
   CLI::App app{"remat: train differentiable tensor programs when memory is the limit (recomputation by default)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("remat ") + REMAT_VERSION);
 
   TrainOptions train;
   auto* t = app.add_subcommand("train", "train a character-level GPT on a text corpus (default: Debian's fortunes)");
@@ -96,6 +170,8 @@ int main(int argc, char** argv) {
   t->add_option("--data", train.data, "text file or folder of text files (default: /usr/share/games/fortunes)");
   add_model_options(train_numbers, train);
   train_numbers.add<int64_t>("--steps", train.steps, 1, kMaxSteps, "optimizer steps");
+  train_numbers.add<int64_t>("--eval-every", train.eval_every, 0, kMaxSteps,
+                             "validation loss every N steps, and after the last (0: about 10 times a run)");
   train_numbers.add_real("--lr", train.lr, "peak learning rate, > 0 (warm-up then cosine decay)");
   train_numbers.add<int64_t>("--accumulate", train.accumulate, 1, kMaxAccumulate,
                              "micro-batches of --batch summed per step (and per rank under mpirun)");
@@ -106,14 +182,18 @@ int main(int argc, char** argv) {
   t->add_flag("--shard-optimizer", train.shard_optimizer,
               "under mpirun: each rank keeps and updates the AdamW state of 1/N of the parameters (ZeRO-1)");
   t->add_option("--save", train.save, "write the weights (safetensors) here");
-  t->add_option("--load", train.load, "start from these weights (architecture from the file)");
+  t->add_option("--load", train.load, "start from these weights (architecture from the file; remat or nanoGPT names)");
+  t->add_option("--format", train.format, "names of the --save file: remat | nanogpt")->capture_default_str();
   t->add_flag("--allow-nonfinite", train.allow_nonfinite,
               "keep training when the loss or the gradient norm is NaN or infinite (default: stop with an error)");
-  t->add_flag("--json", train.json, "print one JSON object with the results as the last line");
+  t->add_flag("--json", train.json,
+              "JSON lines on stdout: one per validation, then the results (human output stays on stderr)");
+  t->add_flag("--eval-only", train.eval_only,
+              "with --load: print the validation loss of the weights on --data, and train nothing");
   t->add_flag("--explain", train.explain,
               "print, per checkpoint region of one step, what it kept, what its re-run saved, its times and re-runs");
   bool quiet = false;
-  t->add_flag("--quiet", quiet, "no progress output");
+  t->add_flag("--quiet", quiet, "print nothing but errors (and the JSON lines with --json)");
 
   SampleOptions sample;
   auto* s = app.add_subcommand("sample", "generate text from weights saved by `remat train --save`");
@@ -121,7 +201,10 @@ int main(int argc, char** argv) {
   s->add_option("--load", sample.load, "weights file")->required();
   s->add_option("--prompt", sample.prompt, "text to continue");
   sample_numbers.add<int64_t>("--tokens", sample.tokens, 1, kMaxSampleTokens, "characters to generate");
-  sample_numbers.add_real("--temperature", sample.temperature, "sampling temperature, > 0");
+  sample_numbers.add_real("--temperature", sample.temperature, "sampling temperature, >= 0 (0: greedy)");
+  sample_numbers.add<int64_t>("--top-k", sample.top_k, 0, kMaxInt, "sample among the K most likely characters (0: all)");
+  sample_numbers.add_real("--top-p", sample.top_p, "sample among the most likely characters whose probability reaches P, in (0, 1]");
+  s->add_flag("--raw", sample.raw, "write the generated bytes as they are (default: bytes that are not UTF-8 are shown as \\xNN)");
   sample_numbers.add<uint64_t>("--seed", sample.seed, 0, std::numeric_limits<uint64_t>::max(), "sampling seed");
   sample_numbers.add<int>("--threads", sample.threads, 0, kMaxThreads, "CPU threads (0: all cores)");
 
@@ -134,10 +217,19 @@ int main(int argc, char** argv) {
   add_model_options(plan_numbers, plan.train);
   p->add_flag("--json", plan.train.json, "print one JSON object");
 
-  CLI11_PARSE(app, argc, argv);
+  const bool json = wants_json(argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::string where = app.get_subcommands().empty() ? "remat" : "remat " + app.get_subcommands()[0]->get_name();
+    return report_error(std::string(e.what()) + suggestion(app, argc, argv) + "; see `" + where + " --help`",
+                        kExitUsageError, json);
+  }
   try {
     if (*t) {
       train_numbers.convert();
+      note_architecture(train);
       train.progress = !quiet;
       return run_train(train);
     }
@@ -147,17 +239,17 @@ int main(int argc, char** argv) {
     }
     if (*p) {
       plan_numbers.convert();
+      note_architecture(plan.train);
       return run_plan(plan);
     }
+  } catch (const remat::tools::UsageError& e) {
+    return report_error(e.what(), kExitUsageError, json);
   } catch (const remat::Error& e) {
-    std::fprintf(stderr, "remat: error: %s\n", e.what());
-    return 1;
+    return report_error(e.what(), kExitRuntimeError, json);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "remat: error: out of memory\n");
-    return 1;
+    return report_error("out of memory", kExitRuntimeError, json);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "remat: error: %s\n", e.what());
-    return 1;
+    return report_error(e.what(), kExitRuntimeError, json);
   }
   return 0;
 }

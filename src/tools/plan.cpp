@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "usage.h"
 #include "corpus.h"
 #include "costs.h"
 #include "footprint.h"
@@ -78,9 +79,14 @@ nlohmann::json plan_json(const std::string& name, const rs::Plan& plan, size_t o
 
 int run_plan(const PlanOptions& o) {
   if (o.train.threads > 0) set_num_threads(o.train.threads);
-  REMAT_CHECK(o.costs.empty() || !o.train.architecture_given, "plan: --layers, --width, --heads and --seq describe a "
+  REMAT_USAGE_CHECK(o.costs.empty() || !o.train.architecture_given, "plan: --layers, --width, --heads and --seq describe a "
               "model to profile; they cannot be combined with --costs");
-  const size_t budget = memory::parse_bytes(o.budget);
+  size_t budget = 0;
+  try {
+    budget = memory::parse_bytes(o.budget);
+  } catch (const Error& e) {
+    throw UsageError(detail::concat("plan --budget: ", e.what()));
+  }
   rs::ChainCosts costs;
   size_t outside = 0;
   if (!o.costs.empty())
@@ -116,7 +122,8 @@ int run_plan(const PlanOptions& o) {
     }
   }
   if (o.train.json) {
-    nlohmann::json j = {{"budget_bytes", budget},
+    nlohmann::json j = {{"version", REMAT_VERSION},
+                        {"budget_bytes", budget},
                         {"outside_bytes", outside},
                         {"stages", stages},
                         {"plan", plan_json("budget", best, outside, budget)},
@@ -129,20 +136,23 @@ int run_plan(const PlanOptions& o) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("remat plan: %d stages, budget %zu bytes (%s)%s\n", stages, budget,
-              memory::format_bytes(static_cast<double>(budget)).c_str(),
+  std::printf("remat plan: %d stages, budget %s%s\n", stages, memory::format_bytes(static_cast<double>(budget)).c_str(),
               outside ? (", of which " + memory::format_bytes(static_cast<double>(outside)) + " is saved outside the chain").c_str() : "");
   for (int i = 0; i < stages; ++i)
-    std::printf("  stage %2d: forward %.4f s, backward %.4f s, input %zu B, saves %zu B\n", i, costs.forward_time[i],
-                costs.backward_time[i], costs.boundary_bytes[i], costs.saved_bytes[i]);
+    std::printf("  stage %2d: forward %.4f s, backward %.4f s, input %s, saves %s\n", i, costs.forward_time[i],
+                costs.backward_time[i], memory::format_bytes(static_cast<double>(costs.boundary_bytes[i])).c_str(),
+                memory::format_bytes(static_cast<double>(costs.saved_bytes[i])).c_str());
   std::printf("plan (S = stage run with recording, R[a..b](...) = region re-run in the backward pass):\n  %s\n",
               rs::format_tree(best.tree).c_str());
   std::printf("%s", describe(best.tree).c_str());
-  std::printf("  actions: %s\n", rs::format_actions(best.actions).c_str());
-  std::printf("\n%-22s %20s %14s %6s\n", "plan", "predicted peak B", "predicted s", "fits");
+  std::printf("actions (Fn i / Fa i = stage i's forward without / with recording, L = the loss, B i = stage i's "
+              "backward, D i = free boundary value i):\n  %s\n",
+              rs::format_actions(best.actions).c_str());
+  std::printf("\n%-22s %20s %14s %6s\n", "plan", "predicted peak", "predicted s", "fits");
   auto row = [&](const std::string& name, const rs::Plan& p) {
     size_t peak = p.predicted_peak_bytes + outside;
-    std::printf("%-22s %20zu %14.4f %6s\n", name.c_str(), peak, p.predicted_time, peak <= budget ? "yes" : "no");
+    std::printf("%-22s %20s %14.4f %6s\n", name.c_str(), memory::format_bytes(static_cast<double>(peak)).c_str(),
+                p.predicted_time, peak <= budget ? "yes" : "no");
   };
   row("budget (rotor)", best);
   row("uniform, " + std::to_string(uniform_segments) + " segments", *uniform);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "data_parallel.h"
 #include "footprint.h"
 #include "progress.h"
+#include "usage.h"
 #include "remat/nn.h"
 #include "remat/remat.h"
 #include "weights.h"
@@ -78,17 +80,56 @@ void check_ranks_agree(const TrainOptions& o, const std::vector<int64_t>& tokens
   distributed::broadcast_parameters(model.named_parameters(), !o.load.empty());
 }
 
+constexpr int kValidationBatches = 8;
+
+// Human output: on stderr, nothing under --quiet (stdout carries only the JSON lines).
+struct Human {
+  bool on;
+  [[gnu::format(printf, 2, 3)]] void operator()(const char* format, ...) const {
+    if (!on) return;
+    va_list args;
+    va_start(args, format);
+    std::vfprintf(stderr, format, args);
+    va_end(args);
+  }
+};
+
+// One JSON line on stdout (NaN and infinities become null).
+void emit_json(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::fflush(stdout);
+}
+
+std::string bytes_text(size_t bytes) { return memory::format_bytes(static_cast<double>(bytes)); }
+
 double validation_loss(nn::GPT& model, const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed) {
   NoGradGuard no_grad;
   model.eval();
   double total = 0;
-  const int batches = 8;
+  const int batches = kValidationBatches;
   for (int i = 0; i < batches; ++i) {
     Batch b = sample_batch(tokens, batch, seq, seed ^ 0x5a5a5a5aull, static_cast<uint64_t>(i));
     total += model.loss(b.inputs, b.targets).item();
   }
   model.train();
   return total / batches;
+}
+
+// Architecture flags passed with --load must agree with the file (the architecture comes from it).
+void check_architecture_flags(const TrainOptions& o, const nn::GPTConfig& file) {
+  std::string disagree, values;
+  auto check = [&](bool given, const char* flag, int64_t value, int64_t in_file) {
+    if (!given || value == in_file) return;
+    disagree += detail::concat(disagree.empty() ? "" : ", ", flag, " ", value);
+    values += detail::concat(values.empty() ? "" : ", ", flag + 2, " ", in_file);
+  };
+  check(o.layers_given, "--layers", o.layers, file.layers);
+  check(o.width_given, "--width", o.width, file.width);
+  check(o.heads_given, "--heads", o.heads, file.heads);
+  check(o.seq_given, "--seq", o.seq, file.seq);
+  REMAT_USAGE_CHECK(disagree.empty(), "train: ", disagree, " disagree", disagree.find(',') == std::string::npos ? "s" : "",
+                    " with the model of ", o.load, " (", values, "); the architecture comes from the weight file: "
+                    "drop the flag or pass the file's value");
 }
 
 struct StepMeasure {
@@ -140,19 +181,25 @@ namespace {
 
 int train(const TrainOptions& o, const DataParallel& dp) {
   if (o.threads > 0) set_num_threads(o.threads);
-  const Policy policy = Policy::parse(o.policy);
-  REMAT_CHECK(o.steps >= 1 && o.steps <= kMaxSteps, "train: --steps must be from 1 to ", kMaxSteps, ", got ", o.steps);
-  REMAT_CHECK(o.batch >= 1 && o.seq >= 2, "train: --batch must be >= 1 and --seq >= 2");
-  REMAT_CHECK(std::isfinite(o.lr) && o.lr > 0, "train: --lr must be a finite number > 0, got ", o.lr);
-  REMAT_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got ", o.dropout);
-  REMAT_CHECK(o.load.empty() || !o.architecture_given, "train: --layers, --width, --heads and --seq cannot be combined "
-              "with --load (the architecture comes from the weight file)");
-  REMAT_CHECK(o.accumulate >= 1 && o.accumulate <= kMaxAccumulate, "train: --accumulate must be from 1 to ",
-              kMaxAccumulate, ", got ", o.accumulate);
-  REMAT_CHECK(o.steps <= kMaxMicroBatches / dp.micro_batches(), "train: --steps ", o.steps, " x --accumulate ",
-              o.accumulate, " x ", dp.world, " ranks is more than ", kMaxMicroBatches, " micro-batches");
-  REMAT_CHECK(!o.load.empty() || o.width % o.heads == 0, "train: --width ", o.width, " is not a multiple of --heads ",
-              o.heads);
+  Policy policy;
+  try {
+    policy = Policy::parse(o.policy);
+  } catch (const Error& e) {
+    throw UsageError(detail::concat("train --policy: ", e.what()));
+  }
+  REMAT_USAGE_CHECK(o.steps >= 1 && o.steps <= kMaxSteps, "train: --steps must be from 1 to ", kMaxSteps, ", got ", o.steps);
+  REMAT_USAGE_CHECK(o.batch >= 1 && o.seq >= 2, "train: --batch must be >= 1 and --seq >= 2");
+  REMAT_USAGE_CHECK(std::isfinite(o.lr) && o.lr > 0, "train: --lr must be a finite number > 0, got ", o.lr);
+  REMAT_USAGE_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got ", o.dropout);
+  REMAT_USAGE_CHECK(o.format == "remat" || o.format == "nanogpt", "train: --format must be remat or nanogpt, got \"",
+                    o.format, "\"");
+  REMAT_USAGE_CHECK(!o.eval_only || !o.load.empty(), "train: --eval-only needs --load FILE (the weights to evaluate)");
+  REMAT_USAGE_CHECK(o.accumulate >= 1 && o.accumulate <= kMaxAccumulate, "train: --accumulate must be from 1 to ",
+                    kMaxAccumulate, ", got ", o.accumulate);
+  REMAT_USAGE_CHECK(o.steps <= kMaxMicroBatches / dp.micro_batches(), "train: --steps ", o.steps, " x --accumulate ",
+                    o.accumulate, " x ", dp.world, " ranks is more than ", kMaxMicroBatches, " micro-batches");
+  REMAT_USAGE_CHECK(!o.load.empty() || o.width % o.heads == 0, "train: --width ", o.width, " is not a multiple of --heads ",
+                    o.heads);
 
   const std::string data_path = o.data.empty() ? kDefaultCorpus : o.data;
   Corpus corpus = load_corpus(data_path);
@@ -170,6 +217,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     config.width = weights->config.width;
     config.heads = weights->config.heads;
     config.seq = weights->config.seq;
+    check_architecture_flags(o, weights->config);
     source = detail::concat("train: the model of ", o.load, " (layers ", config.layers, ", width ", config.width,
                             ", heads ", config.heads, ", seq ", config.seq, ") with --batch ", o.batch);
   } else {
@@ -187,6 +235,20 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     model->load_parameters(weights->file.tensors, o.load);
     weights.reset();  // the model holds the values now
   }
+  if (o.eval_only) {
+    const double val_loss = validation_loss(*model, split.validation, o.batch, config.seq, o.seed);
+    if (o.progress)
+      std::fprintf(stderr, "remat train --eval-only: %s on %s: validation loss %.4f (%d batches of %lld x %lld tokens)\n",
+                   o.load.c_str(), data_path.c_str(), val_loss, kValidationBatches, static_cast<long long>(o.batch),
+                   static_cast<long long>(config.seq));
+    if (o.json) {
+      nlohmann::json j = {{"version", REMAT_VERSION}, {"eval_only", true},          {"val_loss", val_loss},
+                          {"batch", o.batch},         {"batches", kValidationBatches}, {"seq", config.seq},
+                          {"vocab", config.vocab},    {"parameters", model->num_parameters()}};
+      emit_json(j);
+    }
+    return 0;
+  }
   if (dp.world > 1) check_ranks_agree(o, tokens, *model);
   // every rank updates every parameter, or (--shard-optimizer) only those whose state it owns
   const TensorList all_params = model->parameters();
@@ -200,21 +262,23 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   const int64_t warmup = std::min<int64_t>(100, std::max<int64_t>(1, o.steps / 10));
   const nn::WarmupCosine lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1, .warmup_steps = warmup, .total_steps = o.steps};
 
-  std::printf("remat train: %zu files, %s of text, vocabulary %lld, train %zu / validation %zu tokens\n",
+  const Human say{o.progress};
+  say("remat train: %zu files, %s of text, vocabulary %lld, train %zu / validation %zu tokens\n",
               corpus.files.size(), memory::format_bytes(static_cast<double>(corpus.text.size())).c_str(),
               static_cast<long long>(config.vocab), split.train.size(), split.validation.size());
   if (dp.micro_batches() > 1)
-    std::printf("global batch %lld = %d ranks x %lld micro-batches x %lld sequences; gradients summed %s\n",
-                static_cast<long long>(o.batch * dp.micro_batches()), dp.world, static_cast<long long>(o.accumulate),
-                static_cast<long long>(o.batch), dp.world > 1 ? distributed::to_string(dp.reduction) : "in order");
-  std::printf("model: GPT layers=%lld width=%lld heads=%lld seq=%lld, %s parameters; batch %lld; policy %s; %d threads\n",
+    say("global batch %lld = %d ranks x %lld micro-batches x %lld sequences; gradients summed %s\n",
+        static_cast<long long>(o.batch * dp.micro_batches()), dp.world, static_cast<long long>(o.accumulate),
+        static_cast<long long>(o.batch), dp.world > 1 ? distributed::to_string(dp.reduction) : "in order");
+  say("model: GPT layers=%lld width=%lld heads=%lld seq=%lld, %s parameters; batch %lld; policy %s; %d threads\n",
               static_cast<long long>(config.layers), static_cast<long long>(config.width),
               static_cast<long long>(config.heads), static_cast<long long>(config.seq),
               human_count(static_cast<double>(model->num_parameters())).c_str(), static_cast<long long>(o.batch),
-              policy.to_string().c_str(), num_threads());
-  std::fflush(stdout);
+              o.policy.c_str(), num_threads());
 
   Progress progress("train", o.steps, o.progress);
+  const int64_t eval_every = o.eval_every > 0 ? o.eval_every : std::max<int64_t>(1, o.steps / 10);
+  double last_val_loss = std::nan("");
   std::vector<double> step_seconds, losses;
   double profiling_step_seconds = 0;  // budget policy: the first step profiles the chain
   size_t peak_saved = 0, peak_total = 0;
@@ -271,10 +335,19 @@ int train(const TrainOptions& o, const DataParallel& dp) {
       dynamic.bytes_read_on_demand += d.bytes_read_on_demand;
       dynamic.stall_seconds += d.stall_seconds;
     }
+    if ((step + 1) % eval_every == 0 || step + 1 == o.steps) {  // validation: --eval-every steps and at the end
+      last_val_loss = validation_loss(*model, split.validation, o.batch, config.seq, o.seed);
+      progress.note(detail::concat("step ", step + 1, "/", o.steps, ": train loss ", number_text(loss_value),
+                                   ", validation loss ", number_text(last_val_loss)));
+      if (o.json)
+        emit_json({{"version", REMAT_VERSION}, {"event", "eval"}, {"step", step + 1}, {"train_loss", loss_value},
+                   {"val_loss", last_val_loss}, {"seconds", seconds_since(run_start)}});
+    }
     double tokens_per_s = tokens_per_step / step_seconds.back();
-    char fields[160];
-    std::snprintf(fields, sizeof fields, "loss %.3f  %s tok/s  peak saved %s", losses.back(), human_count(tokens_per_s).c_str(),
-                  memory::format_bytes(static_cast<double>(peak_saved)).c_str());
+    char fields[160], val[24] = "-";
+    if (!std::isnan(last_val_loss)) std::snprintf(val, sizeof val, "%.3f", last_val_loss);
+    std::snprintf(fields, sizeof fields, "loss %.3f  val %s  %s tok/s  peak %s", losses.back(), val,
+                  human_count(tokens_per_s).c_str(), bytes_text(peak_saved).c_str());
     progress.update(step + 1, fields);
   }
   progress.finish();
@@ -283,7 +356,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   double final_loss = 0;
   for (size_t i = losses.size() - tail; i < losses.size(); ++i) final_loss += losses[i];
   final_loss /= static_cast<double>(tail);
-  const double val_loss = validation_loss(*model, split.validation, o.batch, config.seq, o.seed);
+  const double val_loss = last_val_loss;  // evaluated at the last step
 
   // Side by side, on one batch: the chosen policy and save-all.
   Batch probe = sample_batch(split.train, o.batch, config.seq, o.seed, static_cast<uint64_t>(o.steps));
@@ -292,7 +365,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   model->zero_grad();
 
   if (!o.save.empty() && dp.rank == 0) {
-    model->save(o.save, char_gpt_metadata(config, tokenizer));
+    save_char_gpt(o.save, *model, char_gpt_metadata(config, tokenizer), o.format);
   }
   const std::vector<double> rank_peak_saved = distributed::all_gather(static_cast<double>(peak_saved));
   const std::vector<double> rank_peak_total = distributed::all_gather(static_cast<double>(peak_total));
@@ -300,16 +373,16 @@ int train(const TrainOptions& o, const DataParallel& dp) {
 
   const double step_median = median(step_seconds);
   const double tokens_per_second = tokens_per_step / step_median;
-  std::printf("\nreport (%lld steps in %.1f s)\n", static_cast<long long>(o.steps), train_seconds);
-  std::printf("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", losses.front(),
-              final_loss, tail, val_loss);
-  std::printf("  %-12s %18s %14s\n", "policy", "peak saved bytes", "step seconds");
-  std::printf("  %-12s %18zu %14.4f   (whole run: peak %zu, median %.4f)\n", policy.to_string().c_str(),
-              chosen.peak_saved, chosen.seconds, peak_saved, step_median);
-  std::printf("  %-12s %18zu %14.4f\n", "save-all", save_all.peak_saved, save_all.seconds);
-  std::printf("  ratio        %18.3f %14.3f   (%s / save-all, one step each, same batch)\n",
-              static_cast<double>(chosen.peak_saved) / static_cast<double>(std::max<size_t>(1, save_all.peak_saved)),
-              chosen.seconds / save_all.seconds, policy.to_string().c_str());
+  say("\nreport (%lld steps in %s)\n", static_cast<long long>(o.steps), human_duration(train_seconds).c_str());
+  say("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", losses.front(), final_loss, tail,
+      val_loss);
+  say("  %-14s %12s %12s\n", "policy", "peak saved", "step time");
+  say("  %-14s %12s %10.1f ms   (whole run: peak saved %s, median step %.1f ms)\n", o.policy.c_str(),
+      bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, bytes_text(peak_saved).c_str(), step_median * 1e3);
+  say("  %-14s %12s %10.1f ms\n", "save-all", bytes_text(save_all.peak_saved).c_str(), save_all.seconds * 1e3);
+  say("  %-14s %12.3f %12.3f   (%s / save-all, one step each, same batch)\n", "ratio",
+      static_cast<double>(chosen.peak_saved) / static_cast<double>(std::max<size_t>(1, save_all.peak_saved)),
+      chosen.seconds / save_all.seconds, o.policy.c_str());
   std::optional<BudgetPlanner::Report> plan;
   double predicted_step_seconds = 0;
   if (policy.kind == Policy::Kind::budget) plan = model->planner()->report();
@@ -317,41 +390,41 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     // the plan predicts the chain of blocks; the rest of the step is taken from the profiling step
     double outside = std::max(0.0, profiling_step_seconds - plan->profiled_chain_seconds);
     predicted_step_seconds = plan->predicted_seconds + outside;
-    std::printf("  budget plan %s\n", plan->tree.c_str());
-    std::printf("  predicted: peak saved %zu bytes, step %.4f s; measured: peak saved %zu bytes, step %.4f s "
-                "(median of the run %.4f s)\n",
-                plan->predicted_peak_bytes, predicted_step_seconds, chosen.peak_saved, chosen.seconds, step_median);
+    say("  budget plan %s\n", plan->tree.c_str());
+    say("  predicted: peak saved %s, step %.1f ms; measured: peak saved %s, step %.1f ms (median of the run %.1f ms)\n",
+        bytes_text(plan->predicted_peak_bytes).c_str(), predicted_step_seconds * 1e3,
+        bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, step_median * 1e3);
   }
   if (policy.kind == Policy::Kind::dynamic) {
-    std::printf("  dynamic: %llu evictions, %llu rematerializations (%s FLOP, %.3f s) over the run; the smallest "
-                "feasible budget seen: %zu bytes (%s)\n",
-                static_cast<unsigned long long>(dynamic.evictions),
-                static_cast<unsigned long long>(dynamic.rematerializations), human_count(dynamic.remat_flops).c_str(),
-                dynamic.remat_seconds, dynamic.smallest_feasible_bytes,
-                memory::format_bytes(static_cast<double>(dynamic.smallest_feasible_bytes)).c_str());
+    say("  dynamic: %llu evictions, %llu rematerializations (%s FLOP, %.3f s) over the run; the smallest feasible "
+        "budget seen: %s\n",
+        static_cast<unsigned long long>(dynamic.evictions), static_cast<unsigned long long>(dynamic.rematerializations),
+        human_count(dynamic.remat_flops).c_str(), dynamic.remat_seconds,
+        bytes_text(dynamic.smallest_feasible_bytes).c_str());
   }
   if (policy.kind == Policy::Kind::offload) {
-    std::printf("  offload: %llu values (%s) written, %s read ahead, %s read on demand, %.3f s stalled over the run\n",
-                static_cast<unsigned long long>(dynamic.offloaded),
-                memory::format_bytes(static_cast<double>(dynamic.bytes_offloaded)).c_str(),
-                memory::format_bytes(static_cast<double>(dynamic.bytes_prefetched)).c_str(),
-                memory::format_bytes(static_cast<double>(dynamic.bytes_read_on_demand)).c_str(), dynamic.stall_seconds);
+    say("  offload: %llu values (%s) written, %s read ahead, %s read on demand, %.3f s stalled over the run\n",
+        static_cast<unsigned long long>(dynamic.offloaded), bytes_text(dynamic.bytes_offloaded).c_str(),
+        bytes_text(dynamic.bytes_prefetched).c_str(), bytes_text(dynamic.bytes_read_on_demand).c_str(),
+        dynamic.stall_seconds);
   }
   if (o.explain) {
-    std::printf("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s",
-                policy.to_string().c_str(), memory_report(chosen.counters, save_all.peak_saved).c_str());
+    say("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s", o.policy.c_str(),
+        memory_report(chosen.counters, save_all.peak_saved).c_str());
   }
   if (dp.world > 1) {
-    std::printf("  data parallel: %d ranks, %s sum; communication %.3f s over the run (not overlapped with the "
-                "backward)\n", dp.world, distributed::to_string(dp.reduction), communication_seconds);
+    say("  data parallel: %d ranks, %s sum; communication %.3f s over the run (not overlapped with the backward)\n",
+        dp.world, distributed::to_string(dp.reduction), communication_seconds);
     for (int r = 0; r < dp.world; ++r)
-      std::printf("  rank %d: peak saved %.0f bytes, peak total %.0f bytes, optimizer state %.0f bytes%s\n", r,
-                  rank_peak_saved[static_cast<size_t>(r)], rank_peak_total[static_cast<size_t>(r)],
-                  rank_optimizer_bytes[static_cast<size_t>(r)], sharded ? " (sharded)" : "");
+      say("  rank %d: peak saved %s, peak total %s, optimizer state %s%s\n", r,
+          bytes_text(static_cast<size_t>(rank_peak_saved[static_cast<size_t>(r)])).c_str(),
+          bytes_text(static_cast<size_t>(rank_peak_total[static_cast<size_t>(r)])).c_str(),
+          bytes_text(static_cast<size_t>(rank_optimizer_bytes[static_cast<size_t>(r)])).c_str(), sharded ? " (sharded)" : "");
   }
-  if (!o.save.empty()) std::printf("  weights saved to %s\n", o.save.c_str());
+  if (!o.save.empty()) say("  weights saved to %s\n", o.save.c_str());
   if (o.json) {
-    nlohmann::json j = {{"policy", policy.to_string()},
+    nlohmann::json j = {{"version", REMAT_VERSION},
+                        {"policy", policy.to_string()},
                         {"steps", o.steps},
                         {"first_loss", losses.front()},
                         {"final_loss", final_loss},
@@ -399,7 +472,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
                         {"shard_optimizer", sharded},
                         {"optimizer_state_bytes", optimizer_state_bytes},
                         {"rank_optimizer_state_bytes", rank_optimizer_bytes}};
-    std::printf("%s\n", j.dump().c_str());
+    emit_json(j);
   }
   return 0;
 }

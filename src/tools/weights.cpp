@@ -25,6 +25,8 @@ nn::Metadata char_gpt_metadata(const nn::GPTConfig& config, const CharTokenizer&
 CharGPTFile read_char_gpt(const std::string& path, const std::string& command) {
   CharGPTFile w;
   w.file = nn::load_safetensors(path);
+  // nanoGPT's names (transformer.h.N.attn.c_attn.weight, ...) are read as remat's
+  w.file.tensors = nn::gpt_weights_to_remat(w.file.tensors, nn::detect_gpt_weight_names(w.file.tensors));
   const std::string in_file = detail::concat(" of ", path);
   auto get = [&](const char* key) -> const std::string& {
     auto it = w.file.metadata.find(key);
@@ -66,6 +68,20 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command) {
   REMAT_CHECK(held == expected, described, " describes a model of ", expected, " parameters, but the file holds ", held,
               " values");
   return w;
+}
+
+}  // namespace remat::tools
+
+namespace remat::tools {
+
+void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Metadata& metadata, const std::string& format) {
+  nn::GPTWeightNames names = nn::GPTWeightNames::remat;
+  if (format == "nanogpt") names = nn::GPTWeightNames::nanogpt;
+  else REMAT_CHECK(format == "remat", "--format must be remat or nanogpt, got \"", format, "\"");
+  std::map<std::string, Tensor> tensors;
+  for (const auto& [name, p] : model.named_parameters()) tensors.emplace(name, p);
+  std::map<std::string, Tensor> renamed = nn::gpt_weights_from_remat(tensors, names);
+  nn::save_safetensors(path, nn::NamedTensors(renamed.begin(), renamed.end()), metadata);
 }
 
 }  // namespace remat::tools

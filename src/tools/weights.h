@@ -22,6 +22,10 @@ struct CharGPTFile {
 // Reads and checks `path`; `command` ("train", "sample") prefixes the errors.
 CharGPTFile read_char_gpt(const std::string& path, const std::string& command);
 
+// Writes the model's weights with `format`'s names ("remat" or "nanogpt", see remat/nn/gpt.h)
+// and the metadata; read_char_gpt reads either.
+void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Metadata& metadata, const std::string& format);
+
 // The metadata that read_char_gpt reads back.
 nn::Metadata char_gpt_metadata(const nn::GPTConfig& config, const CharTokenizer& tokenizer);
 

@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "remat/nn.h"
 
@@ -35,6 +38,43 @@ Result run(const std::string& args) {
   const int status = ::pclose(pipe);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+struct Streams {
+  int code = -1;
+  std::string out, err;  // stdout, stderr
+};
+
+// Runs `ENV remat ARGS` with stdout and stderr kept apart.
+Streams run_streams(const std::string& args, const std::string& env = "") {
+  const std::string err_path = (fs::temp_directory_path() / ("remat_cli_err_" + std::to_string(::getpid()))).string();
+  Result r;
+  {
+    const std::string command = env + " timeout 120 " + std::string(REMAT_CLI_PATH) + " " + args + " 2>" + err_path;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (pipe == nullptr) return {};
+    char buffer[4096];
+    size_t n;
+    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
+    const int status = ::pclose(pipe);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::ifstream in(err_path, std::ios::binary);
+  std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  fs::remove(err_path);
+  return {r.code, r.output, err};
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
 }
 
 class Cli : public ::testing::Test {
@@ -64,11 +104,12 @@ class Cli : public ::testing::Test {
     return args;
   }
 
-  // Expects exit code 1 and every fragment in the output, which must start with the error line.
-  static void expect_error(const std::string& args, std::initializer_list<std::string> fragments) {
+  // Expects exit code `code` (1: an error while running, 2: a usage error) and every fragment in
+  // the output, which must hold the error line.
+  static void expect_error(const std::string& args, std::initializer_list<std::string> fragments, int code = 1) {
     SCOPED_TRACE(args);
     Result r = run(args);
-    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_EQ(r.code, code) << r.output;
     EXPECT_NE(r.output.find("remat: error: "), std::string::npos) << r.output;
     for (const auto& f : fragments) EXPECT_NE(r.output.find(f), std::string::npos) << r.output << "\nexpected: " << f;
     for (const char* bad : {"std::", "bad_alloc", "terminate", "Sanitizer", "runtime error"})
@@ -83,6 +124,10 @@ class Cli : public ::testing::Test {
     nn::NamedTensors tensors(f.tensors.begin(), f.tensors.end());
     nn::save_safetensors(path(name), tensors, f.metadata);
     return path(name);
+  }
+
+  static void expect_usage_error(const std::string& args, std::initializer_list<std::string> fragments) {
+    expect_error(args, fragments, 2);
   }
 
   static fs::path dir_;
@@ -103,35 +148,35 @@ TEST_F(Cli, GoodInputSucceeds) {
 }
 
 TEST_F(Cli, NumbersAreParsedStrictly) {
-  expect_error(train_args({{"--threads", "-3"}}), {"train --threads: -3 is out of range (a whole number from 0 to 1024)"});
-  expect_error(train_args({{"--threads", "5000"}}), {"train --threads: 5000 is out of range"});
-  expect_error(train_args({{"--steps", "9223372036854775808"}}), {"train --steps: \"9223372036854775808\" is too large"});
-  expect_error(train_args({{"--steps", "100000001"}}), {"train --steps: 100000001 is out of range"});
-  expect_error(train_args({{"--steps", "0"}}), {"train --steps: 0 is out of range"});
-  expect_error(train_args({{"--steps", "0x10"}}), {"train --steps: expected a whole number", "\"0x10\""});
-  expect_error(train_args({{"--layers", "1e1"}}), {"train --layers: expected a whole number", "\"1e1\""});
-  expect_error(train_args({{"--heads", "2x"}}), {"train --heads: expected a whole number", "\"2x\""});
-  expect_error(train_args({{"--width", "' 8'"}}), {"train --width: expected a whole number"});
-  expect_error(train_args({{"--batch", "0"}}), {"train --batch: 0 is out of range"});
-  expect_error(train_args({{"--seq", "1"}}), {"train --seq: 1 is out of range"});
-  expect_error(train_args({{"--seed", "-1"}}), {"train --seed: expected a whole number from 0 to 18446744073709551615"});
-  expect_error(train_args({{"--seed", "18446744073709551616"}}), {"train --seed", "too large"});
-  expect_error(train_args({{"--lr", "nan"}}), {"train --lr: expected a finite number"});
-  expect_error(train_args({{"--lr", "inf"}}), {"train --lr: expected a finite number"});
-  expect_error(train_args({{"--lr", "1e400"}}), {"train --lr", "out of the range of a double"});
-  expect_error(train_args({{"--lr", "0"}}), {"--lr must be a finite number > 0"});
-  expect_error(train_args({{"--lr", "-1"}}), {"--lr must be a finite number > 0"});
-  expect_error(train_args({{"--dropout", "1"}}), {"--dropout must be in [0, 1)"});
-  expect_error(train_args({{"--width", "7"}, {"--heads", "2"}}), {"train: --width 7 is not a multiple of --heads 2"});
+  expect_usage_error(train_args({{"--threads", "-3"}}), {"train --threads: -3 is out of range (a whole number from 0 to 1024)"});
+  expect_usage_error(train_args({{"--threads", "5000"}}), {"train --threads: 5000 is out of range"});
+  expect_usage_error(train_args({{"--steps", "9223372036854775808"}}), {"train --steps: \"9223372036854775808\" is too large"});
+  expect_usage_error(train_args({{"--steps", "100000001"}}), {"train --steps: 100000001 is out of range"});
+  expect_usage_error(train_args({{"--steps", "0"}}), {"train --steps: 0 is out of range"});
+  expect_usage_error(train_args({{"--steps", "0x10"}}), {"train --steps: expected a whole number", "\"0x10\""});
+  expect_usage_error(train_args({{"--layers", "1e1"}}), {"train --layers: expected a whole number", "\"1e1\""});
+  expect_usage_error(train_args({{"--heads", "2x"}}), {"train --heads: expected a whole number", "\"2x\""});
+  expect_usage_error(train_args({{"--width", "' 8'"}}), {"train --width: expected a whole number"});
+  expect_usage_error(train_args({{"--batch", "0"}}), {"train --batch: 0 is out of range"});
+  expect_usage_error(train_args({{"--seq", "1"}}), {"train --seq: 1 is out of range"});
+  expect_usage_error(train_args({{"--seed", "-1"}}), {"train --seed: expected a whole number from 0 to 18446744073709551615"});
+  expect_usage_error(train_args({{"--seed", "18446744073709551616"}}), {"train --seed", "too large"});
+  expect_usage_error(train_args({{"--lr", "nan"}}), {"train --lr: expected a finite number"});
+  expect_usage_error(train_args({{"--lr", "inf"}}), {"train --lr: expected a finite number"});
+  expect_usage_error(train_args({{"--lr", "1e400"}}), {"train --lr", "out of the range of a double"});
+  expect_usage_error(train_args({{"--lr", "0"}}), {"--lr must be a finite number > 0"});
+  expect_usage_error(train_args({{"--lr", "-1"}}), {"--lr must be a finite number > 0"});
+  expect_usage_error(train_args({{"--dropout", "1"}}), {"--dropout must be in [0, 1)"});
+  expect_usage_error(train_args({{"--width", "7"}, {"--heads", "2"}}), {"train: --width 7 is not a multiple of --heads 2"});
   const std::string w = " --load " + path("w.safetensors");
-  expect_error("sample --tokens 0" + w, {"sample --tokens: 0 is out of range"});
-  expect_error("sample --tokens 10000001" + w, {"sample --tokens: 10000001 is out of range"});
-  expect_error("sample --temperature nan" + w, {"sample --temperature: expected a finite number"});
-  expect_error("sample --temperature 0" + w, {"--temperature must be a finite number > 0"});
-  expect_error("sample --seed 1.5" + w, {"sample --seed: expected a whole number"});
-  expect_error("sample --threads -1" + w, {"sample --threads: -1 is out of range"});
-  expect_error("plan --budget 1MiB --threads -3", {"plan --threads: -3 is out of range"});
-  expect_error("plan --budget 1MiB --layers x", {"plan --layers: expected a whole number"});
+  expect_usage_error("sample --tokens 0" + w, {"sample --tokens: 0 is out of range"});
+  expect_usage_error("sample --tokens 10000001" + w, {"sample --tokens: 10000001 is out of range"});
+  expect_usage_error("sample --temperature nan" + w, {"sample --temperature: expected a finite number"});
+  expect_usage_error("sample --temperature -1" + w, {"--temperature must be a finite number >= 0"});
+  expect_usage_error("sample --seed 1.5" + w, {"sample --seed: expected a whole number"});
+  expect_usage_error("sample --threads -1" + w, {"sample --threads: -1 is out of range"});
+  expect_usage_error("plan --budget 1MiB --threads -3", {"plan --threads: -3 is out of range"});
+  expect_usage_error("plan --budget 1MiB --layers x", {"plan --layers: expected a whole number"});
 }
 
 TEST_F(Cli, ImpossibleModelSizesAreRefusedBeforeBuilding) {
@@ -190,8 +235,8 @@ TEST_F(Cli, WeightFileMetadataIsStrictAndMustMatchTheTensors) {
       for (const auto& f : c.fragments) EXPECT_NE(r.output.find(f), std::string::npos) << r.output << "\nexpected: " << f;
     }
   }
-  expect_error("train --quiet --steps 1 --width 16 --data " + path("corpus.txt") + " --load " + path("w.safetensors"),
-               {"cannot be combined with --load"});
+  expect_usage_error("train --quiet --steps 1 --width 16 --data " + path("corpus.txt") + " --load " + path("w.safetensors"),
+                     {"train: --width 16 disagrees with the model of", "(width 8)"});
 }
 
 TEST_F(Cli, HostileWeightFilesAreErrors) {
@@ -232,10 +277,212 @@ TEST_F(Cli, CostsFilesAreStrict) {
   expect_error("plan --budget 1KiB --costs " + write("deep.json", std::string(100000, '[') + std::string(100000, ']')),
                {"nested more than 3 levels deep"});
   expect_error("plan --budget 1KiB --costs " + path("missing.json"), {"cannot read the --costs file"});
-  expect_error("plan --budget 1KiB --layers 2 --costs " + path("ok.json"), {"cannot be combined with --costs"});
+  expect_usage_error("plan --budget 1KiB --layers 2 --costs " + path("ok.json"), {"cannot be combined with --costs"});
   // a chain too long for the planner is refused before planning
   std::string many = "[";
   for (int i = 0; i < 1001; ++i) many += (i ? "," : "") + stage("16");
   expect_error("plan --budget 1MiB --costs " + write("many.json", many + "]"),
                {"the chain has 1001 stages; remat plan reads at most 1000"});
+}
+
+TEST_F(Cli, VersionAndExitCodes) {
+  Result r = run("--version");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output, std::string("remat ") + REMAT_VERSION + "\n");
+  // usage errors exit 2 (not CLI11's own codes), with the closest valid name suggested
+  expect_usage_error(train_args() + " --stpes 3", {"--stpes", "did you mean --steps?", "remat train --help"});
+  expect_usage_error(train_args() + " --json --polcy save-all", {"did you mean --policy?"});
+  expect_usage_error("trian --steps 1", {"did you mean `remat train`?"});
+  expect_usage_error("smaple --load x", {"did you mean `remat sample`?"});
+  expect_usage_error("plan", {"--budget is required"});
+  expect_usage_error(train_args({{"--policy", "every-kk:2"}}), {"train --policy:"});
+  expect_usage_error("plan --budget 12 apples", {"apples"});
+  Result far = run(train_args() + " --zzzzzzzz 1");
+  EXPECT_EQ(far.code, 2) << far.output;
+  EXPECT_EQ(far.output.find("did you mean"), std::string::npos) << far.output;  // nothing close
+  // runtime errors exit 1
+  expect_error(train_args({{"--data", path("missing.txt")}}), {"missing.txt"});
+}
+
+TEST_F(Cli, JsonCarriesTheVersionAndErrors) {
+  Streams r = run_streams(train_args({{"--steps", "1"}}) + " --json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(std::string("\"version\":\"") + REMAT_VERSION + "\""), std::string::npos) << r.out;
+  // an error with --json: a JSON object on stdout as well as the message on stderr
+  r = run_streams(train_args({{"--lr", "-1"}}) + " --json");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.out, std::string("{\"error\":\"train: --lr must be a finite number > 0, got -1\",\"exit_code\":2,\"version\":\"") +
+                       REMAT_VERSION + "\"}\n");
+  EXPECT_EQ(r.err, "remat: error: train: --lr must be a finite number > 0, got -1\n");
+  r = run_streams(train_args({{"--data", path("missing.txt")}}) + " --json");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.out.find("\"exit_code\":1"), std::string::npos) << r.out;
+  r = run_streams(train_args() + " --json --stpes 2");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.out.find("did you mean --steps?"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, LoadWithArchitectureFlags) {
+  const std::string load = " --load " + path("w.safetensors");
+  // flags that agree with the file are accepted
+  Result r = run(train_args({{"--steps", "1"}}) + load);
+  EXPECT_EQ(r.code, 0) << r.output;
+  // flags that disagree are named, with the file's values
+  expect_usage_error(train_args({{"--layers", "2"}, {"--heads", "4"}}) + load,
+                     {"train: --layers 2, --heads 4 disagree with the model of", "(layers 1, heads 2)"});
+  expect_usage_error(train_args({{"--seq", "16"}}) + load, {"--seq 16 disagrees", "(seq 8)"});
+}
+
+TEST_F(Cli, EvalOnly) {
+  const std::string load = " --load " + path("w.safetensors");
+  Streams r = run_streams(train_args() + load + " --eval-only --json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(lines_of(r.out).size(), 1u) << r.out;
+  EXPECT_NE(r.out.find("\"eval_only\":true"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"val_loss\":"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("final_loss"), std::string::npos) << r.out;  // nothing trained
+  // the same weights give the same validation loss
+  EXPECT_EQ(run_streams(train_args() + load + " --eval-only --json").out, r.out);
+  r = run_streams("train --threads 1 --batch 2 --data " + path("corpus.txt") + load + " --eval-only");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("validation loss"), std::string::npos) << r.err;
+  expect_usage_error(train_args() + " --eval-only", {"--eval-only needs --load"});
+}
+
+TEST_F(Cli, HumanOutputOnStderrJsonLinesOnStdout) {
+  const std::string args = train_args({{"--steps", "4"}, {"--eval-every", "2"}, {"--policy", "budget:30MiB"}});
+  // --quiet --json: nothing on stderr, one JSON line per validation and the results
+  Streams r = run_streams(args + " --json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  std::vector<std::string> lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 3u) << r.out;
+  for (const auto& line : lines) EXPECT_EQ(line.front(), '{') << line;
+  EXPECT_NE(lines[0].find("\"event\":\"eval\",\"seconds\""), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("\"step\":2"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("\"step\":4"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[2].find("\"budget_bytes\":31457280"), std::string::npos) << lines[2];  // bytes in JSON
+  // without --quiet: the human report on stderr in human units, nothing on stdout without --json
+  std::string loud = args;
+  loud.replace(loud.find("train --quiet"), 13, "train");
+  r = run_streams(loud);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("policy budget:30MiB"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("31457280"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("step 2/4: train loss"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("validation loss"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" KiB"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, ProgressFitsTheWidth) {
+  std::string args = train_args({{"--steps", "30"}});
+  args.replace(args.find("train --quiet"), 13, "train");
+  for (int columns : {60, 120}) {
+    SCOPED_TRACE(columns);
+    // a log (not a terminal): plain progress lines, cut to COLUMNS
+    Streams r = run_streams(args, "COLUMNS=" + std::to_string(columns));
+    EXPECT_EQ(r.code, 0) << r.err;
+    int progress_lines = 0;
+    for (const auto& line : lines_of(r.err)) {
+      if (line.rfind("train step ", 0) != 0) continue;
+      ++progress_lines;
+      EXPECT_LT(line.size(), static_cast<size_t>(columns)) << line;
+      if (line.find(" 30/30 ") == std::string::npos) EXPECT_NE(line.find("ETA "), std::string::npos) << line;
+    }
+    EXPECT_GE(progress_lines, 20) << r.err;
+  }
+  // a pseudo-terminal (script(1)): every redraw of the bar fits in 60 columns and shows an ETA
+  if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "no script(1) for a pseudo-terminal";
+  const std::string typescript = path("typescript");
+  std::string long_run = train_args({{"--steps", "200"}});
+  long_run.replace(long_run.find("train --quiet"), 13, "train");
+  const std::string command =
+      "COLUMNS=60 script -qec '" + std::string(REMAT_CLI_PATH) + " " + long_run + "' " + typescript + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::ifstream in(typescript, std::ios::binary);
+  const std::string screen((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int redraws = 0, with_eta = 0;
+  size_t start = 0;
+  while ((start = screen.find("\rtrain [", start)) != std::string::npos) {
+    size_t end = screen.find("\033[K", start);
+    ASSERT_NE(end, std::string::npos);
+    const std::string bar = screen.substr(start + 1, end - start - 1);
+    EXPECT_LT(bar.size(), 60u) << bar;
+    ++redraws;
+    if (bar.find("ETA ") != std::string::npos) ++with_eta;
+    start = end;
+  }
+  EXPECT_GE(redraws, 1) << screen;
+  EXPECT_GE(with_eta + 1, redraws) << screen;  // all but the last (which shows the elapsed time)
+}
+
+TEST_F(Cli, Sampling) {
+  const std::string w = " --threads 1 --tokens 20 --load " + path("w.safetensors");
+  // greedy decoding does not depend on the seed; top-k 1 is greedy
+  Result greedy = run("sample --temperature 0 --seed 1" + w);
+  EXPECT_EQ(greedy.code, 0) << greedy.output;
+  EXPECT_EQ(run("sample --temperature 0 --seed 2" + w).output, greedy.output);
+  EXPECT_EQ(run("sample --top-k 1 --seed 3" + w).output, greedy.output);
+  EXPECT_EQ(run("sample --top-p 0.000001 --seed 4" + w).output, greedy.output);
+  EXPECT_EQ(run("sample --top-k 3 --top-p 0.9" + w).code, 0);
+  expect_usage_error("sample --top-p 0" + w, {"--top-p must be in (0, 1]"});
+  expect_usage_error("sample --top-p 1.5" + w, {"--top-p must be in (0, 1]"});
+  expect_usage_error("sample --top-k -1" + w, {"sample --top-k: -1 is out of range"});
+  // a prompt byte outside the vocabulary
+  expect_usage_error("sample --prompt 'fox!'" + w, {"sample --prompt: byte 3 ('!') is not in the vocabulary of", "characters"});
+}
+
+TEST_F(Cli, SampleOutputIsUtf8UnlessRaw) {
+  // a corpus whose vocabulary holds the two bytes of "é" (C3 A9) separately usable
+  {
+    std::ofstream corpus(path("accents.txt"), std::ios::binary);
+    for (int i = 0; i < 100; ++i) corpus << "caf\xC3\xA9 cr\xC3\xA8me " << i << "\n%\n";
+  }
+  const std::string weights = path("accents.safetensors");
+  Result r = run(train_args({{"--data", path("accents.txt")}, {"--save", weights}}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  // the prompt "é" then a lone A9 byte: the first is UTF-8, the second is not
+  const std::string args =
+      "sample --threads 1 --tokens 1 --temperature 0 --load " + weights + " --prompt \"$(printf '\\303\\251\\251')\"";
+  r = run(args);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("\xC3\xA9\\xA9", 0), 0u) << r.output;  // é kept, the lone byte escaped
+  r = run(args + " --raw");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("\xC3\xA9\xA9", 0), 0u) << r.output;  // the bytes as they are
+}
+
+TEST_F(Cli, PlanExplainsItsNotation) {
+  const std::string stage = R"({"forward_seconds": 1, "backward_seconds": 2, "boundary_bytes": 16, "saved_bytes": 64})";
+  std::ofstream(path("two.json")) << "[" << stage << "," << stage << "]";
+  Result r = run("plan --budget 1KiB --costs " + path("two.json"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("S = stage run with recording, R[a..b](...) = region re-run"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Fn i / Fa i = stage i's forward without / with recording, L = the loss"), std::string::npos)
+      << r.output;
+  // everything fits: every stage recorded; boundary 1 freed once stage 1's backward is done
+  EXPECT_NE(r.output.find("\n  Fa0 Fa1 L B1 D1 B0\n"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, NanoGPTNamesOnSaveAndLoad) {
+  const std::string nano = path("nano.safetensors");
+  Result r = run(train_args({{"--save", nano}, {"--format", "nanogpt"}}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  nn::SafetensorsFile f = nn::load_safetensors(nano);
+  EXPECT_EQ(f.tensors.count("transformer.h.0.attn.c_attn.weight"), 1u);
+  EXPECT_EQ(f.tensors.count("transformer.wte.weight"), 1u);
+  EXPECT_EQ(f.tensors.count("wte.weight"), 0u);
+  // the same run saved with remat's names samples the same text from either file
+  const std::string own = path("own.safetensors");
+  ASSERT_EQ(run(train_args({{"--save", own}})).code, 0);
+  const std::string s = "sample --threads 1 --tokens 20 --temperature 0 --load ";
+  Result a = run(s + nano), b = run(s + own);
+  EXPECT_EQ(a.code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+  // and training continues from it
+  r = run(train_args({{"--steps", "1"}}) + " --load " + nano);
+  EXPECT_EQ(r.code, 0) << r.output;
+  expect_usage_error(train_args({{"--format", "hf"}}), {"--format must be remat or nanogpt"});
 }

@@ -1,14 +1,17 @@
 // The command line's input checks, linked directly: strict numbers, the GPT footprint bound, the
-// --costs reader and the vocabulary of weight files.
+// --costs reader, the vocabulary of weight files, typo suggestions and the sampling helpers.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
+#include "commands.h"
 #include "corpus.h"
 #include "costs.h"
 #include "footprint.h"
 #include "numbers.h"
 #include "remat/nn.h"
+#include "usage.h"
 
 using namespace remat;
 using namespace remat::tools;
@@ -147,4 +150,56 @@ TEST(CliCosts, BadFilesAreErrorsNamingTheFileAndStage) {
     expect_error([&] { parse_costs(text, "bad.json"); }, {"plan: --costs bad.json: ", fragment});
   }
   expect_error([] { read_costs("/nonexistent/costs.json"); }, {"cannot read the --costs file /nonexistent/costs.json"});
+}
+
+TEST(CliUsage, ClosestMatchSuggestsLikelyTypos) {
+  const std::vector<std::string> options = {"--steps", "--seed", "--seq", "--save", "--policy", "--lr", "--layers"};
+  EXPECT_EQ(edit_distance("--stpes", "--steps"), 1u);  // a transposition is one edit
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(closest_match("--stpes", options), "--steps");
+  EXPECT_EQ(closest_match("--polcy", options), "--policy");
+  EXPECT_EQ(closest_match("--layer", options), "--layers");
+  EXPECT_EQ(closest_match("--zzzzzzzz", options), "");
+  EXPECT_EQ(closest_match("trian", {"train", "sample", "plan"}), "train");
+  EXPECT_EQ(closest_match("xyz", {"train", "sample", "plan"}), "");
+}
+
+TEST(CliSampling, GreedyTopKTopP) {
+  const std::vector<double> z = {1.0, 3.0, 2.0, 3.0, -1.0};
+  // greedy: the first most likely
+  EXPECT_EQ(sampling_weights(z, 0.0, 0, 1.0), (std::vector<double>{0, 1, 0, 0, 0}));
+  // temperature only: exp((z - max) / t), all candidates
+  std::vector<double> w = sampling_weights(z, 2.0, 0, 1.0);
+  for (size_t k = 0; k < z.size(); ++k) EXPECT_DOUBLE_EQ(w[k], std::exp((z[k] - 3.0) / 2.0));
+  // top-k 2 keeps the two 3.0 logits
+  w = sampling_weights(z, 1.0, 2, 1.0);
+  EXPECT_GT(w[1], 0);
+  EXPECT_GT(w[3], 0);
+  EXPECT_EQ(w[0], 0);
+  EXPECT_EQ(w[2], 0);
+  EXPECT_EQ(w[4], 0);
+  // top-p: the fewest candidates whose probability reaches p
+  const std::vector<double> two = {std::log(0.6), std::log(0.3), std::log(0.1)};
+  w = sampling_weights(two, 1.0, 0, 0.5);
+  EXPECT_GT(w[0], 0);
+  EXPECT_EQ(w[1], 0);
+  w = sampling_weights(two, 1.0, 0, 0.85);
+  EXPECT_GT(w[1], 0);
+  EXPECT_EQ(w[2], 0);
+  w = sampling_weights(two, 1.0, 0, 1.0);
+  EXPECT_GT(w[2], 0);
+}
+
+TEST(CliSampling, Utf8Escaping) {
+  EXPECT_EQ(utf8_escaped("plain text\n"), "plain text\n");
+  EXPECT_EQ(utf8_escaped("caf\xC3\xA9"), "caf\xC3\xA9");                   // 2 bytes
+  EXPECT_EQ(utf8_escaped("\xE2\x82\xAC"), "\xE2\x82\xAC");                  // euro sign, 3 bytes
+  EXPECT_EQ(utf8_escaped("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");          // 4 bytes
+  EXPECT_EQ(utf8_escaped("a\xA9z"), "a\\xA9z");                             // lone continuation
+  EXPECT_EQ(utf8_escaped("\xC3"), "\\xC3");                                 // truncated
+  EXPECT_EQ(utf8_escaped("\xC3(x"), "\\xC3(x");                             // bad continuation
+  EXPECT_EQ(utf8_escaped("\xC0\xAF"), "\\xC0\\xAF");                        // overlong
+  EXPECT_EQ(utf8_escaped("\xED\xA0\x80"), "\\xED\\xA0\\x80");               // surrogate
+  EXPECT_EQ(utf8_escaped("\xF4\x90\x80\x80"), "\\xF4\\x90\\x80\\x80");      // beyond U+10FFFF
+  EXPECT_EQ(utf8_escaped("\xFF"), "\\xFF");
 }

@@ -19,6 +19,12 @@ rm -rf "$prefix" "$work/consumer"
 cmake --install "$build" --prefix "$prefix" >"$work/install.log"
 echo "installed $(grep -c '^-- Installing' "$work/install.log") files into $prefix"
 
+# The public headers and the documentation come with the package.
+for f in include/remat/remat.h include/remat/gradcheck.h share/doc/remat/README.md share/doc/remat/design.md; do
+  [[ -f "$prefix/$f" ]] || { echo "not installed: $prefix/$f" >&2; exit 1; }
+done
+echo "installed headers and docs: include/remat, share/doc/remat"
+
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 compiler=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
@@ -32,5 +38,6 @@ cmake --build "$work/consumer" -j 2
 # The installed command line (when built) must find the installed shared library by itself.
 if [[ -x "$prefix/bin/remat" ]]; then
   "$prefix/bin/remat" --help >/dev/null
+  "$prefix/bin/remat" --version
   echo "installed command line runs: $prefix/bin/remat --help"
 fi

@@ -21,7 +21,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "remat/nn/containers.h"
 #include "remat/nn/layers.h"
@@ -60,5 +62,31 @@ class GPT : public Module {
  private:
   GPTConfig config_;
 };
+
+// ---- weight layouts of other tools
+// nanoGPT's GPT (Karpathy) has the same structure, layouts ([out, in] Linear weights, q, k, v in
+// that order in the attention's input projection) and exact GELU; only the names differ:
+//   remat                      nanoGPT
+//   wte.weight, wpe.weight     transformer.wte.weight, transformer.wpe.weight
+//   blocks.N.ln1.*             transformer.h.N.ln_1.*
+//   blocks.N.attn.qkv.*        transformer.h.N.attn.c_attn.*
+//   blocks.N.attn.proj.*       transformer.h.N.attn.c_proj.*
+//   blocks.N.ln2.*             transformer.h.N.ln_2.*
+//   blocks.N.mlp.fc.*          transformer.h.N.mlp.c_fc.*
+//   blocks.N.mlp.proj.*        transformer.h.N.mlp.c_proj.*
+//   ln_f.*                     transformer.ln_f.*
+//   lm_head.weight             lm_head.weight (nanoGPT ties it to wte; a file without it, as the
+//                              safetensors package writes shared tensors, gets a copy of wte)
+// nanoGPT trains with bias=False as an option: a file without the biases is refused by
+// load_parameters (remat's GPT has them). Names of nanoGPT's non-parameter buffers
+// (".attn.bias", the causal mask of its non-flash path) are dropped.
+enum class GPTWeightNames { remat, nanogpt };
+// The layout of `tensors`: nanogpt when any name starts with "transformer.", else remat.
+GPTWeightNames detect_gpt_weight_names(const std::map<std::string, Tensor>& tensors);
+// `tensors` renamed from `from` to remat's names (the tensors themselves are shared, not copied).
+// A name the map does not know is kept as it is (load_parameters then names it as unexpected).
+std::map<std::string, Tensor> gpt_weights_to_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames from);
+// remat-named tensors renamed to `to` (lm_head.weight kept, as a separate tensor).
+std::map<std::string, Tensor> gpt_weights_from_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames to);
 
 }  // namespace remat::nn

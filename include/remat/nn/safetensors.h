@@ -19,7 +19,8 @@
 //     flat arrays), checked as the parser reads, before anything deeper is built; a key appears
 //     once per object;
 //   - "__metadata__", if present, maps strings to strings;
-//   - each tensor has a dtype remat reads (F32, F64, I64; BF16, F16, ... are errors naming them),
+//   - each tensor has a dtype remat reads (F32, F64, I64, and F16 and BF16, which are converted
+//     to f32 tensors exactly on load; others, e.g. F8_E4M3 or I32, are errors naming them),
 //     a shape of at most kMaxRank sizes, each a plain JSON integer (no sign, fraction or exponent)
 //     whose byte count (and stride) fits in 63 bits, and data_offsets [begin, end] with
 //     begin <= end, end - begin = the shape's byte count;
