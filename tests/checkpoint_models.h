@@ -19,6 +19,20 @@ inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
 }
 
+// silu as a custom op whose backward reads its saved input twice (the property tests' custom op).
+inline CustomOp fused_silu() {
+  return CustomOp{"fused_silu",
+                  [](const TensorList& in, SaveContext& ctx) {
+                    ctx.save(in[0]);
+                    return TensorList{silu(in[0])};
+                  },
+                  [](const TensorList& grads, const SavedValues& saved) {
+                    Tensor s = sigmoid(saved[0]);  // reads saved[0] twice
+                    Tensor d = mul(s, add_scalar(mul(saved[0], add_scalar(neg(s), 1.0)), 1.0));
+                    return TensorList{mul(grads[0], d)};
+                  }};
+}
+
 // A chain of identical tanh blocks h -> tanh(h @ W_i + b_i), parameters captured by the layers.
 struct TanhChain {
   std::vector<Tensor> weights, biases;

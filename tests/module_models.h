@@ -10,17 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_models.h"
 #include "remat/nn.h"
 #include "remat/remat.h"
 
 namespace remat::testing {
-
-inline bool same_bits(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
-}
 
 // A user's layer: tanh(Linear(x)); its Linear is a sub-module (a nested call, run plain).
 class TanhBlock : public nn::Module {

@@ -21,16 +21,7 @@ struct ModelBuilder {
   std::vector<Tensor> params;
   std::shared_ptr<bool> use_overrides = std::make_shared<bool>(false);
   std::vector<std::string> trace;  // what was built, for failure messages
-  CustomOp fused{"fused_silu",
-                 [](const TensorList& in, SaveContext& ctx) {
-                   ctx.save(in[0]);
-                   return TensorList{silu(in[0])};
-                 },
-                 [](const TensorList& grads, const SavedValues& saved) {
-                   Tensor s = sigmoid(saved[0]);  // reads saved[0] twice
-                   Tensor d = mul(s, add_scalar(mul(saved[0], add_scalar(neg(s), 1.0)), 1.0));
-                   return TensorList{mul(grads[0], d)};
-                 }};
+  CustomOp fused = remat::testing::fused_silu();
 
   ModelBuilder(uint64_t seed) : rng(seed) {
     dtype = pick(2) == 0 ? DType::f32 : DType::f64;

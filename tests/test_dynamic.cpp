@@ -15,7 +15,7 @@
 #include "remat/saved_hooks.h"
 
 using namespace remat;
-using remat::testing::same_bits;
+using remat::testing::bitwise_equal;
 
 namespace {
 
@@ -102,7 +102,7 @@ struct Program {
 
 void expect_same(const TensorList& got, const TensorList& reference, const std::string& what) {
   ASSERT_EQ(got.size(), reference.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(same_bits(got[i], reference[i])) << what << ": gradient " << i;
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(bitwise_equal(got[i], reference[i])) << what << ": gradient " << i;
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 using namespace remat;
 using remat::testing::LoopModel;
 using remat::testing::module_grads;
-using remat::testing::same_bits;
+using remat::testing::bitwise_equal;
 
 namespace {
 
@@ -121,6 +121,6 @@ TEST(InPlaceChecks, WithoutOverwritesNothingIsReported) {
   TensorList reference = module_grads(model, x, Policy::save_all());
   for (const char* p : {"every-layer", "every-k:3", "selective:matmul"}) {
     TensorList got = module_grads(model, x, Policy::parse(p));
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], reference[i])) << p;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << p;
   }
 }

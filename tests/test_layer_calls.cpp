@@ -12,14 +12,14 @@ using remat::testing::LoopModel;
 using remat::testing::measure_step;
 using remat::testing::module_grads;
 using remat::testing::region_bound;
-using remat::testing::same_bits;
+using remat::testing::bitwise_equal;
 using remat::testing::TanhBlock;
 
 namespace {
 
 void expect_same_grads(const TensorList& got, const TensorList& reference, const std::string& what) {
   ASSERT_EQ(got.size(), reference.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], reference[i])) << what << ": gradient " << i;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << what << ": gradient " << i;
 }
 
 std::vector<std::string> labels(const Counters& c) {

@@ -16,7 +16,7 @@ using namespace remat;
 using remat::testing::measure_step;
 using remat::testing::module_grads;
 using remat::testing::region_bound;
-using remat::testing::same_bits;
+using remat::testing::bitwise_equal;
 
 namespace {
 
@@ -53,22 +53,9 @@ class DropoutBlock : public nn::Module {
   double p_;
 };
 
-CustomOp fused_silu() {
-  return CustomOp{"fused_silu",
-                  [](const TensorList& in, SaveContext& ctx) {
-                    ctx.save(in[0]);
-                    return TensorList{silu(in[0])};
-                  },
-                  [](const TensorList& grads, const SavedValues& saved) {
-                    Tensor s = sigmoid(saved[0]);  // reads saved[0] twice
-                    Tensor d = mul(s, add_scalar(mul(saved[0], add_scalar(neg(s), 1.0)), 1.0));
-                    return TensorList{mul(grads[0], d)};
-                  }};
-}
-
 class CustomBlock : public nn::Module {
  public:
-  explicit CustomBlock(ModulePtr inner) : op_(fused_silu()) { inner_ = register_module("inner", std::move(inner)); }
+  explicit CustomBlock(ModulePtr inner) : op_(remat::testing::fused_silu()) { inner_ = register_module("inner", std::move(inner)); }
   Tensor forward_impl(const Tensor& x) override { return op_({inner_->forward(x)})[0]; }
 
  private:
@@ -367,11 +354,11 @@ TEST(ModuleProperty, RandomModuleModelsUnderRandomPoliciesMatchSaveAllBitwise) {
     TensorList got = module_grads(model, x, policy, 77 + static_cast<uint64_t>(c));
     ASSERT_EQ(got.size(), reference.size()) << what;
     for (size_t i = 0; i < got.size(); ++i) {
-      if (only != nullptr && !same_bits(got[i], reference[i]))
+      if (only != nullptr && !bitwise_equal(got[i], reference[i]))
         std::printf("gradient %zu (%s) differs: max abs diff %g\n", i,
                     i < model.named_parameters().size() ? model.named_parameters()[i].first.c_str() : "x",
                     max(abs(sub(got[i], reference[i]))).item());
-      ASSERT_TRUE(same_bits(got[i], reference[i])) << what << ": gradient " << i;
+      ASSERT_TRUE(bitwise_equal(got[i], reference[i])) << what << ": gradient " << i;
     }
 
     // every region recomputed exactly once; without nesting, no op more than once
