@@ -12,7 +12,8 @@
 // diagnosis; by default the library's own limit stands.
 //
 // A step is: drop the gradients, forward, loss, backward, plain SGD update (no momentum). The
-// same in bench/peers/torch_runner.py and jax_runner.py.
+// same in bench/peers/torch_runner.py and jax_runner.py. With --fuse-optimizer the update runs
+// inside the backward, each parameter as soon as its gradient is final (the same weights).
 //
 // Memory, measured the same way in every system (see README.md):
 //   rss_peak_growth_bytes  VmHWM at the end minus VmHWM right after setup (model, inputs and
@@ -159,7 +160,7 @@ double median(std::vector<double> v) {
 void usage() {
   std::fprintf(stderr,
                "usage: remat_runner --model mlp|gpt|gpt-large|nanogpt|resnet|resnet-110 --policy POLICY [--steps N] [--warmup W] "
-               "[--threads T] [--lr LR] [--save-init FILE] [--alloc-cache BYTES]\n");
+               "[--threads T] [--lr LR] [--save-init FILE] [--alloc-cache BYTES] [--fuse-optimizer]\n");
 }
 
 }  // namespace
@@ -169,6 +170,7 @@ int main(int argc, char** argv) {
   int steps = 5, warmup = 2, threads = 2;
   double lr = 1e-4;
   long long cache_limit = -1;  // the allocator's cache of freed blocks: -1 leaves the library default
+  bool fuse_optimizer = false;  // the SGD update inside the backward (nn::FusedOptimizerStep)
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -186,6 +188,7 @@ int main(int argc, char** argv) {
     else if (a == "--lr") lr = std::stod(value());
     else if (a == "--save-init") save_init = value();
     else if (a == "--alloc-cache") cache_limit = static_cast<long long>(memory::parse_bytes(value()));
+    else if (a == "--fuse-optimizer") fuse_optimizer = true;
     else {
       usage();
       return 2;
@@ -256,8 +259,13 @@ int main(int argc, char** argv) {
       const double c0 = cpu_seconds();
       optimizer.zero_grad();
       Tensor loss = loss_fn();
-      loss.backward();
-      optimizer.step();
+      if (fuse_optimizer) {
+        nn::FusedOptimizerStep inside(optimizer);  // each parameter updated as its gradient is final
+        loss.backward();
+      } else {
+        loss.backward();
+        optimizer.step();
+      }
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       const double cpu = cpu_seconds() - c0;
       losses.push_back(loss.item());

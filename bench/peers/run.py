@@ -267,6 +267,8 @@ def run_model(model, a, tmp, results):
     el = add("remat", "every-layer", remat_cmd(model, "every-layer", a))
     add("remat", selective, remat_cmd(model, selective, a))
     add("remat", f"every-k:{k}", remat_cmd(model, f"every-k:{k}", a))
+    if not resnet:  # the optimizer inside the backward: one gradient alive at a time
+        add("remat", "every-layer+fused-optimizer", remat_cmd(model, "every-layer", a) + ["--fuse-optimizer"])
     if "error" not in el:
         for b in budgets_for(el["alloc_peak_saved_bytes"], sa["alloc_peak_saved_bytes"]):
             pol = f"budget:{b}"

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +73,60 @@ void all_reduce_sum(const std::vector<Tensor>& tensors, Reduction mode = Reducti
 // all_reduce_sum of the parameters' .grad(). A parameter without a gradient gets a zero one first
 // (another rank may have one). Returns the seconds spent communicating.
 double all_reduce_gradients(const std::vector<Tensor>& params, Reduction mode = Reduction::ordered);
+// Gradient buckets: the all-reduce overlapped with the backward pass.
+//
+// The parameters are grouped into buckets of about `bucket_bytes` (one dtype per bucket; a
+// parameter larger than that gets a bucket of its own) in *reverse* registration order, since the
+// backward reaches the last layers first. ready(p) is told when p's gradient is final (from a
+// GradReadyHook, remat/grad_ready.h: under checkpointing that is after its last contribution, which
+// may arrive during a region's recomputation, never a partial sum); it copies the gradient into
+// its bucket, and a bucket whose every gradient is in starts a non-blocking reduction
+// (MPI_Iallreduce for `native`; for `ordered`, MPI_Iallgather of every rank's bucket, then the sum
+// g0 + g1 + ... + g(N-1) added in rank order, the same bits as all_reduce_sum's ordered chain).
+// Buckets start strictly in bucket order on every rank (a later bucket that fills first waits for
+// the earlier ones), so the collectives match across ranks. Every ready() call also drives the
+// progress of the reductions in flight. finish() starts what is left (a parameter that got no
+// gradient on this rank contributes zeros, as in all_reduce_gradients), waits for every bucket
+// and writes the sums into the parameters' .grad(). Memory: the bucket buffers, the sum of the
+// parameters' bytes, plus (ordered) world_size() times that for the gathered copies, allocated at
+// construction in the `other` account and kept for reuse.
+//
+//   distributed::GradientBuckets buckets(model.parameters());
+//   {
+//     GradReadyHook hook([&](const Tensor& p) { buckets.ready(p); });
+//     loss.backward();
+//   }
+//   distributed::GradientBuckets::Timing t = buckets.finish();  // every .grad() is now the sum
+class GradientBuckets {
+ public:
+  // 1 MiB: on the default GPT of `remat train` (3.3 MB of f32 parameters, 2 ranks, loopback)
+  // small enough that the first buckets start early in the backward, large enough that the
+  // per-collective latency stays small (bench/run_data_parallel.sh measures other sizes).
+  static constexpr size_t kDefaultBucketBytes = size_t{1} << 20;
+  GradientBuckets(std::vector<Tensor> params, size_t bucket_bytes = kDefaultBucketBytes,
+                  Reduction mode = Reduction::ordered);
+  ~GradientBuckets();
+  GradientBuckets(const GradientBuckets&) = delete;
+  GradientBuckets& operator=(const GradientBuckets&) = delete;
+
+  // p's gradient is final. p must be one of the parameters, reported once per step, with a
+  // gradient of its own shape and dtype; anything else is a remat::Error.
+  void ready(const Tensor& p);
+  struct Timing {
+    double hidden_seconds = 0;   // reductions in flight while the backward still ran
+    double exposed_seconds = 0;  // the wait in finish(), after the backward
+    size_t buckets_started_early = 0;  // buckets started by ready(), before finish()
+  };
+  Timing finish();  // also resets the buckets for the next step
+  size_t bucket_count() const;
+  size_t bucket_of(size_t param) const;  // the bucket of params()[param]
+  size_t buffer_bytes() const;           // what the buckets hold, gathered copies included
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 // Overwrites each tensor with rank `root`'s values (same layout on every rank).
 void broadcast(const std::vector<Tensor>& tensors, int root = 0);
 // Every rank's value of `v`, in rank order.

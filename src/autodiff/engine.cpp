@@ -19,9 +19,9 @@
 // recomputation, a failed allocation), the staged values are dropped and every leaf's .grad()
 // is exactly as before the call. Cost: nothing extra when the leaves have no gradient yet (the
 // usual zero_grad() loop); when accumulating into existing gradients, the incoming gradients
-// are held until the end instead of being added one by one. A "gradient is final" hook (an
-// optimizer step in the backward, an all-reduce bucket) belongs at the final point, in
-// Engine::stage_leaf; such a hook commits that leaf early and so opts it out of the rollback.
+// are held until the end instead of being added one by one. A GradReadyHook (remat/grad_ready.h:
+// an optimizer step in the backward, an all-reduce bucket) is called at the final point, in
+// Engine::stage_leaf; the leaf is then committed at once and so opts out of the rollback.
 #include <algorithm>
 #include <atomic>
 #include <queue>
@@ -30,6 +30,7 @@
 #include "autodiff/kernels.h"
 #include "autodiff/state.h"
 #include "remat/autodiff.h"
+#include "remat/grad_ready.h"
 
 namespace remat::autodiff {
 
@@ -242,6 +243,11 @@ class Engine {
     auto accumulator = std::dynamic_pointer_cast<AccumulateGrad>(node->shared_from_this());
     REMAT_ASSERT(accumulator != nullptr, node->name(), " is an accumulator but not an AccumulateGrad");
     StagedLeaf staged{accumulator, accumulator->stage(grad)};
+    if (GradReadyHook* hook = GradReadyHook::current()) {
+      accumulator->commit(std::move(staged.staged));
+      (*hook)(Tensor(accumulator->leaf()));
+      return;
+    }
     staged_.push_back(std::move(staged));
   }
 
@@ -324,6 +330,30 @@ static void prepare_roots(const TensorList& outputs, const TensorList& grad_outp
 }  // namespace remat::autodiff
 
 namespace remat {
+
+namespace {
+thread_local GradReadyHook* active_grad_ready_hook = nullptr;
+}
+
+GradReadyHook::GradReadyHook(GradReadyFn fn) : fn_(std::move(fn)), previous_(active_grad_ready_hook) {
+  REMAT_CHECK(static_cast<bool>(fn_), "GradReadyHook: the function is empty");
+  active_grad_ready_hook = this;
+}
+
+GradReadyHook::~GradReadyHook() { active_grad_ready_hook = previous_; }
+
+GradReadyHook* GradReadyHook::current() { return active_grad_ready_hook; }
+
+void GradReadyHook::operator()(const Tensor& leaf) const {
+  // not active while it runs: a backward() inside the hook reports to the enclosing one
+  GradReadyHook* self = active_grad_ready_hook;
+  active_grad_ready_hook = previous_;
+  struct Restore {
+    GradReadyHook* hook;
+    ~Restore() { active_grad_ready_hook = hook; }
+  } restore{self};
+  fn_(leaf);
+}
 
 void backward(const TensorList& outputs, const TensorList& grad_outputs, bool retain_graph) {
   autodiff::EngineTask task;

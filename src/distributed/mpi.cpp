@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <vector>
+
+#include "async_sum.h"
 #include "remat/distributed.h"
 #include "remat/error.h"
 
@@ -168,5 +171,103 @@ std::vector<uint64_t> all_gather(uint64_t v) {
     check_mpi(MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD), "MPI_Allgather");
   return all;
 }
+
+// ---- the non-blocking sum of GradientBuckets
+
+namespace internal {
+
+namespace {
+
+// Elements per non-blocking collective: MPI's counts are ints; a bucket larger than this (one
+// huge parameter) is reduced as several collectives started together.
+constexpr int64_t kAsyncChunkElements = int64_t{1} << 24;
+
+class MpiSum final : public AsyncSum {
+ public:
+  MpiSum(const Tensor& flat, const Tensor& gathered, Reduction mode)
+      : flat_(flat), gathered_(gathered), mode_(mode), world_(world_size()) {
+    const MPI_Datatype type = mpi_type(flat);
+    const int64_t n = flat.numel();
+    const size_t element = dtype_size(flat.dtype());
+    char* data = static_cast<char*>(flat.raw_data());
+    for (int64_t begin = 0; begin < n; begin += kAsyncChunkElements) {
+      const int count = static_cast<int>(std::min(kAsyncChunkElements, n - begin));
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (mode == Reduction::native) {
+        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + static_cast<size_t>(begin) * element, count, type, MPI_SUM,
+                                 MPI_COMM_WORLD, &request),
+                  "MPI_Iallreduce");
+      } else {
+        REMAT_CHECK(gathered.defined() && gathered.numel() == n * world_, "distributed: the gathered buffer of a bucket has ",
+                    gathered.defined() ? gathered.numel() : 0, " elements, expected ", n * world_);
+        // chunk c of every rank lands at [world x chunk] starting at world * begin
+        char* into = static_cast<char*>(gathered.raw_data()) + static_cast<size_t>(begin * world_) * element;
+        check_mpi(MPI_Iallgather(data + static_cast<size_t>(begin) * element, count, type, into, count, type,
+                                 MPI_COMM_WORLD, &request),
+                  "MPI_Iallgather");
+      }
+      requests_.push_back(request);
+    }
+  }
+  ~MpiSum() override {
+    // never leave a collective behind (an error unwinding the step): complete it, ignoring errors
+    if (!done_ && !requests_.empty()) MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    check_mpi(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag, MPI_STATUSES_IGNORE),
+              "MPI_Testall");
+    if (flag) complete();
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    check_mpi(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    complete();
+  }
+
+ private:
+  template <class T>
+  void fold() {
+    // flat = g0 + g1 + ... + g(N-1), left to right: the partial sum of the lower ranks is the left
+    // operand, as in ordered_sum's chain and in a sequential accumulation
+    T* out = static_cast<T*>(flat_.raw_data());
+    const T* all = static_cast<const T*>(gathered_.raw_data());
+    const int64_t n = flat_.numel();
+    for (int64_t begin = 0; begin < n; begin += kAsyncChunkElements) {
+      const int64_t count = std::min(kAsyncChunkElements, n - begin);
+      const T* chunk = all + begin * world_;
+      for (int64_t i = 0; i < count; ++i) {
+        T acc = chunk[i];
+        for (int r = 1; r < world_; ++r) acc = acc + chunk[static_cast<int64_t>(r) * count + i];
+        out[begin + i] = acc;
+      }
+    }
+  }
+  void complete() {
+    done_ = true;
+    requests_.clear();
+    if (mode_ != Reduction::ordered) return;
+    if (flat_.dtype() == DType::f32) fold<float>();
+    else fold<double>();
+  }
+
+  Tensor flat_, gathered_;
+  Reduction mode_;
+  int world_;
+  std::vector<MPI_Request> requests_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<AsyncSum> start_sum(const Tensor& flat, const Tensor& gathered, Reduction mode) {
+  REMAT_CHECK(flat.defined() && flat.is_contiguous() && flat.dim() == 1,
+              "distributed: a bucket must be a contiguous 1-D tensor");
+  return std::make_unique<MpiSum>(flat, gathered, mode);
+}
+
+}  // namespace internal
 
 }  // namespace remat::distributed

@@ -2,6 +2,7 @@
 // arguments as they are; a process started by mpirun is told this build cannot take part.
 #include <cstdlib>
 
+#include "async_sum.h"
 #include "remat/distributed.h"
 #include "remat/error.h"
 
@@ -32,5 +33,16 @@ void all_reduce_sum(const std::vector<Tensor>& tensors, Reduction) {
 void broadcast(const std::vector<Tensor>&, int) {}
 std::vector<double> all_gather(double v) { return {v}; }
 std::vector<uint64_t> all_gather(uint64_t v) { return {v}; }
+
+namespace internal {
+namespace {
+class Done final : public AsyncSum {  // one rank: the sum is the tensor itself
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
+}  // namespace
+std::unique_ptr<AsyncSum> start_sum(const Tensor&, const Tensor&, Reduction) { return std::make_unique<Done>(); }
+}  // namespace internal
 
 }  // namespace remat::distributed

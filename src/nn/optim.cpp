@@ -50,17 +50,33 @@ void in_place(const Tensor& p, Update&& update) {
 }  // namespace
 
 Optimizer::Optimizer(TensorList params, double lr, const char* name) : params_(std::move(params)), lr_(lr), name_(name) {
-  std::unordered_set<const TensorImpl*> seen;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     REMAT_CHECK(p.defined(), name_, ": parameter ", i, " is undefined");
     REMAT_CHECK(p.is_leaf() && p.requires_grad() && is_floating(p.dtype()), name_, ": parameter ", i, " (\"",
                 p.name(), "\", ", dtype_name(p.dtype()), " ", shape_str(p.shape()),
                 ") must be a floating leaf tensor that requires grad");
-    REMAT_CHECK(seen.insert(p.impl_ptr().get()).second, name_, ": parameter ", i, " (\"", p.name(),
+    REMAT_CHECK(index_.emplace(p.impl_ptr().get(), i).second, name_, ": parameter ", i, " (\"", p.name(),
                 "\") is listed twice");
   }
   set_lr(lr);
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) update(i);
+}
+
+void Optimizer::step_parameter(size_t i) {
+  REMAT_CHECK(i < params_.size(), name_, ": parameter index ", i, " out of range (", params_.size(), " parameters)");
+  NoGradGuard no_grad;
+  update(i);
+}
+
+int64_t Optimizer::index_of(const Tensor& p) const {
+  if (!p.defined()) return -1;
+  auto it = index_.find(p.impl_ptr().get());
+  return it == index_.end() ? -1 : static_cast<int64_t>(it->second);
 }
 
 void Optimizer::zero_grad() {
@@ -81,11 +97,6 @@ SGD::SGD(TensorList params, const SGDOptions& options) : Optimizer(std::move(par
               "SGD: nesterov momentum needs momentum > 0 and dampening 0, got momentum ", options.momentum,
               ", dampening ", options.dampening);
   momentum_.resize(params_.size());
-}
-
-void SGD::step() {
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) update(i);
 }
 
 void SGD::update(size_t i) {
@@ -116,11 +127,6 @@ AdamW::AdamW(TensorList params, const AdamWOptions& options)
   steps_.assign(params_.size(), 0);
 }
 
-void AdamW::step() {
-  NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) update(i);
-}
-
 void AdamW::update(size_t i) {
   Tensor& p = params_[i];
   Tensor g = grad_of(p, "AdamW");
@@ -138,6 +144,19 @@ void AdamW::update(size_t i) {
     backend(value.device()).adamw_step(value, contiguous_of(g), exp_avg_[i], exp_avg_sq_[i], s);
   });
 }
+
+// ---- the optimizer inside the backward
+
+FusedOptimizerStep::FusedOptimizerStep(Optimizer& optimizer, FusedStepOptions options)
+    : optimizer_(optimizer), options_(std::move(options)), hook_([this](const Tensor& leaf) {
+        const int64_t i = optimizer_.index_of(leaf);
+        if (i < 0) return;  // not ours: the gradient stays
+        Tensor p = leaf;
+        if (options_.before_update) options_.before_update(p);
+        optimizer_.step_parameter(static_cast<size_t>(i));
+        ++updated_;
+        if (!options_.keep_gradients) p.zero_grad();
+      }) {}
 
 // ---- clipping
 

@@ -35,6 +35,9 @@ struct TrainOptions {
   int64_t accumulate = 1;          // micro-batches of --batch per rank and step (data_parallel.h)
   std::string reduce = "ordered";  // gradient sum over MPI ranks: ordered | native
   bool shard_optimizer = false;    // ZeRO-1 under mpirun: each rank keeps 1/N of the AdamW state
+  std::string bucket_bytes = "1MiB";  // under mpirun: all-reduce buckets overlapped with the backward (0: after it)
+  double clip = 1.0;               // global gradient-norm clipping (0: none)
+  bool fuse_optimizer = false;     // AdamW inside the backward (needs --clip 0; one rank)
 };
 int run_train(const TrainOptions& options);
 

@@ -181,6 +181,13 @@ int main(int argc, char** argv) {
                 "save-all | every-layer | every-k:K | selective:OPS | budget:BYTES")->capture_default_str();
   t->add_flag("--shard-optimizer", train.shard_optimizer,
               "under mpirun: each rank keeps and updates the AdamW state of 1/N of the parameters (ZeRO-1)");
+  t->add_option("--bucket-bytes", train.bucket_bytes,
+                "under mpirun: gradients are all-reduced in buckets of this size while the backward runs "
+                "(0: all at once after it)")->capture_default_str();
+  train_numbers.add_real("--clip", train.clip, "clip the global gradient norm to this, >= 0 (0: no clipping)");
+  t->add_flag("--fuse-optimizer", train.fuse_optimizer,
+              "update each parameter as soon as its gradient is final, inside the backward, and free the gradient "
+              "(needs --clip 0; one process)");
   t->add_option("--save", train.save, "write the weights (safetensors) here");
   t->add_option("--load", train.load, "start from these weights (architecture from the file; remat or nanoGPT names)");
   t->add_option("--format", train.format, "names of the --save file: remat | nanogpt")->capture_default_str();

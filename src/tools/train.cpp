@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <limits>
 #include <optional>
+#include <unordered_map>
+
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -37,25 +40,36 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// FNV-1a over the bytes of every parameter's gradient, in parameter order.
-std::string gradient_digest(const nn::Module& model) {
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
+
+// FNV-1a over the bytes of one gradient.
+uint64_t gradient_hash(const Tensor& g) {
+  Tensor c = g.contiguous();
+  return fnv1a(c.raw_data(), c.nbytes());
+}
+
+// grad_digest: FNV-1a over the per-parameter hashes (gradient_hash; parameters without a
+// gradient are skipped), in parameter order. Per parameter first, so that the optimizer inside
+// the backward, which sees each gradient alone and in backward order, gives the same digest.
+std::string combine_digest(const std::vector<std::optional<uint64_t>>& hashes) {
   uint64_t h = 1469598103934665603ull;
-  for (const auto& [name, p] : model.named_parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    Tensor c = g.contiguous();
-    const unsigned char* bytes = static_cast<const unsigned char*>(c.raw_data());
-    for (size_t i = 0; i < c.nbytes(); ++i) {
-      h ^= bytes[i];
-      h *= 1099511628211ull;
-    }
-  }
+  for (const auto& one : hashes)
+    if (one) h = fnv1a(&*one, sizeof(uint64_t), h);
   char buffer[20];
   std::snprintf(buffer, sizeof buffer, "%016llx", static_cast<unsigned long long>(h));
   return buffer;
 }
 
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+std::string gradient_digest(const nn::Module& model) {
+  std::vector<std::optional<uint64_t>> hashes;
+  for (const auto& [name, p] : model.named_parameters()) {
+    Tensor g = p.grad();
+    hashes.push_back(g.defined() ? std::optional<uint64_t>(gradient_hash(g)) : std::nullopt);
+  }
+  return combine_digest(hashes);
+}
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
   const unsigned char* bytes = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) {
     h ^= bytes[i];
@@ -70,10 +84,10 @@ void check_ranks_agree(const TrainOptions& o, const std::vector<int64_t>& tokens
   const std::string options = detail::concat("steps ", o.steps, " batch ", o.batch, " accumulate ", o.accumulate, " lr ",
                                              o.lr, " seed ", o.seed, " dropout ", o.dropout, " reduce ", o.reduce,
                                              " allow_nonfinite ", o.allow_nonfinite, " shard_optimizer ",
-                                             o.shard_optimizer);
+                                             o.shard_optimizer, " bucket_bytes ", o.bucket_bytes, " clip ", o.clip);
   distributed::check_same(fnv1a(options.data(), options.size()),
                           "set of training options (--steps, --batch, --accumulate, --lr, --seed, --dropout, --reduce, "
-                          "--allow-nonfinite, --shard-optimizer)");
+                          "--allow-nonfinite, --shard-optimizer, --bucket-bytes, --clip)");
   distributed::check_same(fnv1a(tokens.data(), tokens.size() * sizeof(int64_t)), "corpus (--data)");
   // names, shapes and dtypes, then rank 0's weights everywhere; with --load every rank must have
   // read the same weights (a different file on one rank is an error, not silently replaced)
@@ -198,6 +212,21 @@ int train(const TrainOptions& o, const DataParallel& dp) {
                     kMaxAccumulate, ", got ", o.accumulate);
   REMAT_USAGE_CHECK(o.steps <= kMaxMicroBatches / dp.micro_batches(), "train: --steps ", o.steps, " x --accumulate ",
                     o.accumulate, " x ", dp.world, " ranks is more than ", kMaxMicroBatches, " micro-batches");
+  REMAT_USAGE_CHECK(std::isfinite(o.clip) && o.clip >= 0, "train: --clip must be a finite number >= 0, got ", o.clip);
+  REMAT_USAGE_CHECK(!o.fuse_optimizer || o.clip == 0,
+                    "train: --fuse-optimizer updates each parameter as soon as its gradient is final, but clipping by the "
+                    "global gradient norm (--clip ", o.clip, ") needs every gradient before the first update; pass --clip 0 "
+                    "to train without clipping");
+  REMAT_USAGE_CHECK(!o.fuse_optimizer || dp.world == 1,
+                    "train: --fuse-optimizer runs in one process (under mpirun the optimizer needs the gradients summed "
+                    "over the ranks first)");
+  size_t bucket_bytes = 0;
+  try {
+    bucket_bytes = memory::parse_bytes(o.bucket_bytes);
+  } catch (const Error& e) {
+    throw UsageError(detail::concat("train --bucket-bytes: ", e.what()));
+  }
+  REMAT_USAGE_CHECK(bucket_bytes <= (size_t{1} << 30), "train: --bucket-bytes must be at most 1GiB, got ", o.bucket_bytes);
   REMAT_USAGE_CHECK(!o.load.empty() || o.width % o.heads == 0, "train: --width ", o.width, " is not a multiple of --heads ",
                     o.heads);
 
@@ -259,6 +288,13 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     if (!sharded || owners[i] == dp.rank) updated.push_back(all_params[i]);
   size_t optimizer_state_bytes = 0;  // allocated by the first step (AdamW's moments)
   nn::AdamW optimizer(updated, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01});
+  // under mpirun: the gradients are reduced in buckets while the backward runs (--bucket-bytes)
+  std::optional<distributed::GradientBuckets> buckets;
+  DataParallel step_dp = dp;
+  if (dp.world > 1 && bucket_bytes > 0) {
+    buckets.emplace(all_params, bucket_bytes, dp.reduction);
+    step_dp.buckets = &*buckets;
+  }
   const int64_t warmup = std::min<int64_t>(100, std::max<int64_t>(1, o.steps / 10));
   const nn::WarmupCosine lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1, .warmup_steps = warmup, .total_steps = o.steps};
 
@@ -285,7 +321,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   double recomputed_flops = 0;
   DynamicCounters dynamic;  // dynamic: and offload: policies, summed over the run
   std::string digest;
-  double communication_seconds = 0;
+  double communication_seconds = 0, hidden_seconds = 0;
   const double tokens_per_step =
       static_cast<double>(o.batch) * static_cast<double>(dp.micro_batches()) * static_cast<double>(config.seq);
   const size_t saved_base = memory::live_bytes(memory::Tag::saved);
@@ -297,24 +333,60 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     reset_counters();
     auto t0 = Clock::now();
     // forward and backward of every micro-batch of the step (one, unless --accumulate or mpirun)
-    const StepGradients sg = step_gradients(*model, split.train, o.batch, config.seq, o.seed, policy, step, dp);
+    std::optional<FusedUpdate> fused;
+    double fused_grad_sq = 0;  // --fuse-optimizer: the squared gradient norm, summed as the updates run
+    std::vector<std::optional<uint64_t>> fused_hashes;  // and, at the first step, the digest's parts
+    if (o.fuse_optimizer) {
+      optimizer.set_lr(lr_at(step));
+      const TensorList order = model->parameters();
+      std::unordered_map<const TensorImpl*, size_t> position;
+      for (size_t i = 0; i < order.size(); ++i) position.emplace(order[i].impl_ptr().get(), i);
+      fused_hashes.assign(order.size(), std::nullopt);
+      fused.emplace(FusedUpdate{&optimizer, [&, position, step](const Tensor& p) {
+                                  Tensor g = p.grad().detach();
+                                  const double sq = sum(square(g)).item();
+                                  // a non-finite gradient would turn this parameter into NaN: stop first
+                                  if (!o.allow_nonfinite && !std::isfinite(sq))
+                                    throw Error(detail::concat(
+                                        "train: step ", step + 1, " of ", o.steps, ": the gradient of \"", p.name(),
+                                        "\" is not finite (learning rate ", lr_at(step), "): training diverged and was "
+                                        "stopped before that parameter's update (--fuse-optimizer: the parameters "
+                                        "updated earlier in this step keep their update)",
+                                        o.save.empty() ? "" : ", nothing was saved",
+                                        ". Lower --lr, or pass --allow-nonfinite to keep going"));
+                                  fused_grad_sq += sq;
+                                  if (step == 0) fused_hashes[position.at(p.impl_ptr().get())] = gradient_hash(g);
+                                }});
+    }
+    const StepGradients sg = step_gradients(*model, split.train, o.batch, config.seq, o.seed, policy, step, step_dp,
+                                            fused ? &*fused : nullptr);
     communication_seconds += sg.communication_seconds;
-    if (step == 0) digest = gradient_digest(*model);
+    hidden_seconds += sg.hidden_seconds;
+    if (step == 0) digest = o.fuse_optimizer ? combine_digest(fused_hashes) : gradient_digest(*model);
     const double loss_value = sg.loss;
-    const double grad_norm = nn::clip_grad_norm(model->parameters(), 1.0);
+    // the global gradient norm, clipped to --clip (infinity: measured, not clipped)
+    const double grad_norm = o.fuse_optimizer ? std::sqrt(fused_grad_sq)
+                                              : nn::clip_grad_norm(model->parameters(), o.clip > 0 ? o.clip
+                                                                                    : std::numeric_limits<double>::infinity());
     // A non-finite loss or gradient would turn every weight into NaN at this step: stop first.
     if (!o.allow_nonfinite && !(std::isfinite(loss_value) && std::isfinite(grad_norm))) {
       progress.finish();
       throw Error(detail::concat("train: step ", step + 1, " of ", o.steps, " has loss ", number_text(loss_value),
                                  " and gradient norm ", number_text(grad_norm), " (learning rate ", lr_at(step), "): training ",
-                                 "diverged and was stopped before the update", o.save.empty() ? "" : ", nothing was saved",
+                                 "diverged and was stopped", o.fuse_optimizer ? "" : " before the update",
+                                 o.save.empty() ? "" : ", nothing was saved",
                                  ". Lower --lr, or pass --allow-nonfinite to keep going"));
     }
-    optimizer.set_lr(lr_at(step));
-    const size_t other_before = memory::live_bytes(memory::Tag::other);
-    optimizer.step();
-    if (step == 0) optimizer_state_bytes = memory::live_bytes(memory::Tag::other) - std::min(other_before,
-                                               memory::live_bytes(memory::Tag::other));
+    if (!o.fuse_optimizer) {
+      optimizer.set_lr(lr_at(step));
+      const size_t other_before = memory::live_bytes(memory::Tag::other);
+      optimizer.step();
+      if (step == 0) optimizer_state_bytes = memory::live_bytes(memory::Tag::other) - std::min(other_before,
+                                                 memory::live_bytes(memory::Tag::other));
+    } else if (step == 0) {
+      for (size_t i = 0; i < optimizer.params().size(); ++i)  // the moments the updates allocated
+        if (optimizer.exp_avg(i).defined()) optimizer_state_bytes += optimizer.exp_avg(i).nbytes() + optimizer.exp_avg_sq(i).nbytes();
+    }
     if (sharded) broadcast_from_owners(all_params, owners);  // the owners' updates to every rank
     step_seconds.push_back(seconds_since(t0));
     if (step == BudgetPlanner::kProfilingSteps - 1) profiling_step_seconds = step_seconds.back();
@@ -413,8 +485,16 @@ int train(const TrainOptions& o, const DataParallel& dp) {
         memory_report(chosen.counters, save_all.peak_saved).c_str());
   }
   if (dp.world > 1) {
-    say("  data parallel: %d ranks, %s sum; communication %.3f s over the run (not overlapped with the backward)\n",
-        dp.world, distributed::to_string(dp.reduction), communication_seconds);
+    if (buckets)
+      say("  data parallel: %d ranks, %s sum in %zu buckets of up to %s; communication %.3f s over the run, of which "
+          "%.3f s (%.0f%%) hidden behind the backward and %.3f s waited for after it\n",
+          dp.world, distributed::to_string(dp.reduction), buckets->bucket_count(), bytes_text(bucket_bytes).c_str(),
+          communication_seconds, hidden_seconds,
+          communication_seconds > 0 ? 100.0 * hidden_seconds / communication_seconds : 0.0,
+          communication_seconds - hidden_seconds);
+    else
+      say("  data parallel: %d ranks, %s sum; communication %.3f s over the run (after the backward: --bucket-bytes 0)\n",
+          dp.world, distributed::to_string(dp.reduction), communication_seconds);
     for (int r = 0; r < dp.world; ++r)
       say("  rank %d: peak saved %s, peak total %s, optimizer state %s%s\n", r,
           bytes_text(static_cast<size_t>(rank_peak_saved[static_cast<size_t>(r)])).c_str(),
@@ -467,6 +547,11 @@ int train(const TrainOptions& o, const DataParallel& dp) {
                         {"global_batch", o.batch * dp.micro_batches()},
                         {"reduction", distributed::to_string(dp.reduction)},
                         {"communication_seconds", communication_seconds},
+                        {"communication_hidden_seconds", hidden_seconds},
+                        {"bucket_bytes", dp.world > 1 ? bucket_bytes : 0},
+                        {"buckets", buckets ? buckets->bucket_count() : 0},
+                        {"fuse_optimizer", o.fuse_optimizer},
+                        {"clip", o.clip},
                         {"rank_peak_saved_bytes", rank_peak_saved},
                         {"rank_peak_total_bytes", rank_peak_total},
                         {"shard_optimizer", sharded},

@@ -107,6 +107,40 @@ TEST(Accumulate, EveryPolicyGivesTheSameBits) {
   }
 }
 
+// --fuse-optimizer: AdamW inside the last micro-batch's backward gives the parameters of the
+// unfused step (step_gradients, then AdamW::step) bit for bit, and frees every gradient.
+TEST(Accumulate, FusedOptimizerStepEqualsTheUnfusedStep) {
+  for (int64_t k : {1, 2, 3}) {
+    for (const char* policy : {"save-all", "every-layer", "dynamic:64KiB"}) {
+      SCOPED_TRACE(::testing::Message() << "K " << k << ", " << policy);
+      nn::GPT plain(config(0.1)), fused(config(0.1));
+      const nn::AdamWOptions adam{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01};
+      nn::AdamW a(plain.parameters(), adam), b(fused.parameters(), adam);
+      DataParallel dp;
+      dp.accumulate = k;
+      size_t reported = 0;
+      FusedUpdate update{&b, [&](const Tensor& p) {
+                           EXPECT_TRUE(p.grad().defined());
+                           ++reported;
+                         }};
+      for (int64_t step = 0; step < 2; ++step) {
+        const StepGradients sa = step_gradients(plain, token_stream(), kBatch, kSeq, kSeed, Policy::parse(policy), step, dp);
+        a.step();
+        const StepGradients sb =
+            step_gradients(fused, token_stream(), kBatch, kSeq, kSeed, Policy::parse(policy), step, dp, &update);
+        EXPECT_EQ(sa.loss, sb.loss);
+        const TensorList pa = plain.parameters(), pb = fused.parameters();
+        for (size_t i = 0; i < pa.size(); ++i) {
+          Tensor x = pa[i].contiguous(), y = pb[i].contiguous();
+          EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()), 0) << "step " << step << ", " << pa[i].name();
+          EXPECT_FALSE(pb[i].grad().defined()) << pb[i].name();
+        }
+      }
+      EXPECT_EQ(reported, 2 * plain.parameters().size());
+    }
+  }
+}
+
 TEST(Accumulate, BadOptionsAreErrorsBeforeTraining) {
   auto expect_error = [](TrainOptions o, const std::string& fragment) {
     o.data = "/nonexistent-corpus-never-read";  // the option checks come first
@@ -128,4 +162,13 @@ TEST(Accumulate, BadOptionsAreErrorsBeforeTraining) {
   o = TrainOptions{};
   o.reduce = "sum";
   expect_error(o, "train --reduce: expected ordered or native, got \"sum\"");
+  o = TrainOptions{};
+  o.fuse_optimizer = true;  // with the default --clip 1
+  expect_error(o, "--fuse-optimizer updates each parameter as soon as its gradient is final, but clipping by the global "
+                  "gradient norm (--clip 1) needs every gradient");
+  o.clip = -1;
+  expect_error(o, "--clip must be a finite number >= 0, got -1");
+  o = TrainOptions{};
+  o.bucket_bytes = "lots";
+  expect_error(o, "train --bucket-bytes:");
 }

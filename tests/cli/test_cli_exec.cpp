@@ -486,3 +486,43 @@ TEST_F(Cli, NanoGPTNamesOnSaveAndLoad) {
   EXPECT_EQ(r.code, 0) << r.output;
   expect_usage_error(train_args({{"--format", "hf"}}), {"--format must be remat or nanogpt"});
 }
+
+// --fuse-optimizer: refused with clipping (it needs every gradient first) and under a bad
+// combination; with --clip 0 it saves the weights of the unfused run byte for byte, prints its
+// grad_digest, and its peak total bytes are lower (the gradients are freed one by one).
+TEST_F(Cli, FusedOptimizer) {
+  expect_usage_error(train_args() + " --fuse-optimizer",
+                     {"--fuse-optimizer updates each parameter as soon as its gradient is final", "--clip 0"});
+  expect_usage_error(train_args({{"--clip", "-2"}}), {"--clip must be a finite number >= 0"});
+  auto field = [](const std::string& out, const std::string& name) {
+    const std::string key = "\"" + name + "\":";
+    const size_t at = out.rfind(key);
+    if (at == std::string::npos) return std::string();
+    const size_t end = out.find_first_of(",}", at);
+    return out.substr(at + key.size(), end - at - key.size());
+  };
+  const std::string a = path("unfused.safetensors"), b = path("fused.safetensors");
+  const auto common = std::map<std::string, std::string>{{"--steps", "3"}, {"--accumulate", "2"}, {"--clip", "0"},
+                                                         {"--width", "16"}, {"--layers", "2"}};
+  auto with = [&](const std::string& save) {
+    auto o = common;
+    o["--save"] = save;
+    return train_args(o);
+  };
+  Result plain = run(with(a) + " --json");
+  Result fused = run(with(b) + " --json --fuse-optimizer");
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  ASSERT_EQ(fused.code, 0) << fused.output;
+  EXPECT_EQ(field(fused.output, "fuse_optimizer"), "true");
+  for (const char* f : {"grad_digest", "first_loss", "final_loss", "val_loss"})
+    EXPECT_EQ(field(plain.output, f), field(fused.output, f)) << f;
+  std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+  const std::string wa((std::istreambuf_iterator<char>(fa)), std::istreambuf_iterator<char>());
+  const std::string wb((std::istreambuf_iterator<char>(fb)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(wa.empty());
+  EXPECT_TRUE(wa == wb) << "the fused run saved other weights";
+  EXPECT_LT(std::stoull(field(fused.output, "peak_total_bytes")), std::stoull(field(plain.output, "peak_total_bytes")));
+  // a divergent fused step stops before the update of the first non-finite gradient
+  expect_error(train_args({{"--steps", "5"}, {"--lr", "1e300"}, {"--clip", "0"}}) + " --fuse-optimizer",
+               {"diverged", "--fuse-optimizer", "--allow-nonfinite"});
+}

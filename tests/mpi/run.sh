@@ -4,6 +4,9 @@
 #   bitwise POLICY   mpirun -np 2 train == one process with --accumulate 2 (grad_digest, losses,
 #                    saved weights byte for byte), and != one process with --accumulate 1
 #   ordered3         mpirun -np 3 (ordered sum) == one process with --accumulate 3
+#   buckets          the all-reduce in small buckets overlapped with the backward (many buckets,
+#                    ordered and native, save-all and every-layer, 2 and 3 ranks) == after the
+#                    backward (--bucket-bytes 0) == one process accumulating the same micro-batches
 #   mismatch         ranks with different weight files (same and different architecture), or
 #                    different options, all end with an error naming the difference, in bounded time
 #   zero             --shard-optimizer (ZeRO-1) saves the weights of plain data parallelism, each
@@ -100,6 +103,43 @@ case $test in
     awk -v a="$(field first_loss "$dir/mpi2x2.out")" -v b="$(field first_loss "$dir/single4.out")" \
       'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-12 * a) }' ||
       fail "first_loss of 2 ranks x --accumulate 2 differs from --accumulate 4"
+    ;;
+  buckets)
+    # the tiny model's ~10 kB of parameters in 1 KiB buckets: most are started by the backward
+    run single2 "$remat" train "${model[@]}" --steps 2 --accumulate 2 --save "$dir/single2.safetensors"
+    expect_ok single2
+    for policy in save-all every-layer; do
+      for reduce in ordered native; do
+        name=b1k-$policy-$reduce
+        run "$name" "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 2 --policy "$policy" --reduce "$reduce" \
+          --bucket-bytes 1KiB --save "$dir/$name.safetensors"
+        expect_ok "$name"
+        same single2 "$name"
+        b=$(field buckets "$dir/$name.out")
+        ((b > 4)) || fail "$name: $b buckets, expected more than 4 buckets of 1 KiB"
+        grep -q '"communication_hidden_seconds":' "$dir/$name.out" || fail "$name: no communication_hidden_seconds"
+      done
+    done
+    run after "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 2 --bucket-bytes 0 --save "$dir/after.safetensors"
+    expect_ok after
+    same single2 after
+    [[ "$(field buckets "$dir/after.out")" == 0 ]] || fail "--bucket-bytes 0 still used buckets"
+    # three ranks, ordered, in buckets == one process accumulating 3
+    run single3 "$remat" train "${model[@]}" --steps 2 --accumulate 3 --save "$dir/single3.safetensors"
+    expect_ok single3
+    run mpi3 "${mpi[@]}" -np 3 "$remat" train "${model[@]}" --steps 2 --bucket-bytes 2KiB --save "$dir/mpi3.safetensors"
+    expect_ok mpi3
+    same single3 mpi3
+    # accumulation on the ranks: only the last micro-batch reduces, with the earlier ones added first
+    run mpiacc "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 2 --accumulate 2 --bucket-bytes 1KiB \
+      --save "$dir/mpiacc.safetensors"
+    expect_ok mpiacc
+    run mpiacc0 "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 2 --accumulate 2 --bucket-bytes 0 \
+      --save "$dir/mpiacc0.safetensors"
+    expect_ok mpiacc0
+    same mpiacc0 mpiacc
+    run badbucket "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 1 --bucket-bytes 12parsecs
+    expect_error badbucket "--bucket-bytes"
     ;;
   zero)
     # ZeRO-1: each rank keeps the AdamW state of half the parameters; the result is plain DP's

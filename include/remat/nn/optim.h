@@ -17,11 +17,31 @@
 // (Backend::sgd_step / adamw_step), bumping the storage version so a stale saved value is detected. State tensors (momentum, exp_avg, exp_avg_sq) are
 // allocated on the first step of each parameter, in the `other` memory account. Parameters
 // without a gradient are skipped (their state and step count are unchanged).
+//
+// The optimizer inside the backward (FusedOptimizerStep below): each parameter is updated the
+// moment its gradient is final and the gradient is dropped at once, so that at most a few
+// gradients are alive instead of all of them:
+//
+//   for (int64_t step = 0; step < 5000; ++step) {
+//     opt.set_lr(schedule(step));
+//     remat::nn::FusedOptimizerStep fused(opt);   // while it lives, backward() steps opt
+//     model->loss(ids, targets).backward();       // each parameter updated when its gradient is final
+//   }
+//
+// The parameters end bitwise equal to the unfused loop without clipping (zero_grad, backward,
+// step): each update is the same kernel on the same final gradient, and an update changes nothing
+// that a later node of the backward reads. Global-norm clipping (clip_grad_norm) needs every
+// gradient before the first update, so it cannot be fused: the two do not combine, and
+// `remat train --fuse-optimizer` refuses a non-zero --clip. See remat/grad_ready.h for when a
+// gradient is final, and for what an exception in the middle of a fused backward leaves behind
+// (the parameters already updated stay updated).
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
+#include "remat/grad_ready.h"
 #include "remat/tensor.h"
 
 namespace remat::nn {
@@ -34,16 +54,46 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  virtual void step() = 0;
+  void step();        // updates every parameter that has a gradient
   void zero_grad();  // drops every parameter's gradient
+  // Updates parameter i alone, exactly as step() would (skipped when it has no gradient).
+  void step_parameter(size_t i);
+  // The position of `p` in params(), or -1 when it is not one of them.
+  int64_t index_of(const Tensor& p) const;
   double lr() const { return lr_; }
   void set_lr(double lr);
   const TensorList& params() const { return params_; }
 
  protected:
+  virtual void update(size_t i) = 0;
   TensorList params_;
   double lr_;
   const char* name_;
+
+ private:
+  std::unordered_map<const TensorImpl*, size_t> index_;
+};
+
+// The optimizer inside the backward. While it lives on a thread, every backward() there updates
+// each parameter of `optimizer` as soon as its gradient is final (remat/grad_ready.h), then drops
+// that gradient (unless keep_gradients). `before_update(p)`, when given, runs first, with p.grad()
+// final: it may read it (a digest, a norm, a finiteness check), change it (add the gradients of
+// earlier micro-batches, scale it) or throw to stop the step before p is changed. Leaves that are
+// not parameters of the optimizer keep their gradients, as without it.
+struct FusedStepOptions {
+  GradReadyFn before_update;
+  bool keep_gradients = false;
+};
+class FusedOptimizerStep {
+ public:
+  explicit FusedOptimizerStep(Optimizer& optimizer, FusedStepOptions options = {});
+  size_t updated() const { return updated_; }  // parameters updated so far
+
+ private:
+  Optimizer& optimizer_;
+  FusedStepOptions options_;
+  size_t updated_ = 0;
+  GradReadyHook hook_;
 };
 
 struct SGDOptions {
@@ -61,11 +111,12 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(TensorList params, const SGDOptions& options);
-  void step() override;
   const Tensor& momentum_buffer(size_t i) const { return momentum_.at(i); }  // undefined before
 
+ protected:
+  void update(size_t i) override;
+
  private:
-  void update(size_t i);
   SGDOptions options_;
   TensorList momentum_;
 };
@@ -85,13 +136,14 @@ struct AdamWOptions {
 class AdamW : public Optimizer {
  public:
   AdamW(TensorList params, const AdamWOptions& options);
-  void step() override;
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
   int64_t steps(size_t i) const { return steps_.at(i); }
 
+ protected:
+  void update(size_t i) override;
+
  private:
-  void update(size_t i);
   AdamWOptions options_;
   TensorList exp_avg_, exp_avg_sq_;
   std::vector<int64_t> steps_;

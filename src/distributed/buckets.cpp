@@ -1,0 +1,205 @@
+// distributed::GradientBuckets: the gradient all-reduce overlapped with the backward pass (the
+// rules are in remat/distributed.h). The collectives are async_sum.h's.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+
+#include "async_sum.h"
+#include "remat/distributed.h"
+#include "remat/error.h"
+
+namespace remat::distributed {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+}  // namespace
+
+struct GradientBuckets::State {
+  struct Slot {
+    Tensor param;
+    size_t bucket = 0;
+    int64_t offset = 0;  // elements into the bucket
+    bool in = false;     // its gradient is in the bucket this step
+  };
+  struct Bucket {
+    Tensor flat, gathered;
+    std::vector<size_t> slots;
+    size_t missing = 0;  // slots whose gradient has not arrived this step
+    std::unique_ptr<internal::AsyncSum> sum;
+    bool complete = false;
+  };
+  Reduction mode;
+  int world = 1;
+  std::vector<Slot> slots;
+  std::vector<Bucket> buckets;
+  std::unordered_map<const TensorImpl*, size_t> index;
+  size_t next_to_start = 0;
+  bool step_open = false;
+  Clock::time_point first_start;
+  Clock::time_point last_completion;
+
+  void start_ready_buckets(bool early) {
+    while (next_to_start < buckets.size() && buckets[next_to_start].missing == 0) {
+      Bucket& b = buckets[next_to_start++];
+      if (!b.sum) {
+        if (next_to_start == 1 || first_start == Clock::time_point{}) first_start = Clock::now();
+        b.sum = internal::start_sum(b.flat, b.gathered, mode);
+        if (early) ++started_early;
+      }
+    }
+  }
+  void drive() {
+    for (size_t i = 0; i < next_to_start; ++i) {
+      Bucket& b = buckets[i];
+      if (!b.complete && b.sum->test()) {
+        b.complete = true;
+        last_completion = Clock::now();
+      }
+    }
+  }
+  size_t started_early = 0;
+};
+
+GradientBuckets::GradientBuckets(std::vector<Tensor> params, size_t bucket_bytes, Reduction mode)
+    : state_(std::make_unique<State>()) {
+  REMAT_CHECK(bucket_bytes >= 1, "distributed: the bucket size must be at least 1 byte");
+  State& s = *state_;
+  s.mode = mode;
+  s.world = world_size();
+  // reverse registration order: the backward reaches the last parameters first
+  for (size_t i = params.size(); i-- > 0;) {
+    const Tensor& p = params[i];
+    REMAT_CHECK(p.defined() && (p.dtype() == DType::f32 || p.dtype() == DType::f64),
+                "distributed: GradientBuckets takes defined f32 or f64 parameters; parameter ", i, " is ",
+                p.defined() ? dtype_name(p.dtype()) : "undefined");
+    REMAT_CHECK(s.index.emplace(p.impl_ptr().get(), s.slots.size()).second, "distributed: parameter ", i, " (\"",
+                p.name(), "\") is listed twice");
+    s.slots.push_back({p, 0, 0, false});
+  }
+  // fill buckets in that order; a new one when the dtype changes or the next gradient does not fit
+  std::vector<int64_t> elements;
+  std::vector<DType> dtypes;
+  for (size_t k = 0; k < s.slots.size(); ++k) {
+    const Tensor& p = s.slots[k].param;
+    const size_t bytes = p.nbytes();
+    const bool fits = !dtypes.empty() && dtypes.back() == p.dtype() &&
+                      static_cast<size_t>(elements.back()) * dtype_size(p.dtype()) + bytes <= bucket_bytes;
+    if (!fits) {
+      s.buckets.emplace_back();
+      elements.push_back(0);
+      dtypes.push_back(p.dtype());
+    }
+    s.slots[k].bucket = s.buckets.size() - 1;
+    s.slots[k].offset = elements.back();
+    elements.back() += p.numel();
+    s.buckets.back().slots.push_back(k);
+  }
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    State::Bucket& bucket = s.buckets[b];
+    bucket.flat = Tensor::empty({elements[b]}, dtypes[b], memory::Tag::other);
+    if (mode == Reduction::ordered && s.world > 1) {
+      REMAT_CHECK(elements[b] <= std::numeric_limits<int64_t>::max() / s.world, "distributed: bucket ", b,
+                  " is too large to gather from ", s.world, " ranks");
+      bucket.gathered = Tensor::empty({elements[b] * s.world}, dtypes[b], memory::Tag::other);
+    }
+    bucket.missing = bucket.slots.size();
+  }
+}
+
+GradientBuckets::~GradientBuckets() = default;
+
+size_t GradientBuckets::bucket_count() const { return state_->buckets.size(); }
+
+size_t GradientBuckets::bucket_of(size_t param) const {
+  const State& s = *state_;
+  REMAT_CHECK(param < s.slots.size(), "distributed: parameter index ", param, " out of range (", s.slots.size(),
+              " parameters)");
+  return s.slots[s.slots.size() - 1 - param].bucket;
+}
+
+size_t GradientBuckets::buffer_bytes() const {
+  size_t total = 0;
+  for (const auto& b : state_->buckets) total += b.flat.nbytes() + (b.gathered.defined() ? b.gathered.nbytes() : 0);
+  return total;
+}
+
+void GradientBuckets::ready(const Tensor& p) {
+  State& s = *state_;
+  auto it = p.defined() ? s.index.find(p.impl_ptr().get()) : s.index.end();
+  REMAT_CHECK(it != s.index.end(), "distributed: GradientBuckets::ready: \"", p.defined() ? p.name() : "undefined",
+              "\" is not one of the bucketed parameters");
+  State::Slot& slot = s.slots[it->second];
+  REMAT_CHECK(!slot.in, "distributed: the gradient of \"", p.name(), "\" was reported twice in one step");
+  Tensor g = p.grad();
+  REMAT_CHECK(g.defined() && g.shape() == p.shape() && g.dtype() == p.dtype(), "distributed: the gradient of \"",
+              p.name(), "\" must be ", dtype_name(p.dtype()), " ", shape_str(p.shape()), ", got ",
+              g.defined() ? dtype_name(g.dtype()) + std::string(" ") + shape_str(g.shape()) : "none");
+  State::Bucket& bucket = s.buckets[slot.bucket];
+  REMAT_ASSERT(!bucket.sum, "bucket started before all of its gradients arrived");
+  s.step_open = true;
+  Tensor c = g.is_contiguous() ? g : g.contiguous();
+  std::memcpy(static_cast<char*>(bucket.flat.raw_data()) + static_cast<size_t>(slot.offset) * dtype_size(p.dtype()),
+              c.raw_data(), c.nbytes());
+  slot.in = true;
+  --bucket.missing;
+  s.start_ready_buckets(true);
+  s.drive();
+}
+
+GradientBuckets::Timing GradientBuckets::finish() {
+  State& s = *state_;
+  const Clock::time_point finish_start = Clock::now();
+  // what no ready() brought: zeros (another rank may have a gradient for it)
+  for (auto& slot : s.slots) {
+    if (slot.in) continue;
+    State::Bucket& bucket = s.buckets[slot.bucket];
+    const size_t element = dtype_size(slot.param.dtype());
+    std::memset(static_cast<char*>(bucket.flat.raw_data()) + static_cast<size_t>(slot.offset) * element, 0,
+                slot.param.nbytes());
+    slot.in = true;
+    --bucket.missing;
+  }
+  s.drive();
+  const bool all_done_before = std::all_of(s.buckets.begin(), s.buckets.begin() + static_cast<std::ptrdiff_t>(s.next_to_start),
+                                           [](const State::Bucket& b) { return b.complete; });
+  const Clock::time_point backward_end = all_done_before && s.next_to_start > 0 ? s.last_completion : finish_start;
+  Timing t;
+  t.buckets_started_early = s.started_early;
+  if (s.next_to_start > 0) t.hidden_seconds = std::max(0.0, seconds(s.first_start, backward_end));
+  s.start_ready_buckets(false);
+  for (auto& b : s.buckets) {
+    b.sum->wait();
+    b.complete = true;
+  }
+  // the sums into the gradients
+  for (auto& slot : s.slots) {
+    Tensor p = slot.param;
+    const State::Bucket& bucket = s.buckets[slot.bucket];
+    Tensor g = p.grad();
+    if (!g.defined() || !g.is_contiguous()) {
+      p.set_grad(zeros(p.shape(), p.dtype()));
+      g = p.grad();
+    }
+    std::memcpy(g.raw_data(),
+                static_cast<const char*>(bucket.flat.raw_data()) + static_cast<size_t>(slot.offset) * dtype_size(p.dtype()),
+                g.nbytes());
+    g.storage()->bump_version();
+    slot.in = false;
+  }
+  for (auto& b : s.buckets) {
+    b.sum.reset();
+    b.complete = false;
+    b.missing = b.slots.size();
+  }
+  t.exposed_seconds = seconds(finish_start, Clock::now());
+  s.next_to_start = 0;
+  s.started_early = 0;
+  s.step_open = false;
+  s.first_start = {};
+  return t;
+}
+
+}  // namespace remat::distributed
