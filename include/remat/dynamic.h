@@ -16,10 +16,13 @@
 // Whenever holding one more saved storage would take the live saved bytes above BYTES, the runtime
 // evicts the held storage with the lowest score
 //     h(t) = cost(t) / (bytes(t) * staleness(t))
-// where cost(t) is the FLOPs of the op that made t plus those of every evicted value its
-// recomputation would need first (the evicted ancestors, found by a walk of at most 64 values:
-// the paper's "evicted neighbourhood", computed directly instead of with its union-find
-// approximation, because the graphs of one step are small), and staleness is the number of op
+// where cost(t) is the estimated time of the op that made t plus that of every evicted value its
+// recomputation would need first. The estimate is a roofline formula, FLOPs / F + bytes read and
+// written / M with F / M = 10 FLOP per byte (these CPUs' balance), not a measurement, so that an
+// elementwise op is not counted hundreds of times cheaper than the matmul beside it and decisions
+// stay reproducible. The evicted ancestors are found by a walk of at most 64 values (the paper's
+// "evicted neighbourhood", computed directly instead of with its union-find approximation,
+// because the graphs of one step are small). Staleness is the number of op
 // calls and saved-value reads since t was last used (a logical clock: decisions, and so peak
 // memory, do not depend on timing noise). Only storages the runtime alone holds are evictable
 // (evicting one that the program still holds would free nothing), and never one in use. An

@@ -42,6 +42,15 @@ std::string mib(size_t bytes) {
   return text;
 }
 
+// The cost model of the eviction score: a roofline estimate of an op's time from its FLOPs and
+// the bytes it reads and writes, time = FLOPs / F + bytes / M with F / M = 10 FLOP per byte (about
+// these CPUs' balance: some 200 GFLOP/s of sgemm against some 20 GB/s of streaming). Counting
+// FLOPs alone made an elementwise op (one FLOP per element, by the op layer's default estimate)
+// hundreds of times cheaper per byte than the matmul that feeds it, where the two differ by a
+// factor of a few in time; the bytes term restores that. It is a formula, not a measurement, so
+// eviction decisions stay reproducible (independent of timing noise). Only ratios matter.
+double estimated_seconds(double flops, double bytes) { return std::max(1.0, flops) * 1e-11 + bytes * 1e-10; }
+
 bool counts_as_saved(const Storage& s) { return s.tag() == memory::Tag::other || s.tag() == memory::Tag::saved; }
 
 Tensor view_on(const std::shared_ptr<Storage>& storage, int64_t offset, const Shape& shape, const Strides& strides,
@@ -75,7 +84,8 @@ struct Cell : std::enable_shared_from_this<Cell> {
   std::vector<Input> inputs;
   DType dtype = DType::f32;
   size_t bytes = 0;
-  double cost = 0;
+  double cost = 0;     // the op's FLOPs (counters)
+  double seconds = 0;  // the estimated time of recomputing it (estimated_seconds; the eviction score)
   std::weak_ptr<Storage> live;
   std::shared_ptr<Storage> held;  // saved and resident
   bool counted = false;           // held and counted against the budget
@@ -100,6 +110,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     std::shared_ptr<autodiff::OpReplay> replay;
     std::vector<Cell::Input> inputs;
     bool inputs_built = false;
+    double touched = 0;  // bytes the op reads and writes
     for (size_t k = 0; k < event.outputs.size(); ++k) {
       Tensor& out = event.outputs[k];
       if (!out.defined()) continue;
@@ -117,7 +128,12 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
         continue;
       }
       if (!inputs_built) {
-        for (const auto& in : event.inputs) inputs.push_back(input_ref(in));
+        for (const auto& in : event.inputs) {
+          inputs.push_back(input_ref(in));
+          if (in.defined()) touched += static_cast<double>(in.nbytes());
+        }
+        for (const auto& o : event.outputs)
+          if (o.defined()) touched += static_cast<double>(o.nbytes());
         replay = event.make_replay();
         inputs_built = true;
       }
@@ -129,6 +145,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
       cell->dtype = out.dtype();
       cell->bytes = storage->bytes();
       cell->cost = std::max(1.0, event.flops);
+      cell->seconds = estimated_seconds(event.flops, touched);
       cell->live = storage;
       cell->last_use = clock_;
       out.impl().lineage = cell;
@@ -237,7 +254,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     return c.counted && c.op != nullptr && c.locks == 0 && c.held.use_count() == 1;
   }
 
-  // The FLOPs of recomputing c, including the evicted values its recomputation needs first.
+  // The estimated time of recomputing c, including the evicted values its recomputation needs first.
   double cost_of(Cell& c) {
     const uint64_t stamp = ++visit_stamp_;
     double total = 0;
@@ -248,7 +265,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
       Cell* x = stack.back();
       stack.pop_back();
       ++walked;
-      total += x->cost;
+      total += x->seconds;
       for (auto& in : x->inputs) {
         Cell* p = in.cell.get();
         if (p == nullptr || p->visit == stamp || p->held || !p->live.expired() || p->op == nullptr) continue;
