@@ -115,3 +115,70 @@ TEST_F(GPTWeightNamesTest, NamesRoundTripAndUnknownNamesAreReported) {
     EXPECT_NE(std::string(e.what()).find("transformer.h.0.attn.rotary.weight"), std::string::npos) << e.what();
   }
 }
+
+// A file without remat's metadata: the architecture read from the shapes; every tensor checked.
+TEST_F(GPTWeightNamesTest, ArchitectureFromTheShapes) {
+  const GPTConfig config{.vocab = 11, .layers = 3, .width = 8, .heads = 2, .seq = 6, .seed = 3};
+  GPT model(config);
+  std::map<std::string, Tensor> params;
+  for (const auto& [name, p] : model.named_parameters()) params[name] = p.detach();
+  const std::map<std::string, Tensor> nano = gpt_weights_from_remat(params, GPTWeightNames::nanogpt);
+  const GPTConfig read = gpt_config_from_weights(gpt_weights_to_remat(nano, GPTWeightNames::nanogpt), 2,
+                                                 GPTWeightNames::nanogpt, "f.safetensors");
+  EXPECT_EQ(read.vocab, 11);
+  EXPECT_EQ(read.layers, 3);
+  EXPECT_EQ(read.width, 8);
+  EXPECT_EQ(read.heads, 2);  // as given
+  EXPECT_EQ(read.seq, 6);
+  // the model built from it loads the weights and gives the same logits
+  GPT loaded(GPTConfig{read.vocab, read.layers, read.width, read.heads, read.seq, 0.0, DType::f32, 9});
+  loaded.load_parameters(gpt_weights_to_remat(nano, GPTWeightNames::nanogpt), "f.safetensors");
+  EXPECT_EQ(logits_of(loaded), logits_of(model));
+
+  // hostile variants: each error names the tensor (by the file's name) and the shape expected
+  auto expect_error = [&](std::map<std::string, Tensor> tensors, int64_t heads, std::vector<std::string> fragments) {
+    try {
+      gpt_config_from_weights(gpt_weights_to_remat(tensors, GPTWeightNames::nanogpt), heads, GPTWeightNames::nanogpt,
+                              "f.safetensors");
+      ADD_FAILURE() << "no error for " << fragments.front();
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("f.safetensors"), std::string::npos) << m;
+      for (const auto& f : fragments) EXPECT_NE(m.find(f), std::string::npos) << m << "\nexpected: " << f;
+    }
+  };
+  auto with = [&](const std::string& name, const Tensor& t) {
+    auto m = nano;
+    if (t.defined()) m[name] = t;
+    else m.erase(name);
+    return m;
+  };
+  // inconsistent shapes between blocks (block 1 is twice as wide)
+  expect_error(with("transformer.h.1.attn.c_attn.weight", zeros({48, 16})), 2,
+               {"\"transformer.h.1.attn.c_attn.weight\" is [48, 16], expected [24, 8]"});
+  expect_error(with("transformer.h.2.mlp.c_proj.bias", zeros({9})), 2,
+               {"\"transformer.h.2.mlp.c_proj.bias\" is [9], expected [8]"});
+  // a missing tensor, an unknown one
+  expect_error(with("transformer.h.0.mlp.c_fc.bias", Tensor()), 2, {"missing \"transformer.h.0.mlp.c_fc.bias\" (expected [32])"});
+  expect_error(with("transformer.ln_f.weight", Tensor()), 2, {"missing \"transformer.ln_f.weight\" (expected [8])"});
+  expect_error(with("transformer.h.0.attn.rotary.weight", zeros({2})), 2,
+               {"unknown tensor \"transformer.h.0.attn.rotary.weight\" ([2])"});
+  // a block missing in the middle, an absurd block number
+  {
+    auto m = nano;
+    for (auto it = m.begin(); it != m.end();)
+      it = it->first.rfind("transformer.h.1.", 0) == 0 ? m.erase(it) : std::next(it);
+    expect_error(m, 2, {"block 2 is there but block 1 is not", "transformer.h.1.ln_1.weight"});
+  }
+  expect_error(with("transformer.h.99999999999999999999.ln_1.weight", zeros({8})), 2,
+               {"unknown tensor \"transformer.h.99999999999999999999.ln_1.weight\""});
+  expect_error(with("transformer.h.7.ln_1.weight", zeros({8})), 2, {"block 7 is there but block 3 is not"});
+  // the embeddings that give the sizes
+  expect_error(with("transformer.wte.weight", Tensor()), 2, {"no \"transformer.wte.weight\""});
+  expect_error(with("transformer.wte.weight", zeros({11})), 2, {"\"transformer.wte.weight\" is [11], expected [vocab, width]"});
+  expect_error(with("transformer.wpe.weight", zeros({6, 9})), 2, {"\"transformer.wpe.weight\" is [6, 9], expected [6, 8]"});
+  // the heads must divide the width
+  expect_error(nano, 3, {"width 8", "not a multiple of 3 heads", "cannot be read from the weights' shapes"});
+  // a wrong lm_head is named too
+  expect_error(with("lm_head.weight", zeros({12, 8})), 2, {"\"lm_head.weight\" is [12, 8], expected [11, 8]"});
+}

@@ -1,6 +1,9 @@
 // Renaming GPT weights between remat's names and nanoGPT's (see remat/nn/gpt.h).
+#include <set>
+#include <sstream>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "remat/nn/gpt.h"
 
@@ -81,8 +84,110 @@ std::map<std::string, Tensor> gpt_weights_to_remat(const std::map<std::string, T
 std::map<std::string, Tensor> gpt_weights_from_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames to) {
   if (to == GPTWeightNames::remat) return tensors;
   std::map<std::string, Tensor> out;
-  for (const auto& [name, t] : tensors) out.emplace(rename(name, false), t);
+  for (const auto& [name, t] : tensors) out.emplace(gpt_weight_name(name, to), t);
   return out;
+}
+
+std::string gpt_weight_name(const std::string& remat_name, GPTWeightNames to) {
+  return to == GPTWeightNames::remat ? remat_name : rename(remat_name, false);
+}
+
+namespace {
+
+// Block numbers are at most this many digits (a billion blocks would not fit any file anyway).
+constexpr size_t kMaxBlockDigits = 9;
+
+struct Expected {
+  std::string name;  // remat's
+  Shape shape;       // remat's orientation
+};
+
+}  // namespace
+
+GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, int64_t heads, GPTWeightNames layout,
+                                  const std::string& source) {
+  auto file_name = [&](const std::string& name) { return "\"" + gpt_weight_name(name, layout) + "\""; };
+  auto shape_of = [&](const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); };
+  const std::string what = detail::concat(source, ": cannot read the GPT architecture from the tensors' shapes: ");
+  // wte.weight [vocab, width] and wpe.weight [seq, width] give the sizes
+  auto embedding = [&](const char* name, const char* rows) -> const Tensor& {
+    auto it = tensors.find(name);
+    REMAT_CHECK(it != tensors.end(), what, "there is no ", file_name(name), " (expected [", rows, ", width])");
+    REMAT_CHECK(it->second.defined() && it->second.dim() == 2 && it->second.size(0) > 0 && it->second.size(1) > 0, what,
+                file_name(name), " is ", shape_of(it->second), ", expected [", rows, ", width] with both sizes > 0");
+    return it->second;
+  };
+  const Tensor& wte = embedding("wte.weight", "vocab");
+  const Tensor& wpe = embedding("wpe.weight", "seq");
+  GPTConfig c;
+  c.vocab = wte.size(0);
+  c.width = wte.size(1);
+  c.seq = wpe.size(0);
+  c.heads = heads;
+  REMAT_CHECK(wpe.size(1) == c.width, what, file_name("wpe.weight"), " is ", shape_of(wpe), ", expected [", c.seq, ", ",
+              c.width, "] (the width ", c.width, " of ", file_name("wte.weight"), " ", shape_of(wte), ")");
+  REMAT_CHECK(heads > 0 && c.width % heads == 0, source, ": the width ", c.width, " (from ", file_name("wte.weight"),
+              ") is not a multiple of ", heads, " heads; the number of heads cannot be read from the weights' shapes ",
+              "and must be given");
+
+  // the blocks: numbers 0 .. layers-1, every one present
+  std::set<int64_t> blocks;
+  for (const auto& [name, t] : tensors) {
+    if (!std::string_view(name).starts_with("blocks.")) continue;
+    const size_t dot = name.find('.', 7);
+    const std::string number = name.substr(7, dot == std::string::npos ? std::string::npos : dot - 7);
+    bool digits = !number.empty() && number.size() <= kMaxBlockDigits && dot != std::string::npos &&
+                  (number == "0" || number[0] != '0');
+    for (char ch : number) digits = digits && ch >= '0' && ch <= '9';
+    if (digits) blocks.insert(std::stoll(number));  // at most 9 digits: no overflow
+  }
+  c.layers = static_cast<int64_t>(blocks.size());
+  if (!blocks.empty() && *blocks.rbegin() != c.layers - 1) {
+    int64_t gap = 0;
+    while (blocks.count(gap) != 0) ++gap;
+    throw Error(detail::concat(what, "block ", *blocks.rbegin(), " is there but block ", gap, " is not (no tensor ",
+                               file_name(detail::concat("blocks.", gap, ".ln1.weight")), " or any other of its)"));
+  }
+
+  // every tensor of that model, with its shape, and nothing else
+  const int64_t v = c.vocab, w = c.width, t = c.seq;
+  std::vector<Expected> expected = {{"wte.weight", {v, w}}, {"wpe.weight", {t, w}}};
+  for (int64_t b = 0; b < c.layers; ++b) {
+    const std::string p = detail::concat("blocks.", b, ".");
+    for (const Expected& e : std::initializer_list<Expected>{
+             {"ln1.weight", {w}}, {"ln1.bias", {w}}, {"attn.qkv.weight", {3 * w, w}}, {"attn.qkv.bias", {3 * w}},
+             {"attn.proj.weight", {w, w}}, {"attn.proj.bias", {w}}, {"ln2.weight", {w}}, {"ln2.bias", {w}},
+             {"mlp.fc.weight", {4 * w, w}}, {"mlp.fc.bias", {4 * w}}, {"mlp.proj.weight", {w, 4 * w}},
+             {"mlp.proj.bias", {w}}})
+      expected.push_back({p + e.name, e.shape});
+  }
+  expected.push_back({"ln_f.weight", {w}});
+  expected.push_back({"ln_f.bias", {w}});
+  if (tensors.count("lm_head.weight") != 0) expected.push_back({"lm_head.weight", {v, w}});
+  std::vector<std::string> problems;
+  std::set<std::string> known;
+  for (const Expected& e : expected) {
+    known.insert(e.name);
+    auto it = tensors.find(e.name);
+    if (it == tensors.end())
+      problems.push_back(detail::concat("missing ", file_name(e.name), " (expected ", shape_str(e.shape), ")"));
+    else if (!it->second.defined() || it->second.shape() != e.shape)
+      problems.push_back(detail::concat(file_name(e.name), " is ", shape_of(it->second), ", expected ", shape_str(e.shape)));
+  }
+  for (const auto& [name, tensor] : tensors)
+    if (known.count(name) == 0)
+      problems.push_back(detail::concat("unknown tensor ", file_name(name), " (", shape_of(tensor), ")"));
+  if (!problems.empty()) {
+    constexpr size_t kShown = 10;
+    std::ostringstream out;
+    out << source << ": the tensors do not form one GPT (vocab " << v << ", width " << w << " from "
+        << file_name("wte.weight") << ", seq " << t << " from " << file_name("wpe.weight") << ", " << c.layers
+        << " blocks): " << problems.size() << (problems.size() == 1 ? " problem" : " problems") << ":";
+    for (size_t i = 0; i < problems.size() && i < kShown; ++i) out << "\n  " << problems[i];
+    if (problems.size() > kShown) out << "\n  ... and " << problems.size() - kShown << " more";
+    throw Error(out.str());
+  }
+  return c;
 }
 
 }  // namespace remat::nn

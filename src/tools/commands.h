@@ -43,6 +43,11 @@ int run_train(const TrainOptions& options);
 
 struct SampleOptions {
   std::string load;
+  // for a --load file without remat's metadata (a nanoGPT state_dict): the heads, which no shape
+  // gives, and the text whose bytes are the vocabulary (empty: the default corpus)
+  int64_t heads = TrainOptions{}.heads;
+  bool heads_given = false;
+  std::string data;
   std::string prompt;
   int64_t tokens = 300;
   double temperature = 0.8;  // 0: greedy (the most likely character each step)

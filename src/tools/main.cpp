@@ -189,7 +189,8 @@ int main(int argc, char** argv) {
               "update each parameter as soon as its gradient is final, inside the backward, and free the gradient "
               "(needs --clip 0; one process)");
   t->add_option("--save", train.save, "write the weights (safetensors) here");
-  t->add_option("--load", train.load, "start from these weights (architecture from the file; remat or nanoGPT names)");
+  t->add_option("--load", train.load, "start from these weights (architecture from the file; remat or nanoGPT names; a file without remat "
+                "metadata takes --heads and the vocabulary of --data)");
   t->add_option("--format", train.format, "names of the --save file: remat | nanogpt")->capture_default_str();
   t->add_flag("--allow-nonfinite", train.allow_nonfinite,
               "keep training when the loss or the gradient norm is NaN or infinite (default: stop with an error)");
@@ -207,6 +208,12 @@ int main(int argc, char** argv) {
   Numbers sample_numbers(s);
   s->add_option("--load", sample.load, "weights file")->required();
   s->add_option("--prompt", sample.prompt, "text to continue");
+  s->add_option("--data", sample.data,
+                "for weights without remat metadata (e.g. nanoGPT's): the text whose bytes are the vocabulary "
+                "(default: /usr/share/games/fortunes)");
+  sample_numbers.add<int64_t>("--heads", sample.heads, 1, kMaxInt,
+                              "for weights without remat metadata: their attention heads (no shape gives them; default 4)",
+                              &sample.heads_given);
   sample_numbers.add<int64_t>("--tokens", sample.tokens, 1, kMaxSampleTokens, "characters to generate");
   sample_numbers.add_real("--temperature", sample.temperature, "sampling temperature, >= 0 (0: greedy)");
   sample_numbers.add<int64_t>("--top-k", sample.top_k, 0, kMaxInt, "sample among the K most likely characters (0: all)");

@@ -31,8 +31,23 @@ int run_sample(const SampleOptions& o) {
   REMAT_USAGE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
                     "sample: --temperature must be a finite number >= 0 (0: greedy), got ", o.temperature);
   REMAT_USAGE_CHECK(o.top_p > 0 && o.top_p <= 1, "sample: --top-p must be in (0, 1], got ", o.top_p);
-  CharGPTFile weights = read_char_gpt(o.load, "sample");
+  CharGPTFile weights = read_char_gpt(o.load, "sample", o.heads);
+  REMAT_USAGE_CHECK(!weights.has_metadata || !o.heads_given || o.heads == weights.config.heads, "sample: --heads ",
+                    o.heads, " disagrees with the model of ", o.load, " (heads ", weights.config.heads,
+                    "); the architecture comes from the weight file: drop the flag or pass the file's value");
   CharTokenizer tokenizer = weights.tokenizer;
+  if (!weights.has_metadata) {
+    // a file without remat's metadata (a nanoGPT state_dict): the characters of --data
+    const std::string data_path = o.data.empty() ? kDefaultCorpus : o.data;
+    Corpus corpus;
+    try {
+      corpus = load_corpus(data_path);
+    } catch (const Error& e) {
+      throw Error(detail::concat("sample: ", o.load, " has no vocabulary in its metadata (it was not written by remat "
+                                 "train), so its characters come from --data (default ", kDefaultCorpus, "): ", e.what()));
+    }
+    tokenizer = vocabulary_from_text(weights, o.load, corpus.text, data_path, "sample");
+  }
   nn::GPTConfig config = weights.config;
   config.dropout = 0.0;
   check_footprint(config, 1, Use::sample,

@@ -238,10 +238,12 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   std::optional<CharGPTFile> weights;
   std::string source;  // where the architecture comes from, for errors
   if (!o.load.empty()) {
-    weights = read_char_gpt(o.load, "train");
+    weights = read_char_gpt(o.load, "train", o.heads);
     REMAT_CHECK(weights->config.seq >= 2, "train: ", o.load, " has seq ", weights->config.seq,
-                " in its metadata; training needs sequences of at least 2 tokens");
-    tokenizer = weights->tokenizer;
+                weights->has_metadata ? " in its metadata" : " (rows of wpe)", "; training needs sequences of at least 2 tokens");
+    // a file without remat's metadata (a nanoGPT state_dict): the characters of --data
+    tokenizer = weights->has_metadata ? weights->tokenizer
+                                      : vocabulary_from_text(*weights, o.load, corpus.text, data_path, "train");
     config.layers = weights->config.layers;
     config.width = weights->config.width;
     config.heads = weights->config.heads;

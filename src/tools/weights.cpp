@@ -4,12 +4,22 @@
 
 #include "footprint.h"
 #include "numbers.h"
+#include "usage.h"
 
 namespace remat::tools {
 
 namespace {
 
 constexpr const char* kFormat = "remat-char-gpt";
+
+// Whether `metadata` holds any of remat's keys (a "format" other than remat's, e.g. PyTorch's
+// "pt", does not count).
+bool has_remat_metadata(const nn::Metadata& metadata) {
+  for (const char* key : {"vocabulary", "layers", "width", "heads", "seq"})
+    if (metadata.count(key) != 0) return true;
+  auto format = metadata.find("format");
+  return format != metadata.end() && format->second == kFormat;
+}
 
 }  // namespace
 
@@ -22,11 +32,23 @@ nn::Metadata char_gpt_metadata(const nn::GPTConfig& config, const CharTokenizer&
           {"seq", std::to_string(config.seq)}};
 }
 
-CharGPTFile read_char_gpt(const std::string& path, const std::string& command) {
+CharGPTFile read_char_gpt(const std::string& path, const std::string& command, int64_t heads) {
   CharGPTFile w;
   w.file = nn::load_safetensors(path);
   // nanoGPT's names (transformer.h.N.attn.c_attn.weight, ...) are read as remat's
-  w.file.tensors = nn::gpt_weights_to_remat(w.file.tensors, nn::detect_gpt_weight_names(w.file.tensors));
+  const nn::GPTWeightNames layout = nn::detect_gpt_weight_names(w.file.tensors);
+  w.file.tensors = nn::gpt_weights_to_remat(w.file.tensors, layout);
+  if (!has_remat_metadata(w.file.metadata)) {
+    // no description of the model: its shapes are checked one by one
+    w.has_metadata = false;
+    auto wte = w.file.tensors.find("wte.weight");
+    REMAT_USAGE_CHECK(wte == w.file.tensors.end() || wte->second.dim() != 2 || wte->second.size(1) % heads == 0, command,
+                      ": ", path, " has no remat metadata, so its architecture is read from its tensors, but the number "
+                      "of heads cannot be: the width ", wte->second.size(1), " of its token embedding is not a multiple "
+                      "of --heads ", heads, "; pass the --heads the model was trained with");
+    w.config = nn::gpt_config_from_weights(w.file.tensors, heads, layout, detail::concat(command, ": ", path));
+    return w;
+  }
   const std::string in_file = detail::concat(" of ", path);
   auto get = [&](const char* key) -> const std::string& {
     auto it = w.file.metadata.find(key);
@@ -68,6 +90,17 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command) {
   REMAT_CHECK(held == expected, described, " describes a model of ", expected, " parameters, but the file holds ", held,
               " values");
   return w;
+}
+
+CharTokenizer vocabulary_from_text(const CharGPTFile& weights, const std::string& path, const std::string& text,
+                                   const std::string& data_path, const std::string& command) {
+  CharTokenizer t = CharTokenizer::from_text(text);
+  REMAT_CHECK(t.vocab_size() == weights.config.vocab, command, ": ", path, " has no vocabulary in its metadata (it was "
+              "not written by remat train), so its characters are those of --data ", data_path, ", numbered in byte "
+              "order; but that text has ", t.vocab_size(), " distinct bytes and the model's token embedding has ",
+              weights.config.vocab, " rows. Pass as --data the text the model was trained on (remat's tokenizer is "
+              "one token per byte; models with other tokenizers, e.g. GPT-2's 50257 BPE tokens, cannot be used here)");
+  return t;
 }
 
 }  // namespace remat::tools

@@ -15,12 +15,24 @@ namespace remat::tools {
 
 struct CharGPTFile {
   nn::SafetensorsFile file;
-  CharTokenizer tokenizer;
-  nn::GPTConfig config;  // vocab, layers, width, heads, seq from the metadata; the rest default
+  bool has_metadata = true;  // false: a file without remat's metadata (e.g. a nanoGPT state_dict)
+  CharTokenizer tokenizer;   // from the metadata; empty without it (see vocabulary_from_text)
+  nn::GPTConfig config;      // vocab, layers, width, heads, seq from the metadata; the rest default
 };
 
 // Reads and checks `path`; `command` ("train", "sample") prefixes the errors.
-CharGPTFile read_char_gpt(const std::string& path, const std::string& command);
+// A file with none of remat's metadata keys ("format" other than remat's, e.g. the "pt" that
+// PyTorch tools write, counts as none) is read by its tensors' shapes instead
+// (nn::gpt_config_from_weights): every tensor is checked, and the number of heads, which no shape
+// gives, is `heads` (--heads); its tokenizer then comes from a text (vocabulary_from_text).
+CharGPTFile read_char_gpt(const std::string& path, const std::string& command, int64_t heads);
+
+// The tokenizer of a file read without metadata: the bytes present in `text` (the corpus
+// `data_path`), numbered in increasing order, as remat train does and as nanoGPT's character-level
+// data preparation does for ASCII text. Their number must be the file's vocabulary (the rows of
+// its token embedding), else a remat::Error says so and what to pass.
+CharTokenizer vocabulary_from_text(const CharGPTFile& weights, const std::string& path, const std::string& text,
+                                   const std::string& data_path, const std::string& command);
 
 // Writes the model's weights with `format`'s names ("remat" or "nanogpt", see remat/nn/gpt.h)
 // and the metadata; read_char_gpt reads either.

@@ -526,3 +526,67 @@ TEST_F(Cli, FusedOptimizer) {
   expect_error(train_args({{"--steps", "5"}, {"--lr", "1e300"}, {"--clip", "0"}}) + " --fuse-optimizer",
                {"diverged", "--fuse-optimizer", "--allow-nonfinite"});
 }
+
+// A nanoGPT state_dict as the safetensors package saves it: nanoGPT's names and no remat
+// metadata (at most PyTorch's {"format": "pt"}). The architecture is read from the shapes, the
+// heads from --heads, the vocabulary from --data.
+TEST_F(Cli, NanoGPTFileWithoutMetadata) {
+  nn::SafetensorsFile own = nn::load_safetensors(path("w.safetensors"));
+  const std::map<std::string, Tensor> nano = nn::gpt_weights_from_remat(own.tensors, nn::GPTWeightNames::nanogpt);
+  auto write = [&](const std::string& name, std::map<std::string, Tensor> tensors, const nn::Metadata& metadata) {
+    nn::save_safetensors(path(name), nn::NamedTensors(tensors.begin(), tensors.end()), metadata);
+    return path(name);
+  };
+  const std::string bare = write("bare.safetensors", nano, {});
+  const std::string pt = write("pt.safetensors", nano, {{"format", "pt"}});
+  const std::string data = " --data " + path("corpus.txt");
+  // the same text as from remat's own file of the same weights (heads 2, as trained)
+  const std::string s0 = "sample --threads 1 --tokens 20 --temperature 0", s = s0 + " --heads 2";
+  Result expected = run(s + " --load " + path("w.safetensors"));
+  ASSERT_EQ(expected.code, 0) << expected.output;
+  for (const std::string& file : {bare, pt}) {
+    Result r = run(s + data + " --load " + file);
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(r.output, expected.output);
+  }
+  // the same validation loss
+  const std::string eval = "train --threads 1 --batch 2 --eval-only --json" + data;
+  Streams a = run_streams(eval + " --load " + path("w.safetensors"));
+  Streams b = run_streams(eval + " --heads 2 --load " + bare);
+  EXPECT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(b.out.find("\"val_loss\":"), std::string::npos) << b.out;
+  EXPECT_EQ(a.out, b.out);
+  // and training continues from it
+  EXPECT_EQ(run("train --quiet --threads 1 --batch 2 --steps 1 --heads 2" + data + " --load " + bare).code, 0);
+
+  // what is missing is named: the heads (width 8 and --heads 3), the vocabulary (another text)
+  expect_usage_error(s0 + data + " --heads 3 --load " + bare, {bare, "no remat metadata", "--heads 3"});
+  expect_usage_error("train --quiet --eval-only --heads 3" + data + " --load " + bare, {"--heads 3"});
+  {
+    std::ofstream other(path("other.txt"));
+    for (int i = 0; i < 100; ++i) other << "0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ\n";
+  }
+  expect_error(s + " --data " + path("other.txt") + " --load " + bare,
+               {bare, "has no vocabulary in its metadata", "--data " + path("other.txt"), "distinct bytes"});
+  expect_error("train --quiet --eval-only --heads 2 --data " + path("other.txt") + " --load " + bare,
+               {bare, "has no vocabulary in its metadata"});
+  // hostile tensors: named, with the expected shape, by both commands
+  std::map<std::string, Tensor> odd = nano;
+  odd["transformer.h.0.mlp.c_fc.weight"] = zeros({16, 8});
+  const std::string wrong = write("wrong.safetensors", odd, {});
+  odd = nano;
+  odd.erase("transformer.h.0.attn.c_proj.bias");
+  odd["transformer.h.0.attn.rotary"] = zeros({4});
+  const std::string missing = write("missing.safetensors", odd, {});
+  for (const std::string command : {s + data, "train --quiet --steps 1 --heads 2" + data}) {
+    expect_error(command + " --load " + wrong, {wrong, "\"transformer.h.0.mlp.c_fc.weight\" is [16, 8], expected [32, 8]"});
+    expect_error(command + " --load " + missing, {missing, "missing \"transformer.h.0.attn.c_proj.bias\" (expected [8])",
+                                                  "unknown tensor \"transformer.h.0.attn.rotary\" ([4])"});
+  }
+  // with remat's metadata, --heads must agree with it
+  expect_usage_error(s0 + " --heads 4 --load " + path("w.safetensors"), {"sample: --heads 4 disagrees", "(heads 2)"});
+  // the architecture flags of train are compared with what the shapes say
+  expect_usage_error("train --quiet --steps 1 --heads 2 --layers 3" + data + " --load " + bare,
+                     {"--layers 3 disagrees", "(layers 1)"});
+}

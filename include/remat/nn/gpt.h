@@ -77,6 +77,8 @@ class GPT : public Module {
 //   ln_f.*                     transformer.ln_f.*
 //   lm_head.weight             lm_head.weight (nanoGPT ties it to wte; a file without it, as the
 //                              safetensors package writes shared tensors, gets a copy of wte)
+// A nanoGPT file carries no architecture: gpt_config_from_weights reads it from the shapes (all
+// but the number of heads), checking every tensor.
 // nanoGPT trains with bias=False as an option: a file without the biases is refused by
 // load_parameters (remat's GPT has them). Names of nanoGPT's non-parameter buffers
 // (".attn.bias", the causal mask of its non-flash path) are dropped.
@@ -88,5 +90,19 @@ GPTWeightNames detect_gpt_weight_names(const std::map<std::string, Tensor>& tens
 std::map<std::string, Tensor> gpt_weights_to_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames from);
 // remat-named tensors renamed to `to` (lm_head.weight kept, as a separate tensor).
 std::map<std::string, Tensor> gpt_weights_from_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames to);
+// The name `remat_name` has in the layout `to`.
+std::string gpt_weight_name(const std::string& remat_name, GPTWeightNames to);
+
+// The architecture of GPT weights that carry no description of it (a nanoGPT state_dict saved by
+// the safetensors package has none), read from the shapes of remat-named `tensors` (as
+// gpt_weights_to_remat gives them): vocab and width from wte.weight [vocab, width], seq from
+// wpe.weight [seq, width], layers from the blocks 0 .. layers-1 present. The number of heads
+// cannot be read from any shape (it only splits the width): it is `heads`, which must divide the
+// width. Every tensor of that model must be there with its shape, and nothing else (lm_head.weight
+// may be absent: it is then wte.weight's copy, see gpt_weights_to_remat); otherwise one
+// remat::Error names `source` and, under its name in `layout` (the file's), every tensor that is
+// missing, unknown or of the wrong shape, with the shape expected and the shape found.
+GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, int64_t heads, GPTWeightNames layout,
+                                  const std::string& source);
 
 }  // namespace remat::nn
