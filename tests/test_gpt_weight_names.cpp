@@ -182,3 +182,108 @@ TEST_F(GPTWeightNamesTest, ArchitectureFromTheShapes) {
   // a wrong lm_head is named too
   expect_error(with("lm_head.weight", zeros({12, 8})), 2, {"\"lm_head.weight\" is [12, 8], expected [11, 8]"});
 }
+
+namespace {
+
+bool conv1d_weight(const std::string& remat_name) {
+  for (const char* end : {".attn.qkv.weight", ".attn.proj.weight", ".mlp.fc.weight", ".mlp.proj.weight"})
+    if (remat_name.size() > std::string(end).size() && remat_name.ends_with(end)) return true;
+  return false;
+}
+
+// The tensors Hugging Face's GPT2LMHeadModel would hold for `model`, written out here: nanoGPT's
+// names, Conv1D weights [in, out], the attention buffers, no lm_head.weight when `tied`.
+std::map<std::string, Tensor> hf_tensors(const GPT& model, bool prefix, bool tied) {
+  std::map<std::string, Tensor> hf;
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (tied && name == "lm_head.weight") continue;
+    std::string n = nanogpt_name(name);
+    if (!prefix && n.rfind("transformer.", 0) == 0) n = n.substr(12);
+    hf[n] = conv1d_weight(name) ? p.detach().transpose(0, 1).contiguous() : p.detach();
+  }
+  const int64_t t = model.config().seq;
+  for (int b = 0; b < model.config().layers; ++b) {
+    const std::string h = (prefix ? "transformer.h." : "h.") + std::to_string(b);
+    hf[h + ".attn.bias"] = zeros({1, 1, t, t});
+    hf[h + ".attn.masked_bias"] = full({}, -1e4);
+  }
+  return hf;
+}
+
+}  // namespace
+
+// Hugging Face's GPT-2 layout: detected by the shapes, the Conv1D weights transposed on load and
+// on save; the same weights as remat, nanogpt and hf-gpt2 files give bitwise-equal logits.
+TEST_F(GPTWeightNamesTest, HuggingFaceLayoutGivesTheSameLogits) {
+  GPT model(kConfig);
+  const std::vector<double> expected = logits_of(model);
+  std::map<std::string, Tensor> params;
+  for (const auto& [name, p] : model.named_parameters()) params[name] = p.detach();
+  // the library's hf-gpt2 output is the layout written out above
+  const std::map<std::string, Tensor> saved = gpt_weights_from_remat(params, GPTWeightNames::hf_gpt2);
+  const std::map<std::string, Tensor> hand = hf_tensors(model, true, false);
+  for (const auto& [name, t] : saved) {
+    ASSERT_EQ(hand.count(name), 1u) << name;
+    EXPECT_EQ(t.shape(), hand.at(name).shape()) << name;
+    EXPECT_EQ(t.to_vector(), hand.at(name).to_vector()) << name;
+  }
+  EXPECT_EQ(saved.at("transformer.h.0.attn.c_attn.weight").shape(), (Shape{8, 24}));
+  EXPECT_EQ(saved.at("transformer.h.1.mlp.c_proj.weight").shape(), (Shape{32, 8}));
+
+  struct Case {
+    const char* file;
+    std::map<std::string, Tensor> tensors;
+    GPTWeightNames layout;
+  };
+  std::vector<Case> cases = {
+      {"remat.safetensors", gpt_weights_from_remat(params, GPTWeightNames::remat), GPTWeightNames::remat},
+      {"nanogpt.safetensors", gpt_weights_from_remat(params, GPTWeightNames::nanogpt), GPTWeightNames::nanogpt},
+      {"hf.safetensors", saved, GPTWeightNames::hf_gpt2},
+      {"hf-buffers.safetensors", hand, GPTWeightNames::hf_gpt2},
+      {"hf-gpt2model.safetensors", hf_tensors(model, false, false), GPTWeightNames::hf_gpt2},  // no "transformer."
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.file);
+    save_safetensors(path(c.file), NamedTensors(c.tensors.begin(), c.tensors.end()), {});
+    SafetensorsFile file = load_safetensors(path(c.file));
+    ASSERT_EQ(detect_gpt_weight_names(file.tensors), c.layout);
+    std::map<std::string, Tensor> remat = gpt_weights_to_remat(file.tensors, c.layout);
+    const GPTConfig read = gpt_config_from_weights(remat, kConfig.heads, c.layout, c.file);
+    EXPECT_EQ(read.layers, kConfig.layers);
+    EXPECT_EQ(read.width, kConfig.width);
+    GPTConfig other = kConfig;
+    other.seed = 42;
+    GPT loaded(other);
+    loaded.load_parameters(remat, c.file);
+    EXPECT_EQ(logits_of(loaded), expected);
+  }
+}
+
+// A file mixing nanoGPT's [out, in] and Hugging Face's [in, out] is an error naming the tensor.
+TEST_F(GPTWeightNamesTest, MixedLayoutsAreAnError) {
+  GPT model(kConfig);
+  auto expect_error = [&](std::map<std::string, Tensor> tensors, GPTWeightNames layout, const std::string& fragment) {
+    ASSERT_EQ(detect_gpt_weight_names(tensors), layout);
+    try {
+      gpt_config_from_weights(gpt_weights_to_remat(tensors, layout), kConfig.heads, layout, "mixed.safetensors");
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("mixed.safetensors"), std::string::npos) << e.what();
+    }
+  };
+  // Hugging Face by block 0's c_attn; block 1's c_attn and block 0's c_fc as nanoGPT's
+  std::map<std::string, Tensor> hf = hf_tensors(model, true, false);
+  auto mixed = hf;
+  mixed["transformer.h.1.attn.c_attn.weight"] = model.parameter("blocks.1.attn.qkv.weight").detach();
+  expect_error(mixed, GPTWeightNames::hf_gpt2, "\"transformer.h.1.attn.c_attn.weight\" is [24, 8], expected [8, 24]");
+  mixed = hf;
+  mixed["transformer.h.0.mlp.c_fc.weight"] = model.parameter("blocks.0.mlp.fc.weight").detach();
+  expect_error(mixed, GPTWeightNames::hf_gpt2, "\"transformer.h.0.mlp.c_fc.weight\" is [32, 8], expected [8, 32]");
+  // nanoGPT by block 0's c_attn; block 1's c_proj of the MLP as Hugging Face's
+  std::map<std::string, Tensor> params;
+  for (const auto& [name, p] : model.named_parameters()) params[name] = p.detach();
+  mixed = gpt_weights_from_remat(params, GPTWeightNames::nanogpt);
+  mixed["transformer.h.1.mlp.c_proj.weight"] = hf.at("transformer.h.1.mlp.c_proj.weight");
+  expect_error(mixed, GPTWeightNames::nanogpt, "\"transformer.h.1.mlp.c_proj.weight\" is [32, 8], expected [8, 32]");
+}

@@ -26,7 +26,7 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
   blocks = register_module("blocks", std::make_shared<Sequential>());
   for (int64_t i = 0; i < config.layers; ++i)
     blocks->add(std::make_shared<TransformerBlock>(config.width, config.heads, config.dropout, dt,
-                                                   config.fused_attention));
+                                                   config.fused_attention, config.tanh_gelu));
   ln_f = register_module("ln_f", std::make_shared<LayerNorm>(config.width, 1e-5, true, dt));
   lm_head = register_module("lm_head", std::make_shared<Linear>(config.width, config.vocab, false, dt));
 

@@ -39,10 +39,12 @@ bool split_block(const std::string& name, std::string_view prefix, std::string& 
   return true;
 }
 
-// One name from one side to the other; `to_remat` picks the direction.
+// One name from one side to the other; `to_remat` picks the direction. To remat, the prefix
+// "transformer." is optional (Hugging Face's GPT2Model files have "h.N.", "wte.", "ln_f.").
 std::string rename(const std::string& name, bool to_remat) {
   std::string number, rest;
-  if (split_block(name, to_remat ? "transformer.h." : "blocks.", number, rest)) {
+  if (split_block(name, to_remat ? "transformer.h." : "blocks.", number, rest) ||
+      (to_remat && split_block(name, "h.", number, rest))) {
     for (const auto& [remat_name, nano_name] : kBlockNames) {
       std::string r = rest;
       if (swap_prefix(r, to_remat ? nano_name : remat_name, to_remat ? remat_name : nano_name))
@@ -57,24 +59,65 @@ std::string rename(const std::string& name, bool to_remat) {
   return name;
 }
 
+// The block-level part of a nanoGPT / Hugging Face name ("attn.c_attn.weight"), or "".
+std::string block_rest(const std::string& name) {
+  std::string number, rest;
+  if (split_block(name, "transformer.h.", number, rest) || split_block(name, "h.", number, rest)) return rest;
+  return "";
+}
+
+// The weights of Hugging Face's Conv1D modules, stored [in, out] (block-level names).
+bool is_conv1d_weight(std::string_view rest) {
+  return rest == "attn.c_attn.weight" || rest == "attn.c_proj.weight" || rest == "mlp.c_fc.weight" ||
+         rest == "mlp.c_proj.weight";
+}
+// The same for remat's names ("blocks.N.attn.qkv.weight", ...).
+bool is_conv1d_weight_remat(const std::string& name) {
+  std::string number, rest;
+  return split_block(name, "blocks.", number, rest) &&
+         (rest == "attn.qkv.weight" || rest == "attn.proj.weight" || rest == "mlp.fc.weight" || rest == "mlp.proj.weight");
+}
+
+Tensor transposed(const Tensor& t) { return t.transpose(0, 1).contiguous(); }
+
+const char* layout_name(GPTWeightNames layout) {
+  return layout == GPTWeightNames::hf_gpt2 ? "Hugging Face GPT-2" : layout == GPTWeightNames::nanogpt ? "nanoGPT" : "remat";
+}
+
 }  // namespace
 
 GPTWeightNames detect_gpt_weight_names(const std::map<std::string, Tensor>& tensors) {
+  bool theirs = false;
   for (const auto& [name, t] : tensors)
-    if (std::string_view(name).starts_with("transformer.")) return GPTWeightNames::nanogpt;
-  return GPTWeightNames::remat;
+    theirs = theirs || std::string_view(name).starts_with("transformer.") || std::string_view(name).starts_with("h.");
+  if (!theirs) return GPTWeightNames::remat;
+  // nanoGPT's Linear [out, in] or Hugging Face's Conv1D [in, out]: told apart by the first
+  // block's fused attention input (C -> 3C), else its MLP input (C -> 4C); the square ones
+  // (c_proj of the attention) cannot tell
+  for (const auto& [part, factor] : {std::pair<const char*, int64_t>{"attn.c_attn.weight", 3}, {"mlp.c_fc.weight", 4}})
+    for (const auto& [name, t] : tensors) {
+      if (block_rest(name) != part || !t.defined() || t.dim() != 2) continue;
+      if (t.size(1) == factor * t.size(0)) return GPTWeightNames::hf_gpt2;
+      if (t.size(0) == factor * t.size(1)) return GPTWeightNames::nanogpt;
+    }
+  return GPTWeightNames::nanogpt;
 }
 
 std::map<std::string, Tensor> gpt_weights_to_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames from) {
   if (from == GPTWeightNames::remat) return tensors;
   std::map<std::string, Tensor> out;
   for (const auto& [name, t] : tensors) {
-    // nanoGPT's causal-mask buffer (transformer.h.N.attn.bias, 4-d) is not a parameter
-    std::string number, rest;
-    if (split_block(name, "transformer.h.", number, rest) && rest == "attn.bias" && t.defined() && t.dim() == 4) continue;
+    // the causal-mask buffers (h.N.attn.bias, 4-d, and Hugging Face's h.N.attn.masked_bias, a
+    // scalar) are not parameters
+    const std::string rest = block_rest(name);
+    if (rest == "attn.bias" && t.defined() && t.dim() == 4) continue;
+    if (rest == "attn.masked_bias" && from == GPTWeightNames::hf_gpt2) continue;
     std::string renamed = rename(name, true);
-    REMAT_CHECK(out.count(renamed) == 0, "nanoGPT weights: \"", name, "\" and another tensor both map to \"", renamed, "\"");
-    out.emplace(std::move(renamed), t);
+    REMAT_CHECK(out.count(renamed) == 0, layout_name(from), " weights: \"", name, "\" and another tensor both map to \"",
+                renamed, "\"");
+    // Conv1D [in, out] -> Linear [out, in]; a tensor that is not 2-d is left for the shape checks
+    const bool transpose = from == GPTWeightNames::hf_gpt2 && is_conv1d_weight(rest) && t.defined() && t.dim() == 2;
+    out.emplace(std::move(renamed), transpose ? transposed(t) : t);
   }
   if (out.count("lm_head.weight") == 0 && out.count("wte.weight") != 0)
     out.emplace("lm_head.weight", out.at("wte.weight"));  // tied in nanoGPT (load_parameters copies)
@@ -84,7 +127,11 @@ std::map<std::string, Tensor> gpt_weights_to_remat(const std::map<std::string, T
 std::map<std::string, Tensor> gpt_weights_from_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames to) {
   if (to == GPTWeightNames::remat) return tensors;
   std::map<std::string, Tensor> out;
-  for (const auto& [name, t] : tensors) out.emplace(gpt_weight_name(name, to), t);
+  for (const auto& [name, t] : tensors) {
+    // Hugging Face's Conv1D weights are [in, out]: a transposed view
+    const bool transpose = to == GPTWeightNames::hf_gpt2 && is_conv1d_weight_remat(name) && t.defined() && t.dim() == 2;
+    out.emplace(gpt_weight_name(name, to), transpose ? t.transpose(0, 1) : t);
+  }
   return out;
 }
 
@@ -108,6 +155,11 @@ GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, 
                                   const std::string& source) {
   auto file_name = [&](const std::string& name) { return "\"" + gpt_weight_name(name, layout) + "\""; };
   auto shape_of = [&](const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); };
+  // shapes as the file has them: Hugging Face's Conv1D weights [in, out] (2-d ones were transposed)
+  auto in_file = [&](const std::string& name, Shape shape) {
+    if (layout == GPTWeightNames::hf_gpt2 && is_conv1d_weight_remat(name) && shape.size() == 2) std::swap(shape[0], shape[1]);
+    return shape_str(shape);
+  };
   const std::string what = detail::concat(source, ": cannot read the GPT architecture from the tensors' shapes: ");
   // wte.weight [vocab, width] and wpe.weight [seq, width] give the sizes
   auto embedding = [&](const char* name, const char* rows) -> const Tensor& {
@@ -170,9 +222,14 @@ GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, 
     known.insert(e.name);
     auto it = tensors.find(e.name);
     if (it == tensors.end())
-      problems.push_back(detail::concat("missing ", file_name(e.name), " (expected ", shape_str(e.shape), ")"));
+      problems.push_back(detail::concat("missing ", file_name(e.name), " (expected ", in_file(e.name, e.shape), ")"));
     else if (!it->second.defined() || it->second.shape() != e.shape)
-      problems.push_back(detail::concat(file_name(e.name), " is ", shape_of(it->second), ", expected ", shape_str(e.shape)));
+      problems.push_back(detail::concat(file_name(e.name), " is ",
+                                        it->second.defined() ? in_file(e.name, it->second.shape()) : "undefined",
+                                        ", expected ", in_file(e.name, e.shape),
+                                        layout == GPTWeightNames::hf_gpt2 && is_conv1d_weight_remat(e.name)
+                                            ? " (Hugging Face's Conv1D layout [in, out], as the file's other weights)"
+                                            : ""));
   }
   for (const auto& [name, tensor] : tensors)
     if (known.count(name) == 0)

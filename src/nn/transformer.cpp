@@ -76,12 +76,13 @@ Tensor MLP::forward_impl(const Tensor& x) {
 
 // ---- TransformerBlock
 
-TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout, DType dtype, bool fused_attention) {
+TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout, DType dtype, bool fused_attention,
+                                   bool tanh_gelu) {
   ln1 = register_module("ln1", std::make_shared<LayerNorm>(width, 1e-5, true, dtype));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(width, heads, dropout, dropout, dtype,
                                                                        fused_attention));
   ln2 = register_module("ln2", std::make_shared<LayerNorm>(width, 1e-5, true, dtype));
-  mlp = register_module("mlp", std::make_shared<MLP>(width, dropout, dtype));
+  mlp = register_module("mlp", std::make_shared<MLP>(width, dropout, dtype, 0, tanh_gelu));
 }
 
 Tensor TransformerBlock::forward_impl(const Tensor& x) {

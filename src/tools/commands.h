@@ -23,7 +23,7 @@ struct TrainOptions {
   double dropout = 0.0;
   int threads = 0;  // 0: all cores
   std::string save, load;
-  std::string format = "remat";     // --save's names: remat or nanogpt (--load reads both)
+  std::string format = "remat";     // --save's names: remat, nanogpt or hf-gpt2 (--load reads each)
   bool architecture_given = false;  // --layers, --width, --heads or --seq was passed
   bool layers_given = false, width_given = false, heads_given = false, seq_given = false;
   bool eval_only = false;           // --eval-only: the validation loss of the --load weights

@@ -189,9 +189,9 @@ int main(int argc, char** argv) {
               "update each parameter as soon as its gradient is final, inside the backward, and free the gradient "
               "(needs --clip 0; one process)");
   t->add_option("--save", train.save, "write the weights (safetensors) here");
-  t->add_option("--load", train.load, "start from these weights (architecture from the file; remat or nanoGPT names; a file without remat "
-                "metadata takes --heads and the vocabulary of --data)");
-  t->add_option("--format", train.format, "names of the --save file: remat | nanogpt")->capture_default_str();
+  t->add_option("--load", train.load, "start from these weights (architecture from the file; remat, nanoGPT or Hugging Face GPT-2 "
+                "layout; a file without remat metadata takes --heads and the vocabulary of --data)");
+  t->add_option("--format", train.format, "names and layout of the --save file: remat | nanogpt | hf-gpt2")->capture_default_str();
   t->add_flag("--allow-nonfinite", train.allow_nonfinite,
               "keep training when the loss or the gradient norm is NaN or infinite (default: stop with an error)");
   t->add_flag("--json", train.json,

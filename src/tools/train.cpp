@@ -205,8 +205,8 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   REMAT_USAGE_CHECK(o.batch >= 1 && o.seq >= 2, "train: --batch must be >= 1 and --seq >= 2");
   REMAT_USAGE_CHECK(std::isfinite(o.lr) && o.lr > 0, "train: --lr must be a finite number > 0, got ", o.lr);
   REMAT_USAGE_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got ", o.dropout);
-  REMAT_USAGE_CHECK(o.format == "remat" || o.format == "nanogpt", "train: --format must be remat or nanogpt, got \"",
-                    o.format, "\"");
+  REMAT_USAGE_CHECK(o.format == "remat" || o.format == "nanogpt" || o.format == "hf-gpt2",
+                    "train: --format must be remat, nanogpt or hf-gpt2, got \"", o.format, "\"");
   REMAT_USAGE_CHECK(!o.eval_only || !o.load.empty(), "train: --eval-only needs --load FILE (the weights to evaluate)");
   REMAT_USAGE_CHECK(o.accumulate >= 1 && o.accumulate <= kMaxAccumulate, "train: --accumulate must be from 1 to ",
                     kMaxAccumulate, ", got ", o.accumulate);
@@ -248,6 +248,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     config.width = weights->config.width;
     config.heads = weights->config.heads;
     config.seq = weights->config.seq;
+    config.tanh_gelu = weights->config.tanh_gelu;
     check_architecture_flags(o, weights->config);
     source = detail::concat("train: the model of ", o.load, " (layers ", config.layers, ", width ", config.width,
                             ", heads ", config.heads, ", seq ", config.seq, ") with --batch ", o.batch);

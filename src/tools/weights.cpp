@@ -15,7 +15,7 @@ constexpr const char* kFormat = "remat-char-gpt";
 // Whether `metadata` holds any of remat's keys (a "format" other than remat's, e.g. PyTorch's
 // "pt", does not count).
 bool has_remat_metadata(const nn::Metadata& metadata) {
-  for (const char* key : {"vocabulary", "layers", "width", "heads", "seq"})
+  for (const char* key : {"vocabulary", "layers", "width", "heads", "seq", "gelu"})
     if (metadata.count(key) != 0) return true;
   auto format = metadata.find("format");
   return format != metadata.end() && format->second == kFormat;
@@ -24,12 +24,14 @@ bool has_remat_metadata(const nn::Metadata& metadata) {
 }  // namespace
 
 nn::Metadata char_gpt_metadata(const nn::GPTConfig& config, const CharTokenizer& tokenizer) {
-  return {{"format", kFormat},
-          {"vocabulary", tokenizer.to_string()},
-          {"layers", std::to_string(config.layers)},
-          {"width", std::to_string(config.width)},
-          {"heads", std::to_string(config.heads)},
-          {"seq", std::to_string(config.seq)}};
+  nn::Metadata m = {{"format", kFormat},
+                    {"vocabulary", tokenizer.to_string()},
+                    {"layers", std::to_string(config.layers)},
+                    {"width", std::to_string(config.width)},
+                    {"heads", std::to_string(config.heads)},
+                    {"seq", std::to_string(config.seq)}};
+  if (config.tanh_gelu) m["gelu"] = "tanh";  // absent: exact (files written before it say nothing)
+  return m;
 }
 
 CharGPTFile read_char_gpt(const std::string& path, const std::string& command, int64_t heads) {
@@ -47,6 +49,7 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command, i
                       "of heads cannot be: the width ", wte->second.size(1), " of its token embedding is not a multiple "
                       "of --heads ", heads, "; pass the --heads the model was trained with");
     w.config = nn::gpt_config_from_weights(w.file.tensors, heads, layout, detail::concat(command, ": ", path));
+    w.config.tanh_gelu = layout == nn::GPTWeightNames::hf_gpt2;  // Hugging Face's GPT-2: gelu_new, the tanh form
     return w;
   }
   const std::string in_file = detail::concat(" of ", path);
@@ -72,6 +75,10 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command, i
   c.seq = number("seq", 1);
   REMAT_CHECK(c.width % c.heads == 0, command, ": metadata", in_file, ": width ", c.width,
               " is not a multiple of heads ", c.heads);
+  auto gelu = w.file.metadata.find("gelu");
+  REMAT_CHECK(gelu == w.file.metadata.end() || gelu->second == "tanh" || gelu->second == "exact", command, ": metadata ",
+              "\"gelu\"", in_file, " is \"", gelu->second, "\", expected \"exact\" or \"tanh\"");
+  c.tanh_gelu = gelu != w.file.metadata.end() && gelu->second == "tanh";
 
   // The metadata must describe the tensors the file holds: the model is then no larger than the file.
   const std::string described = detail::concat(command, ": the metadata", in_file, " (vocabulary of ", c.vocab,
@@ -89,6 +96,9 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command, i
   for (const auto& [name, t] : w.file.tensors) held += static_cast<uint64_t>(t.numel());  // <= file bytes
   REMAT_CHECK(held == expected, described, " describes a model of ", expected, " parameters, but the file holds ", held,
               " values");
+  // and every tensor has its shape in the file's layout (a file mixing nanoGPT's and Hugging
+  // Face's layouts is named here, under the file's names)
+  nn::gpt_config_from_weights(w.file.tensors, c.heads, layout, detail::concat(command, ": ", path));
   return w;
 }
 
@@ -110,7 +120,8 @@ namespace remat::tools {
 void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Metadata& metadata, const std::string& format) {
   nn::GPTWeightNames names = nn::GPTWeightNames::remat;
   if (format == "nanogpt") names = nn::GPTWeightNames::nanogpt;
-  else REMAT_CHECK(format == "remat", "--format must be remat or nanogpt, got \"", format, "\"");
+  else if (format == "hf-gpt2") names = nn::GPTWeightNames::hf_gpt2;
+  else REMAT_CHECK(format == "remat", "--format must be remat, nanogpt or hf-gpt2, got \"", format, "\"");
   std::map<std::string, Tensor> tensors;
   for (const auto& [name, p] : model.named_parameters()) tensors.emplace(name, p);
   std::map<std::string, Tensor> renamed = nn::gpt_weights_from_remat(tensors, names);

@@ -1,5 +1,6 @@
 // Weight files of `remat train --save`: safetensors with the architecture and the vocabulary in
-// the metadata ("format" = "remat-char-gpt", "vocabulary", "layers", "width", "heads", "seq").
+// the metadata ("format" = "remat-char-gpt", "vocabulary", "layers", "width", "heads", "seq", and
+// "gelu" = "tanh" for a model with the tanh approximation, e.g. one loaded from Hugging Face).
 // The metadata is untrusted like the rest of the file: its numbers are parsed strictly and must
 // describe the tensors the file holds (wte.weight [vocab, width], wpe.weight [seq, width], and
 // the parameter count of the whole model), so a model is built only at the file's own size.
@@ -17,7 +18,7 @@ struct CharGPTFile {
   nn::SafetensorsFile file;
   bool has_metadata = true;  // false: a file without remat's metadata (e.g. a nanoGPT state_dict)
   CharTokenizer tokenizer;   // from the metadata; empty without it (see vocabulary_from_text)
-  nn::GPTConfig config;      // vocab, layers, width, heads, seq from the metadata; the rest default
+  nn::GPTConfig config;      // vocab, layers, width, heads, seq, tanh_gelu from the metadata; the rest default
 };
 
 // Reads and checks `path`; `command` ("train", "sample") prefixes the errors.
@@ -34,8 +35,8 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command, i
 CharTokenizer vocabulary_from_text(const CharGPTFile& weights, const std::string& path, const std::string& text,
                                    const std::string& data_path, const std::string& command);
 
-// Writes the model's weights with `format`'s names ("remat" or "nanogpt", see remat/nn/gpt.h)
-// and the metadata; read_char_gpt reads either.
+// Writes the model's weights with `format`'s names and layout ("remat", "nanogpt" or "hf-gpt2",
+// see remat/nn/gpt.h) and the metadata; read_char_gpt reads each (telling them apart itself).
 void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Metadata& metadata, const std::string& format);
 
 // The metadata that read_char_gpt reads back.

@@ -484,7 +484,7 @@ TEST_F(Cli, NanoGPTNamesOnSaveAndLoad) {
   // and training continues from it
   r = run(train_args({{"--steps", "1"}}) + " --load " + nano);
   EXPECT_EQ(r.code, 0) << r.output;
-  expect_usage_error(train_args({{"--format", "hf"}}), {"--format must be remat or nanogpt"});
+  expect_usage_error(train_args({{"--format", "hf"}}), {"--format must be remat, nanogpt or hf-gpt2"});
 }
 
 // --fuse-optimizer: refused with clipping (it needs every gradient first) and under a bad
@@ -589,4 +589,62 @@ TEST_F(Cli, NanoGPTFileWithoutMetadata) {
   // the architecture flags of train are compared with what the shapes say
   expect_usage_error("train --quiet --steps 1 --heads 2 --layers 3" + data + " --load " + bare,
                      {"--layers 3 disagrees", "(layers 1)"});
+}
+
+// --format hf-gpt2: Hugging Face's GPT2LMHeadModel layout (Conv1D weights [in, out]); --load
+// tells it from nanoGPT's by the shapes; a file mixing both is an error naming the tensor.
+TEST_F(Cli, HuggingFaceLayoutOnSaveAndLoad) {
+  const std::string hf = path("hf.safetensors"), nano = path("nano2.safetensors"), own = path("own2.safetensors");
+  for (const auto& [file, format] : {std::pair{hf, "hf-gpt2"}, {nano, "nanogpt"}, {own, "remat"}})
+    ASSERT_EQ(run(train_args({{"--save", file}, {"--format", format}})).code, 0) << format;
+  nn::SafetensorsFile f = nn::load_safetensors(hf);
+  EXPECT_EQ(f.tensors.at("transformer.h.0.attn.c_attn.weight").shape(), (Shape{8, 24}));  // [C, 3C]
+  EXPECT_EQ(f.tensors.at("transformer.h.0.mlp.c_fc.weight").shape(), (Shape{8, 32}));
+  EXPECT_EQ(f.tensors.at("transformer.h.0.mlp.c_proj.weight").shape(), (Shape{32, 8}));
+  EXPECT_EQ(f.tensors.count("transformer.h.0.attn.c_attn.bias"), 1u);
+  // the same text and validation loss from the three files of one run
+  const std::string s = "sample --threads 1 --tokens 20 --temperature 0 --load ";
+  const std::string eval = "train --threads 1 --batch 2 --eval-only --json --data " + path("corpus.txt") + " --load ";
+  Result a = run(s + own);
+  Streams va = run_streams(eval + own);
+  ASSERT_EQ(a.code, 0) << a.output;
+  for (const std::string& file : {hf, nano}) {
+    EXPECT_EQ(run(s + file).output, a.output) << file;
+    EXPECT_EQ(run_streams(eval + file).out, va.out) << file;
+  }
+  // training continues from it
+  EXPECT_EQ(run(train_args({{"--steps", "1"}}) + " --load " + hf).code, 0);
+
+  // without remat's metadata a Hugging Face file is read with their GELU (the tanh form): the
+  // same loss as the file with metadata saying so
+  auto write = [&](const std::string& name, std::map<std::string, Tensor> tensors, const nn::Metadata& metadata) {
+    nn::save_safetensors(path(name), nn::NamedTensors(tensors.begin(), tensors.end()), metadata);
+    return path(name);
+  };
+  // (the MLP's input scaled up, where the two GELUs differ more than f32 rounding)
+  std::map<std::string, Tensor> big = f.tensors;
+  big["transformer.h.0.mlp.c_fc.weight"] = mul_scalar(big.at("transformer.h.0.mlp.c_fc.weight"), 100.0);
+  nn::Metadata tanh = f.metadata;
+  tanh["gelu"] = "tanh";
+  const std::string bare = write("hf-bare.safetensors", big, {{"format", "pt"}});
+  const std::string described = write("hf-tanh.safetensors", big, tanh);
+  const std::string exact = write("hf-exact.safetensors", big, f.metadata);
+  Streams vb = run_streams(eval + bare + " --heads 2"), vt = run_streams(eval + described);
+  EXPECT_EQ(vb.code, 0) << vb.err;
+  EXPECT_EQ(vb.out, vt.out);
+  Streams ve = run_streams(eval + exact);
+  EXPECT_EQ(ve.code, 0) << ve.err;
+  EXPECT_NE(vb.out, ve.out);  // exact and tanh GELU differ
+  nn::Metadata odd = f.metadata;
+  odd["gelu"] = "fast";
+  expect_error(eval + write("hf-gelu.safetensors", f.tensors, odd), {"metadata \"gelu\"", "\"fast\""});
+
+  // mixed: Hugging Face by c_attn, c_fc as nanoGPT's; with and without metadata
+  std::map<std::string, Tensor> mixed = f.tensors;
+  mixed["transformer.h.0.mlp.c_fc.weight"] = mixed.at("transformer.h.0.mlp.c_fc.weight").transpose(0, 1).contiguous();
+  for (const std::string& file : {write("mixed.safetensors", mixed, f.metadata), write("mixed-bare.safetensors", mixed, {})}) {
+    expect_error(s + file + " --heads 2 --data " + path("corpus.txt"),
+                 {file, "\"transformer.h.0.mlp.c_fc.weight\" is [32, 8], expected [8, 32]"});
+    expect_error(eval + file + " --heads 2", {file, "\"transformer.h.0.mlp.c_fc.weight\" is [32, 8], expected [8, 32]"});
+  }
 }

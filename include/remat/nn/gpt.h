@@ -12,7 +12,8 @@
 //   blocks  Sequential of `layers` TransformerBlock    "blocks.3.attn.qkv.weight", ...
 //   ln_f    LayerNorm(width)
 //   lm_head Linear(width, vocab, no bias)
-// Under the default policy (every-layer) each block is a checkpoint region.
+// Under the default policy (every-layer) each block is a checkpoint region. The MLP's GELU is the
+// exact one unless config.tanh_gelu (GPT-2's and Hugging Face's approximation).
 //
 // Initialisation (GPT-2 / nanoGPT): every Linear and Embedding weight ~ N(0, 0.02^2), except the
 // residual projections (attn.proj.weight, mlp.proj.weight) ~ N(0, (0.02 / sqrt(2 * layers))^2);
@@ -41,6 +42,7 @@ struct GPTConfig {
   DType dtype = DType::f32;
   uint64_t seed = 0;      // the initialisation seed
   bool fused_attention = true;  // false: attention written out (scores, mask, softmax; keeps [B, H, T, T])
+  bool tanh_gelu = false;       // the MLP's GELU: exact (nanoGPT) or the tanh approximation (GPT-2, Hugging Face)
 };
 
 class GPT : public Module {
@@ -82,13 +84,31 @@ class GPT : public Module {
 // nanoGPT trains with bias=False as an option: a file without the biases is refused by
 // load_parameters (remat's GPT has them). Names of nanoGPT's non-parameter buffers
 // (".attn.bias", the causal mask of its non-flash path) are dropped.
-enum class GPTWeightNames { remat, nanogpt };
-// The layout of `tensors`: nanogpt when any name starts with "transformer.", else remat.
+//
+// Hugging Face's GPT2LMHeadModel has nanoGPT's names (nanoGPT took them from it), but its
+// attention and MLP projections are Conv1D modules, whose weights are stored transposed:
+// [in, out] where Linear has [out, in] (attn.c_attn.weight [C, 3C], attn.c_proj.weight [C, C],
+// mlp.c_fc.weight [C, 4C], mlp.c_proj.weight [4C, C]); biases, embeddings and LayerNorms are as
+// in nanoGPT. Its files may lack the "transformer." prefix (a GPT2Model's: "h.0.ln_1.weight",
+// "wte.weight"), may hold the buffers "h.N.attn.bias" (the causal mask) and "h.N.attn.masked_bias"
+// (a constant), which are dropped on load, and usually have no lm_head.weight (it is tied to
+// wte). Hugging Face's GPT-2 uses the tanh approximation of GELU where nanoGPT and remat use the
+// exact one: logits of a Hugging Face checkpoint computed by remat differ from its own by that.
+// Which of nanoGPT and Hugging Face a file is cannot be told from its names: it is decided once
+// per file by the first block's attn.c_attn.weight ([3C, C]: nanoGPT, [C, 3C]: Hugging Face),
+// else its mlp.c_fc.weight ([4C, C] / [C, 4C]) (the square attn.c_proj cannot tell); every other
+// tensor must then follow that layout, which gpt_config_from_weights checks (a file mixing both
+// is an error naming the first tensor that disagrees, with the shape expected).
+enum class GPTWeightNames { remat, nanogpt, hf_gpt2 };
+// The layout of `tensors`: remat unless some name starts with "transformer." or "h."; then
+// hf_gpt2 or nanogpt by the shapes, as above.
 GPTWeightNames detect_gpt_weight_names(const std::map<std::string, Tensor>& tensors);
-// `tensors` renamed from `from` to remat's names (the tensors themselves are shared, not copied).
-// A name the map does not know is kept as it is (load_parameters then names it as unexpected).
+// `tensors` renamed from `from` to remat's names (the tensors themselves are shared, not copied,
+// except Hugging Face's 2-d Conv1D weights, which are transposed into new tensors). A name the
+// map does not know is kept as it is (load_parameters then names it as unexpected).
 std::map<std::string, Tensor> gpt_weights_to_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames from);
-// remat-named tensors renamed to `to` (lm_head.weight kept, as a separate tensor).
+// remat-named tensors renamed to `to` (lm_head.weight kept, as a separate tensor; for hf_gpt2
+// the Conv1D weights are transposed views, with the "transformer." prefix of GPT2LMHeadModel).
 std::map<std::string, Tensor> gpt_weights_from_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames to);
 // The name `remat_name` has in the layout `to`.
 std::string gpt_weight_name(const std::string& remat_name, GPTWeightNames to);

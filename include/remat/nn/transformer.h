@@ -50,11 +50,11 @@ class MLP : public Module {
 };
 
 // Pre-norm block: x = x + attn(ln1(x)); x = x + mlp(ln2(x)). `dropout` applies to the attention
-// weights, the attention output and the MLP output.
+// weights, the attention output and the MLP output; `tanh_gelu` picks the MLP's GELU.
 class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t width, int64_t heads, double dropout = 0.0, DType dtype = DType::f32,
-                   bool fused_attention = true);
+                   bool fused_attention = true, bool tanh_gelu = false);
   Tensor forward_impl(const Tensor& x) override;
   std::string type_name() const override { return "TransformerBlock"; }
   std::shared_ptr<LayerNorm> ln1, ln2;
