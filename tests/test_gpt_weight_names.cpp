@@ -79,21 +79,33 @@ TEST_F(GPTWeightNamesTest, NanoGPTFileGivesTheSameLogits) {
 }
 
 TEST_F(GPTWeightNamesTest, TiedLmHeadComesFromTheTokenEmbedding) {
-  GPT model(kConfig);
-  // tie: lm_head := wte, as nanoGPT does
-  std::map<std::string, Tensor> params;
-  for (const auto& [name, p] : model.named_parameters()) params[name] = p.detach().clone();
-  params["lm_head.weight"] = params["wte.weight"];
-  model.load_parameters(params, "tied");
+  // a nanoGPT model: lm_head := wte, one tensor, saved once (as the safetensors package does)
+  GPTConfig tied_config = kConfig;
+  tied_config.tie_embeddings = true;
+  GPT model(tied_config);
   const std::vector<double> expected = logits_of(model);
   NamedTensors nano;
-  for (const auto& [name, p] : model.named_parameters())
-    if (name != "lm_head.weight") nano.emplace_back(nanogpt_name(name), p.detach());
+  for (const auto& [name, p] : model.named_parameters()) nano.emplace_back(nanogpt_name(name), p.detach());
+  for (const auto& [name, t] : nano) ASSERT_NE(name, "lm_head.weight");
   save_safetensors(path("tied.safetensors"), nano, {});
   SafetensorsFile file = load_safetensors(path("tied.safetensors"));
-  GPT loaded(GPTConfig{kConfig.vocab, kConfig.layers, kConfig.width, kConfig.heads, kConfig.seq, 0.0, DType::f32, 7});
-  loaded.load_parameters(gpt_weights_to_remat(file.tensors, GPTWeightNames::nanogpt), "tied.safetensors");
+  const std::map<std::string, Tensor> remat = gpt_weights_to_remat(file.tensors, GPTWeightNames::nanogpt);
+  // the file says tied, and loads into a tied model
+  const GPTConfig read = gpt_config_from_weights(remat, kConfig.heads, GPTWeightNames::nanogpt, "tied.safetensors");
+  EXPECT_TRUE(read.tie_embeddings);
+  GPTConfig other = read;
+  other.seed = 7;
+  GPT loaded(other);
+  loaded.load_parameters(remat, "tied.safetensors");
   EXPECT_EQ(logits_of(loaded), expected);
+  EXPECT_TRUE(loaded.lm_head->weight.same(loaded.wte->weight));
+  // not silently into an untied one
+  try {
+    GPT(kConfig).load_parameters(remat, "tied.safetensors");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing \"lm_head.weight\""), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(GPTWeightNamesTest, NamesRoundTripAndUnknownNamesAreReported) {

@@ -2,8 +2,12 @@
 // initialisation, Sequential regions and the GPT model (names, shapes, policies bitwise equal).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "remat/nn.h"
 
@@ -244,34 +248,39 @@ TEST(NnModule, SequentialOutlivedByItsGraph) {
 }
 
 TEST(NnModule, GPTEveryLayerGradientsBitwiseEqualSaveAllWithDropout) {
-  nn::GPT model(tiny_config(0.1));
-  Tensor ids = tiny_ids(2, 6, 5), targets = tiny_ids(2, 6, 6);
-  TensorList params = model.parameters();
-  auto run = [&](const Policy& policy) {
-    manual_seed(77);
-    return remat::grad([&](const TensorList&) { return model.loss(ids, targets); }, params, GradOptions{policy});
-  };
-  TensorList reference = run(Policy::save_all());
-  reset_counters();
-  TensorList every_layer = run(Policy::every_layer());
-  // the model's layer calls: wte, wpe, the 3 blocks (through the transparent Sequential), ln_f and
-  // lm_head (the embedding dropout is transparent)
-  EXPECT_EQ(counters().regions_created, 7u);
-  EXPECT_EQ(counters().regions_recomputed, 7u);
-  TensorList every_two = run(Policy::every_k(2));
-  TensorList selective = run(Policy::parse("selective:matmul"));
-  auto names = names_of(model);
-  ASSERT_EQ(reference.size(), every_layer.size());
-  for (size_t i = 0; i < reference.size(); ++i) {
-    EXPECT_TRUE(bitwise_equal(every_layer[i], reference[i])) << names[i];
-    EXPECT_TRUE(bitwise_equal(every_two[i], reference[i])) << names[i];
-    EXPECT_TRUE(bitwise_equal(selective[i], reference[i])) << names[i];
+  for (bool tie : {false, true}) {
+    SCOPED_TRACE(tie ? "tied embeddings" : "untied");
+    nn::GPTConfig config = tiny_config(0.1);
+    config.tie_embeddings = tie;
+    nn::GPT model(config);
+    Tensor ids = tiny_ids(2, 6, 5), targets = tiny_ids(2, 6, 6);
+    TensorList params = model.parameters();
+    auto run = [&](const Policy& policy) {
+      manual_seed(77);
+      return remat::grad([&](const TensorList&) { return model.loss(ids, targets); }, params, GradOptions{policy});
+    };
+    TensorList reference = run(Policy::save_all());
+    reset_counters();
+    TensorList every_layer = run(Policy::every_layer());
+    // the model's layer calls: wte, wpe, the 3 blocks (through the transparent Sequential), ln_f and
+    // lm_head (the embedding dropout is transparent)
+    EXPECT_EQ(counters().regions_created, 7u);
+    EXPECT_EQ(counters().regions_recomputed, 7u);
+    TensorList every_two = run(Policy::every_k(2));
+    TensorList selective = run(Policy::parse("selective:matmul"));
+    auto names = names_of(model);
+    ASSERT_EQ(reference.size(), every_layer.size());
+    for (size_t i = 0; i < reference.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(every_layer[i], reference[i])) << names[i];
+      EXPECT_TRUE(bitwise_equal(every_two[i], reference[i])) << names[i];
+      EXPECT_TRUE(bitwise_equal(selective[i], reference[i])) << names[i];
+    }
+    // dropout really is active (another seed changes the gradient)
+    manual_seed(78);
+    TensorList other = remat::grad([&](const TensorList&) { return model.loss(ids, targets); }, params,
+                                   GradOptions{Policy::save_all()});
+    EXPECT_FALSE(bitwise_equal(other[0], reference[0]));
   }
-  // dropout really is active (another seed changes the gradient)
-  manual_seed(78);
-  TensorList other = remat::grad([&](const TensorList&) { return model.loss(ids, targets); }, params,
-                                 GradOptions{Policy::save_all()});
-  EXPECT_FALSE(bitwise_equal(other[0], reference[0]));
 }
 
 TEST(NnModule, GPTTrainsWithAdamW) {
@@ -289,4 +298,60 @@ TEST(NnModule, GPTTrainsWithAdamW) {
     last = loss.item();
   }
   EXPECT_LT(last, 0.6 * first) << "first " << first << ", last " << last;
+}
+
+// --tie-embeddings: lm_head's weight is wte's, one parameter whose gradient is the sum of the
+// two uses; the policies stay bitwise equal to save-all (GPTEveryLayerGradients... covers them
+// with tying too).
+TEST(NnModule, GPTTiedEmbeddings) {
+  nn::GPTConfig config = tiny_config();
+  nn::GPT untied(config);
+  config.tie_embeddings = true;
+  nn::GPT tied(config);
+  // one parameter, listed and counted once, saved once
+  EXPECT_TRUE(tied.lm_head->weight.same(tied.wte->weight));
+  EXPECT_EQ(tied.num_parameters(), untied.num_parameters() - config.vocab * config.width);
+  std::vector<std::string> names = names_of(untied);
+  names.erase(std::find(names.begin(), names.end(), "lm_head.weight"));
+  EXPECT_EQ(names_of(tied), names);
+  EXPECT_EQ(tied.parameters().size(), untied.parameters().size() - 1);
+  EXPECT_NE(tied.type_name().find("tied"), std::string::npos);
+  // the same seed draws the same weights (lm_head comes last); the untied model's lm_head is set
+  // to the embedding's values
+  for (const auto& [name, p] : tied.named_parameters()) EXPECT_TRUE(bitwise_equal(p, untied.parameter(name))) << name;
+  {
+    NoGradGuard no_grad;
+    untied.lm_head->weight.copy_(untied.wte->weight);
+  }
+  Tensor ids = tiny_ids(2, 6, 5), targets = tiny_ids(2, 6, 6);
+  TensorList gu = remat::grad([&](const TensorList&) { return untied.loss(ids, targets); }, untied.parameters(),
+                              GradOptions{Policy::save_all()});
+  TensorList gt = remat::grad([&](const TensorList&) { return tied.loss(ids, targets); }, tied.parameters(),
+                              GradOptions{Policy::save_all()});
+  const nn::NamedTensors pu = untied.named_parameters(), pt = tied.named_parameters();
+  auto index = [](const nn::NamedTensors& ps, const std::string& name) {
+    for (size_t i = 0; i < ps.size(); ++i)
+      if (ps[i].first == name) return i;
+    ADD_FAILURE() << "no " << name;
+    return size_t{0};
+  };
+  const Tensor sum = add(gu[index(pu, "wte.weight")], gu[index(pu, "lm_head.weight")]);
+  const Tensor tied_grad = gt[index(pt, "wte.weight")];
+  EXPECT_TRUE(bitwise_equal(tied_grad, sum));
+  // the lm_head part is not zero (both uses contribute)
+  EXPECT_FALSE(bitwise_equal(tied_grad, gu[index(pu, "wte.weight")]));
+  // every other gradient is the untied model's
+  for (const auto& [name, p] : pt)
+    if (name != "wte.weight") EXPECT_TRUE(bitwise_equal(gt[index(pt, name)], gu[index(pu, name)])) << name;
+  // the file of a tied model has no lm_head.weight, and loads back into a tied model only
+  const std::string file = (std::filesystem::temp_directory_path() / ("remat_tied_" + std::to_string(::getpid()))).string();
+  tied.save(file);
+  nn::SafetensorsFile f = nn::load_safetensors(file);
+  EXPECT_EQ(f.tensors.count("lm_head.weight"), 0u);
+  EXPECT_EQ(f.tensors.count("wte.weight"), 1u);
+  nn::GPT again(config);
+  again.load(file);
+  EXPECT_TRUE(bitwise_equal(again.lm_head->weight, tied.wte->weight));
+  EXPECT_THROW(nn::GPT(tiny_config()).load(file), Error);
+  std::filesystem::remove(file);
 }

@@ -29,6 +29,7 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
                                                    config.fused_attention, config.tanh_gelu));
   ln_f = register_module("ln_f", std::make_shared<LayerNorm>(config.width, 1e-5, true, dt));
   lm_head = register_module("lm_head", std::make_shared<Linear>(config.width, config.vocab, false, dt));
+  if (config.tie_embeddings) lm_head->tie_weight(wte->weight);  // [vocab, width] both
 
   // GPT-2 initialisation: N(0, 0.02^2) weights, residual projections scaled by 1/sqrt(2 * layers).
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(config.layers, 1)));
@@ -44,7 +45,7 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
 
 std::string GPT::type_name() const {
   return detail::concat("GPT(vocab ", config_.vocab, ", layers ", config_.layers, ", width ", config_.width,
-                        ", heads ", config_.heads, ", seq ", config_.seq, ")");
+                        ", heads ", config_.heads, ", seq ", config_.seq, config_.tie_embeddings ? ", tied" : "", ")");
 }
 
 Tensor GPT::forward_impl(const Tensor& ids) {

@@ -119,8 +119,6 @@ std::map<std::string, Tensor> gpt_weights_to_remat(const std::map<std::string, T
     const bool transpose = from == GPTWeightNames::hf_gpt2 && is_conv1d_weight(rest) && t.defined() && t.dim() == 2;
     out.emplace(std::move(renamed), transpose ? transposed(t) : t);
   }
-  if (out.count("lm_head.weight") == 0 && out.count("wte.weight") != 0)
-    out.emplace("lm_head.weight", out.at("wte.weight"));  // tied in nanoGPT (load_parameters copies)
   return out;
 }
 
@@ -176,6 +174,7 @@ GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, 
   c.width = wte.size(1);
   c.seq = wpe.size(0);
   c.heads = heads;
+  c.tie_embeddings = tensors.count("lm_head.weight") == 0;  // saved once, as wte.weight
   REMAT_CHECK(wpe.size(1) == c.width, what, file_name("wpe.weight"), " is ", shape_of(wpe), ", expected [", c.seq, ", ",
               c.width, "] (the width ", c.width, " of ", file_name("wte.weight"), " ", shape_of(wte), ")");
   REMAT_CHECK(heads > 0 && c.width % heads == 0, source, ": the width ", c.width, " (from ", file_name("wte.weight"),

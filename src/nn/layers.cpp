@@ -18,6 +18,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype
   if (bias) this->bias = register_parameter("bias", {out_features}, dtype, Init::zeros());
 }
 
+void Linear::tie_weight(const Tensor& w) { weight = share_parameter("weight", w); }
+
 std::string Linear::type_name() const {
   return detail::concat("Linear(", in_, " -> ", out_, bias.defined() ? ", bias)" : ", no bias)");
 }

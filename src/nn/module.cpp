@@ -200,6 +200,21 @@ Tensor Module::register_parameter(const std::string& name, const Tensor& value) 
   return t;
 }
 
+Tensor Module::share_parameter(const std::string& name, const Tensor& shared) {
+  Parameter* p = nullptr;
+  for (auto& own : parameters_)
+    if (own.name == name) p = &own;
+  REMAT_CHECK(p != nullptr, type_name(), ": share_parameter: no parameter named \"", name, "\"");
+  REMAT_CHECK(shared.defined() && shared.requires_grad() && shared.is_leaf(), type_name(), ": share_parameter \"", name,
+              "\": the shared tensor must be a parameter (a leaf that requires grad)");
+  REMAT_CHECK(shared.shape() == p->tensor.shape() && shared.dtype() == p->tensor.dtype(), type_name(),
+              ": share_parameter \"", name, "\": the shared tensor is ", dtype_name(shared.dtype()), " ",
+              shape_str(shared.shape()), ", the parameter ", dtype_name(p->tensor.dtype()), " ", shape_str(p->tensor.shape()));
+  p->tensor = shared;
+  p->init = Init::keep();
+  return shared;
+}
+
 void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
   REMAT_CHECK(module != nullptr, type_name(), ": module \"", name, "\" is null");
   REMAT_CHECK(module.get() != this, type_name(), ": cannot register a module as its own child");

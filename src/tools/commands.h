@@ -27,6 +27,7 @@ struct TrainOptions {
   bool architecture_given = false;  // --layers, --width, --heads or --seq was passed
   bool layers_given = false, width_given = false, heads_given = false, seq_given = false;
   bool eval_only = false;           // --eval-only: the validation loss of the --load weights
+  bool tie_embeddings = false;      // lm_head shares wte's weight (with --load: the file says)
   int64_t eval_every = 0;           // validation loss every this many steps (0: about 10 times a run)
   bool allow_nonfinite = false;     // keep training on a NaN or infinite loss or gradient norm
   bool json = false;

@@ -31,9 +31,9 @@ uint64_t parameters(const nn::GPTConfig& c) {
   const uint64_t v = positive(c.vocab), l = static_cast<uint64_t>(c.layers), w = positive(c.width),
                  t = positive(c.seq);
   // wte [v, w], wpe [t, w], per block 12 w^2 + 13 w (two LayerNorms, qkv, proj, fc, proj with
-  // biases), ln_f 2 w, lm_head [v, w] without bias
+  // biases), ln_f 2 w, lm_head [v, w] without bias (none of its own when tied to wte)
   const uint64_t block = add(mul(12, mul(w, w)), mul(13, w));
-  return add(add(add(mul(v, w), mul(t, w)), mul(l, block)), add(mul(2, w), mul(v, w)));
+  return add(add(add(mul(v, w), mul(t, w)), mul(l, block)), add(mul(2, w), c.tie_embeddings ? 0 : mul(v, w)));
 }
 
 }  // namespace

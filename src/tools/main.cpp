@@ -192,6 +192,9 @@ int main(int argc, char** argv) {
   t->add_option("--load", train.load, "start from these weights (architecture from the file; remat, nanoGPT or Hugging Face GPT-2 "
                 "layout; a file without remat metadata takes --heads and the vocabulary of --data)");
   t->add_option("--format", train.format, "names and layout of the --save file: remat | nanogpt | hf-gpt2")->capture_default_str();
+  t->add_flag("--tie-embeddings", train.tie_embeddings,
+              "the output layer shares the token embedding's weight (one parameter, as in nanoGPT and GPT-2; "
+              "with --load the file decides: tied when it has no lm_head.weight)");
   t->add_flag("--allow-nonfinite", train.allow_nonfinite,
               "keep training when the loss or the gradient norm is NaN or infinite (default: stop with an error)");
   t->add_flag("--json", train.json,

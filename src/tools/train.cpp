@@ -233,7 +233,8 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   const std::string data_path = o.data.empty() ? kDefaultCorpus : o.data;
   Corpus corpus = load_corpus(data_path);
   nn::GPTConfig config{.vocab = 0, .layers = o.layers, .width = o.width, .heads = o.heads, .seq = o.seq,
-                       .dropout = o.dropout, .dtype = DType::f32, .seed = o.seed};
+                       .dropout = o.dropout, .dtype = DType::f32, .seed = o.seed,
+                       .tie_embeddings = o.tie_embeddings};
   CharTokenizer tokenizer;
   std::optional<CharGPTFile> weights;
   std::string source;  // where the architecture comes from, for errors
@@ -249,6 +250,9 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     config.heads = weights->config.heads;
     config.seq = weights->config.seq;
     config.tanh_gelu = weights->config.tanh_gelu;
+    REMAT_USAGE_CHECK(!o.tie_embeddings || weights->config.tie_embeddings, "train: --tie-embeddings disagrees with the "
+                      "model of ", o.load, ", whose lm_head.weight is a tensor of its own; drop the flag");
+    config.tie_embeddings = weights->config.tie_embeddings;
     check_architecture_flags(o, weights->config);
     source = detail::concat("train: the model of ", o.load, " (layers ", config.layers, ", width ", config.width,
                             ", heads ", config.heads, ", seq ", config.seq, ") with --batch ", o.batch);
@@ -309,10 +313,11 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     say("global batch %lld = %d ranks x %lld micro-batches x %lld sequences; gradients summed %s\n",
         static_cast<long long>(o.batch * dp.micro_batches()), dp.world, static_cast<long long>(o.accumulate),
         static_cast<long long>(o.batch), dp.world > 1 ? distributed::to_string(dp.reduction) : "in order");
-  say("model: GPT layers=%lld width=%lld heads=%lld seq=%lld, %s parameters; batch %lld; policy %s; %d threads\n",
+  say("model: GPT layers=%lld width=%lld heads=%lld seq=%lld, %s parameters%s; batch %lld; policy %s; %d threads\n",
               static_cast<long long>(config.layers), static_cast<long long>(config.width),
               static_cast<long long>(config.heads), static_cast<long long>(config.seq),
-              human_count(static_cast<double>(model->num_parameters())).c_str(), static_cast<long long>(o.batch),
+              human_count(static_cast<double>(model->num_parameters())).c_str(),
+              config.tie_embeddings ? " (lm_head tied to wte)" : "", static_cast<long long>(o.batch),
               o.policy.c_str(), num_threads());
 
   Progress progress("train", o.steps, o.progress);

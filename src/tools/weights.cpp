@@ -73,6 +73,7 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command, i
   c.width = number("width", 1);
   c.heads = number("heads", 1);
   c.seq = number("seq", 1);
+  c.tie_embeddings = w.file.tensors.count("lm_head.weight") == 0;  // saved once, as wte.weight
   REMAT_CHECK(c.width % c.heads == 0, command, ": metadata", in_file, ": width ", c.width,
               " is not a multiple of heads ", c.heads);
   auto gelu = w.file.metadata.find("gelu");

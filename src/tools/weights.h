@@ -18,7 +18,8 @@ struct CharGPTFile {
   nn::SafetensorsFile file;
   bool has_metadata = true;  // false: a file without remat's metadata (e.g. a nanoGPT state_dict)
   CharTokenizer tokenizer;   // from the metadata; empty without it (see vocabulary_from_text)
-  nn::GPTConfig config;      // vocab, layers, width, heads, seq, tanh_gelu from the metadata; the rest default
+  nn::GPTConfig config;      // vocab, layers, width, heads, seq, tanh_gelu from the metadata, tie_embeddings
+                             // when the file has no lm_head.weight; the rest default
 };
 
 // Reads and checks `path`; `command` ("train", "sample") prefixes the errors.

@@ -648,3 +648,38 @@ TEST_F(Cli, HuggingFaceLayoutOnSaveAndLoad) {
     expect_error(eval + file + " --heads 2", {file, "\"transformer.h.0.mlp.c_fc.weight\" is [32, 8], expected [8, 32]"});
   }
 }
+
+// --tie-embeddings: one parameter for wte and lm_head, saved once; a file without lm_head.weight
+// loads as tied; an untied file is not turned into a tied model (nor the other way) silently.
+TEST_F(Cli, TiedEmbeddings) {
+  const std::string tied = path("tied.safetensors");
+  Streams r = run_streams(train_args({{"--save", tied}, {"--tie-embeddings", ""}, {"--json", ""}}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  Streams u = run_streams(train_args({{"--json", ""}}));
+  ASSERT_EQ(u.code, 0) << u.err;
+  auto parameters = [](const std::string& out) {
+    const size_t at = out.rfind("\"parameters\":");
+    return at == std::string::npos ? -1 : std::stoll(out.substr(at + 13));
+  };
+  nn::SafetensorsFile f = nn::load_safetensors(tied);
+  EXPECT_EQ(f.tensors.count("lm_head.weight"), 0u);
+  const int64_t vocab = f.tensors.at("wte.weight").size(0), width = f.tensors.at("wte.weight").size(1);
+  EXPECT_EQ(parameters(r.out), parameters(u.out) - vocab * width) << r.out;  // the report counts it once
+  // loads as tied (the file says so), trains on, samples; the model line says it
+  Streams again = run_streams("train --threads 1 --steps 1 --batch 2 --data " + path("corpus.txt") + " --load " + tied);
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.err.find("(lm_head tied to wte)"), std::string::npos) << again.err;
+  EXPECT_EQ(run("sample --threads 1 --tokens 5 --load " + tied).code, 0);
+  // saved as nanoGPT and Hugging Face files: once, and the same text from each
+  const std::string s = "sample --threads 1 --tokens 20 --temperature 0 --load ";
+  const std::string expected = run(s + tied).output;
+  for (const char* format : {"nanogpt", "hf-gpt2"}) {
+    const std::string file = path(std::string("tied-") + format + ".safetensors");
+    ASSERT_EQ(run(train_args({{"--save", file}, {"--tie-embeddings", ""}, {"--format", format}})).code, 0);
+    EXPECT_EQ(nn::load_safetensors(file).tensors.count("lm_head.weight"), 0u) << format;
+    EXPECT_EQ(run(s + file).output, expected) << format;
+  }
+  // the flag with an untied file disagrees with it
+  expect_usage_error(train_args({{"--tie-embeddings", ""}}) + " --load " + path("w.safetensors"),
+                     {"--tie-embeddings disagrees with the model of", "lm_head.weight"});
+}

@@ -12,6 +12,10 @@
 //   blocks  Sequential of `layers` TransformerBlock    "blocks.3.attn.qkv.weight", ...
 //   ln_f    LayerNorm(width)
 //   lm_head Linear(width, vocab, no bias)
+// With config.tie_embeddings (as nanoGPT and GPT-2 do) lm_head's weight IS wte's weight: one
+// parameter [vocab, width], listed once as "wte.weight" (named_parameters, num_parameters, the
+// optimizer, weight files: no "lm_head.weight"), whose gradient is the sum of its two uses
+// (the embedding lookup and the output projection), under every policy as under save-all.
 // Under the default policy (every-layer) each block is a checkpoint region. The MLP's GELU is the
 // exact one unless config.tanh_gelu (GPT-2's and Hugging Face's approximation).
 //
@@ -43,6 +47,7 @@ struct GPTConfig {
   uint64_t seed = 0;      // the initialisation seed
   bool fused_attention = true;  // false: attention written out (scores, mask, softmax; keeps [B, H, T, T])
   bool tanh_gelu = false;       // the MLP's GELU: exact (nanoGPT) or the tanh approximation (GPT-2, Hugging Face)
+  bool tie_embeddings = false;  // lm_head's weight is wte's (one parameter; see below)
 };
 
 class GPT : public Module {
@@ -77,8 +82,9 @@ class GPT : public Module {
 //   blocks.N.mlp.fc.*          transformer.h.N.mlp.c_fc.*
 //   blocks.N.mlp.proj.*        transformer.h.N.mlp.c_proj.*
 //   ln_f.*                     transformer.ln_f.*
-//   lm_head.weight             lm_head.weight (nanoGPT ties it to wte; a file without it, as the
-//                              safetensors package writes shared tensors, gets a copy of wte)
+//   lm_head.weight             lm_head.weight (nanoGPT ties it to wte; the safetensors package
+//                              writes a shared tensor once, so a file without it is a tied model:
+//                              load it into a GPT with tie_embeddings, as gpt_config_from_weights says)
 // A nanoGPT file carries no architecture: gpt_config_from_weights reads it from the shapes (all
 // but the number of heads), checking every tensor.
 // nanoGPT trains with bias=False as an option: a file without the biases is refused by
@@ -107,7 +113,8 @@ GPTWeightNames detect_gpt_weight_names(const std::map<std::string, Tensor>& tens
 // except Hugging Face's 2-d Conv1D weights, which are transposed into new tensors). A name the
 // map does not know is kept as it is (load_parameters then names it as unexpected).
 std::map<std::string, Tensor> gpt_weights_to_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames from);
-// remat-named tensors renamed to `to` (lm_head.weight kept, as a separate tensor; for hf_gpt2
+// remat-named tensors renamed to `to` (lm_head.weight kept if there is one: a tied model's
+// named_parameters() have none, and neither does its file; for hf_gpt2
 // the Conv1D weights are transposed views, with the "transformer." prefix of GPT2LMHeadModel).
 std::map<std::string, Tensor> gpt_weights_from_remat(const std::map<std::string, Tensor>& tensors, GPTWeightNames to);
 // The name `remat_name` has in the layout `to`.
@@ -119,7 +126,7 @@ std::string gpt_weight_name(const std::string& remat_name, GPTWeightNames to);
 // wpe.weight [seq, width], layers from the blocks 0 .. layers-1 present. The number of heads
 // cannot be read from any shape (it only splits the width): it is `heads`, which must divide the
 // width. Every tensor of that model must be there with its shape, and nothing else (lm_head.weight
-// may be absent: it is then wte.weight's copy, see gpt_weights_to_remat); otherwise one
+// may be absent: the model then has tie_embeddings); otherwise one
 // remat::Error names `source` and, under its name in `layout` (the file's), every tensor that is
 // missing, unknown or of the wrong shape, with the shape expected and the shape found.
 GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, int64_t heads, GPTWeightNames layout,

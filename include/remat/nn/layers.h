@@ -23,6 +23,9 @@ class Linear : public Module {
   std::string type_name() const override;
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  // Weight tying: the weight becomes `weight` ([out, in], a parameter of another module, e.g. an
+  // Embedding(out, in)'s); see Module::share_parameter.
+  void tie_weight(const Tensor& weight);
   Tensor weight;
   Tensor bias;  // undefined without bias
 

@@ -200,6 +200,11 @@ class Module : public std::enable_shared_from_this<Module> {
   // alone that overrides the child's own (containers use it for per-child policies).
   static TensorList call_child(Module& child, const TensorList& inputs, const std::optional<Policy>& call_policy);
   void add_child(const std::string& name, std::shared_ptr<Module> module);
+  // Weight tying: this module's own parameter `name` becomes `shared`, a parameter (a leaf that
+  // requires grad) of the same shape and dtype from elsewhere in the model. Both names then hold
+  // one tensor: named_parameters() lists it once, under the name visited first, its gradient is
+  // the sum over both uses, and its init rule is that of the first name. Returns `shared`.
+  Tensor share_parameter(const std::string& name, const Tensor& shared);
 
  private:
   struct Parameter {
