@@ -679,6 +679,23 @@ TEST_F(Cli, TiedEmbeddings) {
     EXPECT_EQ(nn::load_safetensors(file).tensors.count("lm_head.weight"), 0u) << format;
     EXPECT_EQ(run(s + file).output, expected) << format;
   }
+  // the optimizer inside the backward updates the tied weight once both uses have contributed:
+  // the same weights as the unfused run
+  const std::string plain = path("tied-plain.safetensors"), fused = path("tied-fused.safetensors");
+  const std::map<std::string, std::string> o = {{"--steps", "3"}, {"--clip", "0"}, {"--tie-embeddings", ""}};
+  auto with = [&](const std::string& save) {
+    auto options = o;
+    options["--save"] = save;
+    return train_args(options);
+  };
+  ASSERT_EQ(run(with(plain)).code, 0);
+  Result rf = run(with(fused) + " --fuse-optimizer");
+  ASSERT_EQ(rf.code, 0) << rf.output;
+  std::ifstream fa(plain, std::ios::binary), fb(fused, std::ios::binary);
+  const std::string wa((std::istreambuf_iterator<char>(fa)), std::istreambuf_iterator<char>());
+  const std::string wb((std::istreambuf_iterator<char>(fb)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(wa.empty());
+  EXPECT_TRUE(wa == wb) << "the fused run saved other weights";
   // the flag with an untied file disagrees with it
   expect_usage_error(train_args({{"--tie-embeddings", ""}}) + " --load " + path("w.safetensors"),
                      {"--tie-embeddings disagrees with the model of", "lm_head.weight"});
