@@ -295,13 +295,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     if (!sharded || owners[i] == dp.rank) updated.push_back(all_params[i]);
   size_t optimizer_state_bytes = 0;  // allocated by the first step (AdamW's moments)
   nn::AdamW optimizer(updated, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01});
-  // under mpirun: the gradients are reduced in buckets while the backward runs (--bucket-bytes)
-  std::optional<distributed::GradientBuckets> buckets;
-  DataParallel step_dp = dp;
-  if (dp.world > 1 && bucket_bytes > 0) {
-    buckets.emplace(all_params, bucket_bytes, dp.reduction);
-    step_dp.buckets = &*buckets;
-  }
+
   const int64_t warmup = std::min<int64_t>(100, std::max<int64_t>(1, o.steps / 10));
   const nn::WarmupCosine lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1, .warmup_steps = warmup, .total_steps = o.steps};
 
@@ -334,6 +328,14 @@ int train(const TrainOptions& o, const DataParallel& dp) {
       static_cast<double>(o.batch) * static_cast<double>(dp.micro_batches()) * static_cast<double>(config.seq);
   const size_t saved_base = memory::live_bytes(memory::Tag::saved);
   const size_t total_base = memory::stats().live_total;
+  // under mpirun: the gradients are reduced in buckets while the backward runs (--bucket-bytes);
+  // allocated after total_base, so that the peak total counts their buffers
+  std::optional<distributed::GradientBuckets> buckets;
+  DataParallel step_dp = dp;
+  if (dp.world > 1 && bucket_bytes > 0) {
+    buckets.emplace(all_params, bucket_bytes, dp.reduction);
+    step_dp.buckets = &*buckets;
+  }
   auto run_start = Clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     model->zero_grad();
@@ -494,9 +496,10 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   }
   if (dp.world > 1) {
     if (buckets)
-      say("  data parallel: %d ranks, %s sum in %zu buckets of up to %s; communication %.3f s over the run, of which "
-          "%.3f s (%.0f%%) hidden behind the backward and %.3f s waited for after it\n",
+      say("  data parallel: %d ranks, %s sum in %zu buckets of up to %s (buffers %s per rank); communication %.3f s "
+          "over the run, of which %.3f s (%.0f%%) in flight while the backward ran and %.3f s waited for after it\n",
           dp.world, distributed::to_string(dp.reduction), buckets->bucket_count(), bytes_text(bucket_bytes).c_str(),
+          bytes_text(buckets->buffer_bytes()).c_str(),
           communication_seconds, hidden_seconds,
           communication_seconds > 0 ? 100.0 * hidden_seconds / communication_seconds : 0.0,
           communication_seconds - hidden_seconds);
@@ -558,6 +561,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
                         {"communication_hidden_seconds", hidden_seconds},
                         {"bucket_bytes", dp.world > 1 ? bucket_bytes : 0},
                         {"buckets", buckets ? buckets->bucket_count() : 0},
+                        {"bucket_buffer_bytes", buckets ? buckets->buffer_bytes() : 0},
                         {"fuse_optimizer", o.fuse_optimizer},
                         {"clip", o.clip},
                         {"rank_peak_saved_bytes", rank_peak_saved},
