@@ -81,12 +81,7 @@ int run_plan(const PlanOptions& o) {
   if (o.train.threads > 0) set_num_threads(o.train.threads);
   REMAT_USAGE_CHECK(o.costs.empty() || !o.train.architecture_given, "plan: --layers, --width, --heads and --seq describe a "
               "model to profile; they cannot be combined with --costs");
-  size_t budget = 0;
-  try {
-    budget = memory::parse_bytes(o.budget);
-  } catch (const Error& e) {
-    throw UsageError(detail::concat("plan --budget: ", e.what()));
-  }
+  const size_t budget = parse_bytes_option("plan --budget", o.budget);
   rs::ChainCosts costs;
   size_t outside = 0;
   if (!o.costs.empty())

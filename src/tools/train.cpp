@@ -220,12 +220,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   REMAT_USAGE_CHECK(!o.fuse_optimizer || dp.world == 1,
                     "train: --fuse-optimizer runs in one process (under mpirun the optimizer needs the gradients summed "
                     "over the ranks first)");
-  size_t bucket_bytes = 0;
-  try {
-    bucket_bytes = memory::parse_bytes(o.bucket_bytes);
-  } catch (const Error& e) {
-    throw UsageError(detail::concat("train --bucket-bytes: ", e.what()));
-  }
+  const size_t bucket_bytes = parse_bytes_option("train --bucket-bytes", o.bucket_bytes);
   REMAT_USAGE_CHECK(bucket_bytes <= (size_t{1} << 30), "train: --bucket-bytes must be at most 1GiB, got ", o.bucket_bytes);
   REMAT_USAGE_CHECK(!o.load.empty() || o.width % o.heads == 0, "train: --width ", o.width, " is not a multiple of --heads ",
                     o.heads);

@@ -2,7 +2,17 @@
 
 #include <algorithm>
 
+#include "remat/memory.h"
+
 namespace remat::tools {
+
+size_t parse_bytes_option(const std::string& what, const std::string& text) {
+  try {
+    return memory::parse_bytes(text);
+  } catch (const Error& e) {
+    throw UsageError(detail::concat(what, ": ", e.what()));
+  }
+}
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   // optimal string alignment distance, three rows

@@ -24,6 +24,9 @@ class UsageError : public Error {
     if (!(condition)) throw ::remat::tools::UsageError(::remat::detail::concat(__VA_ARGS__)); \
   } while (0)
 
+// A byte count such as "64MiB" (memory::parse_bytes); a bad one is a UsageError "WHAT: reason".
+size_t parse_bytes_option(const std::string& what, const std::string& text);
+
 // Edit distance (insertions, deletions, substitutions, adjacent transpositions).
 size_t edit_distance(const std::string& a, const std::string& b);
 // The candidate closest to `word`, if it is close enough to be a likely typo (at most 1 edit for
