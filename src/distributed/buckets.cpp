@@ -37,7 +37,6 @@ struct GradientBuckets::State {
   std::vector<Bucket> buckets;
   std::unordered_map<const TensorImpl*, size_t> index;
   size_t next_to_start = 0;
-  bool step_open = false;
   Clock::time_point first_start;
   Clock::time_point last_completion;
 
@@ -45,7 +44,7 @@ struct GradientBuckets::State {
     while (next_to_start < buckets.size() && buckets[next_to_start].missing == 0) {
       Bucket& b = buckets[next_to_start++];
       if (!b.sum) {
-        if (next_to_start == 1 || first_start == Clock::time_point{}) first_start = Clock::now();
+        if (first_start == Clock::time_point{}) first_start = Clock::now();  // the step's first bucket
         b.sum = internal::start_sum(b.flat, b.gathered, mode);
         if (early) ++started_early;
       }
@@ -139,7 +138,6 @@ void GradientBuckets::ready(const Tensor& p) {
               g.defined() ? dtype_name(g.dtype()) + std::string(" ") + shape_str(g.shape()) : "none");
   State::Bucket& bucket = s.buckets[slot.bucket];
   REMAT_ASSERT(!bucket.sum, "bucket started before all of its gradients arrived");
-  s.step_open = true;
   Tensor c = g.is_contiguous() ? g : g.contiguous();
   std::memcpy(static_cast<char*>(bucket.flat.raw_data()) + static_cast<size_t>(slot.offset) * dtype_size(p.dtype()),
               c.raw_data(), c.nbytes());
@@ -197,7 +195,6 @@ GradientBuckets::Timing GradientBuckets::finish() {
   t.exposed_seconds = seconds(finish_start, Clock::now());
   s.next_to_start = 0;
   s.started_early = 0;
-  s.step_open = false;
   s.first_start = {};
   return t;
 }

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
-#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -343,11 +342,9 @@ int train(const TrainOptions& o, const DataParallel& dp) {
     std::vector<std::optional<uint64_t>> fused_hashes;  // and, at the first step, the digest's parts
     if (o.fuse_optimizer) {
       optimizer.set_lr(lr_at(step));
-      const TensorList order = model->parameters();
-      std::unordered_map<const TensorImpl*, size_t> position;
-      for (size_t i = 0; i < order.size(); ++i) position.emplace(order[i].impl_ptr().get(), i);
-      fused_hashes.assign(order.size(), std::nullopt);
-      fused.emplace(FusedUpdate{&optimizer, [&, position, step](const Tensor& p) {
+      // one rank, so the optimizer holds every parameter, in the model's (the digest's) order
+      fused_hashes.assign(optimizer.params().size(), std::nullopt);
+      fused.emplace(FusedUpdate{&optimizer, [&, step](const Tensor& p) {
                                   Tensor g = p.grad().detach();
                                   const double sq = sum(square(g)).item();
                                   // a non-finite gradient would turn this parameter into NaN: stop first
@@ -360,7 +357,8 @@ int train(const TrainOptions& o, const DataParallel& dp) {
                                         o.save.empty() ? "" : ", nothing was saved",
                                         ". Lower --lr, or pass --allow-nonfinite to keep going"));
                                   fused_grad_sq += sq;
-                                  if (step == 0) fused_hashes[position.at(p.impl_ptr().get())] = gradient_hash(g);
+                                  if (step == 0)
+                                    fused_hashes[static_cast<size_t>(optimizer.index_of(p))] = gradient_hash(g);
                                 }});
     }
     const StepGradients sg = step_gradients(*model, split.train, o.batch, config.seq, o.seed, policy, step, step_dp,
