@@ -108,10 +108,10 @@ remat::Tensor empty_like_x() { return remat::Tensor::empty({kRows, kCols}); }
 void BM_cross_entropy(benchmark::State& state) {
   remat::manual_seed(7);
   remat::Tensor x = remat::randn({kRows, kCols}), targets = targets_for_rows();
-  remat::Tensor losses = remat::Tensor::empty({kRows});
+  remat::Tensor losses = remat::Tensor::empty({kRows}), scale = remat::Tensor::empty({});
   run_kernel(state, kBytes, [&] {
     remat::Tensor logp = empty_like_x();
-    remat::cpu_backend().cross_entropy(x, targets, 0.0, -100, losses, logp);
+    remat::cpu_backend().cross_entropy(x, targets, 0.0, -100, losses, logp, scale);
     return logp;
   });
 }

@@ -1,12 +1,23 @@
 // remat/backend.h - the device backend interface.
 //
 // Ops (remat/ops.h) never touch memory directly: they call the kernels of the backend that owns
-// their inputs' device. A backend is about 25 primitives plus an allocator; the CPU backend
-// implements all of them. A CUDA backend implements the same class and registers itself with
-// register_backend(); no op definition changes. Calls are per tensor, never per element.
+// their inputs' device. A backend is about 40 kernels, four device verbs and an allocator; the CPU
+// backend implements all of them. A CUDA backend implements the same class and registers itself
+// with register_backend(); no op definition changes. Calls are per tensor, never per element.
 //
-// Kernel contract: outputs are allocated by the caller (contiguous, correct shape and dtype);
-// inputs may be strided views unless stated otherwise.
+//   remat::register_backend({remat::DeviceType::cuda, 0}, &my_cuda_backend);
+//   Tensor x = remat::randn({4, 3}).to(Device{DeviceType::cuda, 0});   // host -> device copy
+//   Tensor y = remat::tanh(x);                   // runs my_cuda_backend.unary(...)
+//   std::vector<double> v = y.to(remat::kCpu).to_vector();               // device -> host copy
+//
+// backend(device) of a registered device returns a dispatcher around it (src/tensor/dispatch.cpp):
+// each kernel the backend supports() for the call's dtype goes to it; any other runs on the CPU
+// backend, its operands copied to host memory and its results copied back, so a new backend can
+// start with a few kernels and grow. The dispatcher is also what permits kernels, and only them,
+// to read device memory (detail::DeviceKernelScope in remat/tensor.h).
+//
+// Kernel contract: outputs are allocated by the caller (contiguous, correct shape and dtype, on
+// the backend's device); inputs may be strided views unless stated otherwise.
 #pragma once
 
 #include <cstdint>
@@ -88,6 +99,18 @@ struct AttentionParams {
   RngState dropout_state;   // where the dropout words come from (see Backend::attention)
 };
 
+// The kernels of a Backend, one per virtual function below (for supports() and the fallback).
+enum class Kernel : uint8_t {
+  copy, fill, arange, rand_uniform, rand_normal, unary, unary_backward, binary, where, reduce, gemm, softmax,
+  softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, embedding, embedding_backward,
+  cross_entropy, cross_entropy_backward, dropout, conv2d, conv2d_backward_input, conv2d_backward_weight,
+  max_pool2d, max_pool2d_backward, avg_pool2d, avg_pool2d_backward, adaptive_avg_pool2d,
+  adaptive_avg_pool2d_backward, batch_norm_statistics, batch_norm_apply, batch_norm_backward, sgd_step,
+  adamw_step, attention, attention_backward,
+};
+inline constexpr int kKernelCount = static_cast<int>(Kernel::attention_backward) + 1;
+const char* kernel_name(Kernel kernel);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -95,6 +118,24 @@ class Backend {
   virtual memory::Allocator& allocator() = 0;
   virtual void set_num_threads(int threads) = 0;
   virtual int num_threads() const = 0;
+
+  // ---- device verbs: what an accelerator needs and the CPU implements trivially
+  // Bytes between host memory and a contiguous tensor `dst` (`src`) of this backend's device:
+  // dst.nbytes() bytes are read from `host` (written to `host`). The host pointer is ordinary
+  // memory; the copy is complete when the call returns.
+  virtual void copy_from_host(const void* host, const Tensor& dst) = 0;
+  virtual void copy_to_host(const Tensor& src, void* host) = 0;
+  // Returns once every kernel issued to the device has finished (the CPU's kernels are synchronous).
+  // Called before a clock is read to time device work.
+  virtual void synchronize() {}
+  // Whether this backend implements `kernel` for tensors of `dtype` (the dtype of the kernel's
+  // first floating operand, or i64 for index kernels). What it does not support runs on the CPU.
+  // copy, fill and the device verbs must always be supported.
+  virtual bool supports(Kernel kernel, DType dtype) const {
+    (void)kernel;
+    (void)dtype;
+    return true;
+  }
 
   // ---- data movement
   // dst[...] = src[...] with broadcasting of src to dst's shape; dtypes may differ (conversion).
@@ -144,9 +185,13 @@ class Backend {
   // gtable[ids[i], :] += gout[i, :] (gtable zero-initialised by the caller).
   virtual void embedding_backward(const Tensor& ids, const Tensor& gout, const Tensor& gtable) = 0;
   // Per-row loss of logits [N, C] against targets [N] (i64); rows whose target equals
-  // ignore_index get loss 0. Also writes log-softmax into logp [N, C] for the backward.
+  // ignore_index get loss 0. Also writes log-softmax into logp [N, C] for the backward, and into
+  // scale (a 0-d tensor of the logits' dtype) the weight of each row in the mean: 1 / (the number
+  // of rows not ignored), as a double rounded to the dtype, or 0 if every row is ignored. A target
+  // outside [0, C) that is not ignore_index is a remat::Error naming the row (so the op validates
+  // its targets without reading device memory on the host).
   virtual void cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing,
-                             int64_t ignore_index, const Tensor& losses, const Tensor& logp) = 0;
+                             int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale) = 0;
   virtual void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss,
                                       double label_smoothing, int64_t ignore_index, const Tensor& glogits) = 0;
   // y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p.
@@ -207,9 +252,23 @@ class Backend {
                                   const Tensor& gq, const Tensor& gk, const Tensor& gv) = 0;
 };
 
+// The backend of a device (src/tensor/registry.cpp): the CPU backend, or the dispatcher around a
+// registered one (see the top of this file). A device with no registered backend is a remat::Error.
 Backend& backend(Device device);
 Backend& cpu_backend();
-void register_backend(DeviceType type, Backend* backend);
+// Registers (or, with nullptr, removes) the backend of `device`; the caller keeps it alive while
+// registered. The CPU's cannot be replaced. Not thread-safe against concurrent kernel calls.
+void register_backend(Device device, Backend* backend);
+bool has_backend(Device device);
+// The allocator counters of one device (remat::memory::stats() is the CPU's).
+memory::Stats memory_stats(Device device);
+void reset_peaks(Device device);
+// Calls this many kernels ran on the CPU in place of a registered backend (since the start).
+uint64_t fallback_calls(Device device);
+
+// Copies src into dst (same shape, any dtypes) where the two are on different devices: through
+// copy_to_host / copy_from_host, staging strided layouts on the device they live on.
+void copy_between_devices(const Tensor& src, const Tensor& dst);
 
 // Threads used by CPU kernels (OpenMP and the GEMM library). Default: all cores.
 void set_num_threads(int threads);

@@ -46,9 +46,11 @@ inline double uniform_double(uint32_t word) { return static_cast<double>(word) *
 
 // Uniform [low, high) and standard normal tensors. Without a state they draw from the default
 // generator; with one they are a pure function of it.
-Tensor rand(const Shape& shape, DType dtype = DType::f32, double low = 0.0, double high = 1.0);
-Tensor rand(const Shape& shape, DType dtype, RngState state, double low = 0.0, double high = 1.0);
-Tensor randn(const Shape& shape, DType dtype = DType::f32, double mean = 0.0, double stddev = 1.0);
-Tensor randn(const Shape& shape, DType dtype, RngState state, double mean = 0.0, double stddev = 1.0);
+// Each draws on `device` (default: the CPU); the values do not depend on the device.
+Tensor rand(const Shape& shape, DType dtype = DType::f32, double low = 0.0, double high = 1.0, Device device = {});
+Tensor rand(const Shape& shape, DType dtype, RngState state, double low = 0.0, double high = 1.0, Device device = {});
+Tensor randn(const Shape& shape, DType dtype = DType::f32, double mean = 0.0, double stddev = 1.0, Device device = {});
+Tensor randn(const Shape& shape, DType dtype, RngState state, double mean = 0.0, double stddev = 1.0,
+             Device device = {});
 
 }  // namespace remat

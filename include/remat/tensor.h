@@ -40,13 +40,19 @@ const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);
 inline bool is_floating(DType d) { return d == DType::f32 || d == DType::f64; }
 
-enum class DeviceType : uint8_t { cpu, cuda };
+// Where a tensor's storage lives. `emulated` is reserved for a test-only backend (tests/
+// emulated_backend.h) that keeps its memory on the host but behaves as an accelerator would: its
+// own allocator and counters, and no host access without an explicit copy. It proves the device
+// seam on machines without a GPU; no backend for it is registered by the library.
+enum class DeviceType : uint8_t { cpu, cuda, emulated };
+inline constexpr int kDeviceTypeCount = 3;
 struct Device {
   DeviceType type = DeviceType::cpu;
   int index = 0;
   bool operator==(const Device&) const = default;
 };
-std::string device_name(Device device);
+inline constexpr Device kCpu{};
+std::string device_name(Device device);  // "cpu", "cuda:0", "emulated:0"
 
 inline constexpr int kMaxRank = 6;
 inline constexpr int64_t kMaxElements = int64_t{1} << 60;
@@ -95,6 +101,7 @@ class Storage {
   size_t bytes_ = 0;
   memory::Tag tag_;
   Device device_;
+  memory::Allocator* allocator_;  // the device's, kept so that freeing never looks up a backend
   int saved_references_ = 0;
   uint64_t version_ = 0;
 };
@@ -118,6 +125,19 @@ constexpr DType dtype_of() {
 // Throws the remat::Error of a data<T>() call that asked for `wanted` (or, with
 // `contiguity`, of a contiguous_data<T>() call on a strided tensor).
 [[noreturn]] void data_dtype_mismatch(const Tensor& t, DType wanted, bool contiguity);
+// Host code may read a tensor's memory only on the CPU. For other devices data<T>() and
+// raw_data() are for kernels: the backend dispatcher (src/tensor/dispatch.cpp) opens a
+// DeviceKernelScope around every kernel call it forwards, and outside one a pointer to
+// non-CPU memory is refused with a remat::Error that says to copy with .to(kCpu). (Process-wide:
+// the scope is a test aid for backends whose memory the host can in fact read.)
+void check_device_access(const Tensor& t);
+class DeviceKernelScope {
+ public:
+  DeviceKernelScope();
+  ~DeviceKernelScope();
+  DeviceKernelScope(const DeviceKernelScope&) = delete;
+  DeviceKernelScope& operator=(const DeviceKernelScope&) = delete;
+};
 }  // namespace detail
 
 struct TensorImpl {
@@ -167,6 +187,7 @@ class Tensor {
   T* data() const {
     const TensorImpl& i = impl();
     if (i.dtype != detail::dtype_of<T>()) detail::data_dtype_mismatch(*this, detail::dtype_of<T>(), false);
+    if (i.storage->device().type != DeviceType::cpu) detail::check_device_access(*this);
     return static_cast<T*>(i.storage->data()) + i.offset;
   }
   template <class T>
@@ -177,7 +198,8 @@ class Tensor {
   }
   void* raw_data() const;
 
-  // Element access for tests and small tensors (converts to double); slow.
+  // Element access for tests and small tensors (converts to double); slow. CPU tensors only
+  // (copy others with .to(kCpu) first).
   double item() const;                 // requires numel() == 1
   double at(const std::vector<int64_t>& index) const;
   std::vector<double> to_vector() const;  // row-major order
@@ -187,7 +209,9 @@ class Tensor {
     return std::vector<T>(v.begin(), v.end());
   }
 
-  // autodiff
+  // autodiff. The metadata lives in TensorImpl; the functions that act on the tape (requires_grad_,
+  // grad, zero_grad, set_grad) are defined in src/autodiff/leaf.cpp and backward() in
+  // src/autodiff/engine.cpp: the tensor layer does not know the tape.
   bool requires_grad() const { return impl().requires_grad; }
   // Marks a leaf as requiring grad; throws if called on a non-leaf.
   Tensor& requires_grad_(bool value = true);
@@ -207,7 +231,10 @@ class Tensor {
   const std::string& name() const { return impl().name; }
   Tensor& set_name(std::string name);
 
-  // Views (share storage; differentiable)
+  // Views (share storage; differentiable). These and the conversions below are ops: reshape, view,
+  // permute, transpose, slice, expand, squeeze, unsqueeze, contiguous, clone and to() are defined in
+  // src/autodiff/ops/views.cpp, the elementwise shorthands with their op families
+  // (src/autodiff/ops/unary.cpp, reduce.cpp).
   Tensor reshape(const Shape& shape) const;   // copies if the layout does not allow a view
   Tensor view(const Shape& shape) const;      // requires a contiguous tensor
   Tensor permute(const std::vector<int64_t>& axes) const;
@@ -220,6 +247,9 @@ class Tensor {
   Tensor contiguous() const;                  // itself if already contiguous
   Tensor clone() const;                       // always copies (differentiable)
   Tensor to(DType dtype) const;               // converts (differentiable between f32 and f64)
+  // A copy on `device` (itself if already there); differentiable: the gradient goes back to this
+  // tensor's device. The only way data crosses between host and device memory.
+  Tensor to(Device device) const;
 
   // Elementwise shorthands (see remat/ops.h for the full set)
   Tensor sum() const;
@@ -245,18 +275,21 @@ std::string to_string(const Tensor& tensor, int max_per_axis = 6);
 
 using TensorList = std::vector<Tensor>;
 
-// Factories. Tag defaults to `other`; pass memory::Tag::parameter for model weights.
-Tensor zeros(const Shape& shape, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other);
-Tensor ones(const Shape& shape, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other);
-Tensor full(const Shape& shape, double value, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other);
-Tensor arange(int64_t stop, DType dtype = DType::f32);
-Tensor arange(double start, double stop, double step, DType dtype = DType::f32);
+// Factories. Tag defaults to `other`; pass memory::Tag::parameter for model weights. Each takes the
+// device to allocate on (default: the CPU); from_vector and from_indices copy the host values there.
+Tensor zeros(const Shape& shape, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other, Device device = {});
+Tensor ones(const Shape& shape, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other, Device device = {});
+Tensor full(const Shape& shape, double value, DType dtype = DType::f32, memory::Tag tag = memory::Tag::other,
+            Device device = {});
+Tensor arange(int64_t stop, DType dtype = DType::f32, Device device = {});
+Tensor arange(double start, double stop, double step, DType dtype = DType::f32, Device device = {});
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f32,
-                   memory::Tag tag = memory::Tag::other);
-Tensor from_vector(const std::vector<float>& values, const Shape& shape, memory::Tag tag = memory::Tag::other);
-Tensor from_indices(const std::vector<int64_t>& values, const Shape& shape);
-Tensor scalar_tensor(double value, DType dtype = DType::f32);
-Tensor zeros_like(const Tensor& t);
+                   memory::Tag tag = memory::Tag::other, Device device = {});
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, memory::Tag tag = memory::Tag::other,
+                   Device device = {});
+Tensor from_indices(const std::vector<int64_t>& values, const Shape& shape, Device device = {});
+Tensor scalar_tensor(double value, DType dtype = DType::f32, Device device = {});
+Tensor zeros_like(const Tensor& t);  // t's shape, dtype and device
 Tensor ones_like(const Tensor& t);
 
 }  // namespace remat

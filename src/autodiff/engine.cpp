@@ -27,6 +27,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "autodiff/history.h"
 #include "autodiff/kernels.h"
 #include "autodiff/state.h"
 #include "remat/autodiff.h"
@@ -42,9 +43,7 @@ struct EdgeKey {
   bool operator==(const EdgeKey&) const = default;
 };
 struct EdgeKeyHash {
-  size_t operator()(const EdgeKey& k) const {
-    return std::hash<const void*>()(k.node) * 31 + k.input_nr;
-  }
+  size_t operator()(const EdgeKey& k) const { return hash_edge(k.node, k.input_nr); }
 };
 
 struct NodeInfo {
@@ -316,7 +315,7 @@ static void prepare_roots(const TensorList& outputs, const TensorList& grad_outp
     if (!g.defined()) {
       REMAT_CHECK(out.numel() == 1, op, ": output ", i, " of shape ", shape_str(out.shape()),
                   " is not a scalar; pass its gradient explicitly");
-      g = ones(out.shape(), out.dtype());
+      g = ones(out.shape(), out.dtype(), memory::Tag::other, out.device());
     }
     REMAT_CHECK(g.shape() == out.shape(), op, ": gradient of shape ", shape_str(g.shape()), " for output ", i,
                 " of shape ", shape_str(out.shape()));
@@ -387,7 +386,7 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
         grads[i] = kernels::copy(grads[i]);
     if (!grads[i].defined()) {
       REMAT_CHECK(allow_unused, "grad: the outputs do not depend on input ", i);
-      grads[i] = zeros(inputs[i].shape(), inputs[i].dtype());
+      grads[i] = zeros(inputs[i].shape(), inputs[i].dtype(), memory::Tag::other, inputs[i].device());
     }
   }
   return grads;

@@ -4,6 +4,7 @@
 #include <iterator>
 #include <string_view>
 
+#include "autodiff/history.h"
 #include "autodiff/kernels.h"
 #include "autodiff/state.h"
 
@@ -66,7 +67,7 @@ constexpr std::string_view kOpKinds[] = {
     "gelu_tanh", "layer_norm", "log", "log_softmax", "matmul", "max", "max_pool2d", "maximum", "mean",
     "minimum", "mul", "mul_scalar", "neg", "permute", "pow", "relu", "rms_norm",
     "scaled_dot_product_attention", "sigmoid", "silu", "slice", "softmax", "split", "sqrt", "square", "sub",
-    "sum", "tanh", "view", "where"};
+    "sum", "tanh", "to_device", "view", "where"};
 static_assert(std::is_sorted(std::begin(kOpKinds), std::end(kOpKinds)));
 }  // namespace
 
@@ -93,7 +94,7 @@ Tensor BackwardContext::grad_output(size_t i) {
   REMAT_ASSERT(i < node_.num_visible_outputs, node_.name(), ": grad_output ", i);
   if (!grad_outputs_[i].defined()) {
     const OutputMeta& m = node_.outputs[i];
-    grad_outputs_[i] = zeros(m.shape, m.dtype);
+    grad_outputs_[i] = zeros(m.shape, m.dtype, memory::Tag::other, m.device);
   }
   return grad_outputs_[i];
 }
@@ -134,6 +135,8 @@ void BackwardContext::set_input_grad(size_t i, const Tensor& grad) {
   Tensor g = grad.shape() == m.shape ? grad : sum_to(grad, m.shape);
   REMAT_ASSERT(g.dtype() == m.dtype, node_.name(), ": gradient dtype ", dtype_name(g.dtype()), " for input ", i,
                " of dtype ", dtype_name(m.dtype));
+  REMAT_ASSERT(g.device() == m.device, node_.name(), ": gradient on ", device_name(g.device()), " for input ", i,
+               " on ", device_name(m.device));
   input_grads_[i] = g;
 }
 
@@ -204,7 +207,12 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
     outputs.resize(outputs.size() - static_cast<size_t>(spec.num_aux));
     return outputs;
   }
-  for (size_t i = 0; i < inputs.size(); ++i) REMAT_CHECK(inputs[i].defined(), spec.name, ": input ", i, " is undefined");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    REMAT_CHECK(inputs[i].defined(), spec.name, ": input ", i, " is undefined");
+    REMAT_CHECK(inputs[i].device() == inputs[0].device(), spec.name, ": input ", i, " is on ",
+                device_name(inputs[i].device()), ", input 0 on ", device_name(inputs[0].device()),
+                "; move one with .to(device) first");
+  }
 
   TensorList outputs;
   bool replayed = state.observer && !state.in_backward_formula && state.observer->replay(spec.name, outputs);
@@ -291,10 +299,7 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
       node->outputs.push_back({out.shape(), out.dtype(), out.device()});
       continue;  // index outputs carry no gradient
     }
-    out.impl().grad_fn = node;
-    out.impl().output_nr = static_cast<uint32_t>(i);
-    out.impl().requires_grad = true;
-    node->outputs.push_back({out.shape(), out.dtype(), out.device()});
+    attach_output(out, node);  // output i of the node
   }
   return outputs;
 }

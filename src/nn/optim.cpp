@@ -163,7 +163,9 @@ FusedOptimizerStep::FusedOptimizerStep(Optimizer& optimizer, FusedStepOptions op
 double clip_grad_norm(const TensorList& params, double max_norm) {
   REMAT_CHECK(max_norm >= 0.0, "clip_grad_norm: max_norm must be non-negative, got ", max_norm);
   NoGradGuard no_grad;
-  double total_sq = 0.0;
+  // The sum of squares is added up on the gradients' device, in float64 and in parameter order
+  // (each parameter's sum rounded to float64 first, as the host sum did), and read once.
+  Tensor total_sq;
   TensorList grads;
   std::unordered_set<const TensorImpl*> seen;  // a parameter listed twice counts once
   for (const auto& p : params) {
@@ -171,9 +173,10 @@ double clip_grad_norm(const TensorList& params, double max_norm) {
     Tensor g = p.grad();
     if (!g.defined() || !seen.insert(g.impl_ptr().get()).second) continue;
     grads.push_back(g);
-    total_sq += sum(square(g.detach())).item();
+    Tensor s = sum(square(g.detach())).to(DType::f64);
+    total_sq = total_sq.defined() ? add(total_sq, s) : s;
   }
-  const double total = std::sqrt(total_sq);
+  const double total = std::sqrt(total_sq.defined() ? total_sq.to(kCpu).item() : 0.0);
   const double coefficient = max_norm / (total + 1e-6);
   if (std::isfinite(total) && coefficient < 1.0) {
     for (auto& g : grads) g.copy_(mul_scalar(g.detach(), coefficient));

@@ -4,19 +4,23 @@
 #include <cmath>
 #include <limits>
 
+#include "remat/backend.h"
 #include "remat/ops.h"
 
 namespace remat::nn {
 
 namespace {
 
-// [T, T] i64, 1 where the key position is after the query position (to be masked).
-Tensor future_mask(int64_t t) {
-  Tensor mask = Tensor::empty({t, t}, DType::i64);
-  int64_t* m = mask.data<int64_t>();
-  for (int64_t q = 0; q < t; ++q)
-    for (int64_t k = 0; k < t; ++k) m[q * t + k] = k > q ? 1 : 0;
-  return mask;
+// [T, T] on `device`, nonzero where the key position is after the query position (to be masked):
+// relu(key - query) over two aranges, by the device's kernels (no host loop, no host copy; plain
+// kernels, so the mask is not an op of the tape). f64 positions are exact for any T.
+Tensor future_mask(int64_t t, Device device) {
+  Tensor pos = arange(t, DType::f64, device);
+  Tensor diff = Tensor::empty({t, t}, DType::f64, memory::Tag::other, device);
+  Backend& b = backend(device);
+  b.binary(BinaryOp::sub, pos.view({1, t}), pos.view({t, 1}), diff);
+  b.unary(UnaryOp::relu, diff, diff, 0.0);
+  return diff;
 }
 
 }  // namespace
@@ -51,7 +55,7 @@ Tensor CausalSelfAttention::forward_impl(const Tensor& x) {
     y = scaled_dot_product_attention(q, k, v, /*causal=*/true, attn_dropout_, training());
   } else {
     Tensor scores = mul_scalar(matmul(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(d)));  // [B, H, T, T]
-    scores = masked_fill(scores, future_mask(t), -std::numeric_limits<double>::infinity());
+    scores = masked_fill(scores, future_mask(t, scores.device()), -std::numeric_limits<double>::infinity());
     y = matmul(dropout(softmax(scores, -1), attn_dropout_, training()), v);
   }
   y = y.permute({0, 2, 1, 3}).reshape({b, t, c});  // [B, T, C] (a view for the fused op)

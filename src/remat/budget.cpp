@@ -3,6 +3,7 @@
 
 #include "budget_internal.h"
 
+#include "remat/backend.h"
 #include "remat/memory.h"
 
 namespace remat {
@@ -58,7 +59,7 @@ bool BudgetPlanner::State::can_plan(const std::vector<Shape>& shapes) const {
   return profiling && signature == shapes && profile_complete() && profile_runs >= kProfilingSteps;
 }
 
-void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes) {
+void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Device device) {
   profile_runs = profiling && signature == shapes ? profile_runs + 1 : 1;
   profiling = true;
   stale = false;
@@ -66,8 +67,10 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes) {
   report.reset();
   profiles.clear();
   stage_labels.clear();
-  saved_live_at_entry = memory::live_bytes(memory::Tag::saved);
-  saved_peak_at_entry = memory::peak_bytes(memory::Tag::saved);
+  // the counters of the device the profiled values live on (those the regions read, region.cpp)
+  const memory::Stats s = memory_stats(device);
+  saved_live_at_entry = s.live(memory::Tag::saved);
+  saved_peak_at_entry = s.peak(memory::Tag::saved);
 }
 
 void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {

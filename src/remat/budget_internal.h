@@ -36,7 +36,7 @@ struct BudgetPlanner::State {
   // remat::Error naming that budget. `scope` names the plan scope in messages.
   void make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope);
   // Starts (or continues) profiling these shapes: the next layer calls are measured stages.
-  void start_profiling(const std::vector<Shape>& shapes);
+  void start_profiling(const std::vector<Shape>& shapes, Device device);
 };
 
 }  // namespace remat

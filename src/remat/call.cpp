@@ -121,7 +121,7 @@ TensorList single_region(const RegionFn& fn, const TensorList& inputs, const Cal
                          std::shared_ptr<RegionProfile> profile = nullptr, bool record_all = false) {
   auto region = std::make_shared<Region>(Region::Kind::call, policy, site.label, std::move(profile));
   ScopedPolicy scope(policy);
-  region->open();
+  region->open(detail::device_of(inputs));
   TensorList outputs;
   try {
     outputs = region->add_call(layer_function(fn, site, record_all), inputs, CallStepInfo{site, -1});
@@ -155,7 +155,7 @@ std::unique_ptr<PlanScope> begin_plan(const CallSite& site, const Policy& budget
     ps->plan = &st.report->plan.tree;
     ps->stages = st.report->costs.num_stages();
   } else {
-    st.start_profiling(shapes);
+    st.start_profiling(shapes, detail::device_of(inputs));
     ps->profiling = true;
   }
   return ps;
@@ -205,7 +205,7 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
                                           "R[" + std::to_string(node->first) + ".." + std::to_string(node->last) + "]",
                                           nullptr, node->children);
     ps.segment_node = node;
-    ps.segment->open();
+    ps.segment->open(detail::device_of(inputs));
   }
   TensorList outputs = ps.segment->add_call(layer_function(fn, site), inputs, CallStepInfo{site, position});
   if (position == node->last) {
@@ -224,7 +224,7 @@ TensorList grouped_call(Frame& top, const Policy& policy, const RegionFn& fn, co
     top.group_policy = policy;
     top.group_first = site.label;
     top.group_count = 0;
-    top.group->open();
+    top.group->open(detail::device_of(inputs));
   }
   TensorList outputs = top.group->add_call(layer_function(fn, site), inputs, CallStepInfo{site, -1});
   top.group_last = site.label;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <unordered_map>
 
+#include "autodiff/history.h"
 #include "dynamic_internal.h"
 #include "remat/autodiff.h"
 #include "remat/memory.h"
@@ -372,14 +373,8 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
         ~Done() { --n; }
       } done{replaying_};
       NoGradGuard no_grad;
-      autodiff::RecordingObserver* observer = autodiff::set_recording_observer(nullptr);
-      try {
-        outputs = c->op->run_forward(args);
-      } catch (...) {
-        autodiff::set_recording_observer(observer);
-        throw;
-      }
-      autodiff::set_recording_observer(observer);
+      autodiff::ObserverScope no_observer(nullptr);
+      outputs = c->op->run_forward(args);
     }
     REMAT_CHECK(c->output < outputs.size() && outputs[c->output].defined(), "policy dynamic: recomputing ",
                 c->op->op(), " gave ", outputs.size(), " outputs; its forward must be deterministic");

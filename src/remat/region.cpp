@@ -23,8 +23,10 @@
 
 #include <algorithm>
 
+#include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
+#include "replay.h"
 
 namespace remat::detail {
 
@@ -61,29 +63,6 @@ class RecomputeObserver final : public autodiff::RecordingObserver {
   Region& region_;
 };
 
-// Restores thread state on every exit path of a replay.
-class RecomputeScope {
- public:
-  RecomputeScope(RngState replay_state, const Policy& policy, autodiff::RecordingObserver* observer)
-      : rng_(rng_state()), policy_(policy), grad_(true), observer_(autodiff::set_recording_observer(observer)) {
-    set_rng_state(replay_state);
-    autodiff::set_recompute_depth(autodiff::recompute_depth() + 1);
-  }
-  ~RecomputeScope() {
-    autodiff::set_recompute_depth(autodiff::recompute_depth() - 1);
-    autodiff::set_recording_observer(observer_);
-    set_rng_state(rng_);
-  }
-  RecomputeScope(const RecomputeScope&) = delete;
-  RecomputeScope& operator=(const RecomputeScope&) = delete;
-
- private:
-  RngState rng_;
-  ScopedPolicy policy_;
-  EnableGradGuard grad_;
-  autodiff::RecordingObserver* observer_;
-};
-
 double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -112,9 +91,11 @@ Region::~Region() {
   if (open_) autodiff::set_recording_observer(previous_observer_);
 }
 
-void Region::open() {
+void Region::open(Device device) {
   REMAT_ASSERT(!open_ && !closed_, "region '", label_, "' opened twice");
   rng_ = rng_state();
+  device_ = device;
+  backend(device_).synchronize();
   opened_at_ = std::chrono::steady_clock::now();
   observer_ = std::make_unique<FirstRunObserver>(*this, autodiff::recording_observer());
   previous_observer_ = autodiff::set_recording_observer(observer_.get());
@@ -149,11 +130,7 @@ void Region::register_outputs(Step& step, TensorList& outputs, size_t count, con
     if (alias) out = out.detach();  // a new handle: never rewire a tensor someone else holds
     size_t slot = SIZE_MAX;
     if (is_floating(out.dtype())) {
-      slot = this->outputs.size();
-      this->outputs.push_back({out.shape(), out.dtype(), out.device()});
-      out.impl().grad_fn = shared_from_this();
-      out.impl().output_nr = static_cast<uint32_t>(slot);
-      out.impl().requires_grad = true;
+      slot = autodiff::attach_output(out, shared_from_this());
       produced_impls_.push_back(out.impl_ptr());
     }
     produced_[out.impl_ptr().get()] = Ref{false, step_index, static_cast<uint32_t>(i)};
@@ -210,18 +187,12 @@ void Region::on_op(autodiff::OpEvent& event) {
   steps_.push_back(std::move(step));
 }
 
-void Region::add_captured_edge(const autodiff::Edge& edge) {
-  if (!edge.valid() || captured_index_.count(edge)) return;
-  captured_index_[edge] = next_edges.size();
-  next_edges.push_back(edge);
-}
-
 void Region::on_recording(const TensorList& inputs) {
   for (const auto& in : inputs) {
     if (!in.requires_grad()) continue;
     if (in.grad_fn().get() == this) continue;                     // an output of an earlier step
     if (external_of_.count(in.impl_ptr().get())) continue;        // kept, with its own edge
-    add_captured_edge(autodiff::gradient_edge(in));
+    captured_.add(*this, autodiff::gradient_edge(in));
   }
 }
 
@@ -252,6 +223,7 @@ void Region::close() {
   autodiff::set_recording_observer(previous_observer_);
   open_ = false;
   closed_ = true;
+  backend(device_).synchronize();
   const auto closed_at = std::chrono::steady_clock::now();
   read_versions_.freeze();
   for (auto& entry : cache_) {
@@ -349,7 +321,7 @@ TensorList Region::replay_call(const Step& step, const TensorList& inputs, std::
     nested = std::make_shared<Region>(Kind::segment, Policy::every_layer(),
                                       "R[" + std::to_string(node->first) + ".." + std::to_string(node->last) + "]",
                                       nullptr, node->children);
-    nested->open();
+    nested->open(device_);
   }
   TensorList outputs = nested->add_call(step.fn, inputs, step.info);
   if (position == node->last) {
@@ -363,10 +335,16 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   using Clock = std::chrono::steady_clock;
   REMAT_CHECK(closed_ && !open_, "checkpoint region '", label_,
               "': the backward pass reached it while its forward pass was still running");
+  // The clock and the counters are those of the device the region's values live on; a device
+  // that runs kernels asynchronously is synchronised before each clock reading.
+  Backend& device = backend(device_);
+  auto saved_live = [&device] { return device.allocator().stats().live(memory::Tag::saved); };
+  device.synchronize();
   const auto recompute_start = Clock::now();
   if (profile_) {
-    profile_->saved_live_at_backward = memory::live_bytes(memory::Tag::saved);
-    profile_->saved_peak_at_backward = memory::peak_bytes(memory::Tag::saved);
+    const memory::Stats s = device.allocator().stats();
+    profile_->saved_live_at_backward = s.live(memory::Tag::saved);
+    profile_->saved_peak_at_backward = s.peak(memory::Tag::saved);
   }
   read_versions_.check("checkpoint region '" + label_ + "'");
   // Fresh leaves for the kept values.
@@ -383,11 +361,14 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
     leaves.push_back(leaf);
   }
   const uint64_t first_sequence_nr = autodiff::next_sequence_nr();
-  const size_t saved_before = memory::live_bytes(memory::Tag::saved);
+  const size_t saved_before = saved_live();
   std::vector<TensorList> replayed(steps_.size());
   RecomputeObserver observer(*this);
   {
-    RecomputeScope scope(rng_, policy_, &observer);
+    ReplayScope replay(rng_);
+    ScopedPolicy policy(policy_);
+    EnableGradGuard grad(true);
+    autodiff::ObserverScope observing(&observer);
     std::shared_ptr<Region> nested;
     try {
       for (size_t s = 0; s < steps_.size(); ++s) {
@@ -421,10 +402,11 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
     }
     if (nested) nested->close();
   }
-  const size_t saved_after = memory::live_bytes(memory::Tag::saved);
+  const size_t saved_after = saved_live();
   REMAT_CHECK(observer.cursor == cache_.size(), "checkpoint region '", label_, "': its recomputation ran ",
               observer.cursor, " kept ops where the first run had ", cache_.size(),
               "; a region's function must be deterministic");
+  device.synchronize();
   const auto backward_start = Clock::now();
 
   // Backward through the sub-tape only.
@@ -443,6 +425,7 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   // The sub-tape's nodes are referenced by `replayed` only; the engine frees saved values as it goes.
   autodiff::EngineResult result = autodiff::backward_subtape(std::move(roots), std::move(root_grads), first_sequence_nr);
   replayed.clear();
+  device.synchronize();
   const auto backward_end = Clock::now();
 
   auto& rc = region_counters();
@@ -464,28 +447,21 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   }
 
   std::vector<TensorList> input_grads(next_edges.size());
-  std::unordered_map<const autodiff::Node*, size_t> leaf_slot;
+  std::unordered_map<const autodiff::Node*, size_t> leaf_slots;
   for (size_t i = 0; i < leaves.size(); ++i) {
     if (!leaves[i].requires_grad()) continue;
-    leaf_slot[autodiff::gradient_edge(leaves[i]).node.get()] = externals_[i].slot;
+    leaf_slots[autodiff::gradient_edge(leaves[i]).node.get()] = externals_[i].slot;
   }
-  for (size_t c = 0; c < result.captured_edges.size(); ++c) {
-    const autodiff::Edge& e = result.captured_edges[c];
-    const TensorList& grads = result.captured_grads[c];
-    if (grads.empty()) continue;
-    size_t slot;
-    auto li = leaf_slot.find(e.node.get());
-    if (li != leaf_slot.end()) {
-      slot = li->second;
-    } else {
-      auto xi = captured_index_.find(e);
-      REMAT_CHECK(xi != captured_index_.end(), "checkpoint region '", label_, "': its recomputation used a tensor ",
-                  "requiring grad (reached through ", e.node->name(), ") that its first run did not; a region's ",
-                  "function must be deterministic");
-      slot = xi->second;
-    }
-    for (const auto& g : grads) input_grads[slot].push_back(g);
-  }
+  autodiff::route_captured(
+      result, leaf_slots, captured_,
+      [&](size_t slot, size_t c) {
+        for (const auto& g : result.captured_grads[c]) input_grads[slot].push_back(g);
+      },
+      [&](const autodiff::Edge& e) {
+        throw Error(detail::concat("checkpoint region '", label_, "': its recomputation used a tensor requiring grad ",
+                                   "(reached through ", e.node->name(), ") that its first run did not; a region's ",
+                                   "function must be deterministic"));
+      });
   return input_grads;
 }
 

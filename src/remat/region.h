@@ -28,6 +28,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "autodiff/history.h"
 #include "remat/autodiff.h"
 #include "remat/budget.h"
 #include "remat/call.h"
@@ -47,10 +48,6 @@ struct CallStepInfo {
   int position = -1;  // stage index under a budget plan scope, else -1
 };
 
-struct EdgeHash {
-  size_t operator()(const autodiff::Edge& e) const { return std::hash<const void*>()(e.node.get()) * 31 + e.input_nr; }
-};
-
 class Region final : public autodiff::Node {
  public:
   enum class Kind { call, segment };
@@ -59,8 +56,9 @@ class Region final : public autodiff::Node {
   ~Region() override;
 
   // ---- first run
-  // Installs the first-run observer (recording off) and captures the RNG state.
-  void open();
+  // Installs the first-run observer (recording off) and captures the RNG state. `device` is where
+  // the region's values live (device_of its inputs): its counters and clock are the profile's.
+  void open(Device device);
   // Runs a layer call as a step (its ops untaped); returns its outputs, now outputs of this node.
   TensorList add_call(const RegionFn& fn, const TensorList& inputs, const CallStepInfo& info);
   // Restores the observer, takes versions, settles the selective cache, writes counters. After
@@ -121,7 +119,6 @@ class Region final : public autodiff::Node {
 
   Ref ref_for_input(const Tensor& t);
   void register_outputs(Step& step, TensorList& outputs, size_t count, const TensorList& inputs);
-  void add_captured_edge(const autodiff::Edge& edge);
   TensorList replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested);
   void strip_outputs();
 
@@ -143,13 +140,21 @@ class Region final : public autodiff::Node {
   std::unordered_map<const TensorImpl*, uint32_t> external_of_;  // first run only
   std::unordered_map<const TensorImpl*, Ref> produced_;           // first run only
   std::vector<std::weak_ptr<TensorImpl>> produced_impls_;         // first run only
-  std::unordered_map<autodiff::Edge, size_t, EdgeHash> captured_index_;
+  autodiff::CapturedEdges captured_;
+  Device device_;  // where the values live: whose allocator counters and clock the profile reads
   ReadVersions read_versions_;  // Note [what a region version-checks]
   // selective
   std::vector<CacheEntry> cache_;
   std::unordered_set<const Storage*> saved_by_ops_;  // first run only: storages some op would save
   size_t record_index_ = SIZE_MAX;
 };
+
+// The device of the first defined tensor (the CPU if there is none).
+inline Device device_of(const TensorList& tensors) {
+  for (const auto& t : tensors)
+    if (t.defined()) return t.device();
+  return Device{};
+}
 
 // Counters shared by regions and the dispatcher (thread-local).
 struct RegionCounters {

@@ -10,15 +10,16 @@
 // the order in which the unrolled loop's backward adds them.
 #include "remat/scan.h"
 
-#include "versions.h"
-
 #include <unordered_map>
 
+#include "autodiff/history.h"
 #include "remat/autodiff.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
 #include "remat/random.h"
 #include "remat/schedule.h"
+#include "replay.h"
+#include "versions.h"
 
 namespace remat {
 
@@ -27,10 +28,6 @@ namespace {
 namespace rs = remat::schedule;
 
 thread_local std::shared_ptr<ScanStats> last_stats = std::make_shared<ScanStats>();
-
-struct EdgeHash {
-  size_t operator()(const autodiff::Edge& e) const { return std::hash<const void*>()(e.node.get()) * 31 + e.input_nr; }
-};
 
 class ScanNode;
 
@@ -46,15 +43,7 @@ class CaptureFinder final : public autodiff::RecordingObserver {
   ScanNode& node_;
 };
 
-// Restores the observer on every exit path.
-class ObserverScope {
- public:
-  explicit ObserverScope(autodiff::RecordingObserver* o) : previous_(autodiff::set_recording_observer(o)) {}
-  ~ObserverScope() { autodiff::set_recording_observer(previous_); }
-
- private:
-  autodiff::RecordingObserver* previous_;
-};
+using autodiff::ObserverScope;
 
 class ScanNode final : public autodiff::Node {
  public:
@@ -85,11 +74,7 @@ class ScanNode final : public autodiff::Node {
   // they are run again.
   detail::ReadVersions read_versions;
 
-  void add_external(const autodiff::Edge& e) {
-    if (!e.valid() || external_index_.count(e)) return;
-    external_index_[e] = next_edges.size();
-    next_edges.push_back(e);
-  }
+  void add_external(const autodiff::Edge& e) { captured_.add(*this, e); }
 
   // ---- forward helpers
   Tensor run_untaped(const Tensor& state, int64_t t) {
@@ -160,6 +145,7 @@ class ScanNode final : public autodiff::Node {
   bool while_loop_ = false;
   Shape state_shape;
   DType state_dtype = DType::f32;
+  Device state_device;
 
  private:
   void check_state(const Tensor& next, int64_t t) const {
@@ -175,26 +161,30 @@ class ScanNode final : public autodiff::Node {
     autodiff::Edge root = autodiff::gradient_edge(turn_output_);
     if (root.valid()) {
       autodiff::EngineResult r = autodiff::backward_subtape({root}, {adjoint}, turn_marker_);
-      const autodiff::Node* leaf_accumulator = autodiff::gradient_edge(turn_leaf_).node.get();
-      for (size_t c = 0; c < r.captured_edges.size(); ++c) {
-        const auto& e = r.captured_edges[c];
-        if (r.captured_grads[c].empty()) continue;
-        if (e.node.get() == leaf_accumulator) {
-          result = r.summed(c);
-          continue;
-        }
-        auto it = external_index_.find(e);
-        REMAT_CHECK(it != external_index_.end(), "scan: step ", turn_step_, " used a tensor requiring grad (through ",
-                    e.node->name(), ") that its first run did not; the step function must be deterministic");
-        Tensor& sum = external_sums[it->second - 1];
-        for (const auto& g : r.captured_grads[c]) sum = sum.defined() ? add(sum, g) : g;
-      }
+      // slot 0 is the input state (the turn's fresh leaf), the others captured tensors
+      const std::unordered_map<const autodiff::Node*, size_t> leaf_slots{
+          {autodiff::gradient_edge(turn_leaf_).node.get(), 0}};
+      autodiff::route_captured(
+          r, leaf_slots, captured_,
+          [&](size_t slot, size_t c) {
+            if (slot == 0) {
+              result = r.summed(c);
+              return;
+            }
+            Tensor& sum = external_sums[slot - 1];
+            for (const auto& g : r.captured_grads[c]) sum = sum.defined() ? add(sum, g) : g;
+          },
+          [&](const autodiff::Edge& e) {
+            throw Error(detail::concat("scan: step ", turn_step_, " used a tensor requiring grad (through ",
+                                       e.node->name(), ") that its first run did not; the step function must be ",
+                                       "deterministic"));
+          });
     } else if (turn_output_.same(turn_leaf_)) {
       result = adjoint;  // the step returned its input unchanged
     }
     turn_output_ = Tensor();
     turn_leaf_ = Tensor();
-    if (!result.defined()) result = zeros(state_shape, state_dtype);
+    if (!result.defined()) result = zeros(state_shape, state_dtype, memory::Tag::other, state_device);
     return result;
   }
 
@@ -203,7 +193,7 @@ class ScanNode final : public autodiff::Node {
   std::vector<RngState> snapshot_rng_;
   std::vector<int64_t> snapshot_step_;
   std::shared_ptr<ScanStats> stats_;
-  std::unordered_map<autodiff::Edge, size_t, EdgeHash> external_index_;
+  autodiff::CapturedEdges captured_;  // next edge 0 is the initial state; captured tensors follow
   std::vector<rs::RevolveAction> actions_;  // what is left of the schedule
   int64_t current_step_ = 0;
   Tensor current_;
@@ -222,17 +212,10 @@ bool CaptureFinder::suppress_recording(const TensorList& inputs) {
 
 std::vector<TensorList> ScanNode::apply_contributions(TensorList&& grad_outputs) {
   read_versions.check(while_loop_ ? "while_loop" : "scan");
-  Tensor adjoint = grad_outputs.at(0).defined() ? grad_outputs[0] : zeros(state_shape, state_dtype);
+  Tensor adjoint = grad_outputs.at(0).defined() ? grad_outputs[0]
+                                                 : zeros(state_shape, state_dtype, memory::Tag::other, state_device);
   std::vector<Tensor> external_sums(next_edges.size() - 1);
-  const RngState saved_rng = rng_state();
-  struct RestoreRng {
-    RngState state;
-    ~RestoreRng() { set_rng_state(state); }
-  } restore_rng{saved_rng};
-  autodiff::set_recompute_depth(autodiff::recompute_depth() + 1);
-  struct RestoreDepth {
-    ~RestoreDepth() { autodiff::set_recompute_depth(autodiff::recompute_depth() - 1); }
-  } restore_depth;
+  detail::ReplayScope replay;  // the steps re-run here leave the RNG state and recompute depth as they were
 
   if (turn_output_.defined()) adjoint = backprop_turn(adjoint, external_sums);
   for (const auto& action : actions_) {
@@ -292,10 +275,7 @@ Tensor finish(std::shared_ptr<ScanNode> node, const Tensor& state0, const Tensor
   for (const auto& e : node->next_edges) any = any || e.valid();
   Tensor out = output.detach();
   if (!any) return out;
-  node->outputs.push_back({out.shape(), out.dtype(), out.device()});
-  out.impl().grad_fn = node;
-  out.impl().output_nr = 0;
-  out.impl().requires_grad = true;
+  autodiff::attach_output(out, node);  // output 0
   return out;
 }
 
@@ -337,6 +317,7 @@ Tensor scan(const ScanStep& step, const Tensor& state0, int64_t n_steps, const S
   node->state_bytes = state0.nbytes();
   node->state_shape = state0.shape();
   node->state_dtype = state0.dtype();
+  node->state_device = state0.device();
   std::vector<schedule::RevolveAction> actions = schedule::revolve_schedule(n_steps, options.snapshots);
   Tensor current = state0.detach();
   int64_t current_step = 0;
@@ -385,6 +366,7 @@ Tensor while_loop(const ScanCondition& cond, const ScanStep& step, const Tensor&
   node->state_bytes = state0.nbytes();
   node->state_shape = state0.shape();
   node->state_dtype = state0.dtype();
+  node->state_device = state0.device();
   schedule::OnlineCheckpointer online(options.snapshots);
   Tensor current = state0.detach();
   int64_t t = 0;

@@ -59,38 +59,38 @@ uint32_t philox_word(RngState state, uint64_t index) {
   return philox4x32(word / 4, state.seed).v[word % 4];
 }
 
-Tensor rand(const Shape& shape, DType dtype, RngState state, double low, double high) {
+Tensor rand(const Shape& shape, DType dtype, RngState state, double low, double high, Device device) {
   REMAT_CHECK(is_floating(dtype), "rand: dtype must be f32 or f64, got ", dtype_name(dtype));
   REMAT_CHECK(high > low, "rand: empty range [", low, ", ", high, ")");
-  Tensor t = detail::allocate_tensor("rand", shape, dtype, memory::Tag::other, Device{});
-  cpu_backend().rand_uniform(t, state, low, high);
+  Tensor t = detail::allocate_tensor("rand", shape, dtype, memory::Tag::other, device);
+  backend(device).rand_uniform(t, state, low, high);
   return t;
 }
 
-Tensor rand(const Shape& shape, DType dtype, double low, double high) {
+Tensor rand(const Shape& shape, DType dtype, double low, double high, Device device) {
   REMAT_CHECK(is_floating(dtype), "rand: dtype must be f32 or f64, got ", dtype_name(dtype));
   // validate (range and shape) before claiming words: a failed call leaves the generator as it was
   REMAT_CHECK(high > low, "rand: empty range [", low, ", ", high, ")");
-  Tensor t = detail::allocate_tensor("rand", shape, dtype, memory::Tag::other, Device{});
-  cpu_backend().rand_uniform(t, rng_reserve(static_cast<uint64_t>(shape_numel(shape))), low, high);
+  Tensor t = detail::allocate_tensor("rand", shape, dtype, memory::Tag::other, device);
+  backend(device).rand_uniform(t, rng_reserve(static_cast<uint64_t>(shape_numel(shape))), low, high);
   return t;
 }
 
-Tensor randn(const Shape& shape, DType dtype, RngState state, double mean, double stddev) {
+Tensor randn(const Shape& shape, DType dtype, RngState state, double mean, double stddev, Device device) {
   REMAT_CHECK(is_floating(dtype), "randn: dtype must be f32 or f64, got ", dtype_name(dtype));
   REMAT_CHECK(stddev >= 0, "randn: negative standard deviation ", stddev);
-  Tensor t = detail::allocate_tensor("randn", shape, dtype, memory::Tag::other, Device{});
-  cpu_backend().rand_normal(t, state, mean, stddev);
+  Tensor t = detail::allocate_tensor("randn", shape, dtype, memory::Tag::other, device);
+  backend(device).rand_normal(t, state, mean, stddev);
   return t;
 }
 
-Tensor randn(const Shape& shape, DType dtype, double mean, double stddev) {
+Tensor randn(const Shape& shape, DType dtype, double mean, double stddev, Device device) {
   REMAT_CHECK(is_floating(dtype), "randn: dtype must be f32 or f64, got ", dtype_name(dtype));
   // validate before claiming words: a failed call leaves the generator as it was
   REMAT_CHECK(stddev >= 0, "randn: negative standard deviation ", stddev);
-  Tensor t = detail::allocate_tensor("randn", shape, dtype, memory::Tag::other, Device{});
+  Tensor t = detail::allocate_tensor("randn", shape, dtype, memory::Tag::other, device);
   // Box-Muller uses two words per value.
-  cpu_backend().rand_normal(t, rng_reserve(2 * static_cast<uint64_t>(shape_numel(shape))), mean, stddev);
+  backend(device).rand_normal(t, rng_reserve(2 * static_cast<uint64_t>(shape_numel(shape))), mean, stddev);
   return t;
 }
 

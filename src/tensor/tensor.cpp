@@ -1,4 +1,5 @@
-// Tensor handle, storage and shape helpers (no autodiff logic here beyond the metadata fields).
+// Tensor handle, storage, shape helpers and factories. The tensor layer does not know the tape:
+// the autodiff functions of Tensor are defined in src/autodiff/ (leaf.cpp, engine.cpp, ops/).
 #include "remat/tensor.h"
 
 #include <algorithm>
@@ -8,7 +9,8 @@
 #include <iomanip>
 #include <sstream>
 
-#include "remat/autodiff.h"
+#include <atomic>
+
 #include "remat/backend.h"
 #include "tensor/allocate.h"
 
@@ -26,7 +28,12 @@ const char* dtype_name(DType dtype) {
 size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 8; }
 
 std::string device_name(Device device) {
-  return device.type == DeviceType::cpu ? "cpu" : "cuda:" + std::to_string(device.index);
+  switch (device.type) {
+    case DeviceType::cpu: return "cpu";
+    case DeviceType::cuda: return "cuda:" + std::to_string(device.index);
+    case DeviceType::emulated: return "emulated:" + std::to_string(device.index);
+  }
+  return "?";
 }
 
 std::string shape_str(const Shape& shape) {
@@ -100,15 +107,16 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 
 // ---- Storage
 
-Storage::Storage(size_t bytes, memory::Tag tag, Device device) : bytes_(bytes), tag_(tag), device_(device) {
-  data_ = backend(device).allocator().allocate(bytes, tag);
+Storage::Storage(size_t bytes, memory::Tag tag, Device device)
+    : bytes_(bytes), tag_(tag), device_(device), allocator_(&backend(device).allocator()) {
+  data_ = allocator_->allocate(bytes, tag);
 }
 
-Storage::~Storage() { backend(device_).allocator().deallocate(data_, bytes_, tag_); }
+Storage::~Storage() { allocator_->deallocate(data_, bytes_, tag_); }
 
 void Storage::set_tag(memory::Tag tag) {
   if (tag == tag_) return;
-  backend(device_).allocator().retag(bytes_, tag_, tag);
+  allocator_->retag(bytes_, tag_, tag);
   tag_ = tag;
 }
 
@@ -197,9 +205,20 @@ void data_dtype_mismatch(const Tensor& t, DType wanted, bool contiguity) {
                      " has dtype ", dtype_name(t.dtype()), ", not ", dtype_name(wanted), "; use data<",
                      element_type_name(t.dtype()), ">() or convert with .to(DType::", dtype_name(wanted), ")"));
 }
+namespace {
+std::atomic<int> device_kernels_running{0};
+}
+DeviceKernelScope::DeviceKernelScope() { ++device_kernels_running; }
+DeviceKernelScope::~DeviceKernelScope() { --device_kernels_running; }
+void check_device_access(const Tensor& t) {
+  if (t.device().type == DeviceType::cpu || device_kernels_running.load(std::memory_order_relaxed) > 0) return;
+  throw Error(concat("a ", dtype_name(t.dtype()), " tensor of shape ", shape_str(t.shape()), " is on ",
+                     device_name(t.device()), ", not in host memory; copy it with .to(remat::kCpu) to read it on the host"));
+}
 }  // namespace detail
 
 void* Tensor::raw_data() const {
+  if (device().type != DeviceType::cpu) detail::check_device_access(*this);
   return static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(dtype_size(dtype()));
 }
 
@@ -215,11 +234,13 @@ static double read_element(const Tensor& t, int64_t flat_offset) {
 
 double Tensor::item() const {
   REMAT_CHECK(numel() == 1, "item: tensor of shape ", shape_str(shape()), " has ", numel(), " elements, not 1");
-  REMAT_CHECK(device().type == DeviceType::cpu, "item: tensor is on ", device_name(device()));
+  REMAT_CHECK(device().type == DeviceType::cpu, "item: tensor is on ", device_name(device()),
+              " (copy it with .to(remat::kCpu))");
   return read_element(*this, offset());
 }
 
 double Tensor::at(const std::vector<int64_t>& index) const {
+  REMAT_CHECK(device().type == DeviceType::cpu, "at: tensor is on ", device_name(device()), " (copy it with .to(remat::kCpu))");
   REMAT_CHECK(static_cast<int64_t>(index.size()) == dim(), "at: index of rank ", index.size(),
               " for tensor of shape ", shape_str(shape()));
   int64_t off = offset();
@@ -233,7 +254,8 @@ double Tensor::at(const std::vector<int64_t>& index) const {
 }
 
 std::vector<double> Tensor::to_vector() const {
-  REMAT_CHECK(device().type == DeviceType::cpu, "to_vector: tensor is on ", device_name(device()));
+  REMAT_CHECK(device().type == DeviceType::cpu, "to_vector: tensor is on ", device_name(device()),
+              " (copy it with .to(remat::kCpu))");
   std::vector<double> out;
   try {
     out.resize(static_cast<size_t>(numel()));
@@ -254,37 +276,6 @@ std::vector<double> Tensor::to_vector() const {
     }
   }
   return out;
-}
-
-Tensor& Tensor::requires_grad_(bool value) {
-  REMAT_CHECK(is_leaf(), "requires_grad_: only leaves can be marked; this tensor of shape ", shape_str(shape()),
-              " was produced by ", impl().grad_fn->name(), " (use detach() first)");
-  REMAT_CHECK(!value || is_floating(dtype()), "requires_grad_: ", dtype_name(dtype()), " tensors cannot require grad");
-  impl().requires_grad = value;
-  return *this;
-}
-
-Tensor Tensor::grad() const { return impl().grad ? Tensor(impl().grad) : Tensor(); }
-
-void Tensor::zero_grad() { impl().grad.reset(); }
-
-void Tensor::set_grad(const Tensor& grad) {
-  if (!grad.defined()) {
-    impl().grad.reset();
-    return;
-  }
-  REMAT_CHECK(grad.shape() == shape(), "set_grad: gradient shape ", shape_str(grad.shape()),
-              " differs from tensor shape ", shape_str(shape()));
-  REMAT_CHECK(grad.dtype() == dtype(), "set_grad: gradient dtype ", dtype_name(grad.dtype()),
-              " differs from tensor dtype ", dtype_name(dtype()), " (convert it with .to(", dtype_name(dtype()),
-              ") first)");
-  REMAT_CHECK(grad.device() == device(), "set_grad: gradient is on ", device_name(grad.device()),
-              ", the tensor on ", device_name(device()));
-  // A private contiguous copy: the caller's tensor (perhaps a view, perhaps expanded with stride
-  // 0, perhaps used elsewhere) is never aliased, so a backward pass can accumulate in place.
-  Tensor copy = detail::allocate_tensor("set_grad", shape(), dtype(), memory::Tag::gradient, device());
-  backend(device()).copy(grad, copy);
-  impl().grad = copy.impl_ptr();
 }
 
 Tensor Tensor::detach() const {
@@ -326,7 +317,14 @@ std::string to_string(const Tensor& t, int max_per_axis) {
   out << "Tensor(shape=" << shape_str(t.shape()) << ", dtype=" << dtype_name(t.dtype());
   if (t.requires_grad()) out << ", requires_grad";
   out << ",\n  ";
-  auto values = t.to_vector();
+  std::vector<double> values;
+  if (t.device().type == DeviceType::cpu) {
+    values = t.to_vector();
+  } else {  // printing copies to the host
+    Tensor host = detail::allocate_tensor("to_string", t.shape(), t.dtype(), memory::Tag::other, kCpu);
+    copy_between_devices(t, host);
+    values = host.to_vector();
+  }
   const auto& s = t.shape();
   out << std::setprecision(t.dtype() == DType::f64 ? 10 : 6);
   // Recursive pretty print with elision of long axes.
@@ -361,21 +359,33 @@ std::ostream& operator<<(std::ostream& out, const Tensor& tensor) { return out <
 // ---- factories
 
 namespace {
-Tensor filled(const char* op, const Shape& shape, double value, DType dtype, memory::Tag tag) {
-  Tensor t = detail::allocate_tensor(op, shape, dtype, tag, Device{});
-  cpu_backend().fill(t, value);
+Tensor filled(const char* op, const Shape& shape, double value, DType dtype, memory::Tag tag, Device device) {
+  Tensor t = detail::allocate_tensor(op, shape, dtype, tag, device);
+  backend(device).fill(t, value);
+  return t;
+}
+// A new tensor on `device` holding `count` host elements of `dtype` at `host`.
+Tensor from_host(const char* op, const void* host, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
+  Tensor t = detail::allocate_tensor(op, shape, dtype, tag, device);
+  if (t.nbytes() > 0) backend(device).copy_from_host(host, t);
   return t;
 }
 }  // namespace
 
-Tensor full(const Shape& shape, double value, DType dtype, memory::Tag tag) { return filled("full", shape, value, dtype, tag); }
-Tensor zeros(const Shape& shape, DType dtype, memory::Tag tag) { return filled("zeros", shape, 0.0, dtype, tag); }
-Tensor ones(const Shape& shape, DType dtype, memory::Tag tag) { return filled("ones", shape, 1.0, dtype, tag); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
-Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }
+Tensor full(const Shape& shape, double value, DType dtype, memory::Tag tag, Device device) {
+  return filled("full", shape, value, dtype, tag, device);
+}
+Tensor zeros(const Shape& shape, DType dtype, memory::Tag tag, Device device) {
+  return filled("zeros", shape, 0.0, dtype, tag, device);
+}
+Tensor ones(const Shape& shape, DType dtype, memory::Tag tag, Device device) {
+  return filled("ones", shape, 1.0, dtype, tag, device);
+}
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), memory::Tag::other, t.device()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), memory::Tag::other, t.device()); }
+Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, memory::Tag::other, device); }
 
-Tensor arange(double start, double stop, double step, DType dtype) {
+Tensor arange(double start, double stop, double step, DType dtype, Device device) {
   REMAT_CHECK(std::isfinite(start) && std::isfinite(stop) && std::isfinite(step), "arange: start, stop and step must be ",
               "finite, got start ", start, ", stop ", stop, ", step ", step);
   REMAT_CHECK(step != 0, "arange: step must be nonzero");
@@ -383,17 +393,19 @@ Tensor arange(double start, double stop, double step, DType dtype) {
   REMAT_CHECK(!(count > static_cast<double>(kMaxElements)), "arange: [", start, ", ", stop, ") in steps of ", step,
               " has ", count, " elements, more than 2^60 = ", kMaxElements);
   const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
-  Tensor t = detail::allocate_tensor("arange", {n}, dtype, memory::Tag::other, Device{});
-  cpu_backend().arange(t, start, step);
+  Tensor t = detail::allocate_tensor("arange", {n}, dtype, memory::Tag::other, device);
+  backend(device).arange(t, start, step);
   return t;
 }
-Tensor arange(int64_t stop, DType dtype) { return arange(0.0, static_cast<double>(stop), 1.0, dtype); }
+Tensor arange(int64_t stop, DType dtype, Device device) {
+  return arange(0.0, static_cast<double>(stop), 1.0, dtype, device);
+}
 
-Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, memory::Tag tag) {
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
   check_shape(shape, "from_vector");
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
               " values do not fill shape ", shape_str(shape));
-  Tensor t = detail::allocate_tensor("from_vector", shape, dtype, tag, Device{});
+  Tensor t = detail::allocate_tensor("from_vector", shape, dtype, tag, kCpu);
   for (size_t i = 0; i < values.size(); ++i) {
     switch (dtype) {
       case DType::f32: t.data<float>()[i] = static_cast<float>(values[i]); break;
@@ -401,25 +413,22 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
       case DType::i64: t.data<int64_t>()[i] = static_cast<int64_t>(values[i]); break;
     }
   }
-  return t;
+  if (device.type == DeviceType::cpu) return t;
+  return from_host("from_vector", t.raw_data(), shape, dtype, tag, device);
 }
 
-Tensor from_vector(const std::vector<float>& values, const Shape& shape, memory::Tag tag) {
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, memory::Tag tag, Device device) {
   check_shape(shape, "from_vector");
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
               " values do not fill shape ", shape_str(shape));
-  Tensor t = detail::allocate_tensor("from_vector", shape, DType::f32, tag, Device{});
-  if (!values.empty()) std::memcpy(t.data<float>(), values.data(), values.size() * sizeof(float));
-  return t;
+  return from_host("from_vector", values.data(), shape, DType::f32, tag, device);
 }
 
-Tensor from_indices(const std::vector<int64_t>& values, const Shape& shape) {
+Tensor from_indices(const std::vector<int64_t>& values, const Shape& shape, Device device) {
   check_shape(shape, "from_indices");
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_indices: ", values.size(),
               " values do not fill shape ", shape_str(shape));
-  Tensor t = detail::allocate_tensor("from_indices", shape, DType::i64, memory::Tag::other, Device{});
-  if (!values.empty()) std::memcpy(t.data<int64_t>(), values.data(), values.size() * sizeof(int64_t));
-  return t;
+  return from_host("from_indices", values.data(), shape, DType::i64, memory::Tag::other, device);
 }
 
 }  // namespace remat

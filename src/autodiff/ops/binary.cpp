@@ -90,7 +90,7 @@ static Tensor extremum(const OpSpec& spec, BinaryOp op, const Tensor& a, const T
                             const BinaryOp picks_b =
                                 op == BinaryOp::maximum ? BinaryOp::maximum_picks_b : BinaryOp::minimum_picks_b;
                             Tensor mask = kernels::binary(picks_b, ctx.input(0), ctx.input(1));  // 1 where b
-                            Tensor zero = zeros({}, g.dtype());
+                            Tensor zero = zeros({}, g.dtype(), memory::Tag::other, g.device());
                             auto select = [&](const Tensor& where_b, const Tensor& where_a) {
                               Tensor out = kernels::empty(g.shape(), g.dtype(), g.device());
                               kernels::backend_of(out).where(mask, where_b, where_a, out);
@@ -123,7 +123,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
       [](BackwardContext& ctx) {
         Tensor g = ctx.grad_output(0);
         Tensor c = ctx.input(0);
-        Tensor zero = zeros({}, g.dtype());
+        Tensor zero = zeros({}, g.dtype(), memory::Tag::other, g.device());
         auto pick = [&](const Tensor& x, const Tensor& y) {
           Tensor out = kernels::empty(g.shape(), g.dtype(), g.device());
           kernels::backend_of(out).where(c, x, y, out);
@@ -140,7 +140,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   Shape b = broadcast_shapes(x.shape(), mask.shape(), "masked_fill");
   REMAT_CHECK(b == x.shape(), "masked_fill: mask of shape ", shape_str(mask.shape()),
               " does not broadcast to the input shape ", shape_str(x.shape()));
-  return where(mask, full({}, value, x.dtype()), x);
+  return where(mask, full({}, value, x.dtype(), memory::Tag::other, x.device()), x);
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {

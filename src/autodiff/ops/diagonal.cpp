@@ -44,7 +44,7 @@ Tensor diagonal(const Tensor& x, int64_t axis1, int64_t axis2) {
       },
       [a, b](BackwardContext& ctx) {
         const auto& meta = ctx.input_meta(0);
-        Tensor gx = zeros(meta.shape, meta.dtype);
+        Tensor gx = zeros(meta.shape, meta.dtype, memory::Tag::other, meta.device);
         diagonal(gx, a, b).copy_(ctx.grad_output(0));
         ctx.set_input_grad(0, gx);
       },

@@ -13,7 +13,6 @@ namespace {
 
 const OpSpec kEmbedding{"embedding", autodiff::save_inputs, 0, 0b10};  // keeps the ids only
 
-Tensor contiguous_copy(const Tensor& t) { return t.is_contiguous() ? t : kernels::copy(t); }
 
 // Checks every id against the table size before anything is allocated (CPU ids; ids on another
 // device are checked by that backend's kernel).
@@ -63,7 +62,7 @@ Tensor embedding(const Tensor& table, const Tensor& ids) {
         Tensor gtable = kernels::empty({rows, dim}, meta.dtype, meta.device);
         Backend& b = kernels::backend_of(gtable);
         b.fill(gtable, 0.0);
-        b.embedding_backward(ctx.input(1), contiguous_copy(ctx.grad_output(0)), gtable);
+        b.embedding_backward(ctx.input(1), kernels::contiguous(ctx.grad_output(0)), gtable);
         ctx.set_input_grad(0, gtable);
       });
 }

@@ -21,7 +21,6 @@ const OpSpec kLayerNormAffine{"layer_norm", autodiff::save_inputs, 2, 0b11};
 const OpSpec kRmsNorm{"rms_norm", autodiff::save_inputs, 1, 0b01};
 const OpSpec kRmsNormAffine{"rms_norm", autodiff::save_inputs, 1, 0b11};
 
-Tensor contiguous_copy(const Tensor& t) { return t.is_contiguous() ? t : kernels::copy(t); }
 
 // Validates x, the optional parameters and eps; returns the normalised size C = x.size(-1).
 int64_t check_norm(const char* op, const Tensor& x, const Tensor& weight, const char* wname, const Tensor& bias,
@@ -60,7 +59,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   TensorList out = autodiff::apply(
       spec, inputs,
       [eps, wi, bi, rows](const TensorList& in) {
-        Tensor xc = contiguous_copy(in[0]);
+        Tensor xc = kernels::contiguous(in[0]);
         Tensor w = wi >= 0 ? in[wi] : Tensor(), b = bi >= 0 ? in[bi] : Tensor();
         Tensor y = kernels::empty(xc.shape(), xc.dtype(), xc.device());
         Tensor mean = kernels::empty({rows}, xc.dtype(), xc.device());
@@ -73,9 +72,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
         const bool need_w = wi >= 0 && ctx.needs_input_grad(wi);
         const bool need_b = bi >= 0 && ctx.needs_input_grad(bi);
         if (!need_x && !need_w && !need_b) return;
-        Tensor x = contiguous_copy(ctx.input(0));
+        Tensor x = kernels::contiguous(ctx.input(0));
         Tensor w = wi >= 0 ? ctx.input(wi) : Tensor();
-        Tensor gy = contiguous_copy(ctx.grad_output(0));
+        Tensor gy = kernels::contiguous(ctx.grad_output(0));
         Tensor gx = need_x ? kernels::empty(x.shape(), x.dtype(), x.device()) : Tensor();
         Tensor gw = need_w ? kernels::empty({c}, x.dtype(), x.device()) : Tensor();
         Tensor gb = need_b ? kernels::empty({c}, x.dtype(), x.device()) : Tensor();
@@ -99,7 +98,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   TensorList out = autodiff::apply(
       spec, inputs,
       [eps, wi, rows](const TensorList& in) {
-        Tensor xc = contiguous_copy(in[0]);
+        Tensor xc = kernels::contiguous(in[0]);
         Tensor w = wi >= 0 ? in[wi] : Tensor();
         Tensor y = kernels::empty(xc.shape(), xc.dtype(), xc.device());
         Tensor rstd = kernels::empty({rows}, xc.dtype(), xc.device());
@@ -110,9 +109,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
         const bool need_x = ctx.needs_input_grad(0);
         const bool need_w = wi >= 0 && ctx.needs_input_grad(wi);
         if (!need_x && !need_w) return;
-        Tensor x = contiguous_copy(ctx.input(0));
+        Tensor x = kernels::contiguous(ctx.input(0));
         Tensor w = wi >= 0 ? ctx.input(wi) : Tensor();
-        Tensor gy = contiguous_copy(ctx.grad_output(0));
+        Tensor gy = kernels::contiguous(ctx.grad_output(0));
         Tensor gx = need_x ? kernels::empty(x.shape(), x.dtype(), x.device()) : Tensor();
         Tensor gw = need_w ? kernels::empty({c}, x.dtype(), x.device()) : Tensor();
         kernels::backend_of(x).rms_norm_backward(x, w, ctx.output(1), gy, gx, gw);

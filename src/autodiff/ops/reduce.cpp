@@ -66,7 +66,8 @@ Tensor reduce_op(const OpSpec& spec, ReduceOp op, const Tensor& x, const std::ve
           Tensor y = ctx.output(0).reshape(kshape);
           Tensor diff = kernels::binary(BinaryOp::sub, x, y);
           Tensor mask = kernels::empty(xshape, x.dtype(), x.device());
-          kernels::backend_of(x).where(diff, zeros({}, x.dtype()), ones({}, x.dtype()), mask);
+          kernels::backend_of(x).where(diff, zeros({}, x.dtype(), memory::Tag::other, x.device()),
+                                       ones({}, x.dtype(), memory::Tag::other, x.device()), mask);
           std::vector<int64_t> axes;
           for (size_t i = 0; i < kshape.size(); ++i)
             if (kshape[i] == 1 && xshape[i] != 1) axes.push_back(static_cast<int64_t>(i));

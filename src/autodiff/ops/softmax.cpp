@@ -17,7 +17,6 @@ namespace {
 const OpSpec kSoftmax{"softmax", autodiff::save_outputs};
 const OpSpec kLogSoftmax{"log_softmax", autodiff::save_outputs};
 
-Tensor contiguous_copy(const Tensor& t) { return t.is_contiguous() ? t : kernels::copy(t); }
 
 Tensor softmax_op(const OpSpec& spec, bool log, const Tensor& x, int64_t axis) {
   const char* op = spec.name.c_str();
@@ -34,7 +33,7 @@ Tensor softmax_op(const OpSpec& spec, bool log, const Tensor& x, int64_t axis) {
   return autodiff::apply1(
       spec, {x},
       [log, swap, a, last](const TensorList& in) {
-        Tensor xs = contiguous_copy(swap ? in[0].transpose(a, last) : in[0]);
+        Tensor xs = kernels::contiguous(swap ? in[0].transpose(a, last) : in[0]);
         Tensor y = kernels::empty(xs.shape(), xs.dtype(), xs.device());
         kernels::backend_of(xs).softmax(xs, y, log);
         return TensorList{swap ? y.transpose(a, last) : y};
@@ -46,8 +45,8 @@ Tensor softmax_op(const OpSpec& spec, bool log, const Tensor& x, int64_t axis) {
           y = y.transpose(a, last);
           gy = gy.transpose(a, last);
         }
-        y = contiguous_copy(y);
-        gy = contiguous_copy(gy);
+        y = kernels::contiguous(y);
+        gy = kernels::contiguous(gy);
         Tensor gx = kernels::empty(y.shape(), y.dtype(), y.device());
         kernels::backend_of(y).softmax_backward(y, gy, gx, log);
         ctx.set_input_grad(0, swap ? gx.transpose(a, last) : gx);

@@ -65,6 +65,7 @@ const OpSpec kSlice{"slice", autodiff::save_nothing};
 const OpSpec kExpand{"expand", autodiff::save_nothing};
 const OpSpec kContiguous{"contiguous", autodiff::save_nothing};
 const OpSpec kConvert{"convert", autodiff::save_nothing};
+const OpSpec kToDevice{"to_device", autodiff::save_nothing};
 
 }  // namespace
 
@@ -186,7 +187,7 @@ Tensor Tensor::slice(int64_t axis, int64_t start, int64_t stop, int64_t step) co
       },
       [a, start, stop, step](BackwardContext& ctx) {
         const auto& meta = ctx.input_meta(0);
-        Tensor gx = zeros(meta.shape, meta.dtype);
+        Tensor gx = zeros(meta.shape, meta.dtype, memory::Tag::other, meta.device);
         gx.slice(a, start, stop, step).copy_(ctx.grad_output(0));
         ctx.set_input_grad(0, gx);
       },
@@ -261,6 +262,25 @@ Tensor Tensor::to(DType dtype) const {
   return autodiff::apply1(
       kConvert, {*this}, [dtype](const TensorList& in) { return TensorList{kernels::convert(in[0], dtype)}; },
       [](BackwardContext& ctx) { ctx.set_input_grad(0, kernels::convert(ctx.grad_output(0), ctx.input_meta(0).dtype)); },
+      0);
+}
+
+namespace {
+// A contiguous copy of x on `device` (the kernel of Tensor::to(Device)).
+Tensor copy_to_device(const Tensor& x, Device device) {
+  Tensor out = kernels::empty(x.shape(), x.dtype(), device);
+  copy_between_devices(x, out);
+  return out;
+}
+}  // namespace
+
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  backend(device);  // a device without a backend is an error before anything is recorded
+  if (!is_floating(dtype())) return copy_to_device(*this, device);  // index tensors carry no gradient
+  return autodiff::apply1(
+      kToDevice, {*this}, [device](const TensorList& in) { return TensorList{copy_to_device(in[0], device)}; },
+      [](BackwardContext& ctx) { ctx.set_input_grad(0, copy_to_device(ctx.grad_output(0), ctx.input_meta(0).device)); },
       0);
 }
 

@@ -1,4 +1,5 @@
-// CPU backend: registration, threads, data movement and random fills.
+// CPU backend: its instance, threads, data movement and random fills. (The registry of other
+// devices' backends is src/tensor/registry.cpp.)
 #include "tensor/cpu/cpu_backend.h"
 
 #include <omp.h>
@@ -8,22 +9,9 @@
 
 namespace remat {
 
-namespace {
-Backend* backends[2] = {nullptr, nullptr};
-}
-
 Backend& cpu_backend() {
   static cpu::CpuBackend* instance = new cpu::CpuBackend();
   return *instance;
-}
-
-void register_backend(DeviceType type, Backend* b) { backends[static_cast<int>(type)] = b; }
-
-Backend& backend(Device device) {
-  if (device.type == DeviceType::cpu) return cpu_backend();
-  Backend* b = backends[static_cast<int>(device.type)];
-  REMAT_CHECK(b != nullptr, "no backend registered for device ", device_name(device));
-  return *b;
 }
 
 void set_num_threads(int threads) {
@@ -88,6 +76,16 @@ static void copy_from(const Tensor& src, const Tensor& dst) {
     case DType::f64: return copy_typed<Dst, double>(src, dst);
     case DType::i64: return copy_typed<Dst, int64_t>(src, dst);
   }
+}
+
+// Host memory is the CPU's memory: the device verbs are plain copies of contiguous bytes.
+void CpuBackend::copy_from_host(const void* host, const Tensor& dst) {
+  REMAT_ASSERT(dst.is_contiguous(), "copy_from_host: the destination must be contiguous");
+  if (dst.nbytes() > 0) std::memcpy(dst.raw_data(), host, dst.nbytes());
+}
+void CpuBackend::copy_to_host(const Tensor& src, void* host) {
+  REMAT_ASSERT(src.is_contiguous(), "copy_to_host: the source must be contiguous");
+  if (src.nbytes() > 0) std::memcpy(host, src.raw_data(), src.nbytes());
 }
 
 void CpuBackend::copy(const Tensor& src, const Tensor& dst) {

@@ -13,12 +13,16 @@
 
 namespace remat::cpu {
 
-class CpuBackend final : public Backend {
+// Not final: the test-only emulated device (tests/emulated_backend.h) reuses these kernels on its
+// own memory.
+class CpuBackend : public Backend {
  public:
   DeviceType device_type() const override { return DeviceType::cpu; }
   memory::Allocator& allocator() override { return memory::cpu(); }
   void set_num_threads(int threads) override;
   int num_threads() const override;
+  void copy_from_host(const void* host, const Tensor& dst) override;
+  void copy_to_host(const Tensor& src, void* host) override;
 
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& dst, double value) override;
@@ -47,7 +51,7 @@ class CpuBackend final : public Backend {
   void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
   void embedding_backward(const Tensor& ids, const Tensor& gout, const Tensor& gtable) override;
   void cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing, int64_t ignore_index,
-                     const Tensor& losses, const Tensor& logp) override;
+                     const Tensor& losses, const Tensor& logp, const Tensor& scale) override;
   void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss,
                               double label_smoothing, int64_t ignore_index, const Tensor& glogits) override;
   void dropout(const Tensor& x, double p, RngState state, const Tensor& y) override;

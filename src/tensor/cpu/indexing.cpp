@@ -27,12 +27,17 @@ void check_ids(const int64_t* ids, int64_t n, int64_t rows, const char* op) {
                 " is out of range for a table of ", rows, " rows");
 }
 
-void check_targets(const int64_t* targets, int64_t n, int64_t classes, int64_t ignore_index, const char* op) {
+// Throws unless every target is ignore_index or a class; returns the number of targets that are not ignored.
+int64_t check_targets(const int64_t* targets, int64_t n, int64_t classes, int64_t ignore_index, const char* op) {
+  int64_t counted = 0;
   for (int64_t r = 0; r < n; ++r) {
     int64_t t = targets[r];
     REMAT_CHECK(t == ignore_index || (t >= 0 && t < classes), op, ": target ", t, " at row ", r,
-                " is out of range for ", classes, " classes (ignore_index is ", ignore_index, ")");
+                " is out of range for ", classes, " classes (logits of shape [", n, ", ", classes, "], ignore_index ",
+                ignore_index, ")");
+    counted += t != ignore_index;
   }
+  return counted;
 }
 
 // ---- cross entropy
@@ -230,15 +235,17 @@ void CpuBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in,
 }
 
 void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
-                               int64_t ignore_index, const Tensor& losses, const Tensor& logp) {
+                               int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale) {
   check_out(losses, "cross_entropy");
   check_out(logp, "cross_entropy");
+  check_out(scale, "cross_entropy");
   REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0),
                "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()));
   Tensor logits = contiguous_input(logits_in), targets = contiguous_input(targets_in);
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const int64_t* t = targets.data<int64_t>();
-  check_targets(t, rows, cols, ignore_index, "cross_entropy");
+  const int64_t counted = check_targets(t, rows, cols, ignore_index, "cross_entropy");
+  cpu_backend().fill(scale, counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0);
   if (rows == 0) return;
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
     cross_entropy_rows<T>(logits.data<T>(), t, label_smoothing, ignore_index, losses.data<T>(), logp.data<T>(), rows,

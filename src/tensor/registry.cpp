@@ -1,0 +1,86 @@
+// The backend registry: which backend serves which device, and the per-device counters.
+//
+// The CPU backend is built in. Any other device gets a backend by register_backend(); backend()
+// then hands out the dispatcher wrapped around it (dispatch.h), never the raw backend, so every
+// kernel call on a device passes the supports() check and opens the device-access scope.
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "remat/backend.h"
+#include "tensor/dispatch.h"
+
+namespace remat {
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::pair<int, int>, std::unique_ptr<detail::DeviceDispatch>> dispatchers;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // never destroyed: storages may be freed during exit
+  return *r;
+}
+
+std::pair<int, int> key(Device d) { return {static_cast<int>(d.type), d.index}; }
+
+}  // namespace
+
+void register_backend(Device device, Backend* b) {
+  REMAT_CHECK(device.type != DeviceType::cpu, "register_backend: the CPU backend is built in and cannot be replaced");
+  REMAT_CHECK(device.index >= 0, "register_backend: negative device index ", device.index);
+  REMAT_CHECK(b == nullptr || b->device_type() == device.type, "register_backend: a backend for ",
+              b ? device_name(Device{b->device_type(), device.index}) : "", " cannot serve ", device_name(device));
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (b == nullptr) {
+    r.dispatchers.erase(key(device));
+    return;
+  }
+  r.dispatchers[key(device)] = std::make_unique<detail::DeviceDispatch>(device, *b);
+}
+
+bool has_backend(Device device) {
+  if (device.type == DeviceType::cpu) return true;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.dispatchers.count(key(device)) != 0;
+}
+
+Backend& backend(Device device) {
+  if (device.type == DeviceType::cpu) return cpu_backend();
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.dispatchers.find(key(device));
+  REMAT_CHECK(it != r.dispatchers.end(), "no backend registered for device ", device_name(device));
+  return *it->second;
+}
+
+memory::Stats memory_stats(Device device) { return backend(device).allocator().stats(); }
+void reset_peaks(Device device) { backend(device).allocator().reset_peaks(); }
+
+uint64_t fallback_calls(Device device) {
+  if (device.type == DeviceType::cpu) return 0;
+  return static_cast<detail::DeviceDispatch&>(backend(device)).fallback_calls();
+}
+
+}  // namespace remat
+
+namespace remat {
+
+const char* kernel_name(Kernel kernel) {
+  static const char* const names[kKernelCount] = {
+      "copy", "fill", "arange", "rand_uniform", "rand_normal", "unary", "unary_backward", "binary", "where", "reduce",
+      "gemm", "softmax", "softmax_backward", "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
+      "embedding", "embedding_backward", "cross_entropy", "cross_entropy_backward", "dropout", "conv2d",
+      "conv2d_backward_input", "conv2d_backward_weight", "max_pool2d", "max_pool2d_backward", "avg_pool2d",
+      "avg_pool2d_backward", "adaptive_avg_pool2d", "adaptive_avg_pool2d_backward", "batch_norm_statistics",
+      "batch_norm_apply", "batch_norm_backward", "sgd_step", "adamw_step", "attention", "attention_backward"};
+  const int i = static_cast<int>(kernel);
+  return i >= 0 && i < kKernelCount ? names[i] : "?";
+}
+
+}  // namespace remat
