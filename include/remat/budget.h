@@ -82,7 +82,7 @@ class BudgetPlanner {
   // first run of a shape also pays for one-time work such as JIT-compiled GEMM kernels).
   static constexpr int kProfilingSteps = 2;
 
-  // Used by the layer-call dispatcher (src/remat/call.cpp).
+  // Used by the layer-call dispatcher (src/checkpoint/call.cpp).
   struct State;
   BudgetPlanner();
   ~BudgetPlanner();

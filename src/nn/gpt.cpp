@@ -56,7 +56,7 @@ Tensor GPT::forward_impl(const Tensor& ids) {
   REMAT_CHECK(t <= config_.seq, type_name(), ": sequence length ", t, " exceeds the model's seq ", config_.seq);
   std::vector<int64_t> positions(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) positions[static_cast<size_t>(i)] = i;
-  Tensor x = add(wte->forward(ids), wpe->forward(from_indices(positions, {t})));  // [B, T, C] + [T, C]
+  Tensor x = add(wte->forward(ids), wpe->forward(from_indices(positions, {t}, ids.device())));  // [B, T, C] + [T, C]
   x = drop->forward(x);
   x = blocks->forward(x);
   return lm_head->forward(ln_f->forward(x));  // [B, T, V]

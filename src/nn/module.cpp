@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "remat/autodiff.h"
+#include "remat/backend.h"
 #include "remat/nn/safetensors.h"
 
 namespace remat::nn {
@@ -298,6 +299,21 @@ std::vector<std::pair<std::string, const Module*>> Module::named_modules() const
   };
   walk(*this, "");
   return out;
+}
+
+Module& Module::to(Device device) {
+  backend(device);  // a device without a backend is an error before anything moves
+  for (auto& [name, p] : named_parameters()) {
+    if (p.device() == device) continue;
+    Tensor moved = Tensor::empty(p.shape(), p.dtype(), memory::Tag::parameter, device);
+    copy_between_devices(p, moved);
+    TensorImpl& impl = p.impl();
+    impl.storage = moved.storage();
+    impl.offset = 0;
+    impl.strides = moved.strides();
+    impl.grad.reset();
+  }
+  return *this;
 }
 
 void Module::zero_grad() {

@@ -169,6 +169,10 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // Drops every parameter's accumulated gradient.
   void zero_grad();
+  // Moves every parameter to `device` in place (the tensors every holder sees now live there; their
+  // gradients are dropped); returns *this. Modules with state outside their parameters (BatchNorm's
+  // running statistics) keep that state where it was.
+  Module& to(Device device);
   // Training mode (dropout active) or evaluation mode; propagates to all children.
   void train(bool on = true);
   void eval() { train(false); }

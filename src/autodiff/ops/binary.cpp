@@ -17,7 +17,8 @@ void check_pair(const Tensor& a, const Tensor& b, const char* op) {
   REMAT_CHECK(is_floating(a.dtype()) && a.dtype() == b.dtype(), op, ": dtypes must be equal floating types, got ",
               dtype_name(a.dtype()), " ", shape_str(a.shape()), " and ", dtype_name(b.dtype()), " ",
               shape_str(b.shape()));
-  REMAT_CHECK(a.device() == b.device(), op, ": inputs are on different devices");
+  REMAT_CHECK(a.device() == b.device(), op, ": input 0 is on ", device_name(a.device()), ", input 1 on ",
+              device_name(b.device()), "; move one with .to(device) first");
   broadcast_shapes(a.shape(), b.shape(), op);
 }
 

@@ -145,7 +145,10 @@ class Region final : public autodiff::Node {
   ReadVersions read_versions_;  // Note [what a region version-checks]
   // selective
   std::vector<CacheEntry> cache_;
-  std::unordered_set<const Storage*> saved_by_ops_;  // first run only: storages some op would save
+  // First run only: the storages some op would save. Weak references, so that a storage freed during
+  // the first run keeps its address (its control block stays allocated) and no later storage can
+  // be taken for it.
+  std::unordered_map<const Storage*, std::weak_ptr<Storage>> saved_by_ops_;
   size_t record_index_ = SIZE_MAX;
 };
 

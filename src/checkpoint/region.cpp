@@ -172,9 +172,11 @@ void Region::on_op(autodiff::OpEvent& event) {
   read_versions_.track(event.inputs);
   if (policy_.kind == Policy::Kind::selective) {
     for (size_t i = 0; i < event.inputs.size(); ++i)
-      if (event.inputs[i].defined() && event.saves_input(i)) saved_by_ops_.insert(event.inputs[i].storage().get());
+      if (event.inputs[i].defined() && event.saves_input(i))
+        saved_by_ops_.emplace(event.inputs[i].storage().get(), event.inputs[i].storage());
     for (size_t i = 0; i < event.outputs.size(); ++i)
-      if (event.outputs[i].defined() && event.saves_output(i)) saved_by_ops_.insert(event.outputs[i].storage().get());
+      if (event.outputs[i].defined() && event.saves_output(i))
+        saved_by_ops_.emplace(event.outputs[i].storage().get(), event.outputs[i].storage());
     if (policy_.keeps_op(event.op)) cache_.push_back({event.op, event.outputs, {}, false});
   }
   if (kind_ != Kind::segment || call_depth_ > 0) return;

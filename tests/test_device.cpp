@@ -1,0 +1,209 @@
+// The device seam, proven on the test-only emulated device (emulated_backend.h): factories,
+// explicit copies, refused host access, per-device counters, the CPU fallback for kernels a
+// backend lacks, and whole programs (a checkpointed GPT training step under several policies, a
+// Revolve scan) whose results on the device equal the CPU's bit for bit. The op harness runs
+// every op row on this device too (test_ops.cpp).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "checkpoint_models.h"
+#include "emulated_backend.h"
+#include "remat/backend.h"
+#include "remat/checkpoint.h"
+#include "remat/nn.h"
+#include "remat/scan.h"
+
+using namespace remat;
+using remat::testing::EmulatedDevice;
+
+namespace {
+
+// a and b (on any devices) hold the same bits.
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return remat::testing::bitwise_equal(a.to(kCpu), b.to(kCpu));
+}
+
+template <class F>
+void expect_error_with(F&& f, std::initializer_list<const char*> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no remat::Error";
+  } catch (const Error& e) {
+    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(DeviceSeam, FactoriesAllocateOnTheDeviceAndCopiesRoundTrip) {
+  EmulatedDevice dev;
+  const memory::Stats cpu_before = memory::stats();
+  Tensor z = zeros({3, 4}, DType::f32, memory::Tag::other, dev.device);
+  Tensor f = full({5}, 2.5, DType::f64, memory::Tag::other, dev.device);
+  Tensor a = arange(0.0, 6.0, 1.5, DType::f32, dev.device);
+  Tensor v = from_vector(std::vector<double>{1, -2, 3}, {3}, DType::f64, memory::Tag::other, dev.device);
+  Tensor i = from_indices({4, 1, 7}, {3}, dev.device);
+  Tensor r = randn({2, 3}, DType::f32, RngState{5, 0}, 0.0, 1.0, dev.device);
+  for (const Tensor* t : {&z, &f, &a, &v, &i, &r}) EXPECT_EQ(t->device(), dev.device);
+  // every byte is on the device's account, none on the CPU's
+  EXPECT_EQ(memory_stats(dev.device).live_total, z.nbytes() + f.nbytes() + a.nbytes() + v.nbytes() + i.nbytes() + r.nbytes());
+  EXPECT_EQ(memory::stats().live_total, cpu_before.live_total);
+  EXPECT_EQ(f.to(kCpu).to_vector(), std::vector<double>(5, 2.5));
+  EXPECT_EQ(a.to(kCpu).to_vector(), (std::vector<double>{0, 1.5, 3, 4.5}));
+  EXPECT_EQ(v.to(kCpu).to_vector(), (std::vector<double>{1, -2, 3}));
+  EXPECT_EQ(i.to(kCpu).to_vector(), (std::vector<double>{4, 1, 7}));
+  EXPECT_TRUE(same_bits(r, randn({2, 3}, DType::f32, RngState{5, 0})));  // the same draws as on the CPU
+  // a strided view crosses devices in both directions
+  Tensor host = randn({4, 6}, DType::f64, RngState{9, 0});
+  Tensor view = host.transpose(0, 1).slice(0, 1, 5);
+  EXPECT_TRUE(same_bits(view.to(dev.device), view));
+  Tensor on_dev = host.to(dev.device);
+  EXPECT_TRUE(same_bits(on_dev.transpose(0, 1).slice(0, 1, 5).to(kCpu), view));
+  EXPECT_GT(dev.backend.host_to_device, 0u);
+  EXPECT_GT(dev.backend.device_to_host, 0u);
+}
+
+TEST(DeviceSeam, HostAccessNeedsAnExplicitCopy) {
+  EmulatedDevice dev;
+  Tensor t = ones({2, 2}, DType::f32, memory::Tag::other, dev.device);
+  expect_error_with([&] { (void)t.data<float>(); }, {"emulated:0", "not in host memory", ".to(remat::kCpu)"});
+  expect_error_with([&] { (void)t.raw_data(); }, {"emulated:0"});
+  expect_error_with([&] { (void)t.sum().item(); }, {"item", "emulated:0"});
+  expect_error_with([&] { (void)t.to_vector(); }, {"to_vector", "emulated:0"});
+  expect_error_with([&] { (void)t.at({0, 0}); }, {"at", "emulated:0"});
+  EXPECT_NE(to_string(t).find("1"), std::string::npos);  // printing copies to the host
+  EXPECT_EQ(t.sum().to(kCpu).item(), 4.0);
+}
+
+TEST(DeviceSeam, ErrorsNameTheDevices) {
+  EmulatedDevice dev;
+  Tensor a = ones({3}), b = ones({3}, DType::f32, memory::Tag::other, dev.device);
+  expect_error_with([&] { add(a, b); }, {"add", "cpu", "emulated:0", ".to(device)"});
+  expect_error_with([&] { zeros({2}, DType::f32, memory::Tag::other, Device{DeviceType::cuda, 0}); },
+                    {"no backend registered for device cuda:0"});
+  expect_error_with([&] { a.to(Device{DeviceType::emulated, 3}); }, {"emulated:3"});
+  expect_error_with([&] { register_backend(kCpu, &dev.backend); }, {"CPU backend"});
+}
+
+TEST(DeviceSeam, ToIsDifferentiableBothWays) {
+  EmulatedDevice dev;
+  for (DType dtype : {DType::f32, DType::f64}) {
+    Tensor x = randn({3, 5}, dtype, RngState{1, 0}).requires_grad_();
+    Tensor w = randn({5, 2}, dtype, RngState{2, 0}).to(dev.device).requires_grad_();
+    ScopedPolicy keep_all(Policy::save_all());  // plain ops: no layer calls to checkpoint
+    Tensor y = tanh(matmul(x.to(dev.device), w)).sum();
+    y.backward();
+    ASSERT_EQ(x.grad().device(), kCpu);
+    ASSERT_EQ(w.grad().device(), dev.device);
+    Tensor xc = x.detach().requires_grad_(), wc = w.detach().to(kCpu).requires_grad_();
+    tanh(matmul(xc, wc)).sum().backward();
+    EXPECT_TRUE(same_bits(x.grad(), xc.grad()));
+    EXPECT_TRUE(same_bits(w.grad(), wc.grad()));
+  }
+}
+
+TEST(DeviceSeam, KernelsABackendLacksRunOnTheCpu) {
+  EmulatedDevice dev;
+  dev.backend.refuse(Kernel::softmax, DType::f32);
+  dev.backend.refuse(Kernel::softmax_backward, DType::f32);
+  dev.backend.refuse_all_dtypes(Kernel::adamw_step);
+  Tensor x = randn({4, 7}, DType::f32, RngState{3, 0});
+  Tensor xd = x.to(dev.device).requires_grad_();
+  Tensor xc = x.detach().requires_grad_();
+  const uint64_t before = fallback_calls(dev.device);
+  Tensor yd = softmax(xd, -1), yc = softmax(xc, -1);
+  EXPECT_EQ(yd.device(), dev.device);
+  EXPECT_TRUE(same_bits(yd, yc));
+  mul(yd, yd).sum().backward();
+  mul(yc, yc).sum().backward();
+  EXPECT_TRUE(same_bits(xd.grad(), xc.grad()));
+  EXPECT_EQ(fallback_calls(dev.device), before + 2);  // the forward and the backward kernel
+  // an in-place kernel (parameter, moments) through the fallback
+  nn::AdamW on_device({xd}, {.lr = 0.1, .weight_decay = 0.01}), on_cpu({xc}, {.lr = 0.1, .weight_decay = 0.01});
+  on_device.step();
+  on_cpu.step();
+  EXPECT_TRUE(same_bits(xd, xc));
+  EXPECT_EQ(fallback_calls(dev.device), before + 3);
+  // f64 softmax is supported: no fallback
+  softmax(x.to(DType::f64).to(dev.device), -1);
+  EXPECT_EQ(fallback_calls(dev.device), before + 3);
+}
+
+namespace {
+
+struct StepResult {
+  double loss = 0;
+  TensorList params;  // after one AdamW step, on the CPU
+  size_t device_saved_peak = 0, cpu_saved_peak = 0;
+};
+
+// One training step of a small GPT (dropout on) on `device` under `policy`, from the same
+// initialisation and data on every device.
+StepResult gpt_step(Device device, const std::string& policy) {
+  nn::GPTConfig cfg;
+  cfg.vocab = 37;
+  cfg.layers = 3;
+  cfg.width = 16;
+  cfg.heads = 2;
+  cfg.seq = 8;
+  cfg.dropout = 0.1;
+  cfg.seed = 11;
+  nn::GPT model(cfg);
+  model.to(device);
+  std::vector<int64_t> ids(2 * 8), targets(2 * 8);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int64_t>((i * 7 + 3) % 37);
+    targets[i] = static_cast<int64_t>((i * 5 + 1) % 37);
+  }
+  targets[3] = -100;  // one ignored row
+  Tensor x = from_indices(ids, {2, 8}, device), y = from_indices(targets, {2, 8}, device);
+  nn::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  manual_seed(123);
+  memory::reset_peaks();
+  if (device.type != DeviceType::cpu) reset_peaks(device);
+  Tensor loss = remat::backward([&] { return model.loss(x, y); }, {.policy = Policy::parse(policy)});
+  StepResult r;
+  r.cpu_saved_peak = memory::stats().peak(memory::Tag::saved);
+  r.device_saved_peak = memory_stats(device).peak(memory::Tag::saved);
+  nn::clip_grad_norm(model.parameters(), 0.5);
+  opt.step();
+  r.loss = loss.to(kCpu).item();
+  for (const auto& p : model.parameters()) r.params.push_back(p.detach().to(kCpu));
+  return r;
+}
+
+}  // namespace
+
+TEST(DeviceSeam, CheckpointedTrainingStepEqualsTheCpu) {
+  EmulatedDevice dev;
+  for (const char* policy : {"save-all", "every-layer", "selective:matmul", "every-k:2"}) {
+    SCOPED_TRACE(policy);
+    StepResult cpu = gpt_step(kCpu, policy);
+    StepResult emu = gpt_step(dev.device, policy);
+    EXPECT_EQ(cpu.loss, emu.loss);
+    ASSERT_EQ(cpu.params.size(), emu.params.size());
+    for (size_t i = 0; i < cpu.params.size(); ++i) EXPECT_TRUE(same_bits(cpu.params[i], emu.params[i])) << "parameter " << i;
+    // the backward's values (and what regions keep) are on the device, none on the host
+    EXPECT_EQ(emu.device_saved_peak, cpu.cpu_saved_peak);
+    EXPECT_EQ(emu.cpu_saved_peak, 0u);
+  }
+  EXPECT_EQ(memory_stats(dev.device).live(memory::Tag::saved), 0u);
+}
+
+TEST(DeviceSeam, ScanOnTheDeviceEqualsTheCpu) {
+  EmulatedDevice dev;
+  for (DType dtype : {DType::f32, DType::f64}) {
+    auto run = [&](Device device) {
+      Tensor w = randn({6, 6}, dtype, RngState{1, 0}, 0.0, 0.4).to(device).requires_grad_();
+      Tensor h0 = randn({3, 6}, dtype, RngState{2, 0}).to(device).requires_grad_();
+      ScanStep step = [w](const Tensor& h, int64_t) { return dropout(tanh(matmul(h, w)), 0.1); };
+      manual_seed(7);
+      Tensor out = scan(step, h0, 12, {ScanSchedule::revolve, 3});
+      TensorList g = remat::grad({sum(out)}, {w, h0});
+      return TensorList{out.detach().to(kCpu), g[0].to(kCpu), g[1].to(kCpu)};
+    };
+    TensorList cpu = run(kCpu), emu = run(dev.device);
+    for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(same_bits(cpu[i], emu[i])) << i;
+  }
+}
