@@ -300,7 +300,8 @@ void Tensor::copy_(const Tensor& source) {
   Shape b = broadcast_shapes(source.shape(), shape(), "copy_");
   REMAT_CHECK(b == shape(), "copy_: source of shape ", shape_str(source.shape()),
               " cannot be broadcast to destination shape ", shape_str(shape()));
-  backend(device()).copy(source, *this);
+  if (source.device() == device()) backend(device()).copy(source, *this);
+  else copy_between_devices(source, *this);
   storage()->bump_version();
 }
 
