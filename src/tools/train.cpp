@@ -1,8 +1,12 @@
 // `remat train`: a character-level GPT on a text corpus, checkpointed by the policy.
+//
+// train() is one run in four parts: the options checked and the corpus, model and weights loaded
+// (check_options, load), the steps (StepLoop, which measures a RunMeasure), the side-by-side probe
+// against save-all (finish_run), then the text report on stderr and the JSON line on stdout
+// (print_report, emit_run_json: train_report.cpp). run_train wraps it for mpirun.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -14,6 +18,7 @@
 #include "data_parallel.h"
 #include "footprint.h"
 #include "progress.h"
+#include "train_report.h"
 #include "usage.h"
 #include "remat/nn.h"
 #include "remat/remat.h"
@@ -95,26 +100,6 @@ void check_ranks_agree(const TrainOptions& o, const std::vector<int64_t>& tokens
 
 constexpr int kValidationBatches = 8;
 
-// Human output: on stderr, nothing under --quiet (stdout carries only the JSON lines).
-struct Human {
-  bool on;
-  [[gnu::format(printf, 2, 3)]] void operator()(const char* format, ...) const {
-    if (!on) return;
-    va_list args;
-    va_start(args, format);
-    std::vfprintf(stderr, format, args);
-    va_end(args);
-  }
-};
-
-// One JSON line on stdout (NaN and infinities become null).
-void emit_json(const nlohmann::json& j) {
-  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  std::fflush(stdout);
-}
-
-std::string bytes_text(size_t bytes) { return memory::format_bytes(static_cast<double>(bytes)); }
-
 double validation_loss(nn::GPT& model, const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed) {
   NoGradGuard no_grad;
   model.eval();
@@ -145,29 +130,6 @@ void check_architecture_flags(const TrainOptions& o, const nn::GPTConfig& file) 
                     "drop the flag or pass the file's value");
 }
 
-struct StepMeasure {
-  double seconds = 0, loss = 0;
-  size_t peak_saved = 0, peak_total = 0;
-  double recomputed_flops = 0;
-  Counters counters;  // regions of this step
-};
-
-nlohmann::json regions_json(const Counters& c) {
-  nlohmann::json regions = nlohmann::json::array();
-  for (const auto& r : c.regions)
-    regions.push_back({{"label", r.label},
-                       {"kind", r.kind},
-                       {"calls", r.calls},
-                       {"boundary_bytes", r.boundary_bytes},
-                       {"cached_bytes", r.cached_bytes},
-                       {"recomputed_saved_bytes", r.recomputed_saved_bytes},
-                       {"forward_seconds", r.forward_seconds},
-                       {"recompute_seconds", r.recompute_seconds},
-                       {"backward_seconds", r.backward_seconds},
-                       {"recomputations", r.recomputations}});
-  return regions;
-}
-
 // One forward + backward under `policy` (no optimizer step), measured.
 StepMeasure measure_step(nn::GPT& model, const Batch& batch, const Policy& policy, uint64_t dropout_seed) {
   model.zero_grad();
@@ -188,15 +150,17 @@ StepMeasure measure_step(nn::GPT& model, const Batch& batch, const Policy& polic
   return m;
 }
 
-}  // namespace
+// ---- the options, checked before anything is read or built
 
-namespace {
-
-int train(const TrainOptions& o, const DataParallel& dp) {
-  if (o.threads > 0) set_num_threads(o.threads);
+struct CheckedOptions {
   Policy policy;
+  size_t bucket_bytes = 0;  // --bucket-bytes in bytes
+};
+
+CheckedOptions check_options(const TrainOptions& o, const DataParallel& dp) {
+  CheckedOptions checked;
   try {
-    policy = Policy::parse(o.policy);
+    checked.policy = Policy::parse(o.policy);
   } catch (const Error& e) {
     throw UsageError(detail::concat("train --policy: ", e.what()));
   }
@@ -219,84 +183,126 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   REMAT_USAGE_CHECK(!o.fuse_optimizer || dp.world == 1,
                     "train: --fuse-optimizer runs in one process (under mpirun the optimizer needs the gradients summed "
                     "over the ranks first)");
-  const size_t bucket_bytes = parse_bytes_option("train --bucket-bytes", o.bucket_bytes);
-  REMAT_USAGE_CHECK(bucket_bytes <= (size_t{1} << 30), "train: --bucket-bytes must be at most 1GiB, got ", o.bucket_bytes);
+  checked.bucket_bytes = parse_bytes_option("train --bucket-bytes", o.bucket_bytes);
+  REMAT_USAGE_CHECK(checked.bucket_bytes <= (size_t{1} << 30), "train: --bucket-bytes must be at most 1GiB, got ",
+                    o.bucket_bytes);
   REMAT_USAGE_CHECK(!o.load.empty() || o.width % o.heads == 0, "train: --width ", o.width, " is not a multiple of --heads ",
                     o.heads);
+  return checked;
+}
 
-  const std::string data_path = o.data.empty() ? kDefaultCorpus : o.data;
-  Corpus corpus = load_corpus(data_path);
-  nn::GPTConfig config{.vocab = 0, .layers = o.layers, .width = o.width, .heads = o.heads, .seq = o.seq,
-                       .dropout = o.dropout, .dtype = DType::f32, .seed = o.seed,
-                       .tie_embeddings = o.tie_embeddings};
+// ---- loading: the corpus, the model's architecture (from --load or the flags), its weights
+
+struct Loaded {
+  std::string data_path;
+  Corpus corpus;
+  nn::GPTConfig config;
   CharTokenizer tokenizer;
+  std::vector<int64_t> tokens;  // the corpus, encoded
+  TokenSplit split;
+  std::shared_ptr<nn::GPT> model;
+};
+
+// With --load: the architecture and the vocabulary from the file. Returns where the architecture
+// comes from, for errors.
+std::string configure_from_file(const TrainOptions& o, const CharGPTFile& weights, Loaded& l) {
+  REMAT_CHECK(weights.config.seq >= 2, "train: ", o.load, " has seq ", weights.config.seq,
+              weights.has_metadata ? " in its metadata" : " (rows of wpe)", "; training needs sequences of at least 2 tokens");
+  // a file without remat's metadata (a nanoGPT state_dict): the characters of --data
+  l.tokenizer = weights.has_metadata ? weights.tokenizer
+                                     : vocabulary_from_text(weights, o.load, l.corpus.text, l.data_path, "train");
+  l.config.layers = weights.config.layers;
+  l.config.width = weights.config.width;
+  l.config.heads = weights.config.heads;
+  l.config.seq = weights.config.seq;
+  l.config.tanh_gelu = weights.config.tanh_gelu;
+  REMAT_USAGE_CHECK(!o.tie_embeddings || weights.config.tie_embeddings, "train: --tie-embeddings disagrees with the "
+                    "model of ", o.load, ", whose lm_head.weight is a tensor of its own; drop the flag");
+  l.config.tie_embeddings = weights.config.tie_embeddings;
+  check_architecture_flags(o, weights.config);
+  return detail::concat("train: the model of ", o.load, " (layers ", l.config.layers, ", width ", l.config.width,
+                        ", heads ", l.config.heads, ", seq ", l.config.seq, ") with --batch ", o.batch);
+}
+
+Loaded load(const TrainOptions& o) {
+  Loaded l;
+  l.data_path = o.data.empty() ? kDefaultCorpus : o.data;
+  l.corpus = load_corpus(l.data_path);
+  l.config = nn::GPTConfig{.vocab = 0, .layers = o.layers, .width = o.width, .heads = o.heads, .seq = o.seq,
+                           .dropout = o.dropout, .dtype = DType::f32, .seed = o.seed,
+                           .tie_embeddings = o.tie_embeddings};
   std::optional<CharGPTFile> weights;
   std::string source;  // where the architecture comes from, for errors
   if (!o.load.empty()) {
     weights = read_char_gpt(o.load, "train", o.heads);
-    REMAT_CHECK(weights->config.seq >= 2, "train: ", o.load, " has seq ", weights->config.seq,
-                weights->has_metadata ? " in its metadata" : " (rows of wpe)", "; training needs sequences of at least 2 tokens");
-    // a file without remat's metadata (a nanoGPT state_dict): the characters of --data
-    tokenizer = weights->has_metadata ? weights->tokenizer
-                                      : vocabulary_from_text(*weights, o.load, corpus.text, data_path, "train");
-    config.layers = weights->config.layers;
-    config.width = weights->config.width;
-    config.heads = weights->config.heads;
-    config.seq = weights->config.seq;
-    config.tanh_gelu = weights->config.tanh_gelu;
-    REMAT_USAGE_CHECK(!o.tie_embeddings || weights->config.tie_embeddings, "train: --tie-embeddings disagrees with the "
-                      "model of ", o.load, ", whose lm_head.weight is a tensor of its own; drop the flag");
-    config.tie_embeddings = weights->config.tie_embeddings;
-    check_architecture_flags(o, weights->config);
-    source = detail::concat("train: the model of ", o.load, " (layers ", config.layers, ", width ", config.width,
-                            ", heads ", config.heads, ", seq ", config.seq, ") with --batch ", o.batch);
+    source = configure_from_file(o, *weights, l);
   } else {
-    tokenizer = CharTokenizer::from_text(corpus.text);
+    l.tokenizer = CharTokenizer::from_text(l.corpus.text);
     source = detail::concat("train --layers ", o.layers, " --width ", o.width, " --heads ", o.heads, " --seq ", o.seq,
                             " --batch ", o.batch);
   }
-  config.vocab = tokenizer.vocab_size();
-  check_footprint(config, o.batch, Use::train, source);  // before anything of that size is built
-  std::vector<int64_t> tokens = tokenizer.encode(corpus.text);
-  TokenSplit split = split_tokens(tokens);
+  l.config.vocab = l.tokenizer.vocab_size();
+  check_footprint(l.config, o.batch, Use::train, source);  // before anything of that size is built
+  l.tokens = l.tokenizer.encode(l.corpus.text);
+  l.split = split_tokens(l.tokens);
 
-  auto model = std::make_shared<nn::GPT>(config);
+  l.model = std::make_shared<nn::GPT>(l.config);
   if (weights) {
-    model->load_parameters(weights->file.tensors, o.load);
+    l.model->load_parameters(weights->file.tensors, o.load);
     weights.reset();  // the model holds the values now
   }
-  if (o.eval_only) {
-    const double val_loss = validation_loss(*model, split.validation, o.batch, config.seq, o.seed);
-    if (o.progress)
-      std::fprintf(stderr, "remat train --eval-only: %s on %s: validation loss %.4f (%d batches of %lld x %lld tokens)\n",
-                   o.load.c_str(), data_path.c_str(), val_loss, kValidationBatches, static_cast<long long>(o.batch),
-                   static_cast<long long>(config.seq));
-    if (o.json) {
-      nlohmann::json j = {{"version", REMAT_VERSION}, {"eval_only", true},          {"val_loss", val_loss},
-                          {"batch", o.batch},         {"batches", kValidationBatches}, {"seq", config.seq},
-                          {"vocab", config.vocab},    {"parameters", model->num_parameters()}};
-      emit_json(j);
-    }
-    return 0;
+  return l;
+}
+
+// --eval-only: the validation loss of the --load weights; nothing is trained.
+int evaluate_only(const TrainOptions& o, Loaded& l) {
+  const double val_loss = validation_loss(*l.model, l.split.validation, o.batch, l.config.seq, o.seed);
+  if (o.progress)
+    std::fprintf(stderr, "remat train --eval-only: %s on %s: validation loss %.4f (%d batches of %lld x %lld tokens)\n",
+                 o.load.c_str(), l.data_path.c_str(), val_loss, kValidationBatches, static_cast<long long>(o.batch),
+                 static_cast<long long>(l.config.seq));
+  if (o.json) {
+    nlohmann::json j = {{"version", REMAT_VERSION}, {"eval_only", true},          {"val_loss", val_loss},
+                        {"batch", o.batch},         {"batches", kValidationBatches}, {"seq", l.config.seq},
+                        {"vocab", l.config.vocab},  {"parameters", l.model->num_parameters()}};
+    emit_json(j);
   }
-  if (dp.world > 1) check_ranks_agree(o, tokens, *model);
-  // every rank updates every parameter, or (--shard-optimizer) only those whose state it owns
-  const TensorList all_params = model->parameters();
-  const bool sharded = o.shard_optimizer && dp.world > 1;
-  const std::vector<int> owners = sharded ? optimizer_owners(all_params, dp.world) : std::vector<int>{};
+  return 0;
+}
+
+// ---- the optimizer: every rank updates every parameter, or (--shard-optimizer) only those whose
+// state it owns
+
+TensorList updated_parameters(const TensorList& all_params, bool sharded, const std::vector<int>& owners, int rank) {
   TensorList updated;
   for (size_t i = 0; i < all_params.size(); ++i)
-    if (!sharded || owners[i] == dp.rank) updated.push_back(all_params[i]);
-  size_t optimizer_state_bytes = 0;  // allocated by the first step (AdamW's moments)
-  nn::AdamW optimizer(updated, {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01});
+    if (!sharded || owners[i] == rank) updated.push_back(all_params[i]);
+  return updated;
+}
 
-  const int64_t warmup = std::min<int64_t>(100, std::max<int64_t>(1, o.steps / 10));
-  const nn::WarmupCosine lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1, .warmup_steps = warmup, .total_steps = o.steps};
+struct Optimization {
+  TensorList all_params;
+  bool sharded;
+  std::vector<int> owners;  // with sharded: the rank that updates each of all_params
+  nn::AdamW optimizer;
+  nn::WarmupCosine lr_at;
 
-  const Human say{o.progress};
+  Optimization(const TrainOptions& o, const DataParallel& dp, nn::GPT& model)
+      : all_params(model.parameters()),
+        sharded(o.shard_optimizer && dp.world > 1),
+        owners(sharded ? optimizer_owners(all_params, dp.world) : std::vector<int>{}),
+        optimizer(updated_parameters(all_params, sharded, owners, dp.rank),
+                  {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01}),
+        lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1,
+              .warmup_steps = std::min<int64_t>(100, std::max<int64_t>(1, o.steps / 10)), .total_steps = o.steps} {}
+};
+
+// The opening lines of the text report: the text, the global batch, the model.
+void print_banner(const Human& say, const TrainOptions& o, const DataParallel& dp, const Loaded& l) {
+  const nn::GPTConfig& config = l.config;
   say("remat train: %zu files, %s of text, vocabulary %lld, train %zu / validation %zu tokens\n",
-              corpus.files.size(), memory::format_bytes(static_cast<double>(corpus.text.size())).c_str(),
-              static_cast<long long>(config.vocab), split.train.size(), split.validation.size());
+              l.corpus.files.size(), memory::format_bytes(static_cast<double>(l.corpus.text.size())).c_str(),
+              static_cast<long long>(config.vocab), l.split.train.size(), l.split.validation.size());
   if (dp.micro_batches() > 1)
     say("global batch %lld = %d ranks x %lld micro-batches x %lld sequences; gradients summed %s\n",
         static_cast<long long>(o.batch * dp.micro_batches()), dp.world, static_cast<long long>(o.accumulate),
@@ -304,266 +310,262 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   say("model: GPT layers=%lld width=%lld heads=%lld seq=%lld, %s parameters%s; batch %lld; policy %s; %d threads\n",
               static_cast<long long>(config.layers), static_cast<long long>(config.width),
               static_cast<long long>(config.heads), static_cast<long long>(config.seq),
-              human_count(static_cast<double>(model->num_parameters())).c_str(),
+              human_count(static_cast<double>(l.model->num_parameters())).c_str(),
               config.tie_embeddings ? " (lm_head tied to wte)" : "", static_cast<long long>(o.batch),
               o.policy.c_str(), num_threads());
+}
 
-  Progress progress("train", o.steps, o.progress);
-  const int64_t eval_every = o.eval_every > 0 ? o.eval_every : std::max<int64_t>(1, o.steps / 10);
-  double last_val_loss = std::nan("");
-  std::vector<double> step_seconds, losses;
-  double profiling_step_seconds = 0;  // budget policy: the first step profiles the chain
-  size_t peak_saved = 0, peak_total = 0;
-  double recomputed_flops = 0;
-  DynamicCounters dynamic;  // dynamic: and offload: policies, summed over the run
-  std::string digest;
-  double communication_seconds = 0, hidden_seconds = 0;
-  const double tokens_per_step =
-      static_cast<double>(o.batch) * static_cast<double>(dp.micro_batches()) * static_cast<double>(config.seq);
-  const size_t saved_base = memory::live_bytes(memory::Tag::saved);
-  const size_t total_base = memory::stats().live_total;
+// ---- the step loop
+
+double tokens_per_step(const TrainOptions& o, const DataParallel& dp, const nn::GPTConfig& config) {
+  return static_cast<double>(o.batch) * static_cast<double>(dp.micro_batches()) * static_cast<double>(config.seq);
+}
+
+class StepLoop {
+ public:
+  StepLoop(const TrainOptions& o, const DataParallel& dp, const Policy& policy, size_t bucket_bytes, Loaded& l,
+           Optimization& opt);
+  // Runs the --steps steps; the gradient buckets stay allocated while the loop lives.
+  RunMeasure run();
+
+ private:
+  struct Gradients {
+    double loss, grad_norm;
+  };
+  FusedUpdate fused_update(int64_t step, double& grad_sq, std::vector<std::optional<uint64_t>>& hashes);
+  Gradients gradients(int64_t step);
+  void check_finite(int64_t step, const Gradients& g);
+  void update(int64_t step);
+  void account(int64_t step, Clock::time_point t0, double loss_value);
+  void evaluate(int64_t step, double loss_value, Clock::time_point run_start);
+  void show(int64_t step);
+
+  const TrainOptions& o_;
+  const Policy& policy_;
+  Loaded& l_;
+  Optimization& opt_;
+  Progress progress_;
+  const int64_t eval_every_;
+  const double tokens_per_step_;
+  RunMeasure m_;
+  const size_t saved_base_, total_base_;
   // under mpirun: the gradients are reduced in buckets while the backward runs (--bucket-bytes);
-  // allocated after total_base, so that the peak total counts their buffers
-  std::optional<distributed::GradientBuckets> buckets;
-  DataParallel step_dp = dp;
+  // allocated after total_base_, so that the peak total counts their buffers
+  std::optional<distributed::GradientBuckets> buckets_;
+  DataParallel step_dp_;
+};
+
+StepLoop::StepLoop(const TrainOptions& o, const DataParallel& dp, const Policy& policy, size_t bucket_bytes, Loaded& l,
+                   Optimization& opt)
+    : o_(o),
+      policy_(policy),
+      l_(l),
+      opt_(opt),
+      progress_("train", o.steps, o.progress),
+      eval_every_(o.eval_every > 0 ? o.eval_every : std::max<int64_t>(1, o.steps / 10)),
+      tokens_per_step_(tokens_per_step(o, dp, l.config)),
+      saved_base_(memory::live_bytes(memory::Tag::saved)),
+      total_base_(memory::stats().live_total),
+      step_dp_(dp) {
   if (dp.world > 1 && bucket_bytes > 0) {
-    buckets.emplace(all_params, bucket_bytes, dp.reduction);
-    step_dp.buckets = &*buckets;
+    buckets_.emplace(opt.all_params, bucket_bytes, dp.reduction);
+    step_dp_.buckets = &*buckets_;
   }
-  auto run_start = Clock::now();
-  for (int64_t step = 0; step < o.steps; ++step) {
-    model->zero_grad();
+}
+
+RunMeasure StepLoop::run() {
+  const auto run_start = Clock::now();
+  for (int64_t step = 0; step < o_.steps; ++step) {
+    l_.model->zero_grad();
     memory::reset_peaks();
     reset_counters();
-    auto t0 = Clock::now();
-    // forward and backward of every micro-batch of the step (one, unless --accumulate or mpirun)
-    std::optional<FusedUpdate> fused;
-    double fused_grad_sq = 0;  // --fuse-optimizer: the squared gradient norm, summed as the updates run
-    std::vector<std::optional<uint64_t>> fused_hashes;  // and, at the first step, the digest's parts
-    if (o.fuse_optimizer) {
-      optimizer.set_lr(lr_at(step));
-      // one rank, so the optimizer holds every parameter, in the model's (the digest's) order
-      fused_hashes.assign(optimizer.params().size(), std::nullopt);
-      fused.emplace(FusedUpdate{&optimizer, [&, step](const Tensor& p) {
-                                  Tensor g = p.grad().detach();
-                                  const double sq = sum(square(g)).item();
-                                  // a non-finite gradient would turn this parameter into NaN: stop first
-                                  if (!o.allow_nonfinite && !std::isfinite(sq))
-                                    throw Error(detail::concat(
-                                        "train: step ", step + 1, " of ", o.steps, ": the gradient of \"", p.name(),
-                                        "\" is not finite (learning rate ", lr_at(step), "): training diverged and was "
-                                        "stopped before that parameter's update (--fuse-optimizer: the parameters "
-                                        "updated earlier in this step keep their update)",
-                                        o.save.empty() ? "" : ", nothing was saved",
-                                        ". Lower --lr, or pass --allow-nonfinite to keep going"));
-                                  fused_grad_sq += sq;
-                                  if (step == 0)
-                                    fused_hashes[static_cast<size_t>(optimizer.index_of(p))] = gradient_hash(g);
-                                }});
-    }
-    const StepGradients sg = step_gradients(*model, split.train, o.batch, config.seq, o.seed, policy, step, step_dp,
-                                            fused ? &*fused : nullptr);
-    communication_seconds += sg.communication_seconds;
-    hidden_seconds += sg.hidden_seconds;
-    if (step == 0) digest = o.fuse_optimizer ? combine_digest(fused_hashes) : gradient_digest(*model);
-    const double loss_value = sg.loss;
-    // the global gradient norm, clipped to --clip (infinity: measured, not clipped)
-    const double grad_norm = o.fuse_optimizer ? std::sqrt(fused_grad_sq)
-                                              : nn::clip_grad_norm(model->parameters(), o.clip > 0 ? o.clip
-                                                                                    : std::numeric_limits<double>::infinity());
-    // A non-finite loss or gradient would turn every weight into NaN at this step: stop first.
-    if (!o.allow_nonfinite && !(std::isfinite(loss_value) && std::isfinite(grad_norm))) {
-      progress.finish();
-      throw Error(detail::concat("train: step ", step + 1, " of ", o.steps, " has loss ", number_text(loss_value),
-                                 " and gradient norm ", number_text(grad_norm), " (learning rate ", lr_at(step), "): training ",
-                                 "diverged and was stopped", o.fuse_optimizer ? "" : " before the update",
-                                 o.save.empty() ? "" : ", nothing was saved",
-                                 ". Lower --lr, or pass --allow-nonfinite to keep going"));
-    }
-    if (!o.fuse_optimizer) {
-      optimizer.set_lr(lr_at(step));
-      const size_t other_before = memory::live_bytes(memory::Tag::other);
-      optimizer.step();
-      if (step == 0) optimizer_state_bytes = memory::live_bytes(memory::Tag::other) - std::min(other_before,
-                                                 memory::live_bytes(memory::Tag::other));
-    } else if (step == 0) {
-      for (size_t i = 0; i < optimizer.params().size(); ++i)  // the moments the updates allocated
-        if (optimizer.exp_avg(i).defined()) optimizer_state_bytes += optimizer.exp_avg(i).nbytes() + optimizer.exp_avg_sq(i).nbytes();
-    }
-    if (sharded) broadcast_from_owners(all_params, owners);  // the owners' updates to every rank
-    step_seconds.push_back(seconds_since(t0));
-    if (step == BudgetPlanner::kProfilingSteps - 1) profiling_step_seconds = step_seconds.back();
-    losses.push_back(loss_value);
-    peak_saved = std::max(peak_saved, memory::peak_bytes(memory::Tag::saved) - saved_base);
-    peak_total = std::max(peak_total, memory::stats().peak_total - total_base);
-    recomputed_flops += counters().ops.recomputed_flops;
-    {
-      const DynamicCounters d = counters().dynamic;
-      dynamic.evictions += d.evictions;
-      dynamic.rematerializations += d.rematerializations;
-      dynamic.remat_flops += d.remat_flops;
-      dynamic.remat_seconds += d.remat_seconds;
-      dynamic.smallest_feasible_bytes = std::max(dynamic.smallest_feasible_bytes, d.smallest_feasible_bytes);
-      dynamic.offloaded += d.offloaded;
-      dynamic.bytes_offloaded += d.bytes_offloaded;
-      dynamic.bytes_prefetched += d.bytes_prefetched;
-      dynamic.bytes_read_on_demand += d.bytes_read_on_demand;
-      dynamic.stall_seconds += d.stall_seconds;
-    }
-    if ((step + 1) % eval_every == 0 || step + 1 == o.steps) {  // validation: --eval-every steps and at the end
-      last_val_loss = validation_loss(*model, split.validation, o.batch, config.seq, o.seed);
-      progress.note(detail::concat("step ", step + 1, "/", o.steps, ": train loss ", number_text(loss_value),
-                                   ", validation loss ", number_text(last_val_loss)));
-      if (o.json)
-        emit_json({{"version", REMAT_VERSION}, {"event", "eval"}, {"step", step + 1}, {"train_loss", loss_value},
-                   {"val_loss", last_val_loss}, {"seconds", seconds_since(run_start)}});
-    }
-    double tokens_per_s = tokens_per_step / step_seconds.back();
-    char fields[160], val[24] = "-";
-    if (!std::isnan(last_val_loss)) std::snprintf(val, sizeof val, "%.3f", last_val_loss);
-    std::snprintf(fields, sizeof fields, "loss %.3f  val %s  %s tok/s  peak %s", losses.back(), val,
-                  human_count(tokens_per_s).c_str(), bytes_text(peak_saved).c_str());
-    progress.update(step + 1, fields);
+    const auto t0 = Clock::now();
+    const Gradients g = gradients(step);
+    check_finite(step, g);
+    update(step);
+    account(step, t0, g.loss);
+    evaluate(step, g.loss, run_start);
+    show(step);
   }
-  progress.finish();
-  const double train_seconds = seconds_since(run_start);
-  size_t tail = std::min<size_t>(10, losses.size());
-  double final_loss = 0;
-  for (size_t i = losses.size() - tail; i < losses.size(); ++i) final_loss += losses[i];
-  final_loss /= static_cast<double>(tail);
-  const double val_loss = last_val_loss;  // evaluated at the last step
+  progress_.finish();
+  m_.train_seconds = seconds_since(run_start);
+  if (buckets_) {
+    m_.bucketed = true;
+    m_.buckets = buckets_->bucket_count();
+    m_.bucket_buffer_bytes = buckets_->buffer_bytes();
+  }
+  return m_;
+}
+
+// --fuse-optimizer: AdamW inside the backward. Sums the squared gradient norm into grad_sq as the
+// updates run and, at the first step, puts the digest's parts into hashes.
+FusedUpdate StepLoop::fused_update(int64_t step, double& grad_sq, std::vector<std::optional<uint64_t>>& hashes) {
+  nn::AdamW& optimizer = opt_.optimizer;
+  optimizer.set_lr(opt_.lr_at(step));
+  // one rank, so the optimizer holds every parameter, in the model's (the digest's) order
+  hashes.assign(optimizer.params().size(), std::nullopt);
+  return FusedUpdate{&optimizer, [this, step, &grad_sq, &hashes](const Tensor& p) {
+                       Tensor g = p.grad().detach();
+                       const double sq = sum(square(g)).item();
+                       // a non-finite gradient would turn this parameter into NaN: stop first
+                       if (!o_.allow_nonfinite && !std::isfinite(sq))
+                         throw Error(detail::concat(
+                             "train: step ", step + 1, " of ", o_.steps, ": the gradient of \"", p.name(),
+                             "\" is not finite (learning rate ", opt_.lr_at(step), "): training diverged and was "
+                             "stopped before that parameter's update (--fuse-optimizer: the parameters "
+                             "updated earlier in this step keep their update)",
+                             o_.save.empty() ? "" : ", nothing was saved",
+                             ". Lower --lr, or pass --allow-nonfinite to keep going"));
+                       grad_sq += sq;
+                       if (step == 0) hashes[static_cast<size_t>(opt_.optimizer.index_of(p))] = gradient_hash(g);
+                     }};
+}
+
+// Forward and backward of every micro-batch of the step (one, unless --accumulate or mpirun).
+StepLoop::Gradients StepLoop::gradients(int64_t step) {
+  std::optional<FusedUpdate> fused;
+  double fused_grad_sq = 0;                           // --fuse-optimizer: the squared gradient norm
+  std::vector<std::optional<uint64_t>> fused_hashes;  // and, at the first step, the digest's parts
+  if (o_.fuse_optimizer) fused.emplace(fused_update(step, fused_grad_sq, fused_hashes));
+  const StepGradients sg = step_gradients(*l_.model, l_.split.train, o_.batch, l_.config.seq, o_.seed, policy_, step,
+                                          step_dp_, fused ? &*fused : nullptr);
+  m_.communication_seconds += sg.communication_seconds;
+  m_.hidden_seconds += sg.hidden_seconds;
+  if (step == 0) m_.digest = o_.fuse_optimizer ? combine_digest(fused_hashes) : gradient_digest(*l_.model);
+  // the global gradient norm, clipped to --clip (infinity: measured, not clipped)
+  const double grad_norm = o_.fuse_optimizer
+                               ? std::sqrt(fused_grad_sq)
+                               : nn::clip_grad_norm(l_.model->parameters(),
+                                                    o_.clip > 0 ? o_.clip : std::numeric_limits<double>::infinity());
+  return {sg.loss, grad_norm};
+}
+
+// A non-finite loss or gradient would turn every weight into NaN at this step: stop first.
+void StepLoop::check_finite(int64_t step, const Gradients& g) {
+  if (o_.allow_nonfinite || (std::isfinite(g.loss) && std::isfinite(g.grad_norm))) return;
+  progress_.finish();
+  throw Error(detail::concat("train: step ", step + 1, " of ", o_.steps, " has loss ", number_text(g.loss),
+                             " and gradient norm ", number_text(g.grad_norm), " (learning rate ", opt_.lr_at(step),
+                             "): training diverged and was stopped", o_.fuse_optimizer ? "" : " before the update",
+                             o_.save.empty() ? "" : ", nothing was saved",
+                             ". Lower --lr, or pass --allow-nonfinite to keep going"));
+}
+
+// The optimizer step (unless it ran inside the backward), and the state it allocated at the first.
+void StepLoop::update(int64_t step) {
+  nn::AdamW& optimizer = opt_.optimizer;
+  if (!o_.fuse_optimizer) {
+    optimizer.set_lr(opt_.lr_at(step));
+    const size_t other_before = memory::live_bytes(memory::Tag::other);
+    optimizer.step();
+    if (step == 0)
+      m_.optimizer_state_bytes = memory::live_bytes(memory::Tag::other) -
+                                 std::min(other_before, memory::live_bytes(memory::Tag::other));
+  } else if (step == 0) {
+    for (size_t i = 0; i < optimizer.params().size(); ++i)  // the moments the updates allocated
+      if (optimizer.exp_avg(i).defined())
+        m_.optimizer_state_bytes += optimizer.exp_avg(i).nbytes() + optimizer.exp_avg_sq(i).nbytes();
+  }
+  if (opt_.sharded) broadcast_from_owners(opt_.all_params, opt_.owners);  // the owners' updates to every rank
+}
+
+// The step's time, loss, peaks and counters, added to the run's.
+void StepLoop::account(int64_t step, Clock::time_point t0, double loss_value) {
+  m_.step_seconds.push_back(seconds_since(t0));
+  if (step == BudgetPlanner::kProfilingSteps - 1) m_.profiling_step_seconds = m_.step_seconds.back();
+  m_.losses.push_back(loss_value);
+  m_.peak_saved = std::max(m_.peak_saved, memory::peak_bytes(memory::Tag::saved) - saved_base_);
+  m_.peak_total = std::max(m_.peak_total, memory::stats().peak_total - total_base_);
+  m_.recomputed_flops += counters().ops.recomputed_flops;
+  const DynamicCounters d = counters().dynamic;
+  DynamicCounters& dynamic = m_.dynamic;
+  dynamic.evictions += d.evictions;
+  dynamic.rematerializations += d.rematerializations;
+  dynamic.remat_flops += d.remat_flops;
+  dynamic.remat_seconds += d.remat_seconds;
+  dynamic.smallest_feasible_bytes = std::max(dynamic.smallest_feasible_bytes, d.smallest_feasible_bytes);
+  dynamic.offloaded += d.offloaded;
+  dynamic.bytes_offloaded += d.bytes_offloaded;
+  dynamic.bytes_prefetched += d.bytes_prefetched;
+  dynamic.bytes_read_on_demand += d.bytes_read_on_demand;
+  dynamic.stall_seconds += d.stall_seconds;
+}
+
+// Validation: every --eval-every steps and at the end.
+void StepLoop::evaluate(int64_t step, double loss_value, Clock::time_point run_start) {
+  if ((step + 1) % eval_every_ != 0 && step + 1 != o_.steps) return;
+  m_.last_val_loss = validation_loss(*l_.model, l_.split.validation, o_.batch, l_.config.seq, o_.seed);
+  progress_.note(detail::concat("step ", step + 1, "/", o_.steps, ": train loss ", number_text(loss_value),
+                                ", validation loss ", number_text(m_.last_val_loss)));
+  if (o_.json)
+    emit_json({{"version", REMAT_VERSION}, {"event", "eval"}, {"step", step + 1}, {"train_loss", loss_value},
+               {"val_loss", m_.last_val_loss}, {"seconds", seconds_since(run_start)}});
+}
+
+void StepLoop::show(int64_t step) {
+  double tokens_per_s = tokens_per_step_ / m_.step_seconds.back();
+  char fields[160], val[24] = "-";
+  if (!std::isnan(m_.last_val_loss)) std::snprintf(val, sizeof val, "%.3f", m_.last_val_loss);
+  std::snprintf(fields, sizeof fields, "loss %.3f  val %s  %s tok/s  peak %s", m_.losses.back(), val,
+                human_count(tokens_per_s).c_str(), bytes_text(m_.peak_saved).c_str());
+  progress_.update(step + 1, fields);
+}
+
+// ---- after the loop: the probe, the saved weights, the per-rank figures (RunSummary)
+
+RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const CheckedOptions& checked, bool sharded, Loaded& l,
+                      const RunMeasure& m) {
+  const Policy& policy = checked.policy;
+  RunSummary r;
+  r.tail = std::min<size_t>(10, m.losses.size());
+  for (size_t i = m.losses.size() - r.tail; i < m.losses.size(); ++i) r.final_loss += m.losses[i];
+  r.final_loss /= static_cast<double>(r.tail);
 
   // Side by side, on one batch: the chosen policy and save-all.
-  Batch probe = sample_batch(split.train, o.batch, config.seq, o.seed, static_cast<uint64_t>(o.steps));
-  StepMeasure chosen = measure_step(*model, probe, policy, o.seed);
-  StepMeasure save_all = measure_step(*model, probe, Policy::save_all(), o.seed);
-  model->zero_grad();
+  Batch probe = sample_batch(l.split.train, o.batch, l.config.seq, o.seed, static_cast<uint64_t>(o.steps));
+  r.chosen = measure_step(*l.model, probe, policy, o.seed);
+  r.save_all = measure_step(*l.model, probe, Policy::save_all(), o.seed);
+  l.model->zero_grad();
 
   if (!o.save.empty() && dp.rank == 0) {
-    save_char_gpt(o.save, *model, char_gpt_metadata(config, tokenizer), o.format);
+    save_char_gpt(o.save, *l.model, char_gpt_metadata(l.config, l.tokenizer), o.format);
   }
-  const std::vector<double> rank_peak_saved = distributed::all_gather(static_cast<double>(peak_saved));
-  const std::vector<double> rank_peak_total = distributed::all_gather(static_cast<double>(peak_total));
-  const std::vector<double> rank_optimizer_bytes = distributed::all_gather(static_cast<double>(optimizer_state_bytes));
+  r.rank_peak_saved = distributed::all_gather(static_cast<double>(m.peak_saved));
+  r.rank_peak_total = distributed::all_gather(static_cast<double>(m.peak_total));
+  r.rank_optimizer_bytes = distributed::all_gather(static_cast<double>(m.optimizer_state_bytes));
 
-  const double step_median = median(step_seconds);
-  const double tokens_per_second = tokens_per_step / step_median;
-  say("\nreport (%lld steps in %s)\n", static_cast<long long>(o.steps), human_duration(train_seconds).c_str());
-  say("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", losses.front(), final_loss, tail,
-      val_loss);
-  say("  %-14s %12s %12s\n", "policy", "peak saved", "step time");
-  say("  %-14s %12s %10.1f ms   (whole run: peak saved %s, median step %.1f ms)\n", o.policy.c_str(),
-      bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, bytes_text(peak_saved).c_str(), step_median * 1e3);
-  say("  %-14s %12s %10.1f ms\n", "save-all", bytes_text(save_all.peak_saved).c_str(), save_all.seconds * 1e3);
-  say("  %-14s %12.3f %12.3f   (%s / save-all, one step each, same batch)\n", "ratio",
-      static_cast<double>(chosen.peak_saved) / static_cast<double>(std::max<size_t>(1, save_all.peak_saved)),
-      chosen.seconds / save_all.seconds, o.policy.c_str());
-  std::optional<BudgetPlanner::Report> plan;
-  double predicted_step_seconds = 0;
-  if (policy.kind == Policy::Kind::budget) plan = model->planner()->report();
-  if (plan) {
+  r.step_median = median(m.step_seconds);
+  r.tokens_per_second = tokens_per_step(o, dp, l.config) / r.step_median;
+  if (policy.kind == Policy::Kind::budget) r.plan = l.model->planner()->report();
+  if (r.plan) {
     // the plan predicts the chain of blocks; the rest of the step is taken from the profiling step
-    double outside = std::max(0.0, profiling_step_seconds - plan->profiled_chain_seconds);
-    predicted_step_seconds = plan->predicted_seconds + outside;
-    say("  budget plan %s\n", plan->tree.c_str());
-    say("  predicted: peak saved %s, step %.1f ms; measured: peak saved %s, step %.1f ms (median of the run %.1f ms)\n",
-        bytes_text(plan->predicted_peak_bytes).c_str(), predicted_step_seconds * 1e3,
-        bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, step_median * 1e3);
+    double outside = std::max(0.0, m.profiling_step_seconds - r.plan->profiled_chain_seconds);
+    r.predicted_step_seconds = r.plan->predicted_seconds + outside;
   }
-  if (policy.kind == Policy::Kind::dynamic) {
-    say("  dynamic: %llu evictions, %llu rematerializations (%s FLOP, %.3f s) over the run; the smallest feasible "
-        "budget seen: %s\n",
-        static_cast<unsigned long long>(dynamic.evictions), static_cast<unsigned long long>(dynamic.rematerializations),
-        human_count(dynamic.remat_flops).c_str(), dynamic.remat_seconds,
-        bytes_text(dynamic.smallest_feasible_bytes).c_str());
-  }
-  if (policy.kind == Policy::Kind::offload) {
-    say("  offload: %llu values (%s) written, %s read ahead, %s read on demand, %.3f s stalled over the run\n",
-        static_cast<unsigned long long>(dynamic.offloaded), bytes_text(dynamic.bytes_offloaded).c_str(),
-        bytes_text(dynamic.bytes_prefetched).c_str(), bytes_text(dynamic.bytes_read_on_demand).c_str(),
-        dynamic.stall_seconds);
-  }
-  if (o.explain) {
-    say("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s", o.policy.c_str(),
-        memory_report(chosen.counters, save_all.peak_saved).c_str());
-  }
-  if (dp.world > 1) {
-    if (buckets)
-      say("  data parallel: %d ranks, %s sum in %zu buckets of up to %s (buffers %s per rank); communication %.3f s "
-          "over the run, of which %.3f s (%.0f%%) in flight while the backward ran and %.3f s waited for after it\n",
-          dp.world, distributed::to_string(dp.reduction), buckets->bucket_count(), bytes_text(bucket_bytes).c_str(),
-          bytes_text(buckets->buffer_bytes()).c_str(),
-          communication_seconds, hidden_seconds,
-          communication_seconds > 0 ? 100.0 * hidden_seconds / communication_seconds : 0.0,
-          communication_seconds - hidden_seconds);
-    else
-      say("  data parallel: %d ranks, %s sum; communication %.3f s over the run (after the backward: --bucket-bytes 0)\n",
-          dp.world, distributed::to_string(dp.reduction), communication_seconds);
-    for (int r = 0; r < dp.world; ++r)
-      say("  rank %d: peak saved %s, peak total %s, optimizer state %s%s\n", r,
-          bytes_text(static_cast<size_t>(rank_peak_saved[static_cast<size_t>(r)])).c_str(),
-          bytes_text(static_cast<size_t>(rank_peak_total[static_cast<size_t>(r)])).c_str(),
-          bytes_text(static_cast<size_t>(rank_optimizer_bytes[static_cast<size_t>(r)])).c_str(), sharded ? " (sharded)" : "");
-  }
-  if (!o.save.empty()) say("  weights saved to %s\n", o.save.c_str());
-  if (o.json) {
-    nlohmann::json j = {{"version", REMAT_VERSION},
-                        {"policy", policy.to_string()},
-                        {"steps", o.steps},
-                        {"first_loss", losses.front()},
-                        {"final_loss", final_loss},
-                        {"val_loss", val_loss},
-                        {"tokens_per_second", tokens_per_second},
-                        {"step_seconds_median", step_median},
-                        {"train_seconds", train_seconds},
-                        {"peak_saved_bytes", peak_saved},
-                        {"peak_total_bytes", peak_total},
-                        {"recomputed_flops", recomputed_flops},
-                        {"evictions", dynamic.evictions},
-                        {"rematerializations", dynamic.rematerializations},
-                        {"remat_flops", dynamic.remat_flops},
-                        {"remat_seconds", dynamic.remat_seconds},
-                        {"smallest_feasible_bytes", dynamic.smallest_feasible_bytes},
-                        {"values_offloaded", dynamic.offloaded},
-                        {"bytes_offloaded", dynamic.bytes_offloaded},
-                        {"bytes_prefetched", dynamic.bytes_prefetched},
-                        {"bytes_read_on_demand", dynamic.bytes_read_on_demand},
-                        {"stall_seconds", dynamic.stall_seconds},
-                        {"grad_digest", digest},
-                        {"probe_step_seconds", chosen.seconds},
-                        {"probe_peak_saved_bytes", chosen.peak_saved},
-                        {"save_all_step_seconds", save_all.seconds},
-                        {"save_all_peak_saved_bytes", save_all.peak_saved},
-                        {"saved_bytes_ratio", static_cast<double>(chosen.peak_saved) /
-                                                  static_cast<double>(std::max<size_t>(1, save_all.peak_saved))},
-                        {"step_time_ratio", chosen.seconds / save_all.seconds},
-                        {"parameters", model->num_parameters()},
-                        {"budget_bytes", policy.kind == Policy::Kind::budget ? policy.budget_bytes : 0},
-                        {"predicted_peak_saved_bytes", plan ? plan->predicted_peak_bytes : 0},
-                        {"predicted_step_seconds", predicted_step_seconds},
-                        {"plan", plan ? plan->tree : ""},
-                        {"layer_calls", chosen.counters.layer_calls},
-                        {"regions_created", chosen.counters.regions_created},
-                        {"regions", regions_json(chosen.counters)},
-                        {"vocab", config.vocab},
-                        {"accumulate", o.accumulate},
-                        {"world_size", dp.world},
-                        {"global_batch", o.batch * dp.micro_batches()},
-                        {"reduction", distributed::to_string(dp.reduction)},
-                        {"communication_seconds", communication_seconds},
-                        {"communication_hidden_seconds", hidden_seconds},
-                        {"bucket_bytes", dp.world > 1 ? bucket_bytes : 0},
-                        {"buckets", buckets ? buckets->bucket_count() : 0},
-                        {"bucket_buffer_bytes", buckets ? buckets->buffer_bytes() : 0},
-                        {"fuse_optimizer", o.fuse_optimizer},
-                        {"clip", o.clip},
-                        {"rank_peak_saved_bytes", rank_peak_saved},
-                        {"rank_peak_total_bytes", rank_peak_total},
-                        {"shard_optimizer", sharded},
-                        {"optimizer_state_bytes", optimizer_state_bytes},
-                        {"rank_optimizer_state_bytes", rank_optimizer_bytes}};
-    emit_json(j);
-  }
+  r.parameters = l.model->num_parameters();
+  r.vocab = l.config.vocab;
+  r.bucket_bytes = checked.bucket_bytes;
+  r.sharded = sharded;
+  return r;
+}
+
+// ---- one run: load, loop, report, JSON
+
+int train(const TrainOptions& o, const DataParallel& dp) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  const CheckedOptions checked = check_options(o, dp);
+  Loaded l = load(o);
+  if (o.eval_only) return evaluate_only(o, l);
+  if (dp.world > 1) check_ranks_agree(o, l.tokens, *l.model);
+  Optimization opt(o, dp, *l.model);
+
+  const Human say{o.progress};
+  print_banner(say, o, dp, l);
+  StepLoop loop(o, dp, checked.policy, checked.bucket_bytes, l, opt);
+  const RunMeasure m = loop.run();
+  const RunSummary s = finish_run(o, dp, checked, opt.sharded, l, m);
+  print_report(say, o, dp, checked.policy, m, s);
+  if (o.json) emit_run_json(o, dp, checked.policy, m, s);
   return 0;
 }
 

@@ -1,0 +1,172 @@
+// The text report and the JSON line of a `remat train` run (train_report.h).
+#include "train_report.h"
+
+#include <algorithm>
+
+#include "progress.h"
+
+namespace remat::tools {
+
+void emit_json(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::fflush(stdout);
+}
+
+namespace {
+
+nlohmann::json regions_json(const Counters& c) {
+  nlohmann::json regions = nlohmann::json::array();
+  for (const auto& r : c.regions)
+    regions.push_back({{"label", r.label},
+                       {"kind", r.kind},
+                       {"calls", r.calls},
+                       {"boundary_bytes", r.boundary_bytes},
+                       {"cached_bytes", r.cached_bytes},
+                       {"recomputed_saved_bytes", r.recomputed_saved_bytes},
+                       {"forward_seconds", r.forward_seconds},
+                       {"recompute_seconds", r.recompute_seconds},
+                       {"backward_seconds", r.backward_seconds},
+                       {"recomputations", r.recomputations}});
+  return regions;
+}
+
+// Losses, the probe against save-all, and the budget plan's prediction against the measurement.
+void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m, const RunSummary& s) {
+  const StepMeasure& chosen = s.chosen;
+  say("\nreport (%lld steps in %s)\n", static_cast<long long>(o.steps), human_duration(m.train_seconds).c_str());
+  say("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", m.losses.front(), s.final_loss,
+      s.tail, m.last_val_loss);
+  say("  %-14s %12s %12s\n", "policy", "peak saved", "step time");
+  say("  %-14s %12s %10.1f ms   (whole run: peak saved %s, median step %.1f ms)\n", o.policy.c_str(),
+      bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, bytes_text(m.peak_saved).c_str(), s.step_median * 1e3);
+  say("  %-14s %12s %10.1f ms\n", "save-all", bytes_text(s.save_all.peak_saved).c_str(), s.save_all.seconds * 1e3);
+  say("  %-14s %12.3f %12.3f   (%s / save-all, one step each, same batch)\n", "ratio",
+      static_cast<double>(chosen.peak_saved) / static_cast<double>(std::max<size_t>(1, s.save_all.peak_saved)),
+      chosen.seconds / s.save_all.seconds, o.policy.c_str());
+  if (s.plan) {
+    say("  budget plan %s\n", s.plan->tree.c_str());
+    say("  predicted: peak saved %s, step %.1f ms; measured: peak saved %s, step %.1f ms (median of the run %.1f ms)\n",
+        bytes_text(s.plan->predicted_peak_bytes).c_str(), s.predicted_step_seconds * 1e3,
+        bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, s.step_median * 1e3);
+  }
+}
+
+// The dynamic: and offload: counters over the run, and (--explain) the probe step's regions.
+void print_policy_counters(const Human& say, const TrainOptions& o, const Policy& policy, const RunMeasure& m,
+                           const RunSummary& s) {
+  const DynamicCounters& dynamic = m.dynamic;
+  if (policy.kind == Policy::Kind::dynamic) {
+    say("  dynamic: %llu evictions, %llu rematerializations (%s FLOP, %.3f s) over the run; the smallest feasible "
+        "budget seen: %s\n",
+        static_cast<unsigned long long>(dynamic.evictions), static_cast<unsigned long long>(dynamic.rematerializations),
+        human_count(dynamic.remat_flops).c_str(), dynamic.remat_seconds,
+        bytes_text(dynamic.smallest_feasible_bytes).c_str());
+  }
+  if (policy.kind == Policy::Kind::offload) {
+    say("  offload: %llu values (%s) written, %s read ahead, %s read on demand, %.3f s stalled over the run\n",
+        static_cast<unsigned long long>(dynamic.offloaded), bytes_text(dynamic.bytes_offloaded).c_str(),
+        bytes_text(dynamic.bytes_prefetched).c_str(), bytes_text(dynamic.bytes_read_on_demand).c_str(),
+        dynamic.stall_seconds);
+  }
+  if (o.explain) {
+    say("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s", o.policy.c_str(),
+        memory_report(s.chosen.counters, s.save_all.peak_saved).c_str());
+  }
+}
+
+// Under mpirun: the communication and every rank's memory.
+void print_data_parallel(const Human& say, const DataParallel& dp, const RunMeasure& m, const RunSummary& s) {
+  const double communication_seconds = m.communication_seconds, hidden_seconds = m.hidden_seconds;
+  if (m.bucketed)
+    say("  data parallel: %d ranks, %s sum in %zu buckets of up to %s (buffers %s per rank); communication %.3f s "
+        "over the run, of which %.3f s (%.0f%%) in flight while the backward ran and %.3f s waited for after it\n",
+        dp.world, distributed::to_string(dp.reduction), m.buckets, bytes_text(s.bucket_bytes).c_str(),
+        bytes_text(m.bucket_buffer_bytes).c_str(),
+        communication_seconds, hidden_seconds,
+        communication_seconds > 0 ? 100.0 * hidden_seconds / communication_seconds : 0.0,
+        communication_seconds - hidden_seconds);
+  else
+    say("  data parallel: %d ranks, %s sum; communication %.3f s over the run (after the backward: --bucket-bytes 0)\n",
+        dp.world, distributed::to_string(dp.reduction), communication_seconds);
+  for (int rank = 0; rank < dp.world; ++rank) {
+    const size_t i = static_cast<size_t>(rank);
+    say("  rank %d: peak saved %s, peak total %s, optimizer state %s%s\n", rank,
+        bytes_text(static_cast<size_t>(s.rank_peak_saved[i])).c_str(),
+        bytes_text(static_cast<size_t>(s.rank_peak_total[i])).c_str(),
+        bytes_text(static_cast<size_t>(s.rank_optimizer_bytes[i])).c_str(), s.sharded ? " (sharded)" : "");
+  }
+}
+
+}  // namespace
+
+void print_report(const Human& say, const TrainOptions& o, const DataParallel& dp, const Policy& policy,
+                  const RunMeasure& m, const RunSummary& s) {
+  print_summary(say, o, m, s);
+  print_policy_counters(say, o, policy, m, s);
+  if (dp.world > 1) print_data_parallel(say, dp, m, s);
+  if (!o.save.empty()) say("  weights saved to %s\n", o.save.c_str());
+}
+
+void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& policy, const RunMeasure& m,
+                   const RunSummary& s) {
+  const DynamicCounters& dynamic = m.dynamic;
+  const StepMeasure &chosen = s.chosen, &save_all = s.save_all;
+  nlohmann::json j = {{"version", REMAT_VERSION},
+                      {"policy", policy.to_string()},
+                      {"steps", o.steps},
+                      {"first_loss", m.losses.front()},
+                      {"final_loss", s.final_loss},
+                      {"val_loss", m.last_val_loss},
+                      {"tokens_per_second", s.tokens_per_second},
+                      {"step_seconds_median", s.step_median},
+                      {"train_seconds", m.train_seconds},
+                      {"peak_saved_bytes", m.peak_saved},
+                      {"peak_total_bytes", m.peak_total},
+                      {"recomputed_flops", m.recomputed_flops},
+                      {"evictions", dynamic.evictions},
+                      {"rematerializations", dynamic.rematerializations},
+                      {"remat_flops", dynamic.remat_flops},
+                      {"remat_seconds", dynamic.remat_seconds},
+                      {"smallest_feasible_bytes", dynamic.smallest_feasible_bytes},
+                      {"values_offloaded", dynamic.offloaded},
+                      {"bytes_offloaded", dynamic.bytes_offloaded},
+                      {"bytes_prefetched", dynamic.bytes_prefetched},
+                      {"bytes_read_on_demand", dynamic.bytes_read_on_demand},
+                      {"stall_seconds", dynamic.stall_seconds},
+                      {"grad_digest", m.digest},
+                      {"probe_step_seconds", chosen.seconds},
+                      {"probe_peak_saved_bytes", chosen.peak_saved},
+                      {"save_all_step_seconds", save_all.seconds},
+                      {"save_all_peak_saved_bytes", save_all.peak_saved},
+                      {"saved_bytes_ratio", static_cast<double>(chosen.peak_saved) /
+                                                static_cast<double>(std::max<size_t>(1, save_all.peak_saved))},
+                      {"step_time_ratio", chosen.seconds / save_all.seconds},
+                      {"parameters", s.parameters},
+                      {"budget_bytes", policy.kind == Policy::Kind::budget ? policy.budget_bytes : 0},
+                      {"predicted_peak_saved_bytes", s.plan ? s.plan->predicted_peak_bytes : 0},
+                      {"predicted_step_seconds", s.predicted_step_seconds},
+                      {"plan", s.plan ? s.plan->tree : ""},
+                      {"layer_calls", chosen.counters.layer_calls},
+                      {"regions_created", chosen.counters.regions_created},
+                      {"regions", regions_json(chosen.counters)},
+                      {"vocab", s.vocab},
+                      {"accumulate", o.accumulate},
+                      {"world_size", dp.world},
+                      {"global_batch", o.batch * dp.micro_batches()},
+                      {"reduction", distributed::to_string(dp.reduction)},
+                      {"communication_seconds", m.communication_seconds},
+                      {"communication_hidden_seconds", m.hidden_seconds},
+                      {"bucket_bytes", dp.world > 1 ? s.bucket_bytes : 0},
+                      {"buckets", m.bucketed ? m.buckets : 0},
+                      {"bucket_buffer_bytes", m.bucketed ? m.bucket_buffer_bytes : 0},
+                      {"fuse_optimizer", o.fuse_optimizer},
+                      {"clip", o.clip},
+                      {"rank_peak_saved_bytes", s.rank_peak_saved},
+                      {"rank_peak_total_bytes", s.rank_peak_total},
+                      {"shard_optimizer", s.sharded},
+                      {"optimizer_state_bytes", m.optimizer_state_bytes},
+                      {"rank_optimizer_state_bytes", s.rank_optimizer_bytes}};
+  emit_json(j);
+}
+
+}  // namespace remat::tools

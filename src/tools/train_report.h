@@ -1,0 +1,91 @@
+// src/tools/train_report.h - what one `remat train` run measured, and how it is shown: the text
+// report on stderr (nothing under --quiet) and the JSON lines on stdout (--json).
+//
+//   RunMeasure m = ...;   // filled by the step loop (train.cpp)
+//   RunSummary s = ...;   // the probe against save-all, the per-rank figures, the budget plan
+//   print_report(Human{o.progress}, o, dp, policy, m, s);
+//   if (o.json) emit_run_json(o, dp, policy, m, s);
+#pragma once
+
+#include <cmath>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "data_parallel.h"
+#include "remat/remat.h"
+
+namespace remat::tools {
+
+// Human output: on stderr, nothing under --quiet (stdout carries only the JSON lines).
+struct Human {
+  bool on;
+  [[gnu::format(printf, 2, 3)]] void operator()(const char* format, ...) const {
+    if (!on) return;
+    va_list args;
+    va_start(args, format);
+    std::vfprintf(stderr, format, args);
+    va_end(args);
+  }
+};
+
+// One JSON line on stdout (NaN and infinities become null).
+void emit_json(const nlohmann::json& j);
+
+inline std::string bytes_text(size_t bytes) { return memory::format_bytes(static_cast<double>(bytes)); }
+
+// One forward + backward under a policy (no optimizer step), measured.
+struct StepMeasure {
+  double seconds = 0, loss = 0;
+  size_t peak_saved = 0, peak_total = 0;
+  double recomputed_flops = 0;
+  Counters counters;  // regions of this step
+};
+
+// What the training steps measured.
+struct RunMeasure {
+  std::vector<double> step_seconds, losses;
+  double last_val_loss = std::nan("");  // evaluated at the last step
+  double profiling_step_seconds = 0;    // budget policy: the first steps profile the chain
+  size_t peak_saved = 0, peak_total = 0;
+  double recomputed_flops = 0;
+  DynamicCounters dynamic;  // dynamic: and offload: policies, summed over the run
+  std::string digest;       // of the first step's gradients
+  double communication_seconds = 0, hidden_seconds = 0;
+  size_t optimizer_state_bytes = 0;  // allocated by the first step (AdamW's moments)
+  double train_seconds = 0;
+  bool bucketed = false;  // under mpirun with --bucket-bytes > 0: the buckets' count and buffers
+  size_t buckets = 0, bucket_buffer_bytes = 0;
+};
+
+// What the run's end adds: the probe step under the policy and under save-all, every rank's
+// figures, the budget plan's prediction, and what the run was.
+struct RunSummary {
+  double final_loss = 0;  // mean of the last `tail` steps' losses
+  size_t tail = 0;
+  StepMeasure chosen, save_all;  // one step each on the same batch
+  std::vector<double> rank_peak_saved, rank_peak_total, rank_optimizer_bytes;
+  double step_median = 0, tokens_per_second = 0;
+  std::optional<BudgetPlanner::Report> plan;  // budget policy
+  double predicted_step_seconds = 0;
+  int64_t parameters = 0, vocab = 0;
+  size_t bucket_bytes = 0;  // --bucket-bytes
+  bool sharded = false;     // --shard-optimizer under mpirun
+};
+
+// The report after the run: losses, the probe against save-all, the plan, the policy's counters,
+// (--explain) the probe's regions, (mpirun) communication and every rank's memory.
+void print_report(const Human& say, const TrainOptions& o, const DataParallel& dp, const Policy& policy,
+                  const RunMeasure& m, const RunSummary& s);
+// The run's JSON line.
+void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& policy, const RunMeasure& m,
+                   const RunSummary& s);
+
+}  // namespace remat::tools
