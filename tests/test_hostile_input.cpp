@@ -18,6 +18,7 @@
 
 #include "remat/autodiff.h"
 #include "remat/budget.h"
+#include "remat/chain.h"
 #include "remat/checkpoint.h"
 #include "remat/memory.h"
 #include "remat/nn/layers.h"

@@ -3,11 +3,10 @@
 //   // a block run as a region: its internals are not kept; the backward re-runs it once
 //   Tensor y = remat::checkpoint([&](const Tensor& h) { return mlp_block(h); }, x);
 //
-//   // or set it once for a whole model: every child of a Chain becomes a region
-//   remat::Chain model;
-//   for (int i = 0; i < 16; ++i) model.add([&, i](const Tensor& h) { return blocks[i](h); });
+//   // or set it once for a whole model: every layer call becomes a region (an nn::Module's
+//   // children, or a remat::Chain's: remat/chain.h, included here)
 //   remat::ScopedPolicy policy(remat::Policy::parse("every-layer"));   // the default anyway
-//   Tensor loss = remat::mean(model.forward(x));
+//   Tensor loss = remat::mean(model->forward(x));
 //   loss.backward();
 //
 // How it works. checkpoint(fn, inputs) runs fn with recording off: no node is created inside, so
@@ -42,6 +41,7 @@
 #include "remat/autodiff.h"
 #include "remat/budget.h"
 #include "remat/call.h"
+#include "remat/chain.h"  // Chain, which existing code finds here
 #include "remat/dynamic.h"
 #include "remat/policy.h"
 #include "remat/tensor.h"
@@ -76,32 +76,6 @@ TensorList grad(const std::function<Tensor(const TensorList&)>& f, const TensorL
                 const GradOptions& options);
 // Runs loss = f() under the policy, back-propagates into leaves' .grad(), returns the loss.
 Tensor backward(const std::function<Tensor()>& f, const GradOptions& options);
-
-// ---- Chain: a container of layers whose children are regions under the policy.
-class Chain {
- public:
-  using Layer = std::function<Tensor(const Tensor&)>;
-  // policy: a per-layer override for this child alone.
-  Chain& add(Layer layer, std::string name = "", std::optional<Policy> policy = std::nullopt);
-  // A per-container override for all children (a child's own override still wins).
-  Chain& set_policy(std::optional<Policy> policy);
-  const std::optional<Policy>& policy() const { return policy_; }
-  Tensor forward(const Tensor& x) const;
-  Tensor operator()(const Tensor& x) const { return forward(x); }
-  // The planner state used under budget:BYTES (profile, plan). A Chain rebuilt on every call
-  // (as nn::Sequential does) passes the same planner each time so the plan is kept.
-  Chain& set_planner(std::shared_ptr<BudgetPlanner> planner);
-  const std::shared_ptr<BudgetPlanner>& planner() const;
-  size_t size() const { return layers_.size(); }
-  const std::string& name(size_t i) const { return names_.at(i); }
-
- private:
-  std::vector<Layer> layers_;
-  std::vector<std::string> names_;
-  std::vector<std::optional<Policy>> layer_policies_;
-  std::optional<Policy> policy_;
-  mutable std::shared_ptr<BudgetPlanner> planner_;
-};
 
 // ---- counters
 struct RegionRecord {

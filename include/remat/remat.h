@@ -3,6 +3,7 @@
 
 #include "remat/autodiff.h"
 #include "remat/backend.h"
+#include "remat/chain.h"
 #include "remat/checkpoint.h"
 #include "remat/error.h"
 #include "remat/grad_ready.h"

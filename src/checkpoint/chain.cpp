@@ -1,7 +1,9 @@
 // Chain: a container of layer functions. Its call is transparent and each child's call is a
 // layer call (remat/call.h), so under the policy in force every child is a checkpoint region,
 // every-k groups K children, and budget:BYTES plans over the children with the Chain's planner.
-#include "remat/checkpoint.h"
+#include "remat/autodiff.h"
+#include "remat/call.h"
+#include "remat/chain.h"
 
 namespace remat {
 
