@@ -1,10 +1,11 @@
 // tests/op_rows_conv.h - the op-table rows of issue 17: conv2d / conv1d, max / avg / adaptive
 // pooling, batch_norm, diagonal and the general einsum (nn::einsum), each against the float64
-// references of op_harness_conv.h and by finite differences, in f32 and f64 (test_ops.cpp adds
+// references of op_reference_conv.h and by finite differences, in f32 and f64 (test_ops.cpp adds
 // them to its table). Shapes are small: every input element is perturbed twice.
 #pragma once
 
-#include "op_harness_conv.h"
+#include "op_harness.h"
+#include "op_reference_conv.h"
 #include "remat/backend.h"
 #include "remat/nn/einsum.h"
 

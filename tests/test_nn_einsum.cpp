@@ -6,7 +6,8 @@
 
 #include <map>
 
-#include "op_harness_conv.h"
+#include "op_harness.h"        // Rng
+#include "op_reference_conv.h"  // ref::einsum
 #include "remat/nn.h"
 #include "test_nn_gradcheck.h"
 

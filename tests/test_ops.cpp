@@ -183,16 +183,19 @@ OpCase layer_norm_case(bool weight, bool bias, Shape shape) {
   return c;
 }
 
-OpCase rms_norm_case(Shape shape) {
+OpCase rms_norm_case(Shape shape, bool weight = true) {
   OpCase c;
-  c.name = "rms_norm_" + dims(shape);
+  c.name = "rms_norm_" + dims(shape) + (weight ? "" : "_plain");
   int64_t ch = shape.back();
   c.make_inputs = [=](Rng& r) {
-    return Inputs{floating("x", shape, r.uniform_vector(numel_of(shape), -2, 2)),
-                  floating("weight", {ch}, r.uniform_vector(ch, 0.5, 1.5))};
+    Inputs in{floating("x", shape, r.uniform_vector(numel_of(shape), -2, 2))};
+    if (weight) in.push_back(floating("weight", {ch}, r.uniform_vector(ch, 0.5, 1.5)));
+    return in;
   };
-  c.apply = [](const TensorList& in) { return TensorList{rms_norm(in[0], in[1], 1e-6)}; };
-  c.reference = [](const std::vector<Array>& a) { return std::vector<Array>{ref::rms_norm(a[0], &a[1], 1e-6)}; };
+  c.apply = [=](const TensorList& in) { return TensorList{rms_norm(in[0], weight ? in[1] : Tensor(), 1e-6)}; };
+  c.reference = [=](const std::vector<Array>& a) {
+    return std::vector<Array>{ref::rms_norm(a[0], weight ? &a[1] : nullptr, 1e-6)};
+  };
   return c;
 }
 
@@ -408,7 +411,94 @@ void add_wide_row_cases(std::vector<OpCase>& t) {
                         [](const Tensor& x) { return x.slice(2, 2, 6).reshape({2, 3, 2, 2}).permute({0, 2, 1, 3}); },
                         [](const Array& x) { return ref::permute(ref::reshape(ref::slice(x, 2, 2, 6, 1), {2, 3, 2, 2}), {0, 2, 1, 3}); }));
 }
+
 // ---- end of fused attention (issue 14) -------------------------------------------------------
+
+// Rows taken over from the focused kernel tests (tests/test_rows_ops.cpp keeps what a row cannot
+// check: large shapes, thread counts, exact zeros and copies, error messages): other axes and
+// strided operands of the row kernels, vector-width shapes, many-row parameter gradients, inputs
+// used twice, empty parts.
+OpCase two_input_case(const std::string& name, Input a, Input b, std::function<Tensor(const Tensor&, const Tensor&)> op,
+                      std::function<Array(const Array&, const Array&)> reference) {
+  OpCase c;
+  c.name = name;
+  c.make_inputs = [=](Rng&) { return Inputs{a, b}; };
+  c.apply = [=](const TensorList& in) { return TensorList{op(in[0], in[1])}; };
+  c.reference = [=](const std::vector<Array>& x) { return std::vector<Array>{reference(x[0], x[1])}; };
+  return c;
+}
+
+void add_row_kernel_cases(std::vector<OpCase>& t) {
+  for (bool log : {false, true}) {
+    t.push_back(softmax_case(log, {2, 3, 4}, -2));
+    t.push_back(softmax_case(log, {2, 3, 33}, -1));
+  }
+  // a non-contiguous input and a non-contiguous incoming gradient
+  t.push_back(view_case("softmax_of_transposed_noncontiguous_grad", {3, 4, 5},
+                        [](const Tensor& x) { return softmax(x.transpose(0, 2)).transpose(0, 1); },
+                        [](const Array& x) { return ref::permute(ref::softmax(ref::permute(x, {2, 1, 0}), -1, false), {1, 0, 2}); }));
+  t.push_back(layer_norm_case(true, true, {2, 3, 16}));
+  t.push_back(layer_norm_case(false, false, {4, 9}));
+  t.push_back(layer_norm_case(true, true, {70, 5}));  // the parameter gradients over several row blocks
+  t.push_back(rms_norm_case({2, 3, 16}));
+  t.push_back(rms_norm_case({4, 7}, /*weight=*/false));
+  t.push_back(view_case("rms_norm_plain_of_transposed", {4, 7},
+                        [](const Tensor& x) { return rms_norm(x.transpose(0, 1), Tensor(), 1e-6); },
+                        [](const Array& x) { return ref::rms_norm(ref::permute(x, {1, 0}), nullptr, 1e-6); }));
+  {  // a transposed table and strided ids: [[1, 2], [3, 0]]
+    Rng r(hash_name("embedding_of_transposed_table_strided_ids"));
+    t.push_back(two_input_case(
+        "embedding_of_transposed_table_strided_ids", floating("table", {3, 4}, r.uniform_vector(12, -1, 1)),
+        index_input("ids", {2, 2}, {1, 3, 2, 0}),
+        [](const Tensor& table, const Tensor& ids) { return embedding(table.transpose(0, 1), ids.transpose(0, 1)); },
+        [](const Array& table, const Array& ids) {
+          return ref::embedding(ref::permute(table, {1, 0}), ref::permute(ids, {1, 0}));
+        }));
+  }
+  t.push_back(cross_entropy_case("smoothing_1", {4, 5}, {1, 0, 4, 2}, 1.0, -100));  // the uniform term alone
+  {  // transposed logits [3, 5] and strided targets [0, 4, 2]
+    Rng r(hash_name("cross_entropy_transposed_logits_strided_targets"));
+    t.push_back(two_input_case(
+        "cross_entropy_transposed_logits_strided_targets", floating("logits", {5, 3}, r.uniform_vector(15, -2, 2)),
+        index_input("targets", {6}, {0, 9, 4, 9, 2, 9}),
+        [](const Tensor& x, const Tensor& targets) { return cross_entropy(x.transpose(0, 1), targets.slice(0, 0, 6, 2), 0.1); },
+        [](const Array& x, const Array& targets) {
+          return ref::cross_entropy(ref::permute(x, {1, 0}), ref::slice(targets, 0, 0, 6, 2), 0.1, -100);
+        }));
+  }
+  t.push_back(concat_case({{2, 3}, {2, 2}}, -1));
+  {  // one input used twice
+    Rng r(hash_name("concat_repeated_input_axis0"));
+    t.push_back(two_input_case(
+        "concat_repeated_input_axis0", floating("x0", {2, 3}, r.uniform_vector(6, -2, 2)),
+        floating("x1", {1, 3}, r.uniform_vector(3, -2, 2)),
+        [](const Tensor& a, const Tensor& b) { return concat({a, b, a}, 0); },
+        [](const Array& a, const Array& b) { return ref::concat({a, b, a}, 0); }));
+  }
+  {  // a transposed input and an empty part
+    Rng r(hash_name("concat_transposed_with_empty_part"));
+    t.push_back(two_input_case(
+        "concat_transposed_with_empty_part", floating("x", {2, 3, 4}, r.uniform_vector(24, -2, 2)),
+        constant("empty", {4, 0, 2}, {}),
+        [](const Tensor& x, const Tensor& empty) { return concat({x.transpose(0, 2), empty, x.transpose(0, 2)}, 1); },
+        [](const Array& x, const Array& empty) {
+          Array xt = ref::permute(x, {2, 1, 0});
+          return ref::concat({xt, empty, xt}, 1);
+        }));
+  }
+  t.push_back(view_case("split_mul_tanh_concat", {3, 5},
+                        [](const Tensor& x) {
+                          TensorList p = split(x, {1, 3, 1}, 1);
+                          return concat({mul(p[2], p[0]), p[1].tanh()}, 1);
+                        },
+                        [](const Array& x) {
+                          std::vector<Array> p = ref::split(x, {1, 3, 1}, 1);
+                          return ref::concat({ref::binary(p[2], p[0], [](double u, double v) { return u * v; }),
+                                              ref::map(p[1], [](double v) { return std::tanh(v); })},
+                                             1);
+                        }));
+  t.push_back(split_case({4, 6, 2}, {3, 0, 3}, 1));  // an empty part
+}
 
 std::vector<OpCase> build_table() {
   std::vector<OpCase> t;
@@ -682,6 +772,7 @@ std::vector<OpCase> build_table() {
   for (auto& c : conv_pool_norm_einsum_rows()) t.push_back(std::move(c));
   add_attention_rows(t);  // issue 14
   add_wide_row_cases(t);  // issue 14
+  add_row_kernel_cases(t);
   return t;
 }
 

@@ -1,7 +1,9 @@
 // Focused tests of the row kernels (softmax, log-softmax, layer norm, RMS norm), the indexing
-// kernels (embedding, cross entropy, dropout) and concat/split: values against straightforward
-// double-precision reference loops (f32 and f64), gradients against central finite differences
-// (f64), validation messages, and thread-count independence of the reductions and masks.
+// kernels (embedding, cross entropy, dropout) and concat/split, for what the table-driven op
+// harness (test_ops.cpp) does not check: shapes large enough for the parallel paths, the
+// thread-count independence of reductions and masks, exact zeros and exact copies, the
+// parameter-only backward, the RNG use of dropout, and the validation messages. Values and
+// gradients on small shapes, other axes and strided operands are rows of the harness.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,14 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "op_reference.h"
 #include "remat/backend.h"
 #include "remat/ops.h"
 
 using namespace remat;
+namespace ref = remat::test::ref;
+using remat::test::Array;
 
 namespace {
-
-using Fn = std::function<Tensor(const TensorList&)>;
 
 Tensor random(const Shape& shape, DType dtype, uint64_t seed, double scale = 1.0) {
   return randn(shape, dtype, RngState{seed, 0}, 0.0, scale);
@@ -53,71 +56,8 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
   ADD_FAILURE() << "no remat::Error thrown";
 }
 
-// Compares d(sum(f(inputs) * R))/d inputs with central finite differences (f64 inputs).
-void check_gradients(const Fn& f, TensorList inputs, double tol = 1e-6) {
-  for (auto& t : inputs) t.requires_grad_();
-  Tensor out = f(inputs);
-  Tensor weights = random(out.shape(), DType::f64, 991);
-  Tensor loss = sum(mul(out, weights));
-  TensorList grads = remat::grad({loss}, inputs);
-  ASSERT_EQ(grads.size(), inputs.size());
-  NoGradGuard no_grad;
-  const double h = 1e-6;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    ASSERT_TRUE(inputs[i].is_contiguous());
-    ASSERT_TRUE(grads[i].defined()) << "input " << i;
-    ASSERT_EQ(grads[i].shape(), inputs[i].shape());
-    std::vector<double> analytic = grads[i].to_vector();
-    double* p = inputs[i].data<double>();
-    for (int64_t k = 0; k < inputs[i].numel(); ++k) {
-      const double original = p[k];
-      p[k] = original + h;
-      const double plus = sum(mul(f(inputs), weights)).item();
-      p[k] = original - h;
-      const double minus = sum(mul(f(inputs), weights)).item();
-      p[k] = original;
-      const double numeric = (plus - minus) / (2 * h);
-      ASSERT_NEAR(analytic[k], numeric, tol * (1 + std::abs(numeric))) << "input " << i << " element " << k;
-    }
-  }
-}
-
-// ---- references (double precision, row-major [rows, cols])
-
-std::vector<double> ref_softmax(const std::vector<double>& x, int64_t rows, int64_t cols, bool log) {
-  std::vector<double> y(x.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    double m = -INFINITY;
-    for (int64_t c = 0; c < cols; ++c) m = std::max(m, x[r * cols + c]);
-    double s = 0;
-    for (int64_t c = 0; c < cols; ++c) s += std::exp(x[r * cols + c] - m);
-    for (int64_t c = 0; c < cols; ++c)
-      y[r * cols + c] = log ? x[r * cols + c] - m - std::log(s) : std::exp(x[r * cols + c] - m) / s;
-  }
-  return y;
-}
-
-std::vector<double> ref_layer_norm(const std::vector<double>& x, const std::vector<double>* w,
-                                   const std::vector<double>* b, int64_t rows, int64_t cols, double eps, bool rms) {
-  std::vector<double> y(x.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    double mean = 0, var = 0;
-    if (!rms) {
-      for (int64_t c = 0; c < cols; ++c) mean += x[r * cols + c];
-      mean /= cols;
-    }
-    for (int64_t c = 0; c < cols; ++c) var += (x[r * cols + c] - mean) * (x[r * cols + c] - mean);
-    var /= cols;
-    const double rstd = 1 / std::sqrt(var + eps);
-    for (int64_t c = 0; c < cols; ++c) {
-      double v = (x[r * cols + c] - mean) * rstd;
-      if (w) v *= (*w)[c];
-      if (b) v += (*b)[c];
-      y[r * cols + c] = v;
-    }
-  }
-  return y;
-}
+// The float64 reference of `x` (any dtype) as a plain array.
+Array array_of(const Tensor& x) { return {x.shape(), x.to_vector()}; }
 
 class RowsDtype : public ::testing::TestWithParam<DType> {};
 
@@ -125,59 +65,24 @@ class RowsDtype : public ::testing::TestWithParam<DType> {};
 
 // ---------------------------------------------------------------- softmax
 
-TEST_P(RowsDtype, SoftmaxAndLogSoftmaxLastAxis) {
+// Shapes large enough for the parallel row loops (the harness rows are small).
+TEST_P(RowsDtype, SoftmaxAndLogSoftmaxLargeRows) {
   const DType dt = GetParam();
-  for (Shape shape : {Shape{5, 7}, Shape{2, 3, 33}, Shape{300, 200}, Shape{11}}) {
-    Tensor x = random(shape, dt, 1, 3.0);
-    const int64_t cols = shape.back(), rows = x.numel() / cols;
-    auto xv = x.to_vector();
-    expect_close(softmax(x).to_vector(), ref_softmax(xv, rows, cols, false), tol_for(dt), tol_for(dt) * 1e-2,
-                 "softmax " + shape_str(shape));
-    expect_close(log_softmax(x).to_vector(), ref_softmax(xv, rows, cols, true), tol_for(dt), tol_for(dt),
-                 "log_softmax " + shape_str(shape));
-  }
+  Tensor x = random({300, 200}, dt, 1, 3.0);
+  const Array xa = array_of(x);
+  expect_close(softmax(x).to_vector(), ref::softmax(xa, -1, false).v, tol_for(dt), tol_for(dt) * 1e-2, "softmax");
+  expect_close(log_softmax(x).to_vector(), ref::softmax(xa, -1, true).v, tol_for(dt), tol_for(dt), "log_softmax");
 }
 
 TEST_P(RowsDtype, SoftmaxIsStableForLargeLogits) {
   const DType dt = GetParam();
   Tensor x = from_vector(std::vector<double>{1000, 1001, 1002, -1000, -1001, -1002}, {2, 3}, dt);
-  auto xv = x.to_vector();
+  const Array xa = array_of(x);
   auto y = softmax(x).to_vector();
   auto ly = log_softmax(x).to_vector();
   for (double v : y) EXPECT_TRUE(std::isfinite(v));
-  expect_close(y, ref_softmax(xv, 2, 3, false), tol_for(dt), 1e-7, "softmax large");
-  expect_close(ly, ref_softmax(xv, 2, 3, true), tol_for(dt), 1e-5, "log_softmax large");
-}
-
-TEST_P(RowsDtype, SoftmaxOverOtherAxes) {
-  const DType dt = GetParam();
-  Tensor x = random({3, 4, 5}, dt, 2, 2.0);
-  for (int64_t axis : {0, 1, -2}) {
-    int64_t a = axis < 0 ? axis + 3 : axis;
-    // reference: move the axis last by hand
-    Tensor moved = x.transpose(a, 2).contiguous();
-    const int64_t cols = moved.shape().back(), rows = moved.numel() / cols;
-    Tensor want = from_vector(ref_softmax(moved.to_vector(), rows, cols, false), moved.shape(), DType::f64).transpose(a, 2);
-    Tensor want_log =
-        from_vector(ref_softmax(moved.to_vector(), rows, cols, true), moved.shape(), DType::f64).transpose(a, 2);
-    Tensor y = softmax(x, axis);
-    EXPECT_EQ(y.shape(), x.shape());
-    expect_close(y.to_vector(), want.to_vector(), tol_for(dt), 1e-9, "softmax axis " + std::to_string(axis));
-    expect_close(log_softmax(x, axis).to_vector(), want_log.to_vector(), tol_for(dt), tol_for(dt),
-                 "log_softmax axis " + std::to_string(axis));
-  }
-}
-
-TEST(RowsSoftmax, Gradients) {
-  Tensor x = random({3, 4, 5}, DType::f64, 3);
-  check_gradients([](const TensorList& in) { return softmax(in[0]); }, {x.clone().detach()});
-  check_gradients([](const TensorList& in) { return softmax(in[0], 1); }, {x.clone().detach()});
-  check_gradients([](const TensorList& in) { return softmax(in[0], 0); }, {x.clone().detach()});
-  check_gradients([](const TensorList& in) { return log_softmax(in[0]); }, {x.clone().detach()});
-  check_gradients([](const TensorList& in) { return log_softmax(in[0], 1); }, {x.clone().detach()});
-  // a non-contiguous input and a non-contiguous incoming gradient
-  check_gradients([](const TensorList& in) { return softmax(in[0].transpose(0, 2)).transpose(0, 1); },
-                  {x.clone().detach()});
+  expect_close(y, ref::softmax(xa, -1, false).v, tol_for(dt), 1e-7, "softmax large");
+  expect_close(ly, ref::softmax(xa, -1, true).v, tol_for(dt), 1e-5, "log_softmax large");
 }
 
 TEST(RowsSoftmax, Validation) {
@@ -189,44 +94,24 @@ TEST(RowsSoftmax, Validation) {
 
 // ---------------------------------------------------------------- layer norm / rms norm
 
-TEST_P(RowsDtype, LayerNormForward) {
+// Many rows (the parallel path), with every combination of the optional parameters and two eps.
+TEST_P(RowsDtype, LayerNormAndRmsNormLargeRows) {
   const DType dt = GetParam();
-  for (Shape shape : {Shape{4, 9}, Shape{2, 3, 16}, Shape{300, 130}}) {
-    const int64_t cols = shape.back();
-    Tensor x = add_scalar(random(shape, dt, 4, 2.0), 0.5);
-    Tensor w = random({cols}, dt, 5), b = random({cols}, dt, 6);
-    auto xv = x.to_vector(), wv = w.to_vector(), bv = b.to_vector();
-    const int64_t rows = x.numel() / cols;
-    const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
-    expect_close(layer_norm(x, w, b, 1e-5).to_vector(), ref_layer_norm(xv, &wv, &bv, rows, cols, 1e-5, false), tol,
-                 tol, "layer_norm affine " + shape_str(shape));
-    expect_close(layer_norm(x, Tensor(), Tensor(), 1e-3).to_vector(),
-                 ref_layer_norm(xv, nullptr, nullptr, rows, cols, 1e-3, false), tol, tol, "layer_norm plain");
-    expect_close(layer_norm(x, w, Tensor()).to_vector(), ref_layer_norm(xv, &wv, nullptr, rows, cols, 1e-5, false),
-                 tol, tol, "layer_norm weight only");
-    expect_close(layer_norm(x, Tensor(), b).to_vector(), ref_layer_norm(xv, nullptr, &bv, rows, cols, 1e-5, false),
-                 tol, tol, "layer_norm bias only");
-    expect_close(rms_norm(x, w, 1e-6).to_vector(), ref_layer_norm(xv, &wv, nullptr, rows, cols, 1e-6, true), tol, tol,
-                 "rms_norm affine " + shape_str(shape));
-    expect_close(rms_norm(x, Tensor(), 1e-2).to_vector(), ref_layer_norm(xv, nullptr, nullptr, rows, cols, 1e-2, true),
-                 tol, tol, "rms_norm plain");
-  }
-}
-
-TEST(RowsNorm, LayerNormGradients) {
-  Tensor x = add_scalar(random({3, 2, 6}, DType::f64, 7), 0.3);
-  Tensor w = random({6}, DType::f64, 8), b = random({6}, DType::f64, 9);
-  check_gradients([](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
-                  {x.clone().detach(), w.clone().detach(), b.clone().detach()});
-  check_gradients([](const TensorList& in) { return layer_norm(in[0], Tensor(), Tensor(), 1e-5); }, {x.clone().detach()});
-  check_gradients([](const TensorList& in) { return layer_norm(in[0], in[1], Tensor(), 1e-5); },
-                  {x.clone().detach(), w.clone().detach()});
-  check_gradients([](const TensorList& in) { return layer_norm(in[0], Tensor(), in[1], 1e-5); },
-                  {x.clone().detach(), b.clone().detach()});
-  // many rows: the parameter gradients go through several fixed row blocks
-  Tensor big = random({70, 5}, DType::f64, 10);
-  check_gradients([](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
-                  {big, random({5}, DType::f64, 11), random({5}, DType::f64, 12)});
+  const Shape shape{300, 130};
+  Tensor x = add_scalar(random(shape, dt, 4, 2.0), 0.5);
+  Tensor w = random({130}, dt, 5), b = random({130}, dt, 6);
+  const Array xa = array_of(x), wa = array_of(w), ba = array_of(b);
+  const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+  expect_close(layer_norm(x, w, b, 1e-5).to_vector(), ref::layer_norm(xa, &wa, &ba, 1e-5).v, tol, tol,
+               "layer_norm affine");
+  expect_close(layer_norm(x, Tensor(), Tensor(), 1e-3).to_vector(), ref::layer_norm(xa, nullptr, nullptr, 1e-3).v, tol,
+               tol, "layer_norm plain");
+  expect_close(layer_norm(x, w, Tensor()).to_vector(), ref::layer_norm(xa, &wa, nullptr, 1e-5).v, tol, tol,
+               "layer_norm weight only");
+  expect_close(layer_norm(x, Tensor(), b).to_vector(), ref::layer_norm(xa, nullptr, &ba, 1e-5).v, tol, tol,
+               "layer_norm bias only");
+  expect_close(rms_norm(x, w, 1e-6).to_vector(), ref::rms_norm(xa, &wa, 1e-6).v, tol, tol, "rms_norm affine");
+  expect_close(rms_norm(x, Tensor(), 1e-2).to_vector(), ref::rms_norm(xa, nullptr, 1e-2).v, tol, tol, "rms_norm plain");
 }
 
 TEST(RowsNorm, LayerNormOnlyParameterGradients) {
@@ -236,22 +121,13 @@ TEST(RowsNorm, LayerNormOnlyParameterGradients) {
   Tensor y = layer_norm(x, w, b);
   Tensor gy = random({40, 8}, DType::f64, 16);
   TensorList g = remat::grad({y}, {w, b}, {gy});
-  auto xhat = ref_layer_norm(x.to_vector(), nullptr, nullptr, 40, 8, 1e-5, false);
+  auto xhat = ref::layer_norm(array_of(x), nullptr, nullptr, 1e-5).v;
   auto gyv = gy.to_vector();
   std::vector<double> gw(8, 0), gb(8, 0);
   for (int r = 0; r < 40; ++r)
     for (int c = 0; c < 8; ++c) gw[c] += gyv[r * 8 + c] * xhat[r * 8 + c], gb[c] += gyv[r * 8 + c];
   expect_close(g[0].to_vector(), gw, 1e-10, 1e-10, "gweight");
   expect_close(g[1].to_vector(), gb, 1e-10, 1e-10, "gbias");
-}
-
-TEST(RowsNorm, RmsNormGradients) {
-  Tensor x = random({4, 7}, DType::f64, 17);
-  Tensor w = random({7}, DType::f64, 18);
-  check_gradients([](const TensorList& in) { return rms_norm(in[0], in[1], 1e-6); }, {x.clone().detach(), w});
-  check_gradients([](const TensorList& in) { return rms_norm(in[0], Tensor(), 1e-6); }, {x.clone().detach()});
-  check_gradients([](const TensorList& in) { return rms_norm(in[0].transpose(0, 1), Tensor(), 1e-6); },
-                  {x.clone().detach()});
 }
 
 TEST(RowsNorm, ParameterGradientsDoNotDependOnThreadCount) {
@@ -282,39 +158,6 @@ TEST(RowsNorm, Validation) {
 }
 
 // ---------------------------------------------------------------- embedding
-
-TEST_P(RowsDtype, EmbeddingForwardAndBackward) {
-  const DType dt = GetParam();
-  Tensor table = random({5, 3}, dt, 23).requires_grad_();
-  Tensor ids = from_indices({4, 0, 4, 2, 1, 4}, {2, 3});
-  Tensor y = embedding(table, ids);
-  ASSERT_EQ(y.shape(), (Shape{2, 3, 3}));
-  auto tv = table.to_vector(), yv = y.to_vector();
-  const std::vector<int64_t> idv{4, 0, 4, 2, 1, 4};
-  for (int i = 0; i < 6; ++i)
-    for (int d = 0; d < 3; ++d) EXPECT_EQ(yv[i * 3 + d], tv[idv[i] * 3 + d]);
-  Tensor gy = random({2, 3, 3}, dt, 24);
-  Tensor g = remat::grad({y}, {table}, {gy})[0];
-  std::vector<double> want(15, 0.0);
-  auto gyv = gy.to_vector();
-  for (int i = 0; i < 6; ++i)
-    for (int d = 0; d < 3; ++d) want[idv[i] * 3 + d] += gyv[i * 3 + d];
-  expect_close(g.to_vector(), want, tol_for(dt), tol_for(dt), "embedding gradient");
-}
-
-TEST(RowsEmbedding, Gradient) {
-  Tensor ids = from_indices({1, 3, 1, 0}, {4});
-  check_gradients([ids](const TensorList& in) { return embedding(in[0], ids); }, {random({4, 3}, DType::f64, 25)});
-  // strided ids [2, 2] and a transposed table
-  Tensor ids2 = from_indices({1, 3, 2, 0}, {2, 2}).transpose(0, 1);  // [[1, 2], [3, 0]]
-  check_gradients([ids2](const TensorList& in) { return embedding(in[0].transpose(0, 1), ids2); },
-                  {random({3, 4}, DType::f64, 48)});
-  Tensor table = random({3, 4}, DType::f64, 49);
-  Tensor y = embedding(table.transpose(0, 1), ids2);
-  ASSERT_EQ(y.shape(), (Shape{2, 2, 3}));
-  EXPECT_EQ(y.at({0, 1, 2}), table.at({2, 2}));
-  EXPECT_EQ(y.at({1, 0, 1}), table.at({1, 3}));
-}
 
 TEST(RowsEmbedding, LargeScatterAddIsDeterministic) {
   // 4000 ids of dimension 64 into 37 rows: parallel path; compare with a serial reference and
@@ -354,56 +197,8 @@ TEST(RowsEmbedding, Validation) {
 
 // ---------------------------------------------------------------- cross entropy
 
-namespace {
-double ref_cross_entropy(const std::vector<double>& x, const std::vector<int64_t>& t, int64_t n, int64_t c, double eps,
-                         int64_t ignore) {
-  auto lp = ref_softmax(x, n, c, true);
-  double total = 0;
-  int64_t count = 0;
-  for (int64_t r = 0; r < n; ++r) {
-    if (t[r] == ignore) continue;
-    double smooth = 0;
-    for (int64_t k = 0; k < c; ++k) smooth -= lp[r * c + k];
-    total += (1 - eps) * -lp[r * c + t[r]] + eps * smooth / c;
-    ++count;
-  }
-  return count ? total / count : 0.0;
-}
-}  // namespace
-
-TEST_P(RowsDtype, CrossEntropyForward) {
-  const DType dt = GetParam();
-  Tensor logits = random({6, 5}, dt, 28, 2.0);
-  std::vector<int64_t> tv{0, 4, -100, 2, 3, 1};
-  Tensor targets = from_indices(tv, {6});
-  auto xv = logits.to_vector();
-  for (double eps : {0.0, 0.1, 1.0}) {
-    double want = ref_cross_entropy(xv, tv, 6, 5, eps, -100);
-    Tensor loss = cross_entropy(logits, targets, eps);
-    EXPECT_EQ(loss.dim(), 0);
-    EXPECT_NEAR(loss.item(), want, tol_for(dt) * (1 + std::abs(want))) << "eps " << eps;
-  }
-  // custom ignore index
-  std::vector<int64_t> tv2{0, 4, 3, 2, 3, 1};
-  EXPECT_NEAR(cross_entropy(logits, from_indices(tv2, {6}), 0.0, 3).item(), ref_cross_entropy(xv, tv2, 6, 5, 0.0, 3),
-              tol_for(dt) * 10);
-  // strided targets and logits
-  Tensor strided = from_indices({0, 9, 4, 9, 2, 9}, {6}).slice(0, 0, 6, 2);  // [0, 4, 2]
-  Tensor lt = random({5, 3}, dt, 47).transpose(0, 1);                        // [3, 5], not contiguous
-  EXPECT_NEAR(cross_entropy(lt, strided, 0.1).item(),
-              ref_cross_entropy(lt.to_vector(), {0, 4, 2}, 3, 5, 0.1, -100), tol_for(dt) * 10);
-}
-
-TEST(RowsCrossEntropy, Gradient) {
+TEST(RowsCrossEntropy, IgnoredRowsGetExactlyZeroGradient) {
   Tensor targets = from_indices({0, 4, -100, 2, 3}, {5});
-  check_gradients([targets](const TensorList& in) { return cross_entropy(in[0], targets); },
-                  {random({5, 5}, DType::f64, 29)});
-  check_gradients([targets](const TensorList& in) { return cross_entropy(in[0], targets, 0.2); },
-                  {random({5, 5}, DType::f64, 30)});
-  Tensor t2 = from_indices({1, 1, 0}, {3});
-  check_gradients([t2](const TensorList& in) { return cross_entropy(in[0], t2, 0.1, 1); },
-                  {random({3, 4}, DType::f64, 31)});
-  // ignored rows get exactly zero gradient
   Tensor x = random({5, 5}, DType::f64, 32).requires_grad_();
   Tensor g = remat::grad({cross_entropy(x, targets, 0.3)}, {x})[0];
   for (int c = 0; c < 5; ++c) EXPECT_EQ(g.at({2, c}), 0.0);
@@ -432,7 +227,9 @@ TEST(RowsCrossEntropy, Validation) {
 
 // ---------------------------------------------------------------- dropout
 
-TEST_P(RowsDtype, DropoutMaskScaleAndReplay) {
+// The mask's values are a harness row (dropout_*); here: replay, the drop rate, another state, and
+// the probabilities 0 and 1.
+TEST_P(RowsDtype, DropoutReplayRateAndEdgeProbabilities) {
   const DType dt = GetParam();
   Tensor x = add_scalar(random({64, 33}, dt, 34), 5.0);  // no zeros in x
   const double p = 0.3;
@@ -441,15 +238,7 @@ TEST_P(RowsDtype, DropoutMaskScaleAndReplay) {
   EXPECT_EQ(y1.to_vector(), y2.to_vector());
   auto xv = x.to_vector(), yv = y1.to_vector();
   int64_t dropped = 0;
-  for (size_t i = 0; i < xv.size(); ++i) {
-    const bool keep = uniform_float(philox_word(state, i)) >= p;
-    if (keep) {
-      EXPECT_NEAR(yv[i], xv[i] / (1 - p), tol_for(dt) * std::abs(xv[i] / (1 - p)));
-    } else {
-      EXPECT_EQ(yv[i], 0.0);
-      ++dropped;
-    }
-  }
+  for (double v : yv) dropped += v == 0.0;
   const double rate = static_cast<double>(dropped) / static_cast<double>(xv.size());
   EXPECT_NEAR(rate, p, 0.05);
   // another state gives another mask
@@ -496,10 +285,8 @@ TEST(RowsDropout, MaskDoesNotDependOnThreadCount) {
 }
 
 TEST(RowsDropout, GradientRegeneratesTheMask) {
+  // the backward keeps nothing but the RNG state, and applies the same mask and scale
   RngState state{5, 0};
-  check_gradients([state](const TensorList& in) { return dropout(in[0], 0.25, state); },
-                  {random({4, 6}, DType::f64, 36)});
-  // the backward keeps nothing but the RNG state
   Tensor x = random({4, 6}, DType::f64, 37).requires_grad_();
   Tensor y = dropout(x, 0.5, state);
   EXPECT_EQ(y.grad_fn()->saved_bytes(), 0u);
@@ -518,7 +305,8 @@ TEST(RowsDropout, Validation) {
 
 // ---------------------------------------------------------------- concat / split
 
-TEST_P(RowsDtype, ConcatAndSplitValues) {
+// Copies are exact (the harness compares within a tolerance).
+TEST_P(RowsDtype, ConcatAndSplitCopyExactly) {
   const DType dt = GetParam();
   Tensor a = random({2, 3, 4}, dt, 39), b = random({2, 1, 4}, dt, 40), c = random({2, 2, 4}, dt, 41);
   Tensor y = concat({a, b, c}, 1);
@@ -539,19 +327,6 @@ TEST_P(RowsDtype, ConcatAndSplitValues) {
   Tensor z = concat({t, Tensor::empty({4, 0, 2}, dt), t}, 1);
   ASSERT_EQ(z.shape(), (Shape{4, 6, 2}));
   EXPECT_EQ(split(z, {3, 0, 3}, 1)[2].to_vector(), t.to_vector());
-}
-
-TEST(RowsJoin, Gradients) {
-  check_gradients([](const TensorList& in) { return concat({in[0], in[1], in[0]}, 0); },
-                  {random({2, 3}, DType::f64, 42), random({1, 3}, DType::f64, 43)});
-  check_gradients([](const TensorList& in) { return concat({in[0], in[1]}, -1); },
-                  {random({2, 3}, DType::f64, 44), random({2, 2}, DType::f64, 45)});
-  check_gradients(
-      [](const TensorList& in) {
-        TensorList p = split(in[0], {1, 3, 1}, 1);
-        return concat({mul(p[2], p[0]), p[1].tanh()}, 1);
-      },
-      {random({3, 5}, DType::f64, 46)});
 }
 
 TEST(RowsJoin, Validation) {

@@ -1,5 +1,5 @@
-// tests/op_harness_conv.h - float64 plain-loop references for the ops of issue 17 (convolution,
-// pooling, batch normalisation, diagonal, general einsum), in the harness's ref namespace.
+// tests/op_reference_conv.h - float64 plain-loop references for the ops of issue 17 (convolution,
+// pooling, batch normalisation, diagonal, general einsum), in the ref namespace of op_reference.h.
 // Written from the definitions (each output element as a loop over its window or its indices),
 // independently of remat's kernels; the rows that use them are in tests/op_rows_conv.h.
 #pragma once
@@ -7,7 +7,8 @@
 #include <map>
 #include <string>
 
-#include "op_harness.h"
+#include "op_reference.h"
+#include "remat/ops.h"
 
 namespace remat::test::ref {
 
