@@ -62,4 +62,11 @@ struct EmulatedDevice {
   Device device;
 };
 
+// One emulated device registered for the whole test program (never unregistered: tensors made
+// on it may outlive any scope, e.g. in static tables).
+inline Device emulated_device() {
+  static EmulatedDevice* shared = new EmulatedDevice(0);
+  return shared->device;
+}
+
 }  // namespace remat::testing

@@ -16,6 +16,13 @@
 //
 // The gradient checker itself (check_gradient) takes the analytic gradient as data, so a test can
 // feed it a deliberately wrong one and assert that it reports the mismatch (see test_ops.cpp).
+//
+// The device axis: every check takes the Device the op runs on (inputs are made there, outputs
+// and gradients must come back there and are copied to the host to be compared). On a device
+// other than the CPU, check_matches_cpu also requires the forward values and the gradients to equal
+// the CPU's bit for bit, which holds for a backend that reuses the CPU kernels (the test-only
+// emulated device, tests/emulated_backend.h); a real accelerator runs the same rows against the
+// float64 references with the tolerances above.
 #pragma once
 
 #include <algorithm>
@@ -150,13 +157,13 @@ inline std::vector<Array> arrays_of(const Inputs& inputs) {
   return arrays;
 }
 
-inline TensorList tensors_of(const Inputs& inputs, DType dtype, bool with_grad) {
+inline TensorList tensors_of(const Inputs& inputs, DType dtype, bool with_grad, Device device = {}) {
   TensorList ts;
   for (const auto& in : inputs) {
     if (in.kind == Kind::index) {
-      ts.push_back(from_vector(in.values, in.shape, DType::i64));
+      ts.push_back(from_vector(in.values, in.shape, DType::i64, memory::Tag::other, device));
     } else {
-      Tensor t = from_vector(in.values, in.shape, dtype);
+      Tensor t = from_vector(in.values, in.shape, dtype, memory::Tag::other, device);
       if (with_grad && in.kind == Kind::floating) t.requires_grad_();
       ts.push_back(t);
     }
@@ -201,10 +208,10 @@ inline CheckResult compare_values(const std::vector<double>& got, const std::vec
 }
 
 // (a) forward value against the reference.
-inline CheckResult check_forward(const OpCase& c, DType dtype) {
+inline CheckResult check_forward(const OpCase& c, DType dtype, Device device = {}) {
   Inputs inputs = inputs_of(c);
   std::vector<Array> want = c.reference(arrays_of(inputs));
-  TensorList outs = c.apply(tensors_of(inputs, dtype, /*with_grad=*/false));
+  TensorList outs = c.apply(tensors_of(inputs, dtype, /*with_grad=*/false, device));
   CheckResult r;
   std::ostringstream out;
   if (outs.size() != want.size()) {
@@ -220,8 +227,14 @@ inline CheckResult check_forward(const OpCase& c, DType dtype) {
       out << what << ": shape " << shape_text(outs[k].shape()) << ", expected " << shape_text(want[k].shape) << "\n";
       continue;
     }
+    if (outs[k].device() != device) {
+      r.ok = false;
+      out << what << ": on " << device_name(outs[k].device()) << ", expected " << device_name(device) << "\n";
+      continue;
+    }
     DType precision = c.computes_in_f32 || dtype == DType::f32 ? DType::f32 : outs[k].dtype();
-    CheckResult e = compare_values(outs[k].to_vector(), want[k].v, want[k].shape, forward_tolerance(precision), what);
+    CheckResult e =
+        compare_values(outs[k].to(kCpu).to_vector(), want[k].v, want[k].shape, forward_tolerance(precision), what);
     if (!e.ok) r.ok = false;
     r.mismatches += e.mismatches;
     r.max_error = std::max(r.max_error, e.max_error);
@@ -280,9 +293,9 @@ inline CheckResult check_gradient(const std::function<double(const std::vector<s
 using GradFn = std::function<std::vector<std::vector<double>>(const OpCase&, DType, const Inputs&,
                                                               const std::vector<Array>& weights)>;
 
-inline std::vector<std::vector<double>> remat_gradient(const OpCase& c, DType dtype, const Inputs& inputs,
-                                                       const std::vector<Array>& weights) {
-  TensorList ts = tensors_of(inputs, dtype, /*with_grad=*/true);
+inline std::vector<std::vector<double>> remat_gradient_on(Device device, const OpCase& c, DType dtype,
+                                                          const Inputs& inputs, const std::vector<Array>& weights) {
+  TensorList ts = tensors_of(inputs, dtype, /*with_grad=*/true, device);
   TensorList outs = c.apply(ts);
   if (outs.size() != weights.size())
     throw std::runtime_error(c.name + ": " + std::to_string(outs.size()) + " outputs, expected " +
@@ -294,7 +307,7 @@ inline std::vector<std::vector<double>> remat_gradient(const OpCase& c, DType dt
       throw std::runtime_error(c.name + ": output shape " + shape_text(outs[k].shape()) + ", expected " +
                                shape_text(weights[k].shape));
     roots.push_back(outs[k]);
-    grads.push_back(from_vector(weights[k].v, weights[k].shape, outs[k].dtype()));
+    grads.push_back(from_vector(weights[k].v, weights[k].shape, outs[k].dtype(), memory::Tag::other, device));
   }
   std::vector<std::vector<double>> result(inputs.size());
   if (roots.empty()) return result;
@@ -314,16 +327,26 @@ inline std::vector<std::vector<double>> remat_gradient(const OpCase& c, DType dt
     size_t i = wrt_index[w];
     Tensor g = ts[i].grad();
     if (!g.defined()) continue;
-    if (g.shape() != inputs[i].shape || g.dtype() != dtype)
+    if (g.shape() != inputs[i].shape || g.dtype() != dtype || g.device() != device)
       throw std::runtime_error(c.name + ": gradient of " + inputs[i].name + " has shape " + shape_text(g.shape()) +
-                               " and dtype " + dtype_name(g.dtype()) + ", expected " + shape_text(inputs[i].shape));
-    result[i] = g.to_vector();
-    auto other = via_grad[w].to_vector();
+                               ", dtype " + dtype_name(g.dtype()) + " and device " + device_name(g.device()) +
+                               ", expected " + shape_text(inputs[i].shape) + " on " + device_name(device));
+    result[i] = g.to(kCpu).to_vector();
+    auto other = via_grad[w].to(kCpu).to_vector();
     for (size_t j = 0; j < other.size(); ++j)
       if (std::abs(other[j] - result[i][j]) > 1e-12 * (1 + std::abs(result[i][j])))
         throw std::runtime_error(c.name + ": remat::grad and backward() disagree on " + inputs[i].name);
   }
   return result;
+}
+inline std::vector<std::vector<double>> remat_gradient(const OpCase& c, DType dtype, const Inputs& inputs,
+                                                       const std::vector<Array>& weights) {
+  return remat_gradient_on(kCpu, c, dtype, inputs, weights);
+}
+inline GradFn gradient_on(Device device) {
+  return [device](const OpCase& c, DType dtype, const Inputs& inputs, const std::vector<Array>& weights) {
+    return remat_gradient_on(device, c, dtype, inputs, weights);
+  };
 }
 
 // (b) the gradient check of one case in one dtype.
@@ -351,6 +374,42 @@ inline CheckResult check_case_gradient(const OpCase& c, DType dtype, const GradF
   std::vector<std::vector<double>> analytic = grad_fn(c, dtype, inputs, weights);
   bool f64 = dtype == DType::f64 && !c.computes_in_f32;
   return check_gradient(loss, x, wrt, analytic, f64 ? c.grad_tol_f64 : c.grad_tol_f32, names);
+}
+
+// (c) on a device other than the CPU whose kernels are the CPU's: forward values and gradients
+// bitwise equal to the CPU's.
+inline CheckResult check_matches_cpu(const OpCase& c, DType dtype, Device device) {
+  CheckResult r;
+  std::ostringstream out;
+  Inputs inputs = inputs_of(c);
+  TensorList on_cpu = c.apply(tensors_of(inputs, dtype, false));
+  TensorList on_device = c.apply(tensors_of(inputs, dtype, false, device));
+  if (on_cpu.size() != on_device.size()) {
+    r.ok = false;
+    out << c.name << ": " << on_device.size() << " outputs on " << device_name(device) << ", " << on_cpu.size()
+        << " on the CPU\n";
+  }
+  for (size_t k = 0; k < std::min(on_cpu.size(), on_device.size()); ++k) {
+    if (on_cpu[k].to_vector() != on_device[k].to(kCpu).to_vector()) {
+      r.ok = false;
+      ++r.mismatches;
+      out << c.name << " output " << k << " on " << device_name(device) << " differs from the CPU's\n";
+    }
+  }
+  if (c.differentiable) {
+    std::vector<Array> weights = loss_weights(c, c.reference(arrays_of(inputs)));
+    auto g_cpu = remat_gradient_on(kCpu, c, dtype, inputs, weights);
+    auto g_device = remat_gradient_on(device, c, dtype, inputs, weights);
+    for (size_t i = 0; i < g_cpu.size(); ++i)
+      if (g_cpu[i] != g_device[i]) {
+        r.ok = false;
+        ++r.mismatches;
+        out << c.name << ": the gradient of " << inputs[i].name << " on " << device_name(device)
+            << " differs from the CPU's\n";
+      }
+  }
+  r.message = out.str();
+  return r;
 }
 
 }  // namespace remat::test

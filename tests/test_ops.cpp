@@ -10,11 +10,13 @@
 #include <optional>
 #include <set>
 
+#include "emulated_backend.h"
 #include "op_harness.h"
 #include "op_rows_conv.h"  // issue 17: conv, pooling, batch_norm, diagonal, einsum
 
 using namespace remat;
 using namespace remat::test;
+using remat::testing::emulated_device;
 
 namespace {
 
@@ -767,6 +769,15 @@ std::vector<OpCase> build_table() {
                         },
                         [](const Array& x) { return ref::map(x, [](double v) { return v * v; }); }));
   t.back().computes_in_f32 = true;
+  // Tensor::to(Device): to the other device (the emulated one from the CPU, the CPU from it), an op
+  // there, and back; the gradient crosses both ways.
+  t.push_back(view_case("to_device_and_back_mul", {2, 3},
+                        [](const Tensor& x) {
+                          const Device other = x.device() == kCpu ? emulated_device() : kCpu;
+                          Tensor y = x.to(other);
+                          return mul(y, y).to(x.device());
+                        },
+                        [](const Array& x) { return ref::map(x, [](double v) { return v * v; }); }));
 
   // ---- issue 17: convolution, pooling, batch norm, diagonal, general einsum (op_rows_conv.h)
   for (auto& c : conv_pool_norm_einsum_rows()) t.push_back(std::move(c));
@@ -781,35 +792,44 @@ const std::vector<OpCase>& op_table() {
   return table;
 }
 
-class OpTest : public ::testing::TestWithParam<std::tuple<size_t, DType>> {
+// The device axis: 0 the CPU, 1 the test-only emulated device (emulated_backend.h). A new backend
+// adds its device here and runs every row.
+Device device_of_axis(int axis) { return axis == 0 ? kCpu : emulated_device(); }
+
+class OpTest : public ::testing::TestWithParam<std::tuple<size_t, DType, int>> {
  protected:
   const OpCase& op() const { return op_table()[std::get<0>(GetParam())]; }
   DType dtype() const { return std::get<1>(GetParam()); }
+  Device device() const { return device_of_axis(std::get<2>(GetParam())); }
 };
 
-// One test per (row, dtype) runs both checks (one process per test under ctest: fewer, larger
-// tests keep the suite fast, also under sanitizers); each check reports on its own.
+// One test per (row, dtype, device) runs the checks (one process per test under ctest: fewer,
+// larger tests keep the suite fast, also under sanitizers); each check reports on its own.
 TEST_P(OpTest, ForwardAndGradient) {
-  CheckResult f = check_forward(op(), dtype());
-  EXPECT_TRUE(f.ok) << op().name << " [" << dtype_name(dtype()) << "] forward differs from the reference:\n"
-                    << f.message;
+  const std::string where = " [" + std::string(dtype_name(dtype())) + ", " + device_name(device()) + "] ";
+  CheckResult f = check_forward(op(), dtype(), device());
+  EXPECT_TRUE(f.ok) << op().name << where << "forward differs from the reference:\n" << f.message;
+  if (device() != kCpu) {
+    CheckResult same = check_matches_cpu(op(), dtype(), device());
+    EXPECT_TRUE(same.ok) << same.message;
+  }
   if (!op().differentiable) {
     Inputs inputs = inputs_of(op());
-    TensorList outs = op().apply(tensors_of(inputs, dtype(), /*with_grad=*/true));
+    TensorList outs = op().apply(tensors_of(inputs, dtype(), /*with_grad=*/true, device()));
     for (const auto& out : outs) EXPECT_FALSE(out.requires_grad()) << op().name << " output should carry no gradient";
     return;
   }
-  CheckResult g = check_case_gradient(op(), dtype());
-  EXPECT_TRUE(g.ok) << op().name << " [" << dtype_name(dtype()) << "] gradient differs from finite differences:\n"
-                    << g.message;
+  CheckResult g = check_case_gradient(op(), dtype(), gradient_on(device()));
+  EXPECT_TRUE(g.ok) << op().name << where << "gradient differs from finite differences:\n" << g.message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTest,
                          ::testing::Combine(::testing::Range<size_t>(0, op_table().size()),
-                                            ::testing::Values(DType::f32, DType::f64)),
+                                            ::testing::Values(DType::f32, DType::f64), ::testing::Values(0, 1)),
                          [](const ::testing::TestParamInfo<OpTest::ParamType>& info) {
                            std::string name = op_table()[std::get<0>(info.param)].name + "_" +
                                               dtype_name(std::get<1>(info.param));
+                           if (std::get<2>(info.param) != 0) name += "_" + device_name(device_of_axis(std::get<2>(info.param)));
                            for (auto& ch : name)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return name;
