@@ -3,13 +3,12 @@
 #include "remat/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <cstring>
 #include <iomanip>
 #include <sstream>
-
-#include <atomic>
 
 #include "remat/backend.h"
 #include "tensor/allocate.h"
