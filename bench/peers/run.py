@@ -670,7 +670,9 @@ def main():
         stem = a.render[:-len(".json")]
         loss_failures = check_losses(results)
         env = saved["environment"]
-        plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {env['cpu']}, {a.threads} thread(s), {started:%Y-%m-%d}")
+        # a run stopped before its end wrote no machine block: the file still renders
+        cpu = env.get("cpu", "CPU not recorded (the run was stopped before the end)")
+        plot(stem + ".svg", results, models, f"remat vs PyTorch vs JAX, {cpu}, {a.threads} thread(s), {started:%Y-%m-%d}")
         write_markdown(stem + ".md", results, env, a, models, started, finished, loss_failures,
                        os.path.basename(stem) + ".svg", a.notes)
         return 1 if loss_failures else 0
