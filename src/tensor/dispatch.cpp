@@ -306,8 +306,11 @@ void copy_between_devices(const Tensor& src, const Tensor& dst) {
     return backend(dst.device()).copy(tmp, dst);
   }
   if (dst.device().type == DeviceType::cpu) {
-    // device -> host: the bytes of a contiguous copy, then the CPU converts and lays them out
+    // device -> host: the bytes of a contiguous copy, straight into dst when it has src's layout
+    // and dtype (Tensor::to(kCpu)); otherwise into a host buffer the CPU converts and lays out
     Tensor c = contiguous_on_device(src);
+    if (dst.is_contiguous() && dst.dtype() == c.dtype() && dst.shape() == c.shape())
+      return backend(src.device()).copy_to_host(c, dst.raw_data());
     Tensor host = detail::allocate_tensor("copy between devices", c.shape(), c.dtype(), memory::Tag::other, kCpu);
     backend(src.device()).copy_to_host(c, host.raw_data());
     return cpu_backend().copy(host, dst);
