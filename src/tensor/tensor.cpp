@@ -405,7 +405,9 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
   check_shape(shape, "from_vector");
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
               " values do not fill shape ", shape_str(shape));
-  Tensor t = detail::allocate_tensor("from_vector", shape, dtype, tag, kCpu);
+  // for another device, a host staging buffer (tagged `other`) that is copied there
+  const bool on_host = device.type == DeviceType::cpu;
+  Tensor t = detail::allocate_tensor("from_vector", shape, dtype, on_host ? tag : memory::Tag::other, kCpu);
   for (size_t i = 0; i < values.size(); ++i) {
     switch (dtype) {
       case DType::f32: t.data<float>()[i] = static_cast<float>(values[i]); break;
@@ -413,7 +415,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
       case DType::i64: t.data<int64_t>()[i] = static_cast<int64_t>(values[i]); break;
     }
   }
-  if (device.type == DeviceType::cpu) return t;
+  if (on_host) return t;
   return from_host("from_vector", t.raw_data(), shape, dtype, tag, device);
 }
 
