@@ -12,6 +12,7 @@
 // bitwise against save-all before anything is timed.
 //
 //   build/bench/bench_dynamic [--model mlp|gpt|heat|all] [--steps 3] [--offload-dir /tmp]
+//                             [--only offload|dynamic]   (save-all and that row family only)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -97,6 +98,8 @@ void row(const char* label, const Policy& policy, const Measure& m, const Measur
               m.equal ? "yes" : "NO");
 }
 
+std::string only_rows;  // --only: "" (every row), "offload" or "dynamic"
+
 void sweep(const Program& p, int steps, const std::string& offload_dir) {
   std::printf("\n== %s (%d threads) ==\n", p.name.c_str(), num_threads());
   std::printf("%-10s %-24s %14s %8s %10s %8s %9s %9s %8s %s\n", "", "policy", "peak saved B", "vs P", "step s", "vs T",
@@ -105,32 +108,34 @@ void sweep(const Program& p, int steps, const std::string& offload_dir) {
   const Measure all = measure(p, Policy::save_all(), reference, steps, 1);
   row("save-all", Policy::save_all(), all, all);
   Measure layer;
-  if (p.layers) {
+  if (p.layers && only_rows.empty()) {
     layer = measure(p, Policy::every_layer(), reference, steps, 1);
     row("layers", Policy::every_layer(), layer, all);
     p.fresh_planner();
     const Policy budget = Policy::budget(layer.peak_saved);
     row("rotor", budget, measure(p, budget, reference, steps, BudgetPlanner::kProfilingSteps + 1), all);
   }
-  // the smallest feasible budget, as a run at save-all's peak reports it
-  reset_counters();
-  run_grads(p, Policy::dynamic(all.peak_saved));
-  const size_t smallest = counters().dynamic.smallest_feasible_bytes;
-  std::vector<std::pair<std::string, size_t>> budgets;
-  for (double f : {1.0, 0.5, 0.25, 0.1})
-    budgets.push_back({"P x " + std::to_string(f).substr(0, 4), static_cast<size_t>(f * static_cast<double>(all.peak_saved))});
-  if (p.layers) budgets.push_back({"layers' pk", layer.peak_saved});
-  budgets.push_back({"smallest", smallest});
-  for (const auto& [label, bytes] : budgets) {
-    if (bytes < smallest) {
-      std::printf("%-10s %-24s below the smallest feasible budget (%zu)\n", label.c_str(),
-                  Policy::dynamic(std::max<size_t>(bytes, 1)).to_string().c_str(), smallest);
-      continue;
+  if (only_rows != "offload") {
+    // the smallest feasible budget, as a run at save-all's peak reports it
+    reset_counters();
+    run_grads(p, Policy::dynamic(all.peak_saved));
+    const size_t smallest = counters().dynamic.smallest_feasible_bytes;
+    std::vector<std::pair<std::string, size_t>> budgets;
+    for (double f : {1.0, 0.5, 0.25, 0.1})
+      budgets.push_back({"P x " + std::to_string(f).substr(0, 4), static_cast<size_t>(f * static_cast<double>(all.peak_saved))});
+    if (p.layers && only_rows.empty()) budgets.push_back({"layers' pk", layer.peak_saved});
+    budgets.push_back({"smallest", smallest});
+    for (const auto& [label, bytes] : budgets) {
+      if (bytes < smallest) {
+        std::printf("%-10s %-24s below the smallest feasible budget (%zu)\n", label.c_str(),
+                    Policy::dynamic(std::max<size_t>(bytes, 1)).to_string().c_str(), smallest);
+        continue;
+      }
+      const Policy policy = Policy::dynamic(bytes);
+      row(label.c_str(), policy, measure(p, policy, reference, steps, 1), all);
     }
-    const Policy policy = Policy::dynamic(bytes);
-    row(label.c_str(), policy, measure(p, policy, reference, steps, 1), all);
   }
-  if (!offload_dir.empty()) {
+  if (!offload_dir.empty() && only_rows != "dynamic") {
     const Policy offload = Policy::offload(offload_dir, size_t{64} << 10, all.peak_saved / 10);
     row("offload", offload, measure(p, offload, reference, steps, 1), all);
   }
@@ -154,6 +159,7 @@ int main(int argc, char** argv) try {
     else if (k == "--offload-dir") o.offload_dir = v;
     else if (k == "--cells") o.cells = std::atoll(v.c_str());
     else if (k == "--heat-steps") o.heat_steps = std::atoll(v.c_str());
+    else if (k == "--only" && (v == "offload" || v == "dynamic")) only_rows = v;
     else throw Error("bench_dynamic: unknown option " + k);
   }
   std::printf("bench_dynamic: P = save-all's peak of saved bytes, T = its step time; median of %d steps\n", o.steps);

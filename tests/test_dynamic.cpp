@@ -429,3 +429,125 @@ TEST(Offload, AFailedWriteIsAnErrorAndLosesNothing) {
   expect_same(again, reference, "after the failure");
   std::filesystem::remove_all(dir);
 }
+
+namespace {
+
+// The open descriptors of this process that point at a file under dir (an offload store's
+// nameless file shows as "dir/#inode (deleted)").
+size_t descriptors_under(const std::string& dir) {
+  size_t n = 0;
+  for (auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && target.rfind(dir + "/", 0) == 0) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST(Offload, AnEndedScopeKeepsItsNamelessFileForTheNext) {
+  const std::string dir = fresh_dir("pool");
+  release_offload_files();
+  Tensor weight = randn({48, 48}, DType::f32, RngState{3, 0}, 0.0, 0.15).requires_grad_();
+  Tensor x = randn({48, 48}, DType::f32, RngState{4, 0});
+  auto f = [&] {
+    Tensor h = x;
+    for (int i = 0; i < 10; ++i) h = tanh(matmul(h, weight));
+    return mean(h);
+  };
+  const TensorList reference = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::save_all()});
+  EXPECT_EQ(descriptors_under(dir), 0u);
+  for (int step = 0; step < 3; ++step) {
+    reset_counters();
+    TensorList got;
+    {
+      ScopedPolicy keep(Policy::save_all());
+      OffloadOptions options;
+      options.directory = dir;
+      options.threshold_bytes = 1024;
+      OffloadScope scope(options);
+      Tensor loss = f();
+      scope.wait_for_writes();  // every value on disk (in the file) before the backward pass
+      got = remat::grad(TensorList{loss}, {weight});
+    }
+    expect_same(got, reference, "step " + std::to_string(step));
+    EXPECT_EQ(counters().dynamic.bytes_offloaded, size_t{12} * 48 * 48 * 4);  // x, 10 outputs, weight
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << "the file has no name";
+    EXPECT_EQ(descriptors_under(dir), 1u) << "step " << step << ": one file, reused by every step";
+  }
+  release_offload_files();
+  EXPECT_EQ(descriptors_under(dir), 0u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Offload, AFullFileSystemIsAnErrorAndLosesNothing) {
+  // A real full disk where the test may mount one (root, as CI runs it); otherwise skipped, the
+  // injected failure above covering the same path.
+  const std::string dir = fresh_dir("tmpfs");
+  if (std::system(("mount -t tmpfs -o size=64k tmpfs " + dir + " 2>/dev/null").c_str()) != 0) {
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << "cannot mount a tmpfs here";
+  }
+  Tensor weight = randn({64, 64}, DType::f32, RngState{3, 0}, 0.0, 0.12).requires_grad_();
+  Tensor x = randn({64, 64}, DType::f32, RngState{4, 0});
+  auto f = [&] {
+    Tensor h = x;
+    for (int i = 0; i < 12; ++i) h = tanh(matmul(h, weight));  // 12 x 16 KiB: more than 64 KiB
+    return mean(h);
+  };
+  const TensorList reference = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::save_all()});
+  const size_t live_before = memory::stats().live_total;
+  bool failed = false;
+  try {
+    OffloadOptions options;
+    options.directory = dir;
+    options.threshold_bytes = 1024;
+    OffloadScope scope(options);
+    Tensor loss = f();
+    scope.wait_for_writes();
+    loss.backward();
+  } catch (const Error& e) {
+    failed = true;
+    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nothing was lost"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(failed);
+  EXPECT_FALSE(weight.grad().defined());
+  EXPECT_EQ(memory::stats().live_total, live_before);
+  release_offload_files();
+  EXPECT_EQ(descriptors_under(dir), 0u);
+  std::system(("umount " + dir).c_str());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Offload, AYieldedCoreChangesNoResult) {
+  // offload's thread gives a core to its I/O worker (detail::yield_core). oneDNN's sgemm splits
+  // k over threads for shapes like these, so its results depend on the thread count: GEMM and
+  // oneDNN convolutions keep every thread, and the rest of the kernels do not depend on it.
+  const int before = num_threads();
+  set_num_threads(2);
+  Tensor a = randn({8, 65536}, DType::f32, RngState{1, 0}), b = randn({65536, 8}, DType::f32, RngState{2, 0});
+  Tensor img = randn({4, 8, 20, 20}, DType::f32, RngState{3, 0}), k = randn({16, 8, 3, 3}, DType::f32, RngState{4, 0});
+  Tensor big = randn({1 << 20}, DType::f32, RngState{5, 0});
+  auto run = [&] {
+    TensorList out;
+    out.push_back(matmul(a, b));
+    out.push_back(matmul(b.transpose(0, 1), a.transpose(0, 1)));
+    for (ConvAlgorithm algorithm : {ConvAlgorithm::onednn_plain, ConvAlgorithm::onednn_blocked, ConvAlgorithm::im2col_gemm}) {
+      set_conv_algorithm(algorithm);
+      out.push_back(conv2d(img, k, Tensor(), {1, 1}, {1, 1}));
+    }
+    set_conv_algorithm(ConvAlgorithm::automatic);
+    out.push_back(sum(tanh(big)));
+    out.push_back(softmax(big.reshape({1024, 1024}), 1));
+    return out;
+  };
+  const TensorList full = run();
+  EXPECT_FALSE(detail::yield_core(true));
+  EXPECT_EQ(num_threads(), 2) << "num_threads() reports what was set, not the yielded count";
+  const TensorList yielded = run();
+  EXPECT_TRUE(detail::yield_core(false));
+  set_num_threads(before);
+  expect_same(yielded, full, "yielded core");
+}

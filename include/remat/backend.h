@@ -274,4 +274,16 @@ void copy_between_devices(const Tensor& src, const Tensor& dst);
 void set_num_threads(int threads);
 int num_threads();
 
+namespace detail {
+// While yield_core(true) holds on the calling thread, its parallel CPU kernels run on one thread
+// fewer than num_threads() (at least one), leaving a core to a helper thread (offload's I/O
+// worker) on a machine with no core to spare, so that the helper does not preempt one thread of
+// a parallel region and stall the whole region at its barrier. Only kernels whose results do not
+// depend on the thread count yield: GEMM and oneDNN convolutions, whose results do, keep
+// num_threads(). Returns the previous setting.
+bool yield_core(bool on);
+// Whether the process may run on fewer cores than num_threads() plus one helper thread.
+bool no_spare_core();
+}  // namespace detail
+
 }  // namespace remat

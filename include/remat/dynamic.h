@@ -38,14 +38,24 @@
 // captured (all of remat's ops, and CustomOp forwards that keep no state of their own, are).
 //
 // offload:DIR[,threshold=BYTES][,ram=BYTES]. Saved values of at least `threshold` bytes (default
-// 1 MiB) are written to files in a private folder under DIR by a background thread and dropped
-// from memory once written; smaller ones stay in memory. The backward pass reads them back; the
-// engine asks a few nodes ahead, so reads overlap computation. `ram` bounds the bytes of values
-// in flight (written or read but not yet dropped); the forward waits when it is reached (that
-// time is counted as stall). Files are removed as soon as their value is no longer needed and the
-// folder when the scope ends, on every exit path. A directory that cannot be written, or a write
-// that fails (a full disk), is a remat::Error at the next saved value or read, and nothing is
-// lost: a value whose write failed stays in memory.
+// 1 MiB) are written by a background thread to a file in DIR and dropped from memory once
+// written; smaller ones stay in memory. The backward pass reads them back; the engine asks a few
+// nodes ahead, so reads overlap computation. `ram` bounds the bytes of values in flight (written
+// or read but not yet dropped); the forward waits when it is reached (that time is counted as
+// stall). The file has no name (it is unlinked from the start), so the kernel removes it on every
+// exit path, a crash included, and DIR never shows it. A value's range of the file is reused as
+// soon as the value is no longer needed, and when the scope ends the file is kept, one per
+// directory, for the next scope (overwriting a file's pages is several times faster than writing
+// new ones); its size is the largest sum of offloaded bytes alive at once. release_offload_files()
+// closes the kept files and gives their disk space back. A directory that cannot be written, or
+// a write that fails (a full disk), is a remat::Error at the next saved value or read, and nothing
+// is lost: a value whose write failed stays in memory. Written values may stay in the kernel's
+// page cache until it writes them to disk: that memory is the kernel's to reclaim, and remat's
+// allocator counts only the values in flight. On a machine with no core to spare for the
+// writer thread (cores <= num_threads()), the scope's thread runs its parallel kernels on one
+// thread fewer from the first write to the end of the scope, so that the writer never preempts a
+// kernel's thread mid-region; GEMM and oneDNN convolutions keep every thread, so no result changes
+// (detail::yield_core in remat/backend.h).
 #pragma once
 
 #include <cstddef>
@@ -105,6 +115,9 @@ class OffloadScope {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// Closes the files that ended offload scopes kept for the next ones (see offload:DIR above).
+void release_offload_files();
 
 namespace detail {
 bool dynamic_running();  // a DynamicScope is alive on this thread

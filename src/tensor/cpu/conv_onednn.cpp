@@ -17,6 +17,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
+#include "tensor/cpu/cpu_backend.h"
+
 namespace remat::cpu {
 
 namespace {
@@ -68,7 +70,7 @@ struct Problem {
   bool blocked;
   std::vector<int64_t> key(Direction d) const {
     return {static_cast<int64_t>(d), n, c, h, w, o, kh, kw, oh, ow, g.stride_h, g.stride_w, g.pad_h, g.pad_w,
-            g.dilation_h, g.dilation_w, g.groups, bias, blocked, omp_get_max_threads()};
+            g.dilation_h, g.dilation_w, g.groups, bias, blocked, cpu_backend().num_threads()};
   }
   memory::dims strides() const { return {g.stride_h, g.stride_w}; }
   memory::dims dilates() const { return {g.dilation_h - 1, g.dilation_w - 1}; }
@@ -214,6 +216,7 @@ void run(const Entry& e, const Tensor& ta, int arg_a, const Tensor& tb, int arg_
 
 bool onednn_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g,
                            const Tensor& y, bool blocked) {
+  FullThreads full;  // oneDNN's results may depend on the thread count: built and run on all of them
   const Problem p = problem_of(x, w, y, g, bias.defined(), blocked);
   auto e = lookup(p, Direction::forward);
   if (!e->ok) return false;
@@ -223,6 +226,7 @@ bool onednn_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
 
 bool onednn_conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dGeometry& g, const Tensor& gx,
                                   bool blocked) {
+  FullThreads full;  // oneDNN's results may depend on the thread count: built and run on all of them
   const Problem p = problem_of(gx, w, gy, g, false, blocked);
   auto e = lookup(p, Direction::backward_data);
   if (!e->ok) return false;
@@ -233,6 +237,7 @@ bool onednn_conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2
 bool onednn_conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeometry& g, const Tensor& gw,
                                    const Tensor& gbias, bool blocked) {
   if (!gw.defined()) return false;  // the bias gradient alone: a plain reduction (im2col path)
+  FullThreads full;  // oneDNN's results may depend on the thread count: built and run on all of them
   const Problem p = problem_of(x, gw, gy, g, gbias.defined(), blocked);
   auto e = lookup(p, Direction::backward_weights);
   if (!e->ok) return false;

@@ -3,9 +3,13 @@
 #include "tensor/cpu/cpu_backend.h"
 
 #include <omp.h>
+#include <sched.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 namespace remat {
 
@@ -20,6 +24,31 @@ void set_num_threads(int threads) {
 }
 int num_threads() { return cpu_backend().num_threads(); }
 
+namespace detail {
+
+namespace {
+thread_local bool yielding = false;
+}
+
+bool yield_core(bool on) {
+  const bool before = yielding;
+  if (on == before) return before;
+  yielding = on;
+  const int full = num_threads();
+  omp_set_num_threads(on ? std::max(1, full - 1) : full);
+  return before;
+}
+
+bool no_spare_core() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                                  : static_cast<int>(std::thread::hardware_concurrency());
+  return num_threads() > 1 && cores > 0 && cores <= num_threads();
+}
+
+}  // namespace detail
+
 }  // namespace remat
 
 namespace remat::cpu {
@@ -27,11 +56,33 @@ namespace remat::cpu {
 
 void set_gemm_threads(int threads);  // gemm.cpp
 
+namespace {
+// What set_num_threads asked for (the OpenMP setting of a yielding thread is one less).
+std::atomic<int> configured_threads{0};
+}  // namespace
+
 void CpuBackend::set_num_threads(int threads) {
+  configured_threads = threads;
   omp_set_num_threads(threads);
   set_gemm_threads(threads);
 }
-int CpuBackend::num_threads() const { return omp_get_max_threads(); }
+int CpuBackend::num_threads() const {
+  const int n = configured_threads.load();
+  if (n > 0) return n;
+  static const int initial = omp_get_max_threads();  // first asked before any thread yields
+  return initial;
+}
+
+FullThreads::FullThreads() {
+  if (omp_in_parallel()) return;
+  const int full = cpu_backend().num_threads();
+  if (omp_get_max_threads() == full) return;
+  restore_ = omp_get_max_threads();
+  omp_set_num_threads(full);
+}
+FullThreads::~FullThreads() {
+  if (restore_ > 0) omp_set_num_threads(restore_);
+}
 
 Tensor contiguous_input(const Tensor& t) {
   if (!t.defined() || t.is_contiguous()) return t;

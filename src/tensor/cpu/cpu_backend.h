@@ -222,6 +222,20 @@ void for_row_ranges(int64_t rows, int64_t cols, Body&& body) {
   }
 }
 
+// For kernels whose results depend on the thread count (GEMM, oneDNN convolutions): runs them
+// on num_threads() even on a thread that yields a core (detail::yield_core), so that results do
+// not change. Does nothing inside a parallel region.
+class FullThreads {
+ public:
+  FullThreads();
+  ~FullThreads();
+  FullThreads(const FullThreads&) = delete;
+  FullThreads& operator=(const FullThreads&) = delete;
+
+ private:
+  int restore_ = 0;
+};
+
 // A contiguous tensor with the values of t (t itself when it already is contiguous). Kernels
 // are called with contiguous inputs; this only guards against a caller that forgets.
 Tensor contiguous_input(const Tensor& t);

@@ -53,6 +53,7 @@ template <class T>
 void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
               int64_t ldb, T beta, T* c, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
+    FullThreads full;  // oneDNN may split k over threads: its results depend on their number
     dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     REMAT_ASSERT(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status));
   } else {
