@@ -104,6 +104,22 @@ class SlotFile {
   const std::string& directory() const { return directory_; }
   size_t used() const { return used_; }
 
+  // Whether the scopes writing to this file yield a core to their writer (see OffloadStore::
+  // stop_yielding): tried both ways on the first scopes that write, then the faster kept, with
+  // the other tried again every kRetry scopes (the program may change). Results are the same
+  // either way; only the time differs.
+  bool choose_yield() {
+    ++scopes_;
+    if (runs_[0] < 2) return false;  // the first scope writes new pages: not a fair measurement
+    if (runs_[1] < 1) return true;
+    const bool faster = seconds_[1] < seconds_[0];
+    return scopes_ % kRetry == 0 ? !faster : faster;
+  }
+  void record(bool yielded, double seconds) {
+    seconds_[yielded] = seconds;
+    ++runs_[yielded];
+  }
+
   // The offset of a free range of at least `bytes` (the smallest that fits, else at the end).
   off_t take(size_t bytes) {
     const size_t size = round_up(bytes);
@@ -144,8 +160,12 @@ class SlotFile {
  private:
   static size_t round_up(size_t bytes) { return (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage; }
 
+  static constexpr int kRetry = 32;
+
   std::string directory_;
   int fd_ = -1;
+  int scopes_ = 0, runs_[2] = {0, 0};
+  double seconds_[2] = {0, 0};  // the last scope's wall time, without and with yielding
   size_t end_ = 0, used_ = 0;
   std::map<size_t, size_t> free_;  // offset -> bytes
 };
@@ -225,7 +245,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     REMAT_CHECK(fs::is_directory(options.directory, ec), "policy offload: '", options.directory,
                 "' is not a directory");
     file_ = take_file(options.directory);
-    may_yield_ = detail::no_spare_core();
+    may_yield_ = detail::no_spare_core() && file_->choose_yield();
     worker_ = std::thread([this] { work(); });
   }
 
@@ -318,8 +338,12 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   // The scope ends: its thread stops yielding a core, and no later job makes it yield again.
   void close_scope() {
     collect();
+    const bool yielded = yielding_;
     stop_yielding();
+    if (started_jobs_ && detail::no_spare_core())
+      file_->record(yielded, std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count());
     may_yield_ = false;
+    started_jobs_ = false;
   }
 
   // Notes finished jobs: drops the memory copies of written values.
@@ -387,6 +411,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       watched_.push_back(entry);
     }
     cv_.notify_all();
+    started_jobs_ = true;
     if (may_yield_ && !yielding_ && std::this_thread::get_id() == owner_) {
       detail::yield_core(true);
       yielding_ = true;
@@ -478,13 +503,17 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     }
   }
 
-  // On a machine with no spare core, the scope's thread runs its parallel kernels on one thread
-  // fewer from its first job to the end of the scope. Measured with bench_dynamic's heat solver
-  // (2 cores, 10 % of saved bytes resident, median of 7 steps): 1.50x save-all's step time with
-  // the worker preempting the kernels' threads (a preempted thread holds its whole parallel
-  // region at the barrier), 1.38-1.40x when yielding only while the worker had jobs (the
-  // switching left OpenMP's idle thread spinning against the worker) and 1.10-1.18x yielding to
-  // the end. Results do not change: kernels whose results depend on the thread count keep all
+  // On a machine with no spare core, the scope's thread may run its parallel kernels on one
+  // thread fewer from its first job to the end of the scope, leaving a core to the worker.
+  // Whether that pays depends on the program, so the store's file tries both (SlotFile::
+  // choose_yield). Measured on 2 cores: bench_dynamic's heat solver (memory-bound kernels that
+  // gain nothing from a second thread, 10 % of saved bytes resident) took 1.50x save-all's step
+  // time with the worker preempting the kernels' threads (a preempted thread holds its whole
+  // parallel region at the barrier) and 1.10-1.18x yielding; the default GPT of `remat train`
+  // (threshold 64 KiB), whose attention and row kernels do use both threads, 1.06-1.17x without
+  // yielding and 1.10-1.48x with. Yielding only while the worker had jobs was worse than either
+  // (1.38-1.40x on the heat solver: the switching left OpenMP's idle thread spinning against the
+  // worker). Results do not change: kernels whose results depend on the thread count keep all
   // threads (see detail::yield_core).
   void stop_yielding() {
     if (!yielding_) return;
@@ -499,7 +528,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   OffloadOptions options_;
   std::unique_ptr<SlotFile> file_;
   const std::thread::id owner_ = std::this_thread::get_id();  // the scope's thread
-  bool may_yield_ = false, yielding_ = false;                  // the scope's thread only
+  const std::chrono::steady_clock::time_point opened_ = std::chrono::steady_clock::now();
+  bool may_yield_ = false, yielding_ = false, started_jobs_ = false;  // the scope's thread only
   size_t in_flight_ = 0;  // the scope's thread only
   std::mutex mutex_;
   std::condition_variable cv_, done_cv_;
