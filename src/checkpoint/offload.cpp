@@ -104,21 +104,12 @@ class SlotFile {
   const std::string& directory() const { return directory_; }
   size_t used() const { return used_; }
 
-  // Whether the scopes writing to this file yield a core to their writer (see OffloadStore::
-  // stop_yielding): tried both ways on the first scopes that write, then the faster kept, with
-  // the other tried again every kRetry scopes (the program may change). Results are the same
-  // either way; only the time differs.
-  bool choose_yield() {
-    ++scopes_;
-    if (runs_[0] < 2) return false;  // the first scope writes new pages: not a fair measurement
-    if (runs_[1] < 1) return true;
-    const bool faster = seconds_[1] < seconds_[0];
-    return scopes_ % kRetry == 0 ? !faster : faster;
-  }
-  void record(bool yielded, double seconds) {
-    seconds_[yielded] = seconds;
-    ++runs_[yielded];
-  }
+  // Whether the next scope writing to this file yields a core to its writer (see OffloadStore::
+  // stop_yielding): when the worker was busy with I/O for at least kYieldBusy of the last
+  // scope's wall time (the first scope does not). Results are the same either way; only the
+  // time differs.
+  bool choose_yield() const { return last_busy_ >= kYieldBusy; }
+  void record(double busy_fraction) { last_busy_ = busy_fraction; }
 
   // The offset of a free range of at least `bytes` (the smallest that fits, else at the end).
   off_t take(size_t bytes) {
@@ -160,12 +151,11 @@ class SlotFile {
  private:
   static size_t round_up(size_t bytes) { return (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage; }
 
-  static constexpr int kRetry = 32;
+  static constexpr double kYieldBusy = 0.25;
 
   std::string directory_;
   int fd_ = -1;
-  int scopes_ = 0, runs_[2] = {0, 0};
-  double seconds_[2] = {0, 0};  // the last scope's wall time, without and with yielding
+  double last_busy_ = 0;  // the worker's I/O time over the wall time of the last scope that wrote
   size_t end_ = 0, used_ = 0;
   std::map<size_t, size_t> free_;  // offset -> bytes
 };
@@ -338,10 +328,11 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   // The scope ends: its thread stops yielding a core, and no later job makes it yield again.
   void close_scope() {
     collect();
-    const bool yielded = yielding_;
     stop_yielding();
-    if (started_jobs_ && detail::no_spare_core())
-      file_->record(yielded, std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count());
+    if (started_jobs_) {
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count();
+      if (wall > 0) file_->record(busy_seconds_.load() / wall);
+    }
     may_yield_ = false;
     started_jobs_ = false;
   }
@@ -485,8 +476,10 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       } else if (inject) {
         error = "No space left on device (injected for a test)";
       } else {
+        const auto io_start = std::chrono::steady_clock::now();
         ok = job.write ? write_all(file_->fd(), static_cast<const char*>(job.buffer.raw_data()), job.bytes, job.offset, error)
                        : read_all(file_->fd(), static_cast<char*>(job.buffer.raw_data()), job.bytes, job.offset, error);
+        busy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - io_start).count();
       }
       job.buffer = Tensor();
       lock.lock();
@@ -505,16 +498,20 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
 
   // On a machine with no spare core, the scope's thread may run its parallel kernels on one
   // thread fewer from its first job to the end of the scope, leaving a core to the worker.
-  // Whether that pays depends on the program, so the store's file tries both (SlotFile::
-  // choose_yield). Measured on 2 cores: bench_dynamic's heat solver (memory-bound kernels that
-  // gain nothing from a second thread, 10 % of saved bytes resident) took 1.50x save-all's step
-  // time with the worker preempting the kernels' threads (a preempted thread holds its whole
-  // parallel region at the barrier) and 1.10-1.18x yielding; the default GPT of `remat train`
-  // (threshold 64 KiB), whose attention and row kernels do use both threads, 1.06-1.17x without
-  // yielding and 1.10-1.48x with. Yielding only while the worker had jobs was worse than either
-  // (1.38-1.40x on the heat solver: the switching left OpenMP's idle thread spinning against the
-  // worker). Results do not change: kernels whose results depend on the thread count keep all
-  // threads (see detail::yield_core).
+  // Whether that pays depends on how much of the time the worker has I/O to do, so the decision
+  // follows the previous scope on the same file (SlotFile::choose_yield). Measured on 2 cores:
+  // - bench_dynamic's heat solver (memory-bound kernels that gain nothing from a second thread,
+  //   10 % of saved bytes resident): the worker is busy 32-41 % of a step; 1.6-2.1x save-all's
+  //   step time without yielding (a preempted thread holds its whole parallel region at the
+  //   barrier), 1.18-1.19x yielding (runs side by side, 01:10 UTC);
+  // - the default GPT of `remat train` (threshold 64 KiB): the worker is busy 12-17 % of a step;
+  //   its attention and row kernels do use both threads: 1.06-1.17x without yielding, 1.10-1.48x
+  //   with.
+  // Two rules were worse. Yielding only while the worker had jobs gave 1.38-1.40x on the heat
+  // solver: the switching left OpenMP's idle thread spinning against the worker. Choosing by
+  // trying both and keeping the faster was misled by the step-to-step noise of this machine.
+  // Results do not change: kernels whose results depend on the thread count keep all threads
+  // (see detail::yield_core).
   void stop_yielding() {
     if (!yielding_) return;
     detail::yield_core(false);
@@ -536,6 +533,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   std::deque<Job> jobs_;
   std::vector<std::weak_ptr<OffloadEntry>> watched_;
   size_t written_ = 0;
+  std::atomic<double> busy_seconds_{0};
   std::string pending_error_;
   bool stop_ = false;
   std::thread worker_;
