@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "module_models.h"
@@ -320,6 +321,28 @@ size_t files_under(const std::string& dir) {
   return n;
 }
 
+// Runs a step of f under an offload scope whose disk fills up: the step fails with a
+// remat::Error that says so and that nothing was lost, no gradient is written and every byte
+// the step allocated is back.
+void expect_full_disk_error(const OffloadOptions& options, const std::function<Tensor()>& f, const Tensor& weight,
+                            bool wait_for_writes) {
+  const size_t live_before = memory::stats().live_total;
+  bool failed = false;
+  try {
+    OffloadScope scope(options);
+    Tensor loss = f();
+    if (wait_for_writes) scope.wait_for_writes();
+    loss.backward();
+  } catch (const Error& e) {
+    failed = true;
+    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nothing was lost"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(failed);
+  EXPECT_FALSE(weight.grad().defined());
+  EXPECT_EQ(memory::stats().live_total, live_before);
+}
+
 }  // namespace
 
 TEST(Offload, RoundTripsBitwiseAndRemovesItsFiles) {
@@ -409,20 +432,7 @@ TEST(Offload, AFailedWriteIsAnErrorAndLosesNothing) {
   options.threshold_bytes = 1024;
   options.fail_after_bytes = 3 * 32 * 32 * sizeof(float);  // the disk is full after 3 values
   options.ram_bytes = 2 * 32 * 32 * sizeof(float);         // the forward waits for the writes
-  const size_t live_before = memory::stats().live_total;
-  bool failed = false;
-  try {
-    OffloadScope scope(options);
-    Tensor loss = f();
-    loss.backward();
-  } catch (const Error& e) {
-    failed = true;
-    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("nothing was lost"), std::string::npos) << e.what();
-  }
-  EXPECT_TRUE(failed);
-  EXPECT_FALSE(weight.grad().defined());
-  EXPECT_EQ(memory::stats().live_total, live_before);
+  expect_full_disk_error(options, f, weight, /*wait_for_writes=*/false);
   EXPECT_EQ(files_under(dir), 0u);
   // the program still works (under offload with a healthy disk, too)
   TensorList again = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::offload(dir, 1024)});
@@ -497,24 +507,10 @@ TEST(Offload, AFullFileSystemIsAnErrorAndLosesNothing) {
     return mean(h);
   };
   const TensorList reference = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::save_all()});
-  const size_t live_before = memory::stats().live_total;
-  bool failed = false;
-  try {
-    OffloadOptions options;
-    options.directory = dir;
-    options.threshold_bytes = 1024;
-    OffloadScope scope(options);
-    Tensor loss = f();
-    scope.wait_for_writes();
-    loss.backward();
-  } catch (const Error& e) {
-    failed = true;
-    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("nothing was lost"), std::string::npos) << e.what();
-  }
-  EXPECT_TRUE(failed);
-  EXPECT_FALSE(weight.grad().defined());
-  EXPECT_EQ(memory::stats().live_total, live_before);
+  OffloadOptions options;
+  options.directory = dir;
+  options.threshold_bytes = 1024;
+  expect_full_disk_error(options, f, weight, /*wait_for_writes=*/true);
   release_offload_files();
   EXPECT_EQ(descriptors_under(dir), 0u);
   std::system(("umount " + dir).c_str());
