@@ -271,6 +271,12 @@ uint64_t fallback_calls(Device device);
 void copy_between_devices(const Tensor& src, const Tensor& dst);
 
 // Threads used by CPU kernels (OpenMP and the GEMM library). Default: all cores.
+// Results can depend on the count: oneDNN's float32 GEMM splits the reduction over threads for
+// some shapes (small M and N with a long K, e.g. 8 x 8 x 65536 or 64 x 64 x 64), so its last bits
+// differ between 1 and 2 threads. remat's own kernels are written not to depend on it (tests
+// check the row kernels, attention, convolution, dropout and offload's core yield). Checkpointing is
+// unaffected (a recomputation runs at the same count), but runs compared bitwise should use the
+// same count.
 void set_num_threads(int threads);
 int num_threads();
 
