@@ -52,9 +52,10 @@
 // is lost: a value whose write failed stays in memory. Written values may stay in the kernel's
 // page cache until it writes them to disk: that memory is the kernel's to reclaim, and remat's
 // allocator counts only the values in flight. On a machine with no core to spare for the
-// writer thread (cores <= num_threads()), the scope's thread runs its parallel kernels on one
-// thread fewer from the first write to the end of the scope, so that the writer never preempts a
-// kernel's thread mid-region; GEMM and oneDNN convolutions keep every thread, so no result changes
+// writer thread (cores <= num_threads()), a scope whose previous scope on the same directory kept
+// the writer busy for at least a quarter of its time runs its parallel kernels on one thread
+// fewer, from its first write to its end, so that the writer does not preempt a kernel's thread
+// mid-region; GEMM and oneDNN convolutions keep every thread, so no result changes
 // (detail::yield_core in remat/backend.h).
 #pragma once
 
