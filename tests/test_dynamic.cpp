@@ -106,6 +106,16 @@ void expect_same(const TensorList& got, const TensorList& reference, const std::
   for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(bitwise_equal(got[i], reference[i])) << what << ": gradient " << i;
 }
 
+// mean(tanh(...tanh(tanh(x W) W)... W)) with n layers: a program whose saved values are x, the
+// n activations (each the next matmul's input) and the weight.
+std::function<Tensor()> tanh_chain(const Tensor& x, const Tensor& weight, int n) {
+  return [x, weight, n] {
+    Tensor h = x;
+    for (int i = 0; i < n; ++i) h = tanh(matmul(h, weight));
+    return mean(h);
+  };
+}
+
 }  // namespace
 
 // ---- saved-value hooks
@@ -240,11 +250,8 @@ TEST(Dynamic, AChainInASqrtBudgetRecomputesAndStaysWithin) {
   const int64_t b = 16, w = 32;
   Tensor weight = randn({w, w}, DType::f32, RngState{3, 0}, 0.0, 1.0 / std::sqrt(static_cast<double>(w))).requires_grad_();
   Tensor x = randn({b, w}, DType::f32, RngState{4, 0});
-  auto f = [&](const TensorList&) {
-    Tensor h = x;
-    for (int i = 0; i < n; ++i) h = tanh(matmul(h, weight));
-    return mean(h);
-  };
+  const auto chain = tanh_chain(x, weight, n);
+  auto f = [&](const TensorList&) { return chain(); };
   TensorList reference = remat::grad(f, {weight}, GradOptions{Policy::save_all()});
   const size_t activation = static_cast<size_t>(b * w) * sizeof(float);
   const size_t budget = 16 * activation;
@@ -370,11 +377,7 @@ TEST(Offload, PrefetchReadsAheadOfNeed) {
   const int n = 24;
   Tensor weight = randn({64, 64}, DType::f32, RngState{3, 0}, 0.0, 0.12).requires_grad_();
   Tensor x = randn({64, 64}, DType::f32, RngState{4, 0});
-  auto f = [&] {
-    Tensor h = x;
-    for (int i = 0; i < n; ++i) h = tanh(matmul(h, weight));
-    return mean(h);
-  };
+  const auto f = tanh_chain(x, weight, n);
   ScopedPolicy keep(Policy::save_all());
   TensorList reference = remat::grad(TensorList{f()}, {weight});
   reset_counters();
@@ -421,11 +424,7 @@ TEST(Offload, AFailedWriteIsAnErrorAndLosesNothing) {
   const std::string dir = fresh_dir("full");
   Tensor weight = randn({32, 32}, DType::f32, RngState{3, 0}, 0.0, 0.2).requires_grad_();
   Tensor x = randn({32, 32}, DType::f32, RngState{4, 0});
-  auto f = [&] {
-    Tensor h = x;
-    for (int i = 0; i < 12; ++i) h = tanh(matmul(h, weight));
-    return mean(h);
-  };
+  const auto f = tanh_chain(x, weight, 12);
   TensorList reference = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::save_all()});
   OffloadOptions options;
   options.directory = dir;
@@ -461,11 +460,7 @@ TEST(Offload, AnEndedScopeKeepsItsNamelessFileForTheNext) {
   release_offload_files();
   Tensor weight = randn({48, 48}, DType::f32, RngState{3, 0}, 0.0, 0.15).requires_grad_();
   Tensor x = randn({48, 48}, DType::f32, RngState{4, 0});
-  auto f = [&] {
-    Tensor h = x;
-    for (int i = 0; i < 10; ++i) h = tanh(matmul(h, weight));
-    return mean(h);
-  };
+  const auto f = tanh_chain(x, weight, 10);
   const TensorList reference = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::save_all()});
   EXPECT_EQ(descriptors_under(dir), 0u);
   for (int step = 0; step < 3; ++step) {
@@ -501,11 +496,7 @@ TEST(Offload, AFullFileSystemIsAnErrorAndLosesNothing) {
   }
   Tensor weight = randn({64, 64}, DType::f32, RngState{3, 0}, 0.0, 0.12).requires_grad_();
   Tensor x = randn({64, 64}, DType::f32, RngState{4, 0});
-  auto f = [&] {
-    Tensor h = x;
-    for (int i = 0; i < 12; ++i) h = tanh(matmul(h, weight));  // 12 x 16 KiB: more than 64 KiB
-    return mean(h);
-  };
+  const auto f = tanh_chain(x, weight, 12);  // 12 x 16 KiB: more than 64 KiB
   const TensorList reference = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::save_all()});
   OffloadOptions options;
   options.directory = dir;
