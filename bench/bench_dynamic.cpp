@@ -9,10 +9,13 @@
 // 1.0, 0.5, 0.25, 0.1 x P and at the smallest feasible budget (as reported by the run at P), and
 // (mlp, gpt) every-layer and budget:B at every-layer's peak; for heat also offload with 10% of P
 // in memory. Step time is the median of --steps steps after one warm-up; gradients are checked
-// bitwise against save-all before anything is timed.
+// bitwise against save-all before anything is timed. The offload row is timed against a second
+// save-all row (save-all') whose steps alternate with its own, so that the ratio of the two does
+// not take in a drift of the machine's speed between rows.
 //
 //   build/bench/bench_dynamic [--model mlp|gpt|heat|all] [--steps 3] [--offload-dir /tmp]
 //                             [--only offload|dynamic]   (save-all and that row family only)
+//                             [--fractions 1,0.5,0.25,0.1,min]   (the dynamic budgets; min: the smallest)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -60,30 +63,44 @@ TensorList run_grads(const Program& p, const Policy& policy) {
   return remat::grad([&](const TensorList&) { return p.loss(); }, p.params(), GradOptions{policy});
 }
 
-Measure measure(const Program& p, const Policy& policy, const TensorList& reference, int steps, int warmup) {
-  Measure m;
-  try {
-    std::vector<double> times;
-    for (int i = 0; i < warmup + steps; ++i) {
-      memory::reset_peaks();
-      reset_counters();
-      const size_t base = memory::live_bytes(memory::Tag::saved);
-      const auto t0 = std::chrono::steady_clock::now();
-      TensorList g = run_grads(p, policy);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (i == 0) m.equal = same(g, reference);
-      if (i < warmup) continue;
-      times.push_back(s);
-      m.peak_saved = std::max(m.peak_saved, memory::peak_bytes(memory::Tag::saved) - base);
-      m.dynamic = counters().dynamic;
+// Steps of the policies in turn (a, b, c, a, b, c, ...): each policy's Measure, with its median
+// step time. Taking them in turn keeps a drift of this machine's speed out of their ratios.
+std::vector<Measure> measure_in_turn(const Program& p, const std::vector<Policy>& policies, const TensorList& reference,
+                                     int steps, int warmup) {
+  std::vector<Measure> ms(policies.size());
+  std::vector<std::vector<double>> times(policies.size());
+  for (int i = 0; i < warmup + steps; ++i) {
+    for (size_t k = 0; k < policies.size(); ++k) {
+      Measure& m = ms[k];
+      if (!m.error.empty()) continue;
+      try {
+        memory::reset_peaks();
+        reset_counters();
+        const size_t base = memory::live_bytes(memory::Tag::saved);
+        const auto t0 = std::chrono::steady_clock::now();
+        TensorList g = run_grads(p, policies[k]);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (i == 0) m.equal = same(g, reference);
+        if (i < warmup) continue;
+        times[k].push_back(s);
+        m.peak_saved = std::max(m.peak_saved, memory::peak_bytes(memory::Tag::saved) - base);
+        m.dynamic = counters().dynamic;
+      } catch (const Error& e) {
+        m.error = e.what();
+      }
     }
-    std::sort(times.begin(), times.end());
-    m.seconds = times[times.size() / 2];
-    m.ok = true;
-  } catch (const Error& e) {
-    m.error = e.what();
   }
-  return m;
+  for (size_t k = 0; k < policies.size(); ++k) {
+    if (!ms[k].error.empty()) continue;
+    std::sort(times[k].begin(), times[k].end());
+    ms[k].seconds = times[k][times[k].size() / 2];
+    ms[k].ok = true;
+  }
+  return ms;
+}
+
+Measure measure(const Program& p, const Policy& policy, const TensorList& reference, int steps, int warmup) {
+  return measure_in_turn(p, {policy}, reference, steps, warmup)[0];
 }
 
 void row(const char* label, const Policy& policy, const Measure& m, const Measure& base) {
@@ -99,6 +116,8 @@ void row(const char* label, const Policy& policy, const Measure& m, const Measur
 }
 
 std::string only_rows;  // --only: "" (every row), "offload" or "dynamic"
+std::vector<double> fractions{1.0, 0.5, 0.25, 0.1};  // --fractions: the dynamic budgets, as fractions of P
+bool smallest_row = true;                            // --fractions without "min": no row at the smallest budget
 
 void sweep(const Program& p, int steps, const std::string& offload_dir) {
   std::printf("\n== %s (%d threads) ==\n", p.name.c_str(), num_threads());
@@ -121,10 +140,10 @@ void sweep(const Program& p, int steps, const std::string& offload_dir) {
     run_grads(p, Policy::dynamic(all.peak_saved));
     const size_t smallest = counters().dynamic.smallest_feasible_bytes;
     std::vector<std::pair<std::string, size_t>> budgets;
-    for (double f : {1.0, 0.5, 0.25, 0.1})
+    for (double f : fractions)
       budgets.push_back({"P x " + std::to_string(f).substr(0, 4), static_cast<size_t>(f * static_cast<double>(all.peak_saved))});
     if (p.layers && only_rows.empty()) budgets.push_back({"layers' pk", layer.peak_saved});
-    budgets.push_back({"smallest", smallest});
+    if (smallest_row) budgets.push_back({"smallest", smallest});
     for (const auto& [label, bytes] : budgets) {
       if (bytes < smallest) {
         std::printf("%-10s %-24s below the smallest feasible budget (%zu)\n", label.c_str(),
@@ -136,8 +155,11 @@ void sweep(const Program& p, int steps, const std::string& offload_dir) {
     }
   }
   if (!offload_dir.empty() && only_rows != "dynamic") {
+    // against save-all's steps taken in turn with its own (save-all's row above ran before)
     const Policy offload = Policy::offload(offload_dir, size_t{64} << 10, all.peak_saved / 10);
-    row("offload", offload, measure(p, offload, reference, steps, 1), all);
+    const std::vector<Measure> pair = measure_in_turn(p, {Policy::save_all(), offload}, reference, steps, 1);
+    row("save-all'", Policy::save_all(), pair[0], pair[0]);
+    row("offload", offload, pair[1], pair[0].ok ? pair[0] : all);
   }
 }
 
@@ -160,6 +182,18 @@ int main(int argc, char** argv) try {
     else if (k == "--cells") o.cells = std::atoll(v.c_str());
     else if (k == "--heat-steps") o.heat_steps = std::atoll(v.c_str());
     else if (k == "--only" && (v == "offload" || v == "dynamic")) only_rows = v;
+    else if (k == "--fractions") {
+      fractions.clear();
+      smallest_row = false;
+      for (size_t at = 0; at <= v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        const std::string item = v.substr(at, comma - at);
+        if (item == "min") smallest_row = true;
+        else if (double f = std::atof(item.c_str()); f > 0 && f <= 1) fractions.push_back(f);
+        else throw Error("bench_dynamic: --fractions takes fractions in (0, 1] and min, comma-separated; not '" + item + "'");
+        at = comma + 1;
+      }
+    }
     else throw Error("bench_dynamic: unknown option " + k);
   }
   std::printf("bench_dynamic: P = save-all's peak of saved bytes, T = its step time; median of %d steps\n", o.steps);
@@ -201,7 +235,7 @@ int main(int argc, char** argv) try {
               [model] { return model->parameters(); },
               true,
               [model] { return model->planner(); }};
-    sweep(p, o.steps, "");
+    sweep(p, o.steps, o.offload_dir);
   }
   if (o.model == "heat" || o.model == "all") {
     // u_{t+1} = u_t + r * d/dx (k(u) du/dx), k(u) = 1 + u^2 / 2, on a periodic rod (plain ops)

@@ -486,6 +486,114 @@ TEST(Offload, AnEndedScopeKeepsItsNamelessFileForTheNext) {
   std::filesystem::remove_all(dir);
 }
 
+namespace {
+
+// Whether [p, p + bytes) lies in a mapping of a file under dir (/proc/self/maps names an offload
+// store's nameless file "dir/#inode (deleted)").
+bool mapped_from(const void* p, size_t bytes, const std::string& dir) {
+  std::ifstream maps("/proc/self/maps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(" " + dir + "/") == std::string::npos) continue;
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &begin, &end) == 2 && at >= begin && at + bytes <= end) return true;
+  }
+  return false;
+}
+
+// A CustomOp y = x * x whose backward keeps its saved x in `stash` (while `keep`).
+struct StashSquare {
+  TensorList stash;
+  bool keep = true;
+  CustomOp op{"stash_square",
+              [](const TensorList& in, SaveContext& ctx) {
+                ctx.save(in[0]);
+                return TensorList{mul(in[0], in[0])};
+              },
+              [this](const TensorList& g, const SavedValues& saved) {
+                if (keep) stash.push_back(saved[0]);
+                return TensorList{mul(mul_scalar(saved[0], 2.0), g[0])};
+              }};
+};
+
+}  // namespace
+
+TEST(Offload, TheBackwardReadsResidentValuesThroughTheFilesMapping) {
+  const std::string dir = fresh_dir("mapped");
+  release_offload_files();
+  ScopedPolicy keep(Policy::save_all());
+  StashSquare square;
+  Tensor w = randn({256, 64}, DType::f32, RngState{3, 0}).requires_grad_();
+  auto f = [&] { return sum(square.op({tanh(w)})[0]); };
+  const TensorList reference = remat::grad([&](const TensorList&) { return f(); }, {w}, GradOptions{Policy::save_all()});
+  square.stash.clear();
+  const size_t allocations_before = memory::stats().allocations_total;
+  remat::grad([&](const TensorList&) { return f(); }, {w}, GradOptions{Policy::save_all()});
+  const uint64_t save_all_allocations = memory::stats().allocations_total - allocations_before;
+  square.stash.clear();
+  reset_counters();
+  TensorList got;
+  uint64_t offload_allocations = 0;
+  {
+    OffloadOptions options;
+    options.directory = dir;
+    options.threshold_bytes = 1024;
+    OffloadScope scope(options);
+    const size_t before = memory::stats().allocations_total;
+    Tensor loss = f();
+    scope.wait_for_writes();  // tanh(w) (and tanh's output, the same storage) in the file, out of memory
+    got = remat::grad(TensorList{loss}, {w});
+    offload_allocations = memory::stats().allocations_total - before;
+  }
+  expect_same(got, reference, "mapped");
+  EXPECT_EQ(counters().dynamic.bytes_offloaded, size_t{256} * 64 * 4);
+  ASSERT_EQ(square.stash.size(), 1u);
+  EXPECT_TRUE(mapped_from(square.stash[0].raw_data(), square.stash[0].nbytes(), dir))
+      << "the backward got a copy, not the file's pages";
+  // No buffer was allocated to read the value back: the step allocated what save-all's does.
+  EXPECT_EQ(offload_allocations, save_all_allocations);
+  square.stash.clear();
+  release_offload_files();
+  EXPECT_EQ(descriptors_under(dir), 0u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Offload, AValueHeldPastItsScopeKeepsItsBytesAndItsFile) {
+  // A tensor over a value's mapped pages outlives the scope: its range is not reused by the next
+  // scope, and its file closes only when the tensor is gone.
+  const std::string dir = fresh_dir("held");
+  release_offload_files();
+  ScopedPolicy keep(Policy::save_all());
+  StashSquare square;
+  OffloadOptions options;
+  options.directory = dir;
+  options.threshold_bytes = 1024;
+  auto step = [&](uint64_t seed) {
+    Tensor w = randn({128, 64}, DType::f32, RngState{seed, 0}).requires_grad_();
+    OffloadScope scope(options);
+    Tensor loss = sum(square.op({tanh(w)})[0]);
+    scope.wait_for_writes();
+    loss.backward();
+    return tanh(w).detach();  // what the stashed value holds
+  };
+  const Tensor first = step(1);
+  ASSERT_EQ(square.stash.size(), 1u);
+  Tensor held = square.stash[0];
+  ASSERT_TRUE(mapped_from(held.raw_data(), held.nbytes(), dir));
+  EXPECT_EQ(descriptors_under(dir), 1u) << "the held value's file, not pooled";
+  square.keep = false;
+  for (uint64_t seed = 2; seed < 5; ++seed) step(seed);  // other values of the same size, in a new file
+  EXPECT_EQ(descriptors_under(dir), 2u) << "the held value's file and the pooled one";
+  expect_same({held}, {first}, "held past its scope");
+  square.stash.clear();
+  EXPECT_EQ(descriptors_under(dir), 2u) << "held is still alive";
+  held = Tensor();
+  EXPECT_EQ(descriptors_under(dir), 1u) << "the held value's file closed with it";
+  release_offload_files();
+  EXPECT_EQ(descriptors_under(dir), 0u);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Offload, AFullFileSystemIsAnErrorAndLosesNothing) {
   // A real full disk where the test may mount one (root, as CI runs it); otherwise skipped, the
   // injected failure above covering the same path.

@@ -38,24 +38,31 @@
 // captured (all of remat's ops, and CustomOp forwards that keep no state of their own, are).
 //
 // offload:DIR[,threshold=BYTES][,ram=BYTES]. Saved values of at least `threshold` bytes (default
-// 1 MiB) are written by a background thread to a file in DIR and dropped from memory once
-// written; smaller ones stay in memory. The backward pass reads them back; the engine asks a few
-// nodes ahead, so reads overlap computation. `ram` bounds the bytes of values in flight (written
-// or read but not yet dropped); the forward waits when it is reached (that time is counted as
-// stall). The file has no name (it is unlinked from the start), so the kernel removes it on every
-// exit path, a crash included, and DIR never shows it. A value's range of the file is reused as
-// soon as the value is no longer needed, and when the scope ends the file is kept, one per
-// directory, for the next scope (overwriting a file's pages is several times faster than writing
-// new ones); its size is the largest sum of offloaded bytes alive at once. release_offload_files()
-// closes the kept files and gives their disk space back. A directory that cannot be written, or
-// a write that fails (a full disk), is a remat::Error at the next saved value or read, and nothing
-// is lost: a value whose write failed stays in memory. Written values may stay in the kernel's
-// page cache until it writes them to disk: that memory is the kernel's to reclaim, and remat's
-// allocator counts only the values in flight. On a machine with no core to spare for the
-// writer thread (cores <= num_threads()), a scope whose previous scope on the same directory kept
-// the writer busy for at least a quarter of its time runs its parallel kernels on one thread
-// fewer, from its first write to its end, so that the writer does not preempt a kernel's thread
-// mid-region; GEMM and oneDNN convolutions keep every thread, so no result changes
+// 1 MiB) are written by a background thread to a file in DIR and dropped from memory once written;
+// smaller ones stay in memory. The file stays mapped into the process, so the backward pass reads a
+// value whose pages are still in the kernel's page cache straight from them, with no copy (should
+// the kernel drop them after that check and the disk then fail to read them, the process gets
+// SIGBUS, as with any mapped file); a value whose pages the kernel has dropped is read back into
+// memory by the background thread, asked for by the engine a few nodes ahead of need so that reads
+// overlap computation. The allocator counts a value read back, mapped or copied, from then until
+// the backward pass is done with it. A mapped value held past its scope (kept by a CustomOp's
+// backward, say) keeps its range of the file, and the file, until the last tensor over it is gone.
+// `ram` bounds the bytes of values in flight (written or read but not yet dropped); the forward
+// waits when it is reached (that time is counted as stall). The file has no name (it is unlinked
+// from the start), so the kernel removes it on every exit path, a crash included, and DIR never
+// shows it. A value's range of the file is reused as soon as the value is no longer needed, and
+// when the scope ends the file is kept, one per directory, for the next scope (overwriting a file's
+// pages is several times faster than writing new ones); its size is the largest sum of offloaded
+// bytes alive at once. release_offload_files() closes the kept files and gives their disk space
+// back. A directory that cannot be written, or a write that fails (a full disk), is a remat::Error
+// at the next saved value or read, and nothing is lost: a value whose write failed stays in memory.
+// Written values may stay in the kernel's page cache until it writes them to disk: that memory is
+// the kernel's to reclaim, and remat's allocator counts only the values in flight. On a machine
+// with no core to spare for the writer thread (cores <= num_threads()), a scope whose previous
+// scope on the same directory kept the writer busy for at least a quarter of its forward pass runs
+// its parallel kernels on one thread fewer from its first write until its backward pass begins (and
+// again from a read the writer thread has to do), so that the writer does not preempt a kernel's
+// thread mid-region; GEMM and oneDNN convolutions keep every thread, so no result changes
 // (detail::yield_core in remat/backend.h).
 #pragma once
 

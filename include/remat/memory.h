@@ -59,6 +59,10 @@ class Allocator {
   void deallocate(void* pointer, size_t bytes, Tag tag);
   // Moves `bytes` from one tag's account to another's (the block itself stays where it is).
   void retag(size_t bytes, Tag from, Tag to);
+  // Counts (and stops counting) memory this allocator did not allocate but a tensor uses: a
+  // file's pages mapped into the process. Live and peak bytes include it; allocation counts do not.
+  void count_external(size_t bytes, Tag tag);
+  void uncount_external(size_t bytes, Tag tag);
 
   Stats stats() const;
   void reset_peaks();  // peaks := current live values; allocation counts := 0

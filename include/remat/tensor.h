@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
@@ -76,6 +77,10 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 class Storage {
  public:
   Storage(size_t bytes, memory::Tag tag, Device device);
+  // Memory remat did not allocate (a file's pages mapped into the process by offload:DIR): the
+  // allocator counts `bytes` under `tag` as it counts an allocation, and `release` runs instead
+  // of a free when the storage ends.
+  Storage(void* data, size_t bytes, memory::Tag tag, Device device, std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -102,6 +107,7 @@ class Storage {
   memory::Tag tag_;
   Device device_;
   memory::Allocator* allocator_;  // the device's, kept so that freeing never looks up a backend
+  std::function<void()> release_;  // external memory only
   int saved_references_ = 0;
   uint64_t version_ = 0;
 };

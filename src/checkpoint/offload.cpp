@@ -15,7 +15,18 @@
 // more again (ext4's inode search). release_offload_files() closes the pooled files. One worker
 // thread runs the jobs in order, so a range reused by a new value is written only after every
 // job on its previous value has finished.
+//
+// Reading back. A store's file is mapped whole (MAP_SHARED, address space reserved for
+// kMapBytes) for as long as the file lives, so a written value whose pages are still in the page
+// cache is handed to the backward pass as a tensor over the mapped pages: no copy, no read job,
+// and the pages stay mapped from step to step. mincore() tells whether they are resident; a value
+// whose pages the kernel has already dropped is read back by the worker into memory of ours
+// (ahead of need, with a read error reported as such), as are values when the mapping cannot be
+// had. A mapped value holds its range of the file, and the range its file, until the last tensor
+// over it is gone. The allocator counts a mapped value like memory of ours while it is in use.
+// Writes stay pwrite(): a full disk is then an error of the write, not a SIGBUS.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,6 +41,7 @@
 #include <thread>
 
 #include "dynamic_internal.h"
+#include "tensor/allocate.h"
 #include "remat/backend.h"
 #include "remat/dynamic.h"
 #include "remat/memory.h"
@@ -80,8 +92,13 @@ bool read_all(int fd, char* data, size_t bytes, off_t offset, std::string& error
 }
 
 constexpr size_t kPage = 4096;
+// The address space reserved for a file's mapping (none of it is memory until mapped pages are
+// touched); a value beyond it is read back by copy.
+constexpr size_t kMapBytes = size_t{1} << 40;
 
-// A file with no name under a directory, and which byte ranges of it are in use.
+// A file with no name under a directory, which byte ranges of it are in use, and its mapping.
+// take() runs on the thread of the store that owns the file; give() on whichever thread drops
+// the last tensor over a range, hence the mutex.
 class SlotFile {
  public:
   explicit SlotFile(const std::string& directory) : directory_(directory) {
@@ -95,14 +112,35 @@ class SlotFile {
     }
     if (fd_ < 0)
       throw Error(detail::concat("policy offload: cannot create a file in '", directory, "': ", std::strerror(errno)));
+    void* map = ::mmap(nullptr, kMapBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, 0);
+    map_ = map == MAP_FAILED ? nullptr : static_cast<char*>(map);  // without it, values are read back by copy
   }
-  ~SlotFile() { ::close(fd_); }
+  ~SlotFile() {
+    if (map_ != nullptr) ::munmap(map_, kMapBytes);
+    ::close(fd_);
+  }
   SlotFile(const SlotFile&) = delete;
   SlotFile& operator=(const SlotFile&) = delete;
 
   int fd() const { return fd_; }
   const std::string& directory() const { return directory_; }
-  size_t used() const { return used_; }
+  size_t used() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return used_;
+  }
+
+  // Where the written range [offset, offset + bytes) is mapped, if every page of it is resident
+  // in the page cache (reading it then waits for no disk); null otherwise.
+  char* resident(off_t offset, size_t bytes) const {
+    const size_t at = static_cast<size_t>(offset);
+    if (map_ == nullptr || bytes == 0 || at + bytes > kMapBytes) return nullptr;
+    thread_local std::vector<unsigned char> pages;
+    pages.resize((bytes + kPage - 1) / kPage);
+    if (::mincore(map_ + at, bytes, pages.data()) != 0) return nullptr;
+    for (unsigned char p : pages)
+      if ((p & 1) == 0) return nullptr;
+    return map_ + at;
+  }
 
   // Whether the next scope writing to this file yields a core to its writer (see OffloadStore::
   // stop_yielding): when the worker was busy with I/O for at least kYieldBusy of the last
@@ -113,6 +151,7 @@ class SlotFile {
 
   // The offset of a free range of at least `bytes` (the smallest that fits, else at the end).
   off_t take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
     const size_t size = round_up(bytes);
     used_ += size;
     auto best = free_.end();
@@ -130,6 +169,7 @@ class SlotFile {
   }
 
   void give(off_t at, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
     size_t offset = static_cast<size_t>(at), size = round_up(bytes);
     used_ -= size;
     auto next = free_.lower_bound(offset);
@@ -155,33 +195,49 @@ class SlotFile {
 
   std::string directory_;
   int fd_ = -1;
+  char* map_ = nullptr;
   double last_busy_ = 0;  // the worker's I/O time over the wall time of the last scope that wrote
+  mutable std::mutex mutex_;  // guards the ranges
   size_t end_ = 0, used_ = 0;
   std::map<size_t, size_t> free_;  // offset -> bytes
 };
 
+// A value's range of a file: given back when the value's entry and every tensor over its mapped
+// pages are gone.
+struct FileRange {
+  FileRange(std::shared_ptr<SlotFile> f, size_t size) : file(std::move(f)), bytes(size), offset(file->take(size)) {}
+  ~FileRange() { file->give(offset, bytes); }
+  FileRange(const FileRange&) = delete;
+  FileRange& operator=(const FileRange&) = delete;
+  const std::shared_ptr<SlotFile> file;
+  const size_t bytes;
+  const off_t offset;
+};
+
 // Files of ended stores, one per directory, kept for the next store (the next step).
 std::mutex pool_mutex;
-std::map<std::string, std::unique_ptr<SlotFile>>& file_pool() {
-  static auto* pool = new std::map<std::string, std::unique_ptr<SlotFile>>();  // outlives every store
+std::map<std::string, std::shared_ptr<SlotFile>>& file_pool() {
+  static auto* pool = new std::map<std::string, std::shared_ptr<SlotFile>>();  // outlives every store
   return *pool;
 }
 
-std::unique_ptr<SlotFile> take_file(const std::string& directory) {
+std::shared_ptr<SlotFile> take_file(const std::string& directory) {
   {
     std::lock_guard<std::mutex> lock(pool_mutex);
     auto& pool = file_pool();
     if (auto it = pool.find(directory); it != pool.end()) {
-      std::unique_ptr<SlotFile> file = std::move(it->second);
+      std::shared_ptr<SlotFile> file = std::move(it->second);
       pool.erase(it);
       return file;
     }
   }
-  return std::make_unique<SlotFile>(directory);
+  return std::make_shared<SlotFile>(directory);
 }
 
-void return_file(std::unique_ptr<SlotFile> file) {
-  if (!file || file->used() != 0) return;  // ranges still taken (cannot happen): closed instead
+void return_file(std::shared_ptr<SlotFile> file) {
+  // A range still taken (a tensor over its pages outlived the scope): the file is not pooled; it
+  // closes when the last such tensor is gone.
+  if (!file || file->used() != 0) return;
   std::lock_guard<std::mutex> lock(pool_mutex);
   auto& slot = file_pool()[file->directory()];
   slot = std::move(file);  // a file already pooled for this directory is closed
@@ -192,7 +248,7 @@ void return_file(std::unique_ptr<SlotFile> file) {
 }  // namespace detail
 
 void release_offload_files() {
-  std::map<std::string, std::unique_ptr<detail::SlotFile>> closing;
+  std::map<std::string, std::shared_ptr<detail::SlotFile>> closing;
   {
     std::lock_guard<std::mutex> lock(detail::pool_mutex);
     closing.swap(detail::file_pool());
@@ -218,7 +274,7 @@ struct OffloadEntry {
   DType dtype = DType::f32;
   int64_t numel = 0;
   size_t bytes = 0;
-  off_t offset = -1;  // its range of the store's file, if it has one
+  std::shared_ptr<FileRange> range;  // its range of the store's file, if it has one
   // owned by the scope's thread
   State state = State::memory;
   std::shared_ptr<JobStatus> job;  // the job in flight, if any
@@ -262,24 +318,33 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     hold(*entry);
     if (entry->bytes < options_.threshold_bytes) return entry;  // small: stays in memory
     wait_for_room(entry->bytes);
-    entry->offset = file_->take(entry->bytes);
+    entry->range = std::make_shared<FileRange>(file_, entry->bytes);
     start_job(entry, OffloadEntry::State::writing);
     return entry;
   }
 
   Tensor unpack(const std::shared_ptr<OffloadEntry>& entry) {
+    if (!unpacked_) {  // the backward pass has begun: see the yielding rule below
+      unpacked_ = true;
+      end_window();
+    }
     collect();
     if (entry->state == OffloadEntry::State::reading) wait_done(*entry);
     throw_pending_error();
     if (entry->ram.defined()) return entry->ram;
+    auto& c = dynamic_counters();
+    if (map_resident(*entry)) {  // not prefetched, but its pages are in memory
+      c.bytes_read_on_demand += entry->bytes;
+      return entry->ram;
+    }
     // on disk and not prefetched: read now
     const auto start = std::chrono::steady_clock::now();
     Tensor buffer = fresh_like(entry->dtype, entry->numel);
     std::string error;
-    const bool ok = read_all(file_->fd(), static_cast<char*>(buffer.raw_data()), entry->bytes, entry->offset, error);
+    const bool ok =
+        read_all(file_->fd(), static_cast<char*>(buffer.raw_data()), entry->bytes, entry->range->offset, error);
     REMAT_CHECK(ok, "policy offload: reading a saved value of ", memory::format_bytes(static_cast<double>(entry->bytes)),
-                " back from ", where(entry->offset), " failed: ", error);
-    auto& c = dynamic_counters();
+                " back from ", where(entry->range->offset), " failed: ", error);
     c.bytes_read_on_demand += entry->bytes;
     c.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     entry->ram = buffer;
@@ -302,6 +367,10 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   void prefetch(const std::shared_ptr<OffloadEntry>& entry) {
     collect();
     if (entry->ram.defined() || entry->state != OffloadEntry::State::on_disk) return;
+    if (map_resident(*entry)) {
+      dynamic_counters().bytes_prefetched += entry->bytes;
+      return;
+    }
     if (options_.ram_bytes > 0 && in_flight_ + entry->bytes > options_.ram_bytes) return;  // read on demand
     entry->ram = fresh_like(entry->dtype, entry->numel);
     hold(*entry);
@@ -319,22 +388,17 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       in_flight_ -= entry.bytes;
       entry.job.reset();
     }
-    // A job still on this range finishes before any job of the next value given it (one worker,
-    // in order).
-    if (entry.offset >= 0) file_->give(entry.offset, entry.bytes);
-    entry.offset = -1;
+    // The range goes back to the file once no tensor over its mapped pages is left either. A job
+    // still on it finishes before any job of the next value given it (one worker, in order).
+    entry.range.reset();
   }
 
   // The scope ends: its thread stops yielding a core, and no later job makes it yield again.
   void close_scope() {
     collect();
+    end_window();
     stop_yielding();
-    if (started_jobs_) {
-      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count();
-      if (wall > 0) file_->record(busy_seconds_.load() / wall);
-    }
     may_yield_ = false;
-    started_jobs_ = false;
   }
 
   // Notes finished jobs: drops the memory copies of written values.
@@ -398,15 +462,26 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     in_flight_ += entry->bytes;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      jobs_.push_back({state == OffloadEntry::State::writing, entry->offset, entry->bytes, entry->ram, entry->job});
+      jobs_.push_back({state == OffloadEntry::State::writing, entry->range->offset, entry->bytes, entry->ram, entry->job});
       watched_.push_back(entry);
     }
     cv_.notify_all();
     started_jobs_ = true;
-    if (may_yield_ && !yielding_ && std::this_thread::get_id() == owner_) {
+    const bool wanted = !window_ended_ || state == OffloadEntry::State::reading;
+    if (may_yield_ && wanted && !yielding_ && std::this_thread::get_id() == owner_) {
       detail::yield_core(true);
       yielding_ = true;
     }
+  }
+
+  // Makes entry.ram a tensor over the value's mapped pages if they are all in memory.
+  bool map_resident(OffloadEntry& entry) {
+    char* pages = file_->resident(entry.range->offset, entry.bytes);
+    if (pages == nullptr) return false;
+    entry.ram = detail::external_tensor(pages, {entry.numel}, entry.dtype, memory::Tag::other, kCpu,
+                                        [range = entry.range] {});
+    hold(entry);
+    return true;
   }
 
   void hold(OffloadEntry& entry) {
@@ -497,21 +572,33 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   }
 
   // On a machine with no spare core, the scope's thread may run its parallel kernels on one
-  // thread fewer from its first job to the end of the scope, leaving a core to the worker.
-  // Whether that pays depends on how much of the time the worker has I/O to do, so the decision
-  // follows the previous scope on the same file (SlotFile::choose_yield). Measured on 2 cores:
-  // - bench_dynamic's heat solver (memory-bound kernels that gain nothing from a second thread,
-  //   10 % of saved bytes resident): the worker is busy 32-41 % of a step; 1.6-2.1x save-all's
-  //   step time without yielding (a preempted thread holds its whole parallel region at the
-  //   barrier), 1.18-1.19x yielding (runs side by side, 01:10 UTC);
-  // - the default GPT of `remat train` (threshold 64 KiB): the worker is busy 12-17 % of a step;
-  //   its attention and row kernels do use both threads: 1.06-1.17x without yielding, 1.10-1.48x
-  //   with.
-  // Two rules were worse. Yielding only while the worker had jobs gave 1.38-1.40x on the heat
-  // solver: the switching left OpenMP's idle thread spinning against the worker. Choosing by
-  // trying both and keeping the faster was misled by the step-to-step noise of this machine.
-  // Results do not change: kernels whose results depend on the thread count keep all threads
-  // (see detail::yield_core).
+  // thread fewer while the worker has writing to do, leaving a core to it (a preempted kernel
+  // thread would hold its whole parallel region at the barrier). The writing is the forward
+  // pass's: reads back are mapped pages with nothing to copy, so the window closes at the first
+  // unpack (the backward pass begins) and the backward keeps every thread; only a read job (a
+  // value whose pages the kernel dropped) yields again. Whether yielding pays depends on how
+  // busy the worker is, so it follows the previous scope on the same file: its worker's I/O
+  // time over the window's wall time, at least 25 % (SlotFile::choose_yield). Measured on 2
+  // cores, offload step over save-all step with their steps taken in turn (bench_dynamic):
+  // - the heat solver (memory-bound kernels, 10 % of saved bytes resident): the worker is busy
+  //   65-82 % of the forward; 1.43-1.64x without yielding, 1.18-1.27x always yielding,
+  //   1.05-1.12x under the rule (with the turn-taking steps);
+  // - the default GPT (threshold 64 KiB): 1.14-1.15x without yielding, 1.22x always yielding,
+  //   1.07-1.15x under the rule.
+  // Before reads were mapped, the window ran to the end of the scope (the worker read back
+  // during the backward pass); yielding only while the worker had jobs, or choosing by trying
+  // both ways, did worse. Results do not change: kernels whose results depend on the thread
+  // count keep all threads (see detail::yield_core).
+  void end_window() {
+    if (window_ended_) return;
+    window_ended_ = true;
+    if (started_jobs_) {
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - opened_).count();
+      if (wall > 0) file_->record(busy_seconds_.load() / wall);
+    }
+    stop_yielding();
+  }
+
   void stop_yielding() {
     if (!yielding_) return;
     detail::yield_core(false);
@@ -523,10 +610,13 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   }
 
   OffloadOptions options_;
-  std::unique_ptr<SlotFile> file_;
+  std::shared_ptr<SlotFile> file_;
   const std::thread::id owner_ = std::this_thread::get_id();  // the scope's thread
   const std::chrono::steady_clock::time_point opened_ = std::chrono::steady_clock::now();
-  bool may_yield_ = false, yielding_ = false, started_jobs_ = false;  // the scope's thread only
+  // the scope's thread only
+  bool may_yield_ = false, yielding_ = false, started_jobs_ = false;
+  bool unpacked_ = false;       // a saved value was read: the backward pass has begun
+  bool window_ended_ = false;   // the forward's writing window (see end_window)
   size_t in_flight_ = 0;  // the scope's thread only
   std::mutex mutex_;
   std::condition_variable cv_, done_cv_;

@@ -159,6 +159,16 @@ void Allocator::retag(size_t bytes, Tag from, Tag to) {
   add(bytes, to);
 }
 
+void Allocator::count_external(size_t bytes, Tag tag) {
+  std::lock_guard lock(mutex_);
+  add(bytes, tag);
+}
+
+void Allocator::uncount_external(size_t bytes, Tag tag) {
+  std::lock_guard lock(mutex_);
+  remove(bytes, tag);
+}
+
 Stats Allocator::stats() const {
   Stats s;
   {

@@ -10,4 +10,10 @@ namespace remat::detail {
 // the bytes asked; the allocator's counters are then unchanged.
 Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::Tag tag, Device device);
 
+// A contiguous tensor over `data`, memory remat did not allocate (see the external Storage
+// constructor): counted under `tag` while it lives; `release` runs when its storage ends. A
+// refused shape throws before anything is counted, and `release` is then not called.
+Tensor external_tensor(void* data, const Shape& shape, DType dtype, memory::Tag tag, Device device,
+                       std::function<void()> release);
+
 }  // namespace remat::detail

@@ -111,7 +111,21 @@ Storage::Storage(size_t bytes, memory::Tag tag, Device device)
   data_ = allocator_->allocate(bytes, tag);
 }
 
-Storage::~Storage() { allocator_->deallocate(data_, bytes_, tag_); }
+Storage::Storage(void* data, size_t bytes, memory::Tag tag, Device device, std::function<void()> release)
+    : data_(data), bytes_(bytes), tag_(tag), device_(device), allocator_(&backend(device).allocator()),
+      release_(std::move(release)) {
+  REMAT_ASSERT(release_ != nullptr, "external storage without a release function");
+  allocator_->count_external(bytes, tag);
+}
+
+Storage::~Storage() {
+  if (!release_) {
+    allocator_->deallocate(data_, bytes_, tag_);
+    return;
+  }
+  allocator_->uncount_external(bytes_, tag_);
+  release_();
+}
 
 void Storage::set_tag(memory::Tag tag) {
   if (tag == tag_) return;
@@ -146,6 +160,19 @@ Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::
                              " (", e.what(), ")"),
                       bytes);
   }
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor external_tensor(void* data, const Shape& shape, DType dtype, memory::Tag tag, Device device,
+                       std::function<void()> release) {
+  check_shape(shape, "external_tensor");
+  const size_t bytes = checked_mul(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype),
+                                   [&] { return concat("external_tensor: byte size of shape ", shape_str(shape)); });
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(data, bytes, tag, device, std::move(release));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
