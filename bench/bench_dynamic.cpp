@@ -7,11 +7,12 @@
 //         steps; every-layer and budget plans do not apply
 // For every program: save-all's peak of saved bytes P and step time T, then dynamic at budgets
 // 1.0, 0.5, 0.25, 0.1 x P and at the smallest feasible budget (as reported by the run at P), and
-// (mlp, gpt) every-layer and budget:B at every-layer's peak; for heat also offload with 10% of P
-// in memory. Step time is the median of --steps steps after one warm-up; gradients are checked
-// bitwise against save-all before anything is timed. The offload row is timed against a second
-// save-all row (save-all') whose steps alternate with its own, so that the ratio of the two does
-// not take in a drift of the machine's speed between rows.
+// (mlp, gpt) every-layer, budget:B and dynamic at every-layer's peak; for gpt and heat also
+// offload (threshold 64 KiB) with 10% of P in memory. Step time is the median of --steps steps after one warm-up; gradients are checked
+// bitwise against save-all before anything is timed. Each row after save-all's takes its steps in
+// turn with save-all steps (save-all, row, save-all, row, ...; the "layers' pk" row with
+// every-layer's too), and its "vs T" is over the median of those save-all steps, so that a
+// drift of the machine's speed between rows does not enter the ratios.
 //
 //   build/bench/bench_dynamic [--model mlp|gpt|heat|all] [--steps 3] [--offload-dir /tmp]
 //                             [--only offload|dynamic]   (save-all and that row family only)
@@ -108,10 +109,11 @@ void row(const char* label, const Policy& policy, const Measure& m, const Measur
     std::printf("%-10s %-24s failed: %.100s\n", label, policy.to_string().substr(0, 24).c_str(), m.error.c_str());
     return;
   }
-  std::printf("%-10s %-24s %14zu %8.3f %10.4f %8.3f %9llu %9llu %8.2f %s\n", label, policy.to_string().substr(0, 24).c_str(),
+  std::printf("%-10s %-24s %14zu %8.3f %10.4f %8.3f %9llu %9llu %8.1f %8.2f %s\n", label, policy.to_string().substr(0, 24).c_str(),
               m.peak_saved, static_cast<double>(m.peak_saved) / static_cast<double>(std::max<size_t>(1, base.peak_saved)),
               m.seconds, m.seconds / base.seconds, static_cast<unsigned long long>(m.dynamic.evictions),
-              static_cast<unsigned long long>(m.dynamic.rematerializations), m.dynamic.stall_seconds * 1e3,
+              static_cast<unsigned long long>(m.dynamic.rematerializations), m.dynamic.remat_seconds * 1e3,
+              m.dynamic.stall_seconds * 1e3,
               m.equal ? "yes" : "NO");
 }
 
@@ -121,18 +123,22 @@ bool smallest_row = true;                            // --fractions without "min
 
 void sweep(const Program& p, int steps, const std::string& offload_dir) {
   std::printf("\n== %s (%d threads) ==\n", p.name.c_str(), num_threads());
-  std::printf("%-10s %-24s %14s %8s %10s %8s %9s %9s %8s %s\n", "", "policy", "peak saved B", "vs P", "step s", "vs T",
-              "evictions", "remats", "stall ms", "bitwise");
+  std::printf("%-10s %-24s %14s %8s %10s %8s %9s %9s %8s %8s %s\n", "", "policy", "peak saved B", "vs P", "step s", "vs T",
+              "evictions", "remats", "remat ms", "stall ms", "bitwise");
   const TensorList reference = run_grads(p, Policy::save_all());
   const Measure all = measure(p, Policy::save_all(), reference, steps, 1);
   row("save-all", Policy::save_all(), all, all);
+  // Every other row takes its steps in turn with save-all's, and "vs T" is over those.
+  auto paired = [&](const char* label, const Policy& policy, int warmup) {
+    const std::vector<Measure> pair = measure_in_turn(p, {Policy::save_all(), policy}, reference, steps, warmup);
+    row(label, policy, pair[1], pair[0].ok ? pair[0] : all);
+    return pair[1];
+  };
   Measure layer;
   if (p.layers && only_rows.empty()) {
-    layer = measure(p, Policy::every_layer(), reference, steps, 1);
-    row("layers", Policy::every_layer(), layer, all);
+    layer = paired("layers", Policy::every_layer(), 1);
     p.fresh_planner();
-    const Policy budget = Policy::budget(layer.peak_saved);
-    row("rotor", budget, measure(p, budget, reference, steps, BudgetPlanner::kProfilingSteps + 1), all);
+    paired("rotor", Policy::budget(layer.peak_saved), BudgetPlanner::kProfilingSteps + 1);
   }
   if (only_rows != "offload") {
     // the smallest feasible budget, as a run at save-all's peak reports it
@@ -142,7 +148,6 @@ void sweep(const Program& p, int steps, const std::string& offload_dir) {
     std::vector<std::pair<std::string, size_t>> budgets;
     for (double f : fractions)
       budgets.push_back({"P x " + std::to_string(f).substr(0, 4), static_cast<size_t>(f * static_cast<double>(all.peak_saved))});
-    if (p.layers && only_rows.empty()) budgets.push_back({"layers' pk", layer.peak_saved});
     if (smallest_row) budgets.push_back({"smallest", smallest});
     for (const auto& [label, bytes] : budgets) {
       if (bytes < smallest) {
@@ -150,17 +155,21 @@ void sweep(const Program& p, int steps, const std::string& offload_dir) {
                     Policy::dynamic(std::max<size_t>(bytes, 1)).to_string().c_str(), smallest);
         continue;
       }
-      const Policy policy = Policy::dynamic(bytes);
-      row(label.c_str(), policy, measure(p, policy, reference, steps, 1), all);
+      paired(label.c_str(), Policy::dynamic(bytes), 1);
+    }
+    if (p.layers && only_rows.empty() && layer.ok && layer.peak_saved >= smallest) {
+      // at every-layer's peak, in turn with save-all and every-layer
+      const Policy policy = Policy::dynamic(layer.peak_saved);
+      const std::vector<Measure> trio =
+          measure_in_turn(p, {Policy::save_all(), Policy::every_layer(), policy}, reference, steps, 1);
+      row("layers' pk", policy, trio[2], trio[0].ok ? trio[0] : all);
+      if (trio[1].ok && trio[2].ok)
+        std::printf("%-10s %-24s every-layer's step in the same turns %.4f s: dynamic / every-layer = %.3f\n", "", "",
+                    trio[1].seconds, trio[2].seconds / trio[1].seconds);
     }
   }
-  if (!offload_dir.empty() && only_rows != "dynamic") {
-    // against save-all's steps taken in turn with its own (save-all's row above ran before)
-    const Policy offload = Policy::offload(offload_dir, size_t{64} << 10, all.peak_saved / 10);
-    const std::vector<Measure> pair = measure_in_turn(p, {Policy::save_all(), offload}, reference, steps, 1);
-    row("save-all'", Policy::save_all(), pair[0], pair[0]);
-    row("offload", offload, pair[1], pair[0].ok ? pair[0] : all);
-  }
+  if (!offload_dir.empty() && only_rows != "dynamic")
+    paired("offload", Policy::offload(offload_dir, size_t{64} << 10, all.peak_saved / 10), 1);
 }
 
 struct Options {
