@@ -547,6 +547,7 @@ TEST(Offload, TheBackwardReadsResidentValuesThroughTheFilesMapping) {
   }
   expect_same(got, reference, "mapped");
   EXPECT_EQ(counters().dynamic.bytes_offloaded, size_t{256} * 64 * 4);
+  EXPECT_EQ(counters().dynamic.bytes_mapped, counters().dynamic.bytes_offloaded);
   ASSERT_EQ(square.stash.size(), 1u);
   EXPECT_TRUE(mapped_from(square.stash[0].raw_data(), square.stash[0].nbytes(), dir))
       << "the backward got a copy, not the file's pages";

@@ -481,6 +481,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     entry.ram = detail::external_tensor(pages, {entry.numel}, entry.dtype, memory::Tag::other, kCpu,
                                         [range = entry.range] {});
     hold(entry);
+    dynamic_counters().bytes_mapped += entry.bytes;
     return true;
   }
 

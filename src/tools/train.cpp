@@ -488,6 +488,7 @@ void StepLoop::account(int64_t step, Clock::time_point t0, double loss_value) {
   dynamic.bytes_offloaded += d.bytes_offloaded;
   dynamic.bytes_prefetched += d.bytes_prefetched;
   dynamic.bytes_read_on_demand += d.bytes_read_on_demand;
+  dynamic.bytes_mapped += d.bytes_mapped;
   dynamic.stall_seconds += d.stall_seconds;
 }
 

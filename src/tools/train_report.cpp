@@ -63,10 +63,11 @@ void print_policy_counters(const Human& say, const TrainOptions& o, const Policy
         bytes_text(dynamic.smallest_feasible_bytes).c_str());
   }
   if (policy.kind == Policy::Kind::offload) {
-    say("  offload: %llu values (%s) written, %s read ahead, %s read on demand, %.3f s stalled over the run\n",
+    say("  offload: %llu values (%s) written, %s read ahead, %s read on demand (%s of those read as the file's "
+        "mapped pages, without a copy), %.3f s stalled over the run\n",
         static_cast<unsigned long long>(dynamic.offloaded), bytes_text(dynamic.bytes_offloaded).c_str(),
         bytes_text(dynamic.bytes_prefetched).c_str(), bytes_text(dynamic.bytes_read_on_demand).c_str(),
-        dynamic.stall_seconds);
+        bytes_text(dynamic.bytes_mapped).c_str(), dynamic.stall_seconds);
   }
   if (o.explain) {
     say("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s", o.policy.c_str(),
@@ -132,6 +133,7 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"bytes_offloaded", dynamic.bytes_offloaded},
                       {"bytes_prefetched", dynamic.bytes_prefetched},
                       {"bytes_read_on_demand", dynamic.bytes_read_on_demand},
+                      {"bytes_mapped", dynamic.bytes_mapped},
                       {"stall_seconds", dynamic.stall_seconds},
                       {"grad_digest", m.digest},
                       {"probe_step_seconds", chosen.seconds},
