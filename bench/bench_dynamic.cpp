@@ -8,11 +8,12 @@
 // For every program: save-all's peak of saved bytes P and step time T, then dynamic at budgets
 // 1.0, 0.5, 0.25, 0.1 x P and at the smallest feasible budget (as reported by the run at P), and
 // (mlp, gpt) every-layer, budget:B and dynamic at every-layer's peak; for gpt and heat also
-// offload (threshold 64 KiB) with 10% of P in memory. Step time is the median of --steps steps after one warm-up; gradients are checked
-// bitwise against save-all before anything is timed. Each row after save-all's takes its steps in
-// turn with save-all steps (save-all, row, save-all, row, ...; the "layers' pk" row with
-// every-layer's too), and its "vs T" is over the median of those save-all steps, so that a
-// drift of the machine's speed between rows does not enter the ratios.
+// offload (threshold 64 KiB) with 10% of P in memory. Step time is the median of --steps steps
+// after one warm-up; gradients are checked bitwise against save-all before anything is timed.
+// Each row after save-all's takes its steps in turn with save-all steps (save-all, row, save-all,
+// row, ...; the "layers' pk" row with every-layer's too), and its "vs T" is over the median of
+// those save-all steps, so that a drift of the machine's speed between rows does not enter the
+// ratios.
 //
 //   build/bench/bench_dynamic [--model mlp|gpt|heat|all] [--steps 3] [--offload-dir /tmp]
 //                             [--only offload|dynamic]   (save-all and that row family only)

@@ -83,7 +83,7 @@ struct DynamicCounters {
   size_t bytes_offloaded = 0;
   size_t bytes_prefetched = 0;         // read back ahead of need
   size_t bytes_read_on_demand = 0;     // read back when the backward pass needed them
-  size_t bytes_mapped = 0;             // of the bytes read back, those handed over as the file's mapped pages (no copy)
+  size_t bytes_mapped = 0;             // of those read back, the bytes handed over as mapped file pages
   double stall_seconds = 0;            // waiting for writes (ram bound) or reads
 };
 

@@ -143,9 +143,9 @@ class SlotFile {
   }
 
   // Whether the next scope writing to this file yields a core to its writer (see OffloadStore::
-  // stop_yielding): when the worker was busy with I/O for at least kYieldBusy of the last
-  // scope's wall time (the first scope does not). Results are the same either way; only the
-  // time differs.
+  // end_window): when the worker was busy with I/O for at least kYieldBusy of the last scope's
+  // forward pass (the first scope does not). Results are the same either way; only the time
+  // differs.
   bool choose_yield() const { return last_busy_ >= kYieldBusy; }
   void record(double busy_fraction) { last_busy_ = busy_fraction; }
 
@@ -196,7 +196,7 @@ class SlotFile {
   std::string directory_;
   int fd_ = -1;
   char* map_ = nullptr;
-  double last_busy_ = 0;  // the worker's I/O time over the wall time of the last scope that wrote
+  double last_busy_ = 0;  // the worker's I/O time over the forward pass of the last scope that wrote
   mutable std::mutex mutex_;  // guards the ranges
   size_t end_ = 0, used_ = 0;
   std::map<size_t, size_t> free_;  // offset -> bytes
@@ -324,10 +324,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   }
 
   Tensor unpack(const std::shared_ptr<OffloadEntry>& entry) {
-    if (!unpacked_) {  // the backward pass has begun: see the yielding rule below
-      unpacked_ = true;
-      end_window();
-    }
+    end_window();  // the backward pass has begun (once; see the yielding rule below)
     collect();
     if (entry->state == OffloadEntry::State::reading) wait_done(*entry);
     throw_pending_error();
@@ -616,8 +613,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   const std::chrono::steady_clock::time_point opened_ = std::chrono::steady_clock::now();
   // the scope's thread only
   bool may_yield_ = false, yielding_ = false, started_jobs_ = false;
-  bool unpacked_ = false;       // a saved value was read: the backward pass has begun
-  bool window_ended_ = false;   // the forward's writing window (see end_window)
+  bool window_ended_ = false;  // the forward's writing window is over (see end_window)
   size_t in_flight_ = 0;  // the scope's thread only
   std::mutex mutex_;
   std::condition_variable cv_, done_cv_;

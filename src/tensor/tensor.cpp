@@ -146,37 +146,46 @@ void Storage::remove_saved_reference() {
 
 namespace detail {
 
-Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
-  check_shape(shape, op ? op : "empty");
+namespace {
+
+// The byte size of a contiguous tensor of `shape`, after check_shape (errors name `op`).
+size_t checked_bytes(const char* op, const Shape& shape, DType dtype) {
+  check_shape(shape, op);
   // numel <= 2^60 and at most 8 bytes per element: the product fits; checked all the same
-  const size_t bytes = checked_mul(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype),
-                                   [&] { return concat(op ? op : "empty", ": byte size of shape ", shape_str(shape)); });
+  return checked_mul(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype),
+                     [&] { return concat(op, ": byte size of shape ", shape_str(shape)); });
+}
+
+// A contiguous tensor of `shape` over the whole of `storage`.
+Tensor contiguous_over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();
-  try {
-    impl->storage = std::make_shared<Storage>(bytes, tag, device);
-  } catch (const OutOfMemory& e) {
-    throw OutOfMemory(concat(op ? op : "", op ? ": " : "", "cannot allocate ", memory::format_bytes(static_cast<double>(bytes)),
-                             " (", bytes, " bytes) for a ", dtype_name(dtype), " tensor of shape ", shape_str(shape),
-                             " (", e.what(), ")"),
-                      bytes);
-  }
+  impl->storage = std::move(storage);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
 }
 
+}  // namespace
+
+Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
+  const size_t bytes = checked_bytes(op ? op : "empty", shape, dtype);
+  std::shared_ptr<Storage> storage;
+  try {
+    storage = std::make_shared<Storage>(bytes, tag, device);
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(concat(op ? op : "", op ? ": " : "", "cannot allocate ", memory::format_bytes(static_cast<double>(bytes)),
+                             " (", bytes, " bytes) for a ", dtype_name(dtype), " tensor of shape ", shape_str(shape),
+                             " (", e.what(), ")"),
+                      bytes);
+  }
+  return contiguous_over(std::move(storage), shape, dtype);
+}
+
 Tensor external_tensor(void* data, const Shape& shape, DType dtype, memory::Tag tag, Device device,
                        std::function<void()> release) {
-  check_shape(shape, "external_tensor");
-  const size_t bytes = checked_mul(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype),
-                                   [&] { return concat("external_tensor: byte size of shape ", shape_str(shape)); });
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(data, bytes, tag, device, std::move(release));
-  impl->shape = shape;
-  impl->strides = contiguous_strides(shape);
-  impl->dtype = dtype;
-  return Tensor(std::move(impl));
+  const size_t bytes = checked_bytes("external_tensor", shape, dtype);
+  return contiguous_over(std::make_shared<Storage>(data, bytes, tag, device, std::move(release)), shape, dtype);
 }
 
 }  // namespace detail
