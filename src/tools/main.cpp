@@ -178,7 +178,8 @@ int main(int argc, char** argv) {
   t->add_option("--reduce", train.reduce, "gradient sum over MPI ranks: ordered (rank order, exact) | native")
       ->capture_default_str();
   t->add_option("--policy", train.policy,
-                "save-all | every-layer | every-k:K | selective:OPS | budget:BYTES")->capture_default_str();
+                "save-all | every-layer | every-k:K | selective:OPS | budget:BYTES | dynamic:BYTES | "
+                "offload:DIR[,threshold=BYTES][,ram=BYTES]")->capture_default_str();
   t->add_flag("--shard-optimizer", train.shard_optimizer,
               "under mpirun: each rank keeps and updates the AdamW state of 1/N of the parameters (ZeRO-1)");
   t->add_option("--bucket-bytes", train.bucket_bytes,
