@@ -1,5 +1,5 @@
 // bench_step: training steps of a GPT at given shapes, with step time, model-FLOPs utilisation and
-// memory, for the targets of the README's performance section and for profiling.
+// memory, for the targets of docs/performance.md and for profiling.
 //
 //   build/bench/bench_step [--layers 4] [--width 128] [--heads 4] [--seq 64] [--batch 12]
 //                          [--vocab 65] [--policy save-all] [--steps 10] [--warmup 2]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/run_targets.sh - the speed and memory targets of the README's performance section, in one
+# bench/run_targets.sh - the speed and memory targets of docs/performance.md, in one
 # run, one after the other on the same machine:
 #   1. the peer benchmarks, every model (bench/peers/run.sh: remat, PyTorch, JAX; MLP, GPT,
 #      gpt-large, nanoGPT shapes), written as bench/results/peers-DATE-targets.{md,svg,json};

@@ -15,7 +15,7 @@
 // same in bench/peers/torch_runner.py and jax_runner.py. With --fuse-optimizer the update runs
 // inside the backward, each parameter as soon as its gradient is final (the same weights).
 //
-// Memory, measured the same way in every system (see README.md):
+// Memory, measured the same way in every system (see docs/performance.md):
 //   rss_peak_growth_bytes  VmHWM at the end minus VmHWM right after setup (model, inputs and
 //                          optimizer built, nothing run yet); before reading the baseline the
 //                          high-water mark is reset to the current RSS (/proc/self/clear_refs 5),

@@ -1,6 +1,6 @@
 // CPU 2-D convolution: remat's own im2col + GEMM (both dtypes) and the dispatch to oneDNN's
 // primitives (conv_onednn.cpp) for float32. Which one serves f32 was decided by measurement
-// (bench/bench_conv.cpp, README "Convolution choice"); f64 always takes im2col + OpenBLAS dgemm,
+// (bench/bench_conv.cpp, docs/performance.md, "Kernel choices"); f64 always takes im2col + OpenBLAS dgemm,
 // since oneDNN has no f64 convolution on the CPU.
 //
 // im2col, per image n and group g (Cg = C / groups input channels, Og = O / groups outputs):
@@ -52,7 +52,7 @@ namespace remat::cpu {
 namespace {
 
 // What ConvAlgorithm::automatic means for float32, by measurement (bench/bench_conv.cpp on the
-// ResNet shapes; README "Convolution choice").
+// ResNet shapes; docs/performance.md, "Kernel choices").
 constexpr ConvAlgorithm kAutomaticConvAlgorithm = ConvAlgorithm::onednn_blocked;
 
 // Below this many FLOPs (about 20 microseconds of one core) a convolution runs on the calling

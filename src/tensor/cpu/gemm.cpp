@@ -1,5 +1,5 @@
 // CPU matrix products. Library choice, by measurement on the target machines (2-core Zen4, see
-// bench/gemm_bench.cpp and the README): float32 goes to oneDNN's dnnl_sgemm (about 93% of peak
+// bench/bench_gemm.cpp and docs/performance.md, "Kernel choices"): float32 goes to oneDNN's dnnl_sgemm (about 93% of peak
 // on every shape, runtime ISA dispatch, no environment variables needed); float64 goes to
 // OpenBLAS's cblas_dgemm (oneDNN has no dgemm; OpenBLAS picks a correct AVX-512 kernel here).
 #include <oneapi/dnnl/dnnl.h>

@@ -2,8 +2,8 @@
 // (PyTorch's padding and ceil-mode rules) and adaptive average, forward and backward. Pooling
 // reads each input element a few times and does no arithmetic to speak of, so it is memory-bound;
 // direct loops over contiguous planes, one plane per thread at a time, serve both dtypes (oneDNN's
-// pooling would need the same layout reorders as its convolutions; see README "Convolution
-// choice"). Each plane is written by one thread in a fixed order: results do not depend on the
+// pooling would need the same layout reorders as its convolutions; see docs/performance.md,
+// "Kernel choices"). Each plane is written by one thread in a fixed order: results do not depend on the
 // thread count.
 #include <cmath>
 #include <cstring>

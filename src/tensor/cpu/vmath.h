@@ -5,7 +5,7 @@
 // below -87.34), tanh at most 1.3 ulp on [-10, 10], erf: see erf_f. SLEEF 3.5 (libsleef-dev) was
 // measured against these: equal accuracy for exp and tanh (1.0 ulp) at equal speed, and an erf
 // five times slower; as an out-of-line call it also cannot be fused into the row kernels' loops,
-// so remat keeps its own (README, "Transcendental functions"). Constants are the usual Cody-Waite split of ln 2 and Taylor-like
+// so remat keeps its own (docs/performance.md, "Kernel choices"). Constants are the usual Cody-Waite split of ln 2 and Taylor-like
 // minimax coefficients for exp on [-ln2/2, ln2/2] and tanh on [-0.625, 0.625].
 #pragma once
 
