@@ -151,12 +151,27 @@ class RefusingBackend final : public cpu::CpuBackend {
   memory::Allocator allocator_{"emulated:5"};
 };
 
+// Registers a RefusingBackend as emulated:5 for the life of the object.
+struct RefusingDevice {
+  RefusingDevice() { register_backend(device, &backend); }
+  ~RefusingDevice() {
+    register_backend(device, nullptr);
+    backend.allocator().empty_cache();
+  }
+  RefusingDevice(const RefusingDevice&) = delete;
+  RefusingDevice& operator=(const RefusingDevice&) = delete;
+  RefusingBackend backend;
+  Device device{DeviceType::emulated, 5};
+};
+
 // Calls every optional kernel at least once on `device`: forward values, gradients and the
 // parameters after two SGD and two AdamW steps, all made from the same host inputs.
 TensorList every_kernel(Device device) {
   ScopedPolicy keep_all(Policy::save_all());
   uint64_t seed = 1;
-  auto leaf = [&](const Shape& shape) { return randn(shape, DType::f32, RngState{seed++, 0}).to(device).requires_grad_(); };
+  auto leaf = [&](const Shape& shape) {
+    return randn(shape, DType::f32, RngState{seed++, 0}).to(device).requires_grad_();
+  };
   TensorList results = {arange(0.0, 6.0, 1.5, DType::f32, device),                               // arange
                         rand({3, 4}, DType::f32, RngState{50, 0}, -1.0, 1.0, device),               // rand_uniform
                         randn({3, 4}, DType::f32, RngState{51, 0}, 0.0, 1.0, device)};              // rand_normal
@@ -197,9 +212,9 @@ TensorList every_kernel(Device device) {
 // still give the CPU's bits (a written tensor marked in() would lose its result), and the program
 // must reach every optional kernel of the list (a kernel added to the list needs a call here).
 TEST(DeviceSeam, EveryOptionalKernelGivesTheCpuResultThroughTheFallback) {
-  RefusingBackend refusing;
-  const Device device{DeviceType::emulated, 5};
-  register_backend(device, &refusing);
+  RefusingDevice dev;
+  const Device device = dev.device;
+  const std::set<Kernel>& asked = dev.backend.asked;
   const TensorList on_cpu = every_kernel(kCpu);
   const uint64_t before = fallback_calls(device);
   {
@@ -210,17 +225,15 @@ TEST(DeviceSeam, EveryOptionalKernelGivesTheCpuResultThroughTheFallback) {
       EXPECT_TRUE(same_bits(on_device[i], on_cpu[i])) << "result " << i;
     }
   }
-  EXPECT_GE(fallback_calls(device) - before, refusing.asked.size());
+  EXPECT_GE(fallback_calls(device) - before, asked.size());
 #define OPTIONAL_KERNEL(name, ...) Kernel::name,
   const std::vector<Kernel> optional = {REMAT_OPTIONAL_KERNELS(OPTIONAL_KERNEL)};
 #undef OPTIONAL_KERNEL
   std::string missing;
   for (Kernel kernel : optional)
-    if (refusing.asked.count(kernel) == 0) missing += std::string(" ") + kernel_name(kernel);
+    if (asked.count(kernel) == 0) missing += std::string(" ") + kernel_name(kernel);
   EXPECT_EQ(missing, "") << "optional kernels this program does not call";
-  EXPECT_EQ(refusing.asked.size(), optional.size()) << "the dispatcher asked supports() for copy or fill";
-  register_backend(device, nullptr);
-  refusing.allocator().empty_cache();
+  EXPECT_EQ(asked.size(), optional.size()) << "the dispatcher asked supports() for copy or fill";
 }
 
 namespace {
