@@ -135,35 +135,6 @@ TEST(DeviceSeam, KernelsABackendLacksRunOnTheCpu) {
 
 namespace {
 
-// A device whose backend supports none of the optional kernels (REMAT_OPTIONAL_KERNELS), so that
-// each of them runs through the dispatcher's CPU fallback; it records the kernels it was asked for.
-class RefusingBackend final : public cpu::CpuBackend {
- public:
-  DeviceType device_type() const override { return DeviceType::emulated; }
-  memory::Allocator& allocator() override { return allocator_; }
-  bool supports(Kernel kernel, DType dtype) const override {
-    asked.insert(kernel);
-    return false;
-  }
-  mutable std::set<Kernel> asked;
-
- private:
-  memory::Allocator allocator_{"emulated:5"};
-};
-
-// Registers a RefusingBackend as emulated:5 for the life of the object.
-struct RefusingDevice {
-  RefusingDevice() { register_backend(device, &backend); }
-  ~RefusingDevice() {
-    register_backend(device, nullptr);
-    backend.allocator().empty_cache();
-  }
-  RefusingDevice(const RefusingDevice&) = delete;
-  RefusingDevice& operator=(const RefusingDevice&) = delete;
-  RefusingBackend backend;
-  Device device{DeviceType::emulated, 5};
-};
-
 // Calls every optional kernel at least once on `device`: forward values, gradients and the
 // parameters after two SGD and two AdamW steps, all made from the same host inputs.
 TensorList every_kernel(Device device) {
@@ -212,7 +183,11 @@ TensorList every_kernel(Device device) {
 // still give the CPU's bits (a written tensor marked in() would lose its result), and the program
 // must reach every optional kernel of the list (a kernel added to the list needs a call here).
 TEST(DeviceSeam, EveryOptionalKernelGivesTheCpuResultThroughTheFallback) {
-  RefusingDevice dev;
+#define OPTIONAL_KERNEL(name, ...) Kernel::name,
+  const std::vector<Kernel> optional = {REMAT_OPTIONAL_KERNELS(OPTIONAL_KERNEL)};
+#undef OPTIONAL_KERNEL
+  EmulatedDevice dev(5);
+  for (Kernel kernel : optional) dev.backend.refuse_all_dtypes(kernel);
   const Device device = dev.device;
   const std::set<Kernel>& asked = dev.backend.asked;
   const TensorList on_cpu = every_kernel(kCpu);
@@ -226,9 +201,6 @@ TEST(DeviceSeam, EveryOptionalKernelGivesTheCpuResultThroughTheFallback) {
     }
   }
   EXPECT_GE(fallback_calls(device) - before, asked.size());
-#define OPTIONAL_KERNEL(name, ...) Kernel::name,
-  const std::vector<Kernel> optional = {REMAT_OPTIONAL_KERNELS(OPTIONAL_KERNEL)};
-#undef OPTIONAL_KERNEL
   std::string missing;
   for (Kernel kernel : optional)
     if (asked.count(kernel) == 0) missing += std::string(" ") + kernel_name(kernel);
