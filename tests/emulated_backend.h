@@ -34,13 +34,17 @@ class EmulatedBackend final : public cpu::CpuBackend {
     CpuBackend::copy_to_host(src, host);
   }
   void synchronize() override { ++synchronizations; }
-  bool supports(Kernel kernel, DType dtype) const override { return refused_.count({kernel, dtype}) == 0; }
+  bool supports(Kernel kernel, DType dtype) const override {
+    asked.insert(kernel);
+    return refused_.count({kernel, dtype}) == 0;
+  }
   void refuse(Kernel kernel, DType dtype) { refused_.insert({kernel, dtype}); }
   void refuse_all_dtypes(Kernel kernel) {
     for (DType d : {DType::f32, DType::f64, DType::i64}) refuse(kernel, d);
   }
 
   uint64_t host_to_device = 0, device_to_host = 0, synchronizations = 0;
+  mutable std::set<Kernel> asked;  // the kernels the dispatcher asked supports() for
 
  private:
   memory::Allocator allocator_;

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "checkpoint_models.h"
 #include "emulated_backend.h"
@@ -128,6 +131,81 @@ TEST(DeviceSeam, KernelsABackendLacksRunOnTheCpu) {
   // f64 softmax is supported: no fallback
   softmax(x.to(DType::f64).to(dev.device), -1);
   EXPECT_EQ(fallback_calls(dev.device), before + 3);
+}
+
+namespace {
+
+// Calls every optional kernel at least once on `device`: forward values, gradients and the
+// parameters after two SGD and two AdamW steps, all made from the same host inputs.
+TensorList every_kernel(Device device) {
+  ScopedPolicy keep_all(Policy::save_all());
+  uint64_t seed = 1;
+  auto leaf = [&](const Shape& shape) {
+    return randn(shape, DType::f32, RngState{seed++, 0}).to(device).requires_grad_();
+  };
+  TensorList results = {arange(0.0, 6.0, 1.5, DType::f32, device),                               // arange
+                        rand({3, 4}, DType::f32, RngState{50, 0}, -1.0, 1.0, device),               // rand_uniform
+                        randn({3, 4}, DType::f32, RngState{51, 0}, 0.0, 1.0, device)};              // rand_normal
+  // rows: gemm, layer and RMS norm, unary, binary, softmax, where, embedding, cross-entropy
+  Tensor x = leaf({4, 6}), w = leaf({6, 5}), gain = leaf({5}), shift = leaf({5}), table = leaf({7, 5});
+  Tensor h = matmul(x, w);
+  Tensor rows = softmax(tanh(layer_norm(h, gain, shift)) + rms_norm(h, gain));
+  Tensor cond = from_vector(std::vector<double>{1, 0, 0, 1, 1}, {5}, DType::f32, memory::Tag::other, device);
+  Tensor logits = where(cond, rows, h) + embedding(table, from_indices({6, 0, 2, 2}, {4}, device));
+  Tensor ce = cross_entropy(logits, from_indices({0, 3, 1, 4}, {4}, device), 0.1);
+  Tensor dropped = dropout(x, 0.3, RngState{52, 0});
+  // images: convolution, batch norm, the three poolings
+  Tensor image = leaf({2, 3, 6, 6}), filters = leaf({4, 3, 3, 3}), bias = leaf({4}), scale = leaf({4});
+  Tensor y = batch_norm(conv2d(image, filters, bias, {1, 1}, {1, 1}), scale, bias, Tensor(), Tensor(), true);
+  Tensor pooled = max_pool2d(y, {2, 2}).sum() + avg_pool2d(y, {2, 2}).sum() + adaptive_avg_pool2d(y, {2, 2}).sum();
+  // fused attention
+  Tensor q = leaf({1, 2, 5, 4}), k = leaf({1, 2, 5, 4}), v = leaf({1, 2, 5, 4});
+  Tensor attended = scaled_dot_product_attention(q, k, v, true);
+  Tensor loss = ce + mean(mul(dropped, dropped)) + pooled + attended.sum();  // reduce
+  loss.backward();
+  for (const Tensor& t : {rows, logits, ce, dropped, y, attended, loss}) results.push_back(t.detach());
+  TensorList params = {x, w, gain, shift, table, image, filters, bias, scale, q, k, v};
+  for (const Tensor& p : params) results.push_back(p.grad());
+  nn::SGD sgd({x, w, gain, shift, table, image}, {.lr = 0.1, .momentum = 0.9});   // sgd_step
+  nn::AdamW adamw({filters, bias, scale, q, k, v}, {.lr = 0.1});                  // adamw_step
+  for (int step = 0; step < 2; ++step) {
+    sgd.step();
+    adamw.step();
+  }
+  for (const Tensor& p : params) results.push_back(p.detach());
+  return results;
+}
+
+}  // namespace
+
+// The dispatcher's forwarding is generated from the kernel list (remat/backend.h), each tensor
+// argument marked in() or inout(): on a device that supports nothing optional, every kernel must
+// still give the CPU's bits (a written tensor marked in() would lose its result), and the program
+// must reach every optional kernel of the list (a kernel added to the list needs a call here).
+TEST(DeviceSeam, EveryOptionalKernelGivesTheCpuResultThroughTheFallback) {
+#define OPTIONAL_KERNEL(name, ...) Kernel::name,
+  const std::vector<Kernel> optional = {REMAT_OPTIONAL_KERNELS(OPTIONAL_KERNEL)};
+#undef OPTIONAL_KERNEL
+  EmulatedDevice dev(5);
+  for (Kernel kernel : optional) dev.backend.refuse_all_dtypes(kernel);
+  const Device device = dev.device;
+  const std::set<Kernel>& asked = dev.backend.asked;
+  const TensorList on_cpu = every_kernel(kCpu);
+  const uint64_t before = fallback_calls(device);
+  {
+    const TensorList on_device = every_kernel(device);
+    ASSERT_EQ(on_device.size(), on_cpu.size());
+    for (size_t i = 0; i < on_cpu.size(); ++i) {
+      EXPECT_EQ(on_device[i].device(), device) << "result " << i;
+      EXPECT_TRUE(same_bits(on_device[i], on_cpu[i])) << "result " << i;
+    }
+  }
+  EXPECT_GE(fallback_calls(device) - before, asked.size());
+  std::string missing;
+  for (Kernel kernel : optional)
+    if (asked.count(kernel) == 0) missing += std::string(" ") + kernel_name(kernel);
+  EXPECT_EQ(missing, "") << "optional kernels this program does not call";
+  EXPECT_EQ(asked.size(), optional.size()) << "the dispatcher asked supports() for copy or fill";
 }
 
 namespace {

@@ -99,17 +99,181 @@ struct AttentionParams {
   RngState dropout_state;   // where the dropout words come from (see Backend::attention)
 };
 
-// The kernels of a Backend, one per virtual function below (for supports() and the fallback).
-enum class Kernel : uint8_t {
-  copy, fill, arange, rand_uniform, rand_normal, unary, unary_backward, binary, where, reduce, gemm, softmax,
-  softmax_backward, layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, embedding, embedding_backward,
-  cross_entropy, cross_entropy_backward, dropout, conv2d, conv2d_backward_input, conv2d_backward_weight,
-  max_pool2d, max_pool2d_backward, avg_pool2d, avg_pool2d_backward, adaptive_avg_pool2d,
-  adaptive_avg_pool2d_backward, batch_norm_statistics, batch_norm_apply, batch_norm_backward, sgd_step,
-  adamw_step, attention, attention_backward,
-};
-inline constexpr int kKernelCount = static_cast<int>(Kernel::attention_backward) + 1;
+// ---- the kernel list
+// REMAT_KERNELS(X) is the one list of a Backend's kernels, X(name, dtype_of, (parameters),
+// (arguments)) per kernel with its contract above it. The Kernel enum, kKernelCount,
+// kernel_name(), Backend's pure virtuals, the override declarations of a backend class
+// (REMAT_OVERRIDE_KERNELS) and the dispatcher's forwarding (src/tensor/dispatch.cpp) all expand it.
+//   name        the virtual function and its Kernel enumerator
+//   dtype_of    the operand whose dtype is the `dtype` of supports()
+//   parameters  the virtual's parameter list
+//   arguments   a call forwarding them, each tensor marked in(t) (only read) or inout(t) (written:
+//               the CPU fallback copies it to host memory and back, so a tensor updated in place or
+//               accumulated into keeps its contents)
+// REMAT_REQUIRED_KERNELS are supported by every backend (the fallback itself needs them); the
+// dispatcher asks supports() for the REMAT_OPTIONAL_KERNELS only. Adding a kernel: the checklist
+// in docs/backends.md.
+#define REMAT_REQUIRED_KERNELS(X)                                                                                      \
+  /* ---- data movement */                                                                                             \
+  /* dst[...] = src[...] with broadcasting of src to dst's shape; dtypes may differ (conversion). */                   \
+  X(copy, dst, (const Tensor& src, const Tensor& dst), (in(src), inout(dst)))                                          \
+  X(fill, dst, (const Tensor& dst, double value), (inout(dst), value))
+
+#define REMAT_OPTIONAL_KERNELS(X)                                                                                      \
+  X(arange, dst, (const Tensor& dst, double start, double step), (inout(dst), start, step))                            \
+  X(rand_uniform, dst, (const Tensor& dst, RngState state, double low, double high),                                   \
+    (inout(dst), state, low, high))                                                                                    \
+  X(rand_normal, dst, (const Tensor& dst, RngState state, double mean, double stddev),                                 \
+    (inout(dst), state, mean, stddev))                                                                                 \
+                                                                                                                       \
+  /* ---- elementwise */                                                                                               \
+  X(unary, x, (UnaryOp op, const Tensor& x, const Tensor& y, double scalar), (op, in(x), inout(y), scalar))            \
+  /* gx = gy * d(op)/dx, given x and (for ops whose derivative is cheaper from it) y = op(x). */                       \
+  X(unary_backward, gy, (UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& gy, const Tensor& gx,             \
+                         double scalar),                                                                               \
+    (op, in(x), in(y), in(gy), inout(gx), scalar))                                                                     \
+  /* out = a (op) b with NumPy broadcasting to out's shape. */                                                         \
+  X(binary, a, (BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out), (op, in(a), in(b), inout(out)))     \
+  /* out = cond != 0 ? a : b, broadcasting all three to out's shape. */                                                \
+  X(where, out, (const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out),                             \
+    (in(cond), in(a), in(b), inout(out)))                                                                              \
+                                                                                                                       \
+  /* ---- reductions: reduce x over `axes` (sorted, unique); out has x's shape with those axes                         \
+     removed (or kept as 1 when keepdim was asked; the layout is the same). */                                         \
+  X(reduce, x, (ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out),                    \
+    (op, in(x), axes, inout(out)))                                                                                     \
+                                                                                                                       \
+  /* ---- matrix products: c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b]                                            \
+     a: [batch, m, k] (or [batch, k, m] when trans_a), b: [batch, k, n] (or [batch, n, k]),                            \
+     c: [batch, m, n] contiguous. A batch stride of 0 broadcasts an operand. */                                        \
+  X(gemm, c, (const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,             \
+              double beta),                                                                                            \
+    (in(a), trans_a, in(b), trans_b, inout(c), alpha, beta))                                                           \
+                                                                                                                       \
+  /* ---- rows (last axis) kernels, inputs contiguous */                                                               \
+  X(softmax, x, (const Tensor& x, const Tensor& y, bool log), (in(x), inout(y), log))                                  \
+  X(softmax_backward, y, (const Tensor& y, const Tensor& gy, const Tensor& gx, bool log),                              \
+    (in(y), in(gy), inout(gx), log))                                                                                   \
+  /* y = (x - mean) * rstd * weight + bias; mean and rstd are [rows]. weight/bias may be undefined. */                 \
+  X(layer_norm, x, (const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,            \
+                    const Tensor& mean, const Tensor& rstd),                                                           \
+    (in(x), in(weight), in(bias), eps, inout(y), inout(mean), inout(rstd)))                                            \
+  X(layer_norm_backward, x, (const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,            \
+                             const Tensor& gy, const Tensor& gx, const Tensor& gweight, const Tensor& gbias),          \
+    (in(x), in(weight), in(mean), in(rstd), in(gy), inout(gx), inout(gweight), inout(gbias)))                          \
+  /* y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps) */                                                          \
+  X(rms_norm, x, (const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd),             \
+    (in(x), in(weight), eps, inout(y), inout(rstd)))                                                                   \
+  X(rms_norm_backward, x, (const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& gy,                \
+                           const Tensor& gx, const Tensor& gweight),                                                   \
+    (in(x), in(weight), in(rstd), in(gy), inout(gx), inout(gweight)))                                                  \
+                                                                                                                       \
+  /* ---- indexing */                                                                                                  \
+  /* out[i, :] = table[ids[i], :]; ids i64 of any shape (flattened), table [V, D]. */                                  \
+  X(embedding, table, (const Tensor& table, const Tensor& ids, const Tensor& out), (in(table), in(ids), inout(out)))   \
+  /* gtable[ids[i], :] += gout[i, :] (gtable zero-initialised by the caller). */                                       \
+  X(embedding_backward, gout, (const Tensor& ids, const Tensor& gout, const Tensor& gtable),                           \
+    (in(ids), in(gout), inout(gtable)))                                                                                \
+  /* Per-row loss of logits [N, C] against targets [N] (i64); rows whose target equals                                 \
+     ignore_index get loss 0. Also writes log-softmax into logp [N, C] for the backward, and into                      \
+     scale (a 0-d tensor of the logits' dtype) the weight of each row in the mean: 1 / (the number                     \
+     of rows not ignored), as a double rounded to the dtype, or 0 if every row is ignored. A target                    \
+     outside [0, C) that is not ignore_index is a remat::Error naming the row (so the op validates                     \
+     its targets without reading device memory on the host). */                                                        \
+  X(cross_entropy, logits, (const Tensor& logits, const Tensor& targets, double label_smoothing,                       \
+                            int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale),      \
+    (in(logits), in(targets), label_smoothing, ignore_index, inout(losses), inout(logp), inout(scale)))                \
+  X(cross_entropy_backward, logp, (const Tensor& logp, const Tensor& targets, const Tensor& gloss,                     \
+                                   double label_smoothing, int64_t ignore_index, const Tensor& glogits),               \
+    (in(logp), in(targets), in(gloss), label_smoothing, ignore_index, inout(glogits)))                                 \
+  /* y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p. */                      \
+  X(dropout, x, (const Tensor& x, double p, RngState state, const Tensor& y), (in(x), p, state, inout(y)))             \
+                                                                                                                       \
+  /* ---- convolution, pooling and batch normalisation (issue 17; src/tensor/cpu/conv.cpp,                             \
+     pool.cpp, batch_norm.cpp). Images are NCHW and contiguous; weights [O, C / groups, KH, KW]. */                    \
+  /* y [N, O, OH, OW] = conv(x [N, C, H, W], w) + bias [O] (bias may be undefined). */                                 \
+  X(conv2d, x, (const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g,                         \
+                const Tensor& y),                                                                                      \
+    (in(x), in(w), in(bias), g, inout(y)))                                                                             \
+  /* gx [N, C, H, W] = the input gradient of conv2d for gy [N, O, OH, OW]. */                                          \
+  X(conv2d_backward_input, gy, (const Tensor& gy, const Tensor& w, const Conv2dGeometry& g,                            \
+                                const Tensor& gx),                                                                     \
+    (in(gy), in(w), g, inout(gx)))                                                                                     \
+  /* gw [O, C / groups, KH, KW] and gbias [O] (either may be undefined) for x and gy. */                               \
+  X(conv2d_backward_weight, gy, (const Tensor& x, const Tensor& gy, const Conv2dGeometry& g, const Tensor& gw,         \
+                                 const Tensor& gbias),                                                                 \
+    (in(x), in(gy), g, inout(gw), inout(gbias)))                                                                       \
+  /* y [N, C, OH, OW] = max over each window; indices (i64, y's shape) = the flat position                             \
+     h * W + w of the maximum within its input plane (the first one on ties). */                                       \
+  X(max_pool2d, x, (const Tensor& x, const Pool2dGeometry& g, const Tensor& y, const Tensor& indices),                 \
+    (in(x), g, inout(y), inout(indices)))                                                                              \
+  /* gx (zero-filled here) [indices[i]] += gy[i], plane by plane. */                                                   \
+  X(max_pool2d_backward, gy, (const Tensor& gy, const Tensor& indices, const Tensor& gx),                              \
+    (in(gy), in(indices), inout(gx)))                                                                                  \
+  X(avg_pool2d, x, (const Tensor& x, const Pool2dGeometry& g, const Tensor& y), (in(x), g, inout(y)))                  \
+  X(avg_pool2d_backward, gy, (const Tensor& gy, const Pool2dGeometry& g, const Tensor& gx), (in(gy), g, inout(gx)))    \
+  /* Output bin i of an axis of length L into n bins averages [floor(i L / n), ceil((i + 1) L / n)). */                \
+  X(adaptive_avg_pool2d, x, (const Tensor& x, const Tensor& y), (in(x), inout(y)))                                     \
+  X(adaptive_avg_pool2d_backward, gy, (const Tensor& gy, const Tensor& gx), (in(gy), inout(gx)))                       \
+  /* x [N, C, S...] (any S, possibly none): per-channel mean [C] and biased variance [C] over N and S. */              \
+  X(batch_norm_statistics, x, (const Tensor& x, const Tensor& mean, const Tensor& var),                                \
+    (in(x), inout(mean), inout(var)))                                                                                  \
+  /* y = (x - mean[c]) * rstd[c] * weight[c] + bias[c] (weight, bias may be undefined). */                             \
+  X(batch_norm_apply, x, (const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,               \
+                          const Tensor& bias, const Tensor& y),                                                        \
+    (in(x), in(mean), in(rstd), in(weight), in(bias), inout(y)))                                                       \
+  /* Gradients of batch_norm_apply where mean and rstd are the batch statistics of x (training)                        \
+     or constants (evaluation). gx, gweight, gbias may each be undefined. */                                           \
+  X(batch_norm_backward, x, (const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,            \
+                             const Tensor& gy, bool batch_statistics, const Tensor& gx, const Tensor& gweight,         \
+                             const Tensor& gbias),                                                                     \
+    (in(x), in(mean), in(rstd), in(weight), in(gy), batch_statistics, inout(gx), inout(gweight), inout(gbias)))        \
+                                                                                                                       \
+  /* ---- optimizer updates, in place, one pass over parameter, gradient and state (all                                \
+     contiguous, of the parameter's shape and dtype; the momentum buffer is undefined without momentum) */             \
+  X(sgd_step, param, (const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& step),           \
+    (inout(param), in(grad), inout(momentum), step))                                                                   \
+  X(adamw_step, param, (const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,      \
+                        const AdamWStep& step),                                                                        \
+    (inout(param), in(grad), inout(exp_avg), inout(exp_avg_sq), step))                                                 \
+                                                                                                                       \
+  /* ---- fused attention, per batch b and head h, never forming the [Tq, Tk] probabilities:                           \
+       out[b, h] = dropout(softmax(q[b, h] @ k[b, h]^T * scale, causal mask)) @ v[b, h]                                \
+     q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv], out [B, H, Tq, Dv]: any strides with a                        \
+     unit stride along the last axis; lse [B, H, Tq] contiguous receives each row's log-sum-exp of                     \
+     the scaled, masked scores (the backward recomputes the probabilities from it). Dropout keeps                      \
+     probability (b, h, i, j) iff uniform_float(word ((b * H + h) * Tq + i) * Tk + j of                                \
+     dropout_state) >= dropout_p, the words dropout() would use on the [B, H, Tq, Tk] tensor.                          \
+     Results do not depend on the number of threads. */                                                                \
+  X(attention, q, (const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,                   \
+                   const Tensor& out, const Tensor& lse),                                                              \
+    (in(q), in(k), in(v), params, inout(out), inout(lse)))                                                             \
+  /* Gradients gq, gk, gv (shapes of q, k, v; unit stride along the last axis) from the forward's                      \
+     out and lse and the output gradient gout. */                                                                      \
+  X(attention_backward, q, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,                      \
+                            const Tensor& lse, const Tensor& gout, const AttentionParams& params,                      \
+                            const Tensor& gq, const Tensor& gk, const Tensor& gv),                                     \
+    (in(q), in(k), in(v), in(out), in(lse), in(gout), params, inout(gq), inout(gk), inout(gv)))
+#define REMAT_KERNELS(X) REMAT_REQUIRED_KERNELS(X) REMAT_OPTIONAL_KERNELS(X)
+
+// The kernels of a Backend, one per virtual function (for supports() and the fallback).
+#define REMAT_KERNEL_ENUMERATOR(name, ...) name,
+enum class Kernel : uint8_t { REMAT_KERNELS(REMAT_KERNEL_ENUMERATOR) };
+#undef REMAT_KERNEL_ENUMERATOR
+#define REMAT_KERNEL_ONE(...) +1
+inline constexpr int kKernelCount = 0 REMAT_KERNELS(REMAT_KERNEL_ONE);
+#undef REMAT_KERNEL_ONE
 const char* kernel_name(Kernel kernel);
+
+// Declares every kernel of the list as an override, inside a class derived from Backend:
+//   class MyBackend final : public remat::Backend {
+//    public:
+//     REMAT_OVERRIDE_KERNELS()   // void copy(const Tensor& src, const Tensor& dst) override; ...
+//   };
+// A kernel added to the list is then declared by every backend that uses this, and the build
+// fails until each of them defines it.
+#define REMAT_KERNEL_OVERRIDE(name, dtype_of, parameters, arguments) void name parameters override;
+#define REMAT_OVERRIDE_KERNELS() REMAT_KERNELS(REMAT_KERNEL_OVERRIDE)
 
 class Backend {
  public:
@@ -137,119 +301,10 @@ class Backend {
     return true;
   }
 
-  // ---- data movement
-  // dst[...] = src[...] with broadcasting of src to dst's shape; dtypes may differ (conversion).
-  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
-  virtual void fill(const Tensor& dst, double value) = 0;
-  virtual void arange(const Tensor& dst, double start, double step) = 0;
-  virtual void rand_uniform(const Tensor& dst, RngState state, double low, double high) = 0;
-  virtual void rand_normal(const Tensor& dst, RngState state, double mean, double stddev) = 0;
-
-  // ---- elementwise
-  virtual void unary(UnaryOp op, const Tensor& x, const Tensor& y, double scalar) = 0;
-  // gx = gy * d(op)/dx, given x and (for ops whose derivative is cheaper from it) y = op(x).
-  virtual void unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& gy, const Tensor& gx,
-                              double scalar) = 0;
-  // out = a (op) b with NumPy broadcasting to out's shape.
-  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
-  // out = cond != 0 ? a : b, broadcasting all three to out's shape.
-  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
-
-  // ---- reductions: reduce x over `axes` (sorted, unique); out has x's shape with those axes
-  // removed (or kept as 1 when keepdim was asked; the layout is the same).
-  virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) = 0;
-
-  // ---- matrix products: c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b]
-  // a: [batch, m, k] (or [batch, k, m] when trans_a), b: [batch, k, n] (or [batch, n, k]),
-  // c: [batch, m, n] contiguous. A batch stride of 0 broadcasts an operand.
-  virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
-                    double beta) = 0;
-
-  // ---- rows (last axis) kernels, inputs contiguous
-  virtual void softmax(const Tensor& x, const Tensor& y, bool log) = 0;
-  virtual void softmax_backward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log) = 0;
-  // y = (x - mean) * rstd * weight + bias; mean and rstd are [rows]. weight/bias may be undefined.
-  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
-                          const Tensor& mean, const Tensor& rstd) = 0;
-  virtual void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& gy, const Tensor& gx, const Tensor& gweight,
-                                   const Tensor& gbias) = 0;
-  // y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps)
-  virtual void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) = 0;
-  virtual void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& gy,
-                                 const Tensor& gx, const Tensor& gweight) = 0;
-
-  // ---- indexing
-  // out[i, :] = table[ids[i], :]; ids i64 of any shape (flattened), table [V, D].
-  virtual void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
-  // gtable[ids[i], :] += gout[i, :] (gtable zero-initialised by the caller).
-  virtual void embedding_backward(const Tensor& ids, const Tensor& gout, const Tensor& gtable) = 0;
-  // Per-row loss of logits [N, C] against targets [N] (i64); rows whose target equals
-  // ignore_index get loss 0. Also writes log-softmax into logp [N, C] for the backward, and into
-  // scale (a 0-d tensor of the logits' dtype) the weight of each row in the mean: 1 / (the number
-  // of rows not ignored), as a double rounded to the dtype, or 0 if every row is ignored. A target
-  // outside [0, C) that is not ignore_index is a remat::Error naming the row (so the op validates
-  // its targets without reading device memory on the host).
-  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing,
-                             int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale) = 0;
-  virtual void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss,
-                                      double label_smoothing, int64_t ignore_index, const Tensor& glogits) = 0;
-  // y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p.
-  virtual void dropout(const Tensor& x, double p, RngState state, const Tensor& y) = 0;
-
-  // ---- convolution, pooling and batch normalisation (issue 17; src/tensor/cpu/conv.cpp,
-  // pool.cpp, batch_norm.cpp). Images are NCHW and contiguous; weights [O, C / groups, KH, KW].
-  // y [N, O, OH, OW] = conv(x [N, C, H, W], w) + bias [O] (bias may be undefined).
-  virtual void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g,
-                      const Tensor& y) = 0;
-  // gx [N, C, H, W] = the input gradient of conv2d for gy [N, O, OH, OW].
-  virtual void conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dGeometry& g,
-                                     const Tensor& gx) = 0;
-  // gw [O, C / groups, KH, KW] and gbias [O] (either may be undefined) for x and gy.
-  virtual void conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeometry& g, const Tensor& gw,
-                                      const Tensor& gbias) = 0;
-  // y [N, C, OH, OW] = max over each window; indices (i64, y's shape) = the flat position
-  // h * W + w of the maximum within its input plane (the first one on ties).
-  virtual void max_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y, const Tensor& indices) = 0;
-  // gx (zero-filled here) [indices[i]] += gy[i], plane by plane.
-  virtual void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) = 0;
-  virtual void avg_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) = 0;
-  virtual void avg_pool2d_backward(const Tensor& gy, const Pool2dGeometry& g, const Tensor& gx) = 0;
-  // Output bin i of an axis of length L into n bins averages [floor(i L / n), ceil((i + 1) L / n)).
-  virtual void adaptive_avg_pool2d(const Tensor& x, const Tensor& y) = 0;
-  virtual void adaptive_avg_pool2d_backward(const Tensor& gy, const Tensor& gx) = 0;
-  // x [N, C, S...] (any S, possibly none): per-channel mean [C] and biased variance [C] over N and S.
-  virtual void batch_norm_statistics(const Tensor& x, const Tensor& mean, const Tensor& var) = 0;
-  // y = (x - mean[c]) * rstd[c] * weight[c] + bias[c] (weight, bias may be undefined).
-  virtual void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
-                                const Tensor& bias, const Tensor& y) = 0;
-  // Gradients of batch_norm_apply where mean and rstd are the batch statistics of x (training)
-  // or constants (evaluation). gx, gweight, gbias may each be undefined.
-  virtual void batch_norm_backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
-                                   const Tensor& gy, bool batch_statistics, const Tensor& gx, const Tensor& gweight,
-                                   const Tensor& gbias) = 0;
-
-  // ---- optimizer updates, in place, one pass over parameter, gradient and state (all
-  // contiguous, of the parameter's shape and dtype; the momentum buffer is undefined without momentum)
-  virtual void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& step) = 0;
-  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                          const AdamWStep& step) = 0;
-
-  // ---- fused attention, per batch b and head h, never forming the [Tq, Tk] probabilities:
-  //   out[b, h] = dropout(softmax(q[b, h] @ k[b, h]^T * scale, causal mask)) @ v[b, h]
-  // q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv], out [B, H, Tq, Dv]: any strides with a
-  // unit stride along the last axis; lse [B, H, Tq] contiguous receives each row's log-sum-exp of
-  // the scaled, masked scores (the backward recomputes the probabilities from it). Dropout keeps
-  // probability (b, h, i, j) iff uniform_float(word ((b * H + h) * Tq + i) * Tk + j of
-  // dropout_state) >= dropout_p, the words dropout() would use on the [B, H, Tq, Tk] tensor.
-  // Results do not depend on the number of threads.
-  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
-                         const Tensor& out, const Tensor& lse) = 0;
-  // Gradients gq, gk, gv (shapes of q, k, v; unit stride along the last axis) from the forward's
-  // out and lse and the output gradient gout.
-  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                  const Tensor& lse, const Tensor& gout, const AttentionParams& params,
-                                  const Tensor& gq, const Tensor& gk, const Tensor& gv) = 0;
+  // ---- the kernels: REMAT_KERNELS above, each with its contract
+#define REMAT_KERNEL_PURE_VIRTUAL(name, dtype_of, parameters, arguments) virtual void name parameters = 0;
+  REMAT_KERNELS(REMAT_KERNEL_PURE_VIRTUAL)
+#undef REMAT_KERNEL_PURE_VIRTUAL
 };
 
 // The backend of a device (src/tensor/registry.cpp): the CPU backend, or the dispatcher around a

@@ -72,13 +72,9 @@ uint64_t fallback_calls(Device device) {
 namespace remat {
 
 const char* kernel_name(Kernel kernel) {
-  static const char* const names[kKernelCount] = {
-      "copy", "fill", "arange", "rand_uniform", "rand_normal", "unary", "unary_backward", "binary", "where", "reduce",
-      "gemm", "softmax", "softmax_backward", "layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward",
-      "embedding", "embedding_backward", "cross_entropy", "cross_entropy_backward", "dropout", "conv2d",
-      "conv2d_backward_input", "conv2d_backward_weight", "max_pool2d", "max_pool2d_backward", "avg_pool2d",
-      "avg_pool2d_backward", "adaptive_avg_pool2d", "adaptive_avg_pool2d_backward", "batch_norm_statistics",
-      "batch_norm_apply", "batch_norm_backward", "sgd_step", "adamw_step", "attention", "attention_backward"};
+#define REMAT_KERNEL_NAME(name, ...) #name,
+  static const char* const names[kKernelCount] = {REMAT_KERNELS(REMAT_KERNEL_NAME)};
+#undef REMAT_KERNEL_NAME
   const int i = static_cast<int>(kernel);
   return i >= 0 && i < kKernelCount ? names[i] : "?";
 }
