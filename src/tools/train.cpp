@@ -505,11 +505,12 @@ void StepLoop::evaluate(int64_t step, double loss_value, Clock::time_point run_s
 
 void StepLoop::show(int64_t step) {
   double tokens_per_s = tokens_per_step_ / m_.step_seconds.back();
-  char fields[160], val[24] = "-";
-  if (!std::isnan(m_.last_val_loss)) std::snprintf(val, sizeof val, "%.3f", m_.last_val_loss);
-  std::snprintf(fields, sizeof fields, "loss %.3f  val %s  %s tok/s  peak %s", m_.losses.back(), val,
-                human_count(tokens_per_s).c_str(), bytes_text(m_.peak_saved).c_str());
-  progress_.update(step + 1, fields);
+  char loss[32], val[32] = "";
+  std::snprintf(loss, sizeof loss, "loss %.3f", m_.losses.back());
+  if (!std::isnan(m_.last_val_loss)) std::snprintf(val, sizeof val, "val %.3f", m_.last_val_loss);
+  // kept in this order as the width shrinks: loss, (ETA), val, tok/s, peak
+  progress_.update(step + 1, {{loss, 90}, {val, 70}, {human_count(tokens_per_s) + " tok/s", 60},
+                              {"peak " + bytes_text(m_.peak_saved), 50}});
 }
 
 // ---- after the loop: the probe, the saved weights, the per-rank figures (RunSummary)
