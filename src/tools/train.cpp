@@ -170,6 +170,7 @@ CheckedOptions check_options(const TrainOptions& o, const DataParallel& dp) {
   REMAT_USAGE_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got ", o.dropout);
   REMAT_USAGE_CHECK(o.format == "remat" || o.format == "nanogpt" || o.format == "hf-gpt2",
                     "train: --format must be remat, nanogpt or hf-gpt2, got \"", o.format, "\"");
+  check_save_path(o.save, o.format);
   REMAT_USAGE_CHECK(!o.eval_only || !o.load.empty(), "train: --eval-only needs --load FILE (the weights to evaluate)");
   REMAT_USAGE_CHECK(o.accumulate >= 1 && o.accumulate <= kMaxAccumulate, "train: --accumulate must be from 1 to ",
                     kMaxAccumulate, ", got ", o.accumulate);

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "remat/nn.h"
 
 using namespace remat;
@@ -257,7 +259,9 @@ TEST_F(Cli, HostileWeightFilesAreErrors) {
   const std::string garbage = write("garbage.safetensors", "{\"x\": not json");
   expect_error("sample --load " + garbage, {"not valid JSON"});
   expect_error("sample --load " + path("nothing.safetensors"), {"no such file"});
-  expect_error("sample --load " + dir_.string(), {"not a regular file"});
+  expect_error("sample --load " + dir_.string(), {"is a directory without model.safetensors"});
+  fs::create_directories(path("nested/model.safetensors"));
+  expect_error("sample --load " + path("nested"), {"is a directory without model.safetensors"});
 }
 
 TEST_F(Cli, CostsFilesAreStrict) {
@@ -381,15 +385,18 @@ TEST_F(Cli, ProgressFitsTheWidth) {
   args.replace(args.find("train --quiet"), 13, "train");
   for (int columns : {60, 120}) {
     SCOPED_TRACE(columns);
-    // a log (not a terminal): plain progress lines, cut to COLUMNS
+    // a log (not a terminal): plain progress lines, fit to COLUMNS (whole fields dropped: at 60
+    // the label and the peak go, see CliProgress in test_cli_units)
     Streams r = run_streams(args, "COLUMNS=" + std::to_string(columns));
     EXPECT_EQ(r.code, 0) << r.err;
     int progress_lines = 0;
     for (const auto& line : lines_of(r.err)) {
-      if (line.rfind("train step ", 0) != 0) continue;
+      if (line.find("/30  loss ") == std::string::npos || line.rfind("step ", 0) == 0) continue;
+      EXPECT_EQ(line.rfind(columns == 120 ? "train step " : "", 0), 0u) << line;
+      EXPECT_EQ(line.find("pe "), std::string::npos) << line;  // no field cut short
       ++progress_lines;
       EXPECT_LT(line.size(), static_cast<size_t>(columns)) << line;
-      if (line.find(" 30/30 ") == std::string::npos) EXPECT_NE(line.find("ETA "), std::string::npos) << line;
+      if (line.find("30/30  ") == std::string::npos) EXPECT_NE(line.find("ETA "), std::string::npos) << line;
     }
     EXPECT_GE(progress_lines, 20) << r.err;
   }
@@ -405,14 +412,15 @@ TEST_F(Cli, ProgressFitsTheWidth) {
   const std::string screen((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   int redraws = 0, with_eta = 0;
   size_t start = 0;
-  while ((start = screen.find("\rtrain [", start)) != std::string::npos) {
-    size_t end = screen.find("\033[K", start);
-    ASSERT_NE(end, std::string::npos);
-    const std::string bar = screen.substr(start + 1, end - start - 1);
+  for (size_t end; (end = screen.find("\033[K", start)) != std::string::npos; start = end + 1) {
+    // each redraw: "\r" LINE "\033[K"
+    const size_t from = screen.rfind('\r', end);
+    if (from == std::string::npos || from < start) continue;
+    const std::string bar = screen.substr(from + 1, end - from - 1);
+    if (bar.find("/200  loss ") == std::string::npos) continue;  // the line cleared for a note
     EXPECT_LT(bar.size(), 60u) << bar;
     ++redraws;
     if (bar.find("ETA ") != std::string::npos) ++with_eta;
-    start = end;
   }
   EXPECT_GE(redraws, 1) << screen;
   EXPECT_GE(with_eta + 1, redraws) << screen;  // all but the last (which shows the elapsed time)
@@ -594,10 +602,10 @@ TEST_F(Cli, NanoGPTFileWithoutMetadata) {
 // --format hf-gpt2: Hugging Face's GPT2LMHeadModel layout (Conv1D weights [in, out]); --load
 // tells it from nanoGPT's by the shapes; a file mixing both is an error naming the tensor.
 TEST_F(Cli, HuggingFaceLayoutOnSaveAndLoad) {
-  const std::string hf = path("hf.safetensors"), nano = path("nano2.safetensors"), own = path("own2.safetensors");
+  const std::string hf = path("hf"), nano = path("nano2.safetensors"), own = path("own2.safetensors");
   for (const auto& [file, format] : {std::pair{hf, "hf-gpt2"}, {nano, "nanogpt"}, {own, "remat"}})
     ASSERT_EQ(run(train_args({{"--save", file}, {"--format", format}})).code, 0) << format;
-  nn::SafetensorsFile f = nn::load_safetensors(hf);
+  nn::SafetensorsFile f = nn::load_safetensors(hf + "/model.safetensors");
   EXPECT_EQ(f.tensors.at("transformer.h.0.attn.c_attn.weight").shape(), (Shape{8, 24}));  // [C, 3C]
   EXPECT_EQ(f.tensors.at("transformer.h.0.mlp.c_fc.weight").shape(), (Shape{8, 32}));
   EXPECT_EQ(f.tensors.at("transformer.h.0.mlp.c_proj.weight").shape(), (Shape{32, 8}));
@@ -632,6 +640,10 @@ TEST_F(Cli, HuggingFaceLayoutOnSaveAndLoad) {
   Streams vb = run_streams(eval + bare + " --heads 2"), vt = run_streams(eval + described);
   EXPECT_EQ(vb.code, 0) << vb.err;
   EXPECT_EQ(vb.out, vt.out);
+  // the single-file form written before the directory (remat's "format", Hugging Face's names) still loads
+  nn::Metadata single = f.metadata;
+  single["format"] = "remat-char-gpt";
+  EXPECT_EQ(run_streams(eval + write("hf-single.safetensors", f.tensors, single)).out, va.out);
   Streams ve = run_streams(eval + exact);
   EXPECT_EQ(ve.code, 0) << ve.err;
   EXPECT_NE(vb.out, ve.out);  // exact and tanh GELU differ
@@ -647,6 +659,53 @@ TEST_F(Cli, HuggingFaceLayoutOnSaveAndLoad) {
                  {file, "\"transformer.h.0.mlp.c_fc.weight\" is [32, 8], expected [8, 32]"});
     expect_error(eval + file + " --heads 2", {file, "\"transformer.h.0.mlp.c_fc.weight\" is [32, 8], expected [8, 32]"});
   }
+}
+
+// --format hf-gpt2 writes a directory that Transformers' GPT2LMHeadModel.from_pretrained loads
+// (tests/reference/check_hf_gpt2.py runs Transformers on it): model.safetensors with "format" "pt"
+// and config.json describing the model; remat loads the directory back, and refuses a --save
+// that is a file and a directory without model.safetensors.
+TEST_F(Cli, HuggingFaceDirectory) {
+  const std::string dir = path("hf-dir");
+  Result saved = run(train_args({{"--save", dir}, {"--format", "hf-gpt2"}, {"--tie-embeddings", ""}}));
+  ASSERT_EQ(saved.code, 0) << saved.output;
+  nn::SafetensorsFile f = nn::load_safetensors(dir + "/model.safetensors");
+  EXPECT_EQ(f.metadata.at("format"), "pt");
+  EXPECT_EQ(f.tensors.count("transformer.wte.weight"), 1u);
+  EXPECT_EQ(f.tensors.count("lm_head.weight"), 0u);  // tied
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(in);
+  const int64_t vocab = f.tensors.at("transformer.wte.weight").size(0);
+  EXPECT_EQ(config.at("model_type"), "gpt2");
+  EXPECT_EQ(config.at("architectures"), nlohmann::json::array({"GPT2LMHeadModel"}));
+  EXPECT_EQ(config.at("vocab_size"), vocab);
+  EXPECT_EQ(config.at("n_embd"), f.tensors.at("transformer.wte.weight").size(1));
+  EXPECT_EQ(config.at("n_positions"), f.tensors.at("transformer.wpe.weight").size(0));
+  EXPECT_EQ(config.at("n_layer"), std::stoll(f.metadata.at("layers")));
+  EXPECT_EQ(config.at("n_head"), std::stoll(f.metadata.at("heads")));
+  EXPECT_EQ(config.at("n_inner"), 4 * config.at("n_embd").get<int64_t>());
+  EXPECT_EQ(config.at("activation_function"), "gelu");  // remat's exact GELU; "gelu_new" is the tanh form
+  EXPECT_EQ(config.at("layer_norm_epsilon"), 1e-5);
+  EXPECT_EQ(config.at("tie_word_embeddings"), true);
+  for (const char* id : {"bos_token_id", "eos_token_id"}) {
+    EXPECT_GE(config.at(id).get<int64_t>(), 0) << id;
+    EXPECT_LT(config.at(id).get<int64_t>(), vocab) << id;
+  }
+  // loaded back from the directory: the same text as from the remat file of the same run
+  const std::string own = path("hf-dir-own.safetensors");
+  ASSERT_EQ(run(train_args({{"--save", own}, {"--tie-embeddings", ""}})).code, 0);
+  const std::string s = "sample --threads 1 --tokens 20 --temperature 0 --load ";
+  Result from_dir = run(s + dir);
+  ASSERT_EQ(from_dir.code, 0) << from_dir.output;
+  EXPECT_EQ(from_dir.output, run(s + own).output);
+  EXPECT_EQ(run(train_args({{"--steps", "1"}}) + " --load " + dir).code, 0);
+  // saved again over itself: still a directory
+  EXPECT_EQ(run(train_args({{"--save", dir}, {"--format", "hf-gpt2"}})).code, 0);
+  EXPECT_TRUE(fs::is_regular_file(dir + "/config.json"));
+  // a --save that is a file; a directory without the weights
+  expect_usage_error(train_args({{"--save", own}, {"--format", "hf-gpt2"}}), {own, "is a file", "writes a directory"});
+  fs::create_directory(path("empty-dir"));
+  expect_error(s + path("empty-dir"), {path("empty-dir"), "is a directory without model.safetensors"});
 }
 
 // --tie-embeddings: one parameter for wte and lm_head, saved once; a file without lm_head.weight
@@ -673,10 +732,11 @@ TEST_F(Cli, TiedEmbeddings) {
   // saved as nanoGPT and Hugging Face files: once, and the same text from each
   const std::string s = "sample --threads 1 --tokens 20 --temperature 0 --load ";
   const std::string expected = run(s + tied).output;
-  for (const char* format : {"nanogpt", "hf-gpt2"}) {
-    const std::string file = path(std::string("tied-") + format + ".safetensors");
+  for (const std::string format : {"nanogpt", "hf-gpt2"}) {
+    const std::string file = path("tied-" + format);  // a directory for hf-gpt2
     ASSERT_EQ(run(train_args({{"--save", file}, {"--tie-embeddings", ""}, {"--format", format}})).code, 0);
-    EXPECT_EQ(nn::load_safetensors(file).tensors.count("lm_head.weight"), 0u) << format;
+    const std::string weights = format == "hf-gpt2" ? file + "/model.safetensors" : file;
+    EXPECT_EQ(nn::load_safetensors(weights).tensors.count("lm_head.weight"), 0u) << format;
     EXPECT_EQ(run(s + file).output, expected) << format;
   }
   // the optimizer inside the backward updates the tied weight once both uses have contributed:
