@@ -291,7 +291,7 @@ struct Optimization {
   Optimization(const TrainOptions& o, const DataParallel& dp, nn::GPT& model)
       : all_params(model.parameters()),
         sharded(o.shard_optimizer && dp.world > 1),
-        owners(sharded ? optimizer_owners(all_params, dp.world) : std::vector<int>{}),
+        owners(sharded ? distributed::optimizer_owners(all_params, dp.world) : std::vector<int>{}),
         optimizer(updated_parameters(all_params, sharded, owners, dp.rank),
                   {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01}),
         lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1,
@@ -467,7 +467,7 @@ void StepLoop::update(int64_t step) {
       if (optimizer.exp_avg(i).defined())
         m_.optimizer_state_bytes += optimizer.exp_avg(i).nbytes() + optimizer.exp_avg_sq(i).nbytes();
   }
-  if (opt_.sharded) broadcast_from_owners(opt_.all_params, opt_.owners);  // the owners' updates to every rank
+  if (opt_.sharded) distributed::broadcast_from_owners(opt_.all_params, opt_.owners);  // the owners' updates to every rank
 }
 
 // The step's time, loss, peaks and counters, added to the run's.
