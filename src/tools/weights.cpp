@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -30,6 +31,69 @@ bool has_remat_metadata(const nn::Metadata& metadata) {
   return format != metadata.end() && format->second == kFormat;
 }
 
+// What a file without remat's metadata cannot say about its model: the number of heads and the
+// GELU (Hugging Face's GPT-2 uses the tanh form, nanoGPT the exact one).
+struct Unstated {
+  int64_t heads;
+  bool tanh_gelu;
+  bool from_config;  // read from a config.json, else --heads and the layout's custom
+};
+
+// Transformers' config.json of a directory whose weights have no remat metadata (one saved by
+// Transformers' save_pretrained, say), as far as remat's GPT depends on it; keys that are absent
+// take GPT2Config's defaults. What remat's GPT cannot compute (another LayerNorm eps, an
+// activation other than the exact or tanh GELU, other attention scaling) is an error naming it.
+Unstated read_hf_gpt2_config(const std::string& path, const std::string& command) {
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  REMAT_CHECK(!ec && bytes <= (1u << 20), command, ": cannot read ", path, ec ? ": " + ec.message() : " (over 1 MiB)");
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  constexpr int kMaxDepth = 8;  // GPT2Config nests 3 deep; refused before anything deeper is built
+  bool too_deep = false;
+  const nlohmann::json j = nlohmann::json::parse(
+      text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) { return !(too_deep |= depth > kMaxDepth); },
+      /*allow_exceptions=*/false);
+  REMAT_CHECK(!too_deep && !j.is_discarded() && j.is_object(), command, ": ", path, " is not a JSON object",
+              too_deep ? " (nested too deeply)" : "");
+  const std::string where = detail::concat(command, ": ", path, ": ");
+  auto key = [&](const char* name, const nlohmann::json& fallback) {
+    const nlohmann::json& v = j.contains(name) ? j.at(name) : fallback;
+    REMAT_CHECK(v.type() == fallback.type() || (v.is_number() && fallback.is_number()), where, "\"", name, "\" is ",
+                v.dump(), ", expected a ", fallback.type_name());
+    return v;
+  };
+  const nlohmann::json heads = key("n_head", 12), act = key("activation_function", "gelu_new");
+  REMAT_CHECK(heads.is_number_integer() && heads.get<int64_t>() >= 1, where, "\"n_head\" is ", heads.dump(),
+              ", expected a whole number >= 1");
+  const std::string a = act.get<std::string>();
+  REMAT_CHECK(a == "gelu" || a == "gelu_python" || a == "gelu_new" || a == "gelu_pytorch_tanh", where,
+              "\"activation_function\" is \"", a, "\"; remat's GPT has the exact GELU (\"gelu\") or its tanh form "
+              "(\"gelu_new\")");
+  REMAT_CHECK(key("layer_norm_epsilon", 1e-5).get<double>() == 1e-5, where, "\"layer_norm_epsilon\" is ",
+              j.at("layer_norm_epsilon").dump(), "; remat's LayerNorms use 1e-05");
+  REMAT_CHECK(key("scale_attn_weights", true).get<bool>() && !key("scale_attn_by_inverse_layer_idx", false).get<bool>(),
+              where, "remat's attention scales by 1/sqrt(head size) only (\"scale_attn_weights\" true, "
+              "\"scale_attn_by_inverse_layer_idx\" false)");
+  return {heads.get<int64_t>(), a == "gelu_new" || a == "gelu_pytorch_tanh", true};
+}
+
+// A file without remat's metadata: the architecture from its tensors' shapes, checked one by one.
+void read_by_shapes(CharGPTFile& w, const std::string& path, const Unstated& unstated, nn::GPTWeightNames layout,
+                    const std::string& command) {
+  w.has_metadata = false;
+  const int64_t heads = unstated.heads;
+  auto wte = w.file.tensors.find("wte.weight");
+  REMAT_USAGE_CHECK(wte == w.file.tensors.end() || wte->second.dim() != 2 || wte->second.size(1) % heads == 0, command,
+                    ": ", path, " has no remat metadata, so its architecture is read from its tensors, but the number "
+                    "of heads cannot be: the width ", wte->second.size(1), " of its token embedding is not a multiple "
+                    "of ", unstated.from_config ? "\"n_head\" " : "--heads ", heads,
+                    unstated.from_config ? " of its config.json" : "; pass the --heads the model was trained with");
+  w.config = nn::gpt_config_from_weights(w.file.tensors, heads, layout, detail::concat(command, ": ", path));
+  w.config.tanh_gelu = unstated.tanh_gelu;
+  w.heads_known = unstated.from_config;
+}
+
 }  // namespace
 
 nn::Metadata char_gpt_metadata(const nn::GPTConfig& config, const CharTokenizer& tokenizer) {
@@ -55,15 +119,11 @@ CharGPTFile read_char_gpt(const std::string& given, const std::string& command, 
   const nn::GPTWeightNames layout = nn::detect_gpt_weight_names(w.file.tensors);
   w.file.tensors = nn::gpt_weights_to_remat(w.file.tensors, layout);
   if (!has_remat_metadata(w.file.metadata)) {
-    // no description of the model: its shapes are checked one by one
-    w.has_metadata = false;
-    auto wte = w.file.tensors.find("wte.weight");
-    REMAT_USAGE_CHECK(wte == w.file.tensors.end() || wte->second.dim() != 2 || wte->second.size(1) % heads == 0, command,
-                      ": ", path, " has no remat metadata, so its architecture is read from its tensors, but the number "
-                      "of heads cannot be: the width ", wte->second.size(1), " of its token embedding is not a multiple "
-                      "of --heads ", heads, "; pass the --heads the model was trained with");
-    w.config = nn::gpt_config_from_weights(w.file.tensors, heads, layout, detail::concat(command, ": ", path));
-    w.config.tanh_gelu = layout == nn::GPTWeightNames::hf_gpt2;  // Hugging Face's GPT-2: gelu_new, the tanh form
+    const std::filesystem::path config = std::filesystem::path(given) / kConfigName;
+    if (directory && std::filesystem::exists(config, ec))
+      read_by_shapes(w, path, read_hf_gpt2_config(config.string(), command), layout, command);
+    else
+      read_by_shapes(w, path, {heads, layout == nn::GPTWeightNames::hf_gpt2, false}, layout, command);
     return w;
   }
   const std::string in_file = detail::concat(" of ", path);

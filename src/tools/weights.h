@@ -18,6 +18,7 @@ namespace remat::tools {
 struct CharGPTFile {
   nn::SafetensorsFile file;
   bool has_metadata = true;  // false: a file without remat's metadata (e.g. a nanoGPT state_dict)
+  bool heads_known = true;   // the file says how many heads (its metadata, or a directory's config.json)
   CharTokenizer tokenizer;   // from the metadata; empty without it (see vocabulary_from_text)
   nn::GPTConfig config;      // vocab, layers, width, heads, seq, tanh_gelu from the metadata, tie_embeddings
                              // when the file has no lm_head.weight; the rest default
@@ -28,7 +29,9 @@ struct CharGPTFile {
 // A file with none of remat's metadata keys ("format" other than remat's, e.g. the "pt" that
 // PyTorch tools write, counts as none) is read by its tensors' shapes instead
 // (nn::gpt_config_from_weights): every tensor is checked, and the number of heads, which no shape
-// gives, is `heads` (--heads); its tokenizer then comes from a text (vocabulary_from_text).
+// gives, is `heads` (--heads); its tokenizer then comes from a text (vocabulary_from_text). In a
+// directory with Transformers' config.json (one saved by save_pretrained) the heads and the GELU
+// come from that file instead, which must describe a model remat computes the same way.
 CharGPTFile read_char_gpt(const std::string& path, const std::string& command, int64_t heads);
 
 // The tokenizer of a file read without metadata: the bytes present in `text` (the corpus

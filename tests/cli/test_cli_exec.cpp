@@ -702,6 +702,51 @@ TEST_F(Cli, HuggingFaceDirectory) {
   // saved again over itself: still a directory
   EXPECT_EQ(run(train_args({{"--save", dir}, {"--format", "hf-gpt2"}})).code, 0);
   EXPECT_TRUE(fs::is_regular_file(dir + "/config.json"));
+  // a directory without remat's metadata (as Transformers' save_pretrained writes one): the heads
+  // and the GELU come from its config.json, which must describe what remat computes
+  const std::string bare = path("hf-bare-dir"), eval = "train --threads 1 --batch 2 --eval-only --json --data " +
+                                                       path("corpus.txt") + " --load ";
+  fs::create_directory(bare);
+  auto write_bare = [&](const std::map<std::string, Tensor>& tensors, const nlohmann::json& c) {
+    nn::save_safetensors(bare + "/model.safetensors", nn::NamedTensors(tensors.begin(), tensors.end()), {{"format", "pt"}});
+    std::ofstream(bare + "/config.json") << c.dump();
+  };
+  write_bare(f.tensors, config);
+  Streams from_bare = run_streams(eval + bare);  // no --heads: 2 from the config (the default is not 2)
+  ASSERT_EQ(from_bare.code, 0) << from_bare.err;
+  EXPECT_EQ(from_bare.out, run_streams(eval + own).out);  // the same weights as a remat file
+  // the GELU it names (the MLP's input scaled up, where the two differ more than f32 rounding)
+  std::map<std::string, Tensor> big = f.tensors;
+  big["transformer.h.0.mlp.c_fc.weight"] = mul_scalar(big.at("transformer.h.0.mlp.c_fc.weight"), 100.0);
+  nlohmann::json tanh = config;
+  tanh["activation_function"] = "gelu_new";
+  write_bare(big, config);
+  const std::string exact_out = run_streams(eval + bare).out;
+  write_bare(big, tanh);
+  Streams tanh_run = run_streams(eval + bare);
+  EXPECT_EQ(tanh_run.code, 0) << tanh_run.err;
+  EXPECT_NE(tanh_run.out, exact_out);
+  // what remat cannot compute, or cannot read, is an error naming it
+  for (const auto& [change, fragment] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {{{"layer_norm_epsilon", 1e-6}}, "\"layer_norm_epsilon\" is 1e-06; remat's LayerNorms use 1e-05"},
+           {{{"activation_function", "relu"}}, "\"activation_function\" is \"relu\""},
+           {{{"activation_function", 3}}, "\"activation_function\" is 3, expected a string"},
+           {{{"n_head", 0}}, "\"n_head\" is 0, expected a whole number >= 1"},
+           {{{"scale_attn_by_inverse_layer_idx", true}}, "remat's attention scales by 1/sqrt(head size) only"}}) {
+    nlohmann::json c = config;
+    c.update(change);
+    write_bare(f.tensors, c);
+    expect_error(eval + bare, {bare + "/config.json", fragment});
+  }
+  nlohmann::json three = config;
+  three["n_head"] = 3;
+  write_bare(f.tensors, three);
+  expect_usage_error(eval + bare, {bare, "not a multiple of \"n_head\" 3 of its config.json"});
+  std::ofstream(bare + "/config.json") << std::string(100, '[') + std::string(100, ']');
+  expect_error(eval + bare, {"is not a JSON object (nested too deeply)"});
+  std::ofstream(bare + "/config.json") << "{\"n_head\": ";
+  expect_error(eval + bare, {bare + "/config.json is not a JSON object"});
+
   // a --save that is a file; a directory without the weights
   expect_usage_error(train_args({{"--save", own}, {"--format", "hf-gpt2"}}), {own, "is a file", "writes a directory"});
   fs::create_directory(path("empty-dir"));

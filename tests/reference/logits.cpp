@@ -1,7 +1,9 @@
 // remat_reference_logits WEIGHTS ID...: the logits remat computes for one sequence of token ids,
 // printed as JSON on stdout ({"vocab": V, "logits": [[...], ...]}, a row per position), for the
-// reference checks beside this file. WEIGHTS is anything `remat train --load` reads: a weight file
-// (remat's or nanoGPT's names) or a --format hf-gpt2 directory. Errors go to stderr, exit 1.
+// reference checks beside this file. WEIGHTS is anything `remat train --load` reads that says how
+// many heads its model has: a weight file with remat's metadata (remat's, nanoGPT's or Hugging
+// Face's names), or a directory with model.safetensors and config.json (a --format hf-gpt2 export,
+// or one Transformers saved). Errors go to stderr, exit 1.
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -16,7 +18,7 @@ int main(int argc, char** argv) {
   try {
     REMAT_CHECK(argc >= 3, "usage: remat_reference_logits WEIGHTS ID...");
     tools::CharGPTFile weights = tools::read_char_gpt(argv[1], "remat_reference_logits", 1);
-    REMAT_CHECK(weights.has_metadata, argv[1], " has no remat metadata (the number of heads is unknown)");
+    REMAT_CHECK(weights.heads_known, argv[1], " does not say how many heads its model has (no remat metadata, no config.json)");
     nn::GPT model(weights.config);
     model.load_parameters(weights.file.tensors, argv[1]);
     model.eval();
