@@ -6,8 +6,9 @@ loads it with transformers.GPT2LMHeadModel.from_pretrained (every tensor used, n
 left over), runs the same token ids through it and through remat (remat_reference_logits, which
 reads the directory as `remat train --load DIR` does) and compares the logits to 1e-4; then the
 way back: the directory Transformers' save_pretrained writes (no remat metadata) read by remat,
-its logits compared with Transformers' to 1e-4 as well. As a control, the same directory with config.json's GELU swapped for the tanh form ("gelu_new") must
-give logits further than the tolerance from remat's: the comparison can fail.
+its logits compared with Transformers' to 1e-4 as well. As a control, the same directory with
+config.json's GELU swapped for the tanh form ("gelu_new") must give logits further than the
+tolerance from remat's: the comparison can fail.
 
 Not run by CI: it needs torch, transformers, safetensors and numpy (pip install torch
 transformers safetensors numpy).
