@@ -25,11 +25,6 @@ int terminal_columns(int fd) {
   return isatty(fd) ? 80 : 0;
 }
 
-std::string fit(const std::string& text, int columns) {
-  if (columns <= 0 || text.size() < static_cast<size_t>(columns)) return text;
-  return text.substr(0, static_cast<size_t>(columns - 1));
-}
-
 Progress::Progress(std::string label, int64_t total, bool enabled)
     : label_(std::move(label)),
       total_(total),
@@ -122,7 +117,7 @@ void Progress::update(int64_t done, const std::vector<ProgressField>& fields) {
 void Progress::note(const std::string& text) {
   if (!enabled_) return;
   if (terminal_ && drawn_) std::fprintf(stderr, "\r\033[K");
-  std::fprintf(stderr, "%s\n", fit(text, columns_).c_str());
+  std::fprintf(stderr, "%s\n", text.c_str());  // whole: a line of its own may wrap
   std::fflush(stderr);
   last_draw_ = {};  // redraw the bar at the next update
 }

@@ -26,7 +26,7 @@ class Progress {
   Progress(std::string label, int64_t total, bool enabled = true);
   // `fields` are shown after the counter in their order, e.g. "loss 2.31  val 2.40  12.3k tok/s".
   void update(int64_t done, const std::vector<ProgressField>& fields);
-  // A line of its own (an evaluation, say) that stays above the bar.
+  // A line of its own (an evaluation, say) that stays above the bar, printed whole (never cut).
   void note(const std::string& line);
   void finish();  // ends the bar's line
   bool on_terminal() const { return terminal_; }
@@ -52,8 +52,5 @@ std::string human_duration(double seconds);  // 95 -> "1m35s"
 // The width to fit: COLUMNS when it is a number from 20 to 10000, else the terminal's width when
 // `fd` is a terminal, else 0 (no limit).
 int terminal_columns(int fd);
-// `text` cut to at most `columns` - 1 characters (the last column stays free so that a terminal
-// does not wrap); `columns` 0 keeps it whole.
-std::string fit(const std::string& text, int columns);
 
 }  // namespace remat::tools

@@ -264,6 +264,11 @@ TEST_F(Cli, ProgressFitsTheWidth) {
     }
     EXPECT_GE(progress_lines, 20) << r.err;
   }
+  // a narrow log: the evaluation notes are whole lines, never cut
+  Streams narrow = run_streams(args, "COLUMNS=20");
+  EXPECT_NE(narrow.err.find("\nstep 30/30: train loss "), std::string::npos) << narrow.err;
+  for (const auto& line : lines_of(narrow.err))
+    if (line.rfind("step ", 0) == 0) EXPECT_NE(line.find(", validation loss "), std::string::npos) << line;
   // a pseudo-terminal (script(1)): every redraw of the bar fits in 60 columns and shows an ETA
   if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "no script(1) for a pseudo-terminal";
   const std::string typescript = path("typescript");
