@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -160,5 +161,55 @@ struct Range {
   int64_t begin = 0, end = 0;
 };
 Range shard(int64_t count, int rank, int world);
+
+// One data-parallel step: gradient accumulation over micro-batches and ranks, one code path.
+// A step's global batch is world_size() x `accumulate` micro-batches, numbered as
+// micro_batch_index says. data_parallel_step calls `micro(index, last, hand_on)` for each of this
+// rank's micro-batches in order, on cleared gradients; it runs that micro-batch's forward and
+// backward (seeding its own dropout stream from `index`, say) and returns its loss. Afterwards
+// every parameter's .grad() is the mean gradient over the global batch, the same bits on every
+// rank and as one process accumulating all N x K micro-batches in order: this rank's micro-batch
+// gradients are added in order (acc + g; each micro-batch's own gradient is computed as a lone
+// backward would), the ranks' sums are added as `reduction` says (ordered: in rank order), then
+// scaled by 1 / (N x K) (nothing is scaled when N x K = 1, so a plain step is unchanged).
+//   - With `buckets` and several ranks the reduction overlaps the last micro-batch's backward: a
+//     GradReadyHook (remat/grad_ready.h) gives each parameter's gradient to buckets->ready() the
+//     moment it is final (the rank's sum over its micro-batches by then).
+//   - hand_on(p), one rank only, for a consumer of final gradients inside the last micro-batch's
+//     backward (the optimizer inside the backward, nn::FusedOptimizerStep): called from that
+//     consumer's hook with a parameter whose gradient is final, it puts in p.grad() the sum over
+//     the micro-batches scaled to the mean and returns true (false for a tensor that is not one of
+//     the parameters); the step then leaves p's gradient to the consumer (it may drop it).
+// A parameter with no gradient in any micro-batch has none afterwards (one rank) or zeros (several).
+//
+//   distributed::StepResult r = distributed::data_parallel_step(model.parameters(), step, {.accumulate = 4},
+//       [&](int64_t index, bool last, const distributed::HandOnFn&) {
+//         Batch b = batch_of(index);
+//         return remat::backward([&] { return model.loss(b.inputs, b.targets); }, {policy}).item();
+//       });
+//   optimizer.step();                                   // r.loss: the global batch's mean loss
+using HandOnFn = std::function<bool(const Tensor& param)>;
+using MicroBatchFn = std::function<double(int64_t index, bool last, const HandOnFn& hand_on)>;
+struct StepOptions {
+  int64_t accumulate = 1;  // micro-batches per rank and step, >= 1
+  Reduction reduction = Reduction::ordered;
+  GradientBuckets* buckets = nullptr;  // built over the same parameters, with the same reduction
+};
+struct StepResult {
+  double loss = 0;                   // the mean of the micro-batches' losses over the global batch
+  double communication_seconds = 0;  // in the gradient reduction (0 with one rank)
+  double hidden_seconds = 0;         // of which overlapped with the backward (buckets)
+};
+StepResult data_parallel_step(const std::vector<Tensor>& params, int64_t step, const StepOptions& options,
+                              const MicroBatchFn& micro);
+
+// ZeRO stage 1: the rank that keeps parameter i's optimizer state and updates it. The parameters
+// are split into contiguous runs balanced by bytes (a parameter goes to the rank whose equal share
+// of the bytes holds its midpoint), so each rank holds about 1 / world of the state. An optimizer
+// that updates each parameter on its own from the (identical, reduced) gradients computes on the
+// owner the same bits every rank would.
+std::vector<int> optimizer_owners(const std::vector<Tensor>& params, int world);
+// After the owners' updates: every parameter sent from its owner to all ranks.
+void broadcast_from_owners(const std::vector<Tensor>& params, const std::vector<int>& owners);
 
 }  // namespace remat::distributed

@@ -1,8 +1,9 @@
 // `remat train`'s step gradients: gradient accumulation over micro-batches (--accumulate K) and
-// data parallelism over MPI ranks (mpirun -np N), one code path. The global batch of a step is
-// N x K micro-batches of --batch sequences, numbered rank-major (remat::distributed::
-// micro_batch_index); each micro-batch has its own dropout stream, a function of its number, so
-// rank r of N (K = 1) runs exactly what one process with K = N runs as its micro-batch r.
+// data parallelism over MPI ranks (mpirun -np N), the library's distributed::data_parallel_step
+// run on the GPT and the corpus. The global batch of a step is N x K micro-batches of --batch
+// sequences, numbered rank-major (remat::distributed::micro_batch_index); each micro-batch has its
+// own batch and dropout stream, functions of its number, so rank r of N (K = 1) runs exactly
+// what one process with K = N runs as its micro-batch r.
 #pragma once
 
 #include <cstdint>
@@ -40,20 +41,10 @@ struct StepGradients {
 };
 
 // Leaves in the parameters' .grad() the mean gradient over the step's global batch, the same bits
-// on every rank: this rank's micro-batch gradients are added in order (acc + g), the ranks' sums
-// are added in rank order (distributed::Reduction::ordered), then scaled by 1 / (N x K) (nothing
-// is scaled when N x K = 1, so a plain run is unchanged). With `fused`, the parameters are
-// updated instead and have no gradient afterwards.
+// on every rank (see distributed::data_parallel_step). With `fused`, the parameters are updated
+// instead and have no gradient afterwards.
 StepGradients step_gradients(nn::GPT& model, const std::vector<int64_t>& tokens, int64_t batch, int64_t seq,
                              uint64_t seed, const Policy& policy, int64_t step, const DataParallel& dp,
                              const FusedUpdate* fused = nullptr);
-
-// ZeRO stage 1 (--shard-optimizer): rank owners[i] keeps parameter i's AdamW moments and updates
-// it; the parameters are split into contiguous runs balanced by bytes, so each rank holds about
-// 1/N of the optimizer state. AdamW updates each parameter on its own from the (identical, reduced)
-// gradients, so the owner computes the same bits every rank would.
-std::vector<int> optimizer_owners(const TensorList& params, int world);
-// After the owners' steps: every parameter sent from its owner to all ranks.
-void broadcast_from_owners(const TensorList& params, const std::vector<int>& owners);
 
 }  // namespace remat::tools

@@ -25,11 +25,6 @@ int terminal_columns(int fd) {
   return isatty(fd) ? 80 : 0;
 }
 
-std::string fit(const std::string& text, int columns) {
-  if (columns <= 0 || text.size() < static_cast<size_t>(columns)) return text;
-  return text.substr(0, static_cast<size_t>(columns - 1));
-}
-
 Progress::Progress(std::string label, int64_t total, bool enabled)
     : label_(std::move(label)),
       total_(total),
@@ -39,39 +34,65 @@ Progress::Progress(std::string label, int64_t total, bool enabled)
   start_ = last_draw_ = std::chrono::steady_clock::now();
 }
 
-// "train [#####.....] 12/100  FIELDS  ETA 1m20s" (plain: "train step 12/100  FIELDS  ETA 1m20s"):
-// the bar takes what the width leaves (8 to 24 characters), then the fields are cut; the ETA stays.
-std::string Progress::line(int64_t done, const std::string& fields, double elapsed, bool bar) const {
-  const std::string counter = std::to_string(done) + "/" + std::to_string(total_);
-  const std::string eta =
-      done > 0 && done < total_
-          ? "ETA " + human_duration(elapsed / static_cast<double>(done) * static_cast<double>(total_ - done))
-          : human_duration(elapsed);
-  const std::string tail = "  " + fields + "  " + eta;
-  const int limit = columns_ > 0 ? columns_ - 1 : 100000;
-  std::string head = label_ + (bar ? " " : " step ");
-  if (bar) {
-    const int fixed = static_cast<int>(head.size() + 3 + counter.size());  // "[" "] " counter
-    int width = std::min(24, limit - fixed - static_cast<int>(tail.size()));
-    if (width < 8) width = std::max(0, std::min(8, limit - fixed - static_cast<int>(eta.size()) - 2));
-    if (width > 0) {
-      const int filled = total_ > 0 ? static_cast<int>(width * done / total_) : width;
-      std::string b(static_cast<size_t>(filled), '#');
-      b.resize(static_cast<size_t>(width), '.');
-      head += "[" + b + "] ";
-    }
-  }
-  head += counter;
-  if (static_cast<int>(head.size() + tail.size()) <= limit) return head + tail;
-  // cut the fields, keep the ETA
-  const int room = limit - static_cast<int>(head.size() + eta.size()) - 4;
-  std::string text = head;
-  if (room > 0) text += "  " + fields.substr(0, static_cast<size_t>(room));
-  text += "  " + eta;
-  return fit(text, limit + 1);
+namespace {
+
+constexpr int kCounterPriority = 1000;  // above every field
+constexpr int kLabelPriority = -1;      // below every field, above the bar
+constexpr int kBarMin = 8, kBarMax = 24;
+
+struct Item {
+  std::string text;
+  int priority;
+  bool tight;  // joined to the next item by one space (the label and the bar), else two
+};
+
+size_t joined_size(const std::vector<Item>& items) {
+  size_t n = 0;
+  for (size_t i = 0; i < items.size(); ++i) n += items[i].text.size() + (i == 0 ? 0 : items[i - 1].tight ? 1 : 2);
+  return n;
 }
 
-void Progress::update(int64_t done, const std::string& fields) {
+}  // namespace
+
+// Note: fitting the line. The items (label, counter, fields, ETA) are dropped one at a time, the
+// lowest priority first (of equal ones the rightmost), until the rest joined fits; then the bar
+// takes what is left, up to kBarMax characters, or is left out when fewer than kBarMin remain. An
+// item is kept or dropped whole, so no word is ever cut, and the most important ones go last.
+std::string progress_line(const std::string& label, int64_t done, int64_t total, const std::vector<ProgressField>& fields,
+                          double elapsed, bool bar, int columns) {
+  std::vector<Item> items;
+  items.push_back({bar ? label : label + " step", kLabelPriority, true});
+  items.push_back({std::to_string(done) + "/" + std::to_string(total), kCounterPriority, false});
+  for (const ProgressField& f : fields)
+    if (!f.text.empty()) items.push_back({f.text, f.priority, false});
+  const double left = done > 0 && done < total ? elapsed / static_cast<double>(done) * static_cast<double>(total - done) : 0;
+  items.push_back({done > 0 && done < total ? "ETA " + human_duration(left) : human_duration(elapsed), kEtaPriority, false});
+
+  const size_t limit = columns > 0 ? static_cast<size_t>(columns - 1) : SIZE_MAX;
+  while (!items.empty() && joined_size(items) > limit) {
+    size_t lowest = 0;
+    for (size_t i = 1; i < items.size(); ++i)
+      if (items[i].priority <= items[lowest].priority) lowest = i;
+    items.erase(items.begin() + static_cast<std::ptrdiff_t>(lowest));
+  }
+  if (bar && !items.empty()) {
+    // "[" bar "]" and one space before the next item
+    const size_t used = joined_size(items), room = limit - used;
+    const size_t width = room >= 3 + kBarMin ? std::min<size_t>(kBarMax, room - 3) : 0;
+    if (width > 0) {
+      const double share = total > 0 ? std::clamp(static_cast<double>(done) / static_cast<double>(total), 0.0, 1.0) : 1.0;
+      std::string b(static_cast<size_t>(static_cast<double>(width) * share), '#');
+      b.resize(width, '.');
+      const bool after_label = items.front().priority == kLabelPriority;
+      items.insert(items.begin() + (after_label ? 1 : 0), Item{"[" + b + "]", kLabelPriority - 1, true});
+    }
+  }
+  std::string text;
+  for (size_t i = 0; i < items.size(); ++i) text += (i == 0 ? "" : items[i - 1].tight ? " " : "  ") + items[i].text;
+  return text;
+}
+
+void Progress::update(int64_t done, const std::vector<ProgressField>& fields) {
   if (!enabled_) return;
   auto now = std::chrono::steady_clock::now();
   double elapsed = std::chrono::duration<double>(now - start_).count();
@@ -79,7 +100,7 @@ void Progress::update(int64_t done, const std::string& fields) {
     if (done != total_ && std::chrono::duration<double>(now - last_draw_).count() < 0.1) return;
     last_draw_ = now;
     // \r, the line, then clear to the end of the line (a shorter line leaves nothing behind)
-    std::fprintf(stderr, "\r%s\033[K", line(done, fields, elapsed, true).c_str());
+    std::fprintf(stderr, "\r%s\033[K", progress_line(label_, done, total_, fields, elapsed, true, columns_).c_str());
     std::fflush(stderr);
     drawn_ = true;
     return;
@@ -88,7 +109,7 @@ void Progress::update(int64_t done, const std::string& fields) {
   int64_t every = total_ >= 20 ? total_ / 20 : 1;
   if (done == 1 || done == total_ || done - last_printed_ >= every) {
     last_printed_ = done;
-    std::fprintf(stderr, "%s\n", line(done, fields, elapsed, false).c_str());
+    std::fprintf(stderr, "%s\n", progress_line(label_, done, total_, fields, elapsed, false, columns_).c_str());
     std::fflush(stderr);
   }
 }
@@ -96,7 +117,7 @@ void Progress::update(int64_t done, const std::string& fields) {
 void Progress::note(const std::string& text) {
   if (!enabled_) return;
   if (terminal_ && drawn_) std::fprintf(stderr, "\r\033[K");
-  std::fprintf(stderr, "%s\n", fit(text, columns_).c_str());
+  std::fprintf(stderr, "%s\n", text.c_str());  // whole: a line of its own may wrap
   std::fflush(stderr);
   last_draw_ = {};  // redraw the bar at the next update
 }

@@ -32,7 +32,7 @@ int run_sample(const SampleOptions& o) {
                     "sample: --temperature must be a finite number >= 0 (0: greedy), got ", o.temperature);
   REMAT_USAGE_CHECK(o.top_p > 0 && o.top_p <= 1, "sample: --top-p must be in (0, 1], got ", o.top_p);
   CharGPTFile weights = read_char_gpt(o.load, "sample", o.heads);
-  REMAT_USAGE_CHECK(!weights.has_metadata || !o.heads_given || o.heads == weights.config.heads, "sample: --heads ",
+  REMAT_USAGE_CHECK(!weights.heads_known || !o.heads_given || o.heads == weights.config.heads, "sample: --heads ",
                     o.heads, " disagrees with the model of ", o.load, " (heads ", weights.config.heads,
                     "); the architecture comes from the weight file: drop the flag or pass the file's value");
   CharTokenizer tokenizer = weights.tokenizer;

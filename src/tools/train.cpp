@@ -170,6 +170,7 @@ CheckedOptions check_options(const TrainOptions& o, const DataParallel& dp) {
   REMAT_USAGE_CHECK(o.dropout >= 0 && o.dropout < 1, "train: --dropout must be in [0, 1), got ", o.dropout);
   REMAT_USAGE_CHECK(o.format == "remat" || o.format == "nanogpt" || o.format == "hf-gpt2",
                     "train: --format must be remat, nanogpt or hf-gpt2, got \"", o.format, "\"");
+  check_save_path(o.save, o.format);
   REMAT_USAGE_CHECK(!o.eval_only || !o.load.empty(), "train: --eval-only needs --load FILE (the weights to evaluate)");
   REMAT_USAGE_CHECK(o.accumulate >= 1 && o.accumulate <= kMaxAccumulate, "train: --accumulate must be from 1 to ",
                     kMaxAccumulate, ", got ", o.accumulate);
@@ -290,7 +291,7 @@ struct Optimization {
   Optimization(const TrainOptions& o, const DataParallel& dp, nn::GPT& model)
       : all_params(model.parameters()),
         sharded(o.shard_optimizer && dp.world > 1),
-        owners(sharded ? optimizer_owners(all_params, dp.world) : std::vector<int>{}),
+        owners(sharded ? distributed::optimizer_owners(all_params, dp.world) : std::vector<int>{}),
         optimizer(updated_parameters(all_params, sharded, owners, dp.rank),
                   {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01}),
         lr_at{.max_lr = o.lr, .min_lr = o.lr * 0.1,
@@ -466,7 +467,7 @@ void StepLoop::update(int64_t step) {
       if (optimizer.exp_avg(i).defined())
         m_.optimizer_state_bytes += optimizer.exp_avg(i).nbytes() + optimizer.exp_avg_sq(i).nbytes();
   }
-  if (opt_.sharded) broadcast_from_owners(opt_.all_params, opt_.owners);  // the owners' updates to every rank
+  if (opt_.sharded) distributed::broadcast_from_owners(opt_.all_params, opt_.owners);  // the owners' updates to every rank
 }
 
 // The step's time, loss, peaks and counters, added to the run's.
@@ -505,11 +506,12 @@ void StepLoop::evaluate(int64_t step, double loss_value, Clock::time_point run_s
 
 void StepLoop::show(int64_t step) {
   double tokens_per_s = tokens_per_step_ / m_.step_seconds.back();
-  char fields[160], val[24] = "-";
-  if (!std::isnan(m_.last_val_loss)) std::snprintf(val, sizeof val, "%.3f", m_.last_val_loss);
-  std::snprintf(fields, sizeof fields, "loss %.3f  val %s  %s tok/s  peak %s", m_.losses.back(), val,
-                human_count(tokens_per_s).c_str(), bytes_text(m_.peak_saved).c_str());
-  progress_.update(step + 1, fields);
+  char loss[32], val[32] = "";
+  std::snprintf(loss, sizeof loss, "loss %.3f", m_.losses.back());
+  if (!std::isnan(m_.last_val_loss)) std::snprintf(val, sizeof val, "val %.3f", m_.last_val_loss);
+  // kept in this order as the width shrinks: loss, (ETA), val, tok/s, peak
+  progress_.update(step + 1, {{loss, 90}, {val, 70}, {human_count(tokens_per_s) + " tok/s", 60},
+                              {"peak " + bytes_text(m_.peak_saved), 50}});
 }
 
 // ---- after the loop: the probe, the saved weights, the per-rank figures (RunSummary)

@@ -1,6 +1,11 @@
 #include "weights.h"
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "footprint.h"
 #include "numbers.h"
@@ -11,6 +16,11 @@ namespace remat::tools {
 namespace {
 
 constexpr const char* kFormat = "remat-char-gpt";
+// In a --format hf-gpt2 directory the weights' "format" is "pt", as Transformers requires; remat's
+// other keys are there too.
+constexpr const char* kTorchFormat = "pt";
+constexpr const char* kWeightsName = "model.safetensors";
+constexpr const char* kConfigName = "config.json";
 
 // Whether `metadata` holds any of remat's keys (a "format" other than remat's, e.g. PyTorch's
 // "pt", does not count).
@@ -19,6 +29,69 @@ bool has_remat_metadata(const nn::Metadata& metadata) {
     if (metadata.count(key) != 0) return true;
   auto format = metadata.find("format");
   return format != metadata.end() && format->second == kFormat;
+}
+
+// What a file without remat's metadata cannot say about its model: the number of heads and the
+// GELU (Hugging Face's GPT-2 uses the tanh form, nanoGPT the exact one).
+struct Unstated {
+  int64_t heads;
+  bool tanh_gelu;
+  bool from_config;  // read from a config.json, else --heads and the layout's custom
+};
+
+// Transformers' config.json of a directory whose weights have no remat metadata (one saved by
+// Transformers' save_pretrained, say), as far as remat's GPT depends on it; keys that are absent
+// take GPT2Config's defaults. What remat's GPT cannot compute (another LayerNorm eps, an
+// activation other than the exact or tanh GELU, other attention scaling) is an error naming it.
+Unstated read_hf_gpt2_config(const std::string& path, const std::string& command) {
+  std::error_code ec;
+  const uintmax_t bytes = std::filesystem::file_size(path, ec);
+  REMAT_CHECK(!ec && bytes <= (1u << 20), command, ": cannot read ", path, ec ? ": " + ec.message() : " (over 1 MiB)");
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  constexpr int kMaxDepth = 8;  // GPT2Config nests 3 deep; refused before anything deeper is built
+  bool too_deep = false;
+  const nlohmann::json j = nlohmann::json::parse(
+      text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) { return !(too_deep |= depth > kMaxDepth); },
+      /*allow_exceptions=*/false);
+  REMAT_CHECK(!too_deep && !j.is_discarded() && j.is_object(), command, ": ", path, " is not a JSON object",
+              too_deep ? " (nested too deeply)" : "");
+  const std::string where = detail::concat(command, ": ", path, ": ");
+  auto key = [&](const char* name, const nlohmann::json& fallback) {
+    const nlohmann::json& v = j.contains(name) ? j.at(name) : fallback;
+    REMAT_CHECK(v.type() == fallback.type() || (v.is_number() && fallback.is_number()), where, "\"", name, "\" is ",
+                v.dump(), ", expected a ", fallback.type_name());
+    return v;
+  };
+  const nlohmann::json heads = key("n_head", 12), act = key("activation_function", "gelu_new");
+  REMAT_CHECK(heads.is_number_integer() && heads.get<int64_t>() >= 1, where, "\"n_head\" is ", heads.dump(),
+              ", expected a whole number >= 1");
+  const std::string a = act.get<std::string>();
+  REMAT_CHECK(a == "gelu" || a == "gelu_python" || a == "gelu_new" || a == "gelu_pytorch_tanh", where,
+              "\"activation_function\" is \"", a, "\"; remat's GPT has the exact GELU (\"gelu\") or its tanh form "
+              "(\"gelu_new\")");
+  REMAT_CHECK(key("layer_norm_epsilon", 1e-5).get<double>() == 1e-5, where, "\"layer_norm_epsilon\" is ",
+              j.at("layer_norm_epsilon").dump(), "; remat's LayerNorms use 1e-05");
+  REMAT_CHECK(key("scale_attn_weights", true).get<bool>() && !key("scale_attn_by_inverse_layer_idx", false).get<bool>(),
+              where, "remat's attention scales by 1/sqrt(head size) only (\"scale_attn_weights\" true, "
+              "\"scale_attn_by_inverse_layer_idx\" false)");
+  return {heads.get<int64_t>(), a == "gelu_new" || a == "gelu_pytorch_tanh", true};
+}
+
+// A file without remat's metadata: the architecture from its tensors' shapes, checked one by one.
+void read_by_shapes(CharGPTFile& w, const std::string& path, const Unstated& unstated, nn::GPTWeightNames layout,
+                    const std::string& command) {
+  w.has_metadata = false;
+  const int64_t heads = unstated.heads;
+  auto wte = w.file.tensors.find("wte.weight");
+  REMAT_USAGE_CHECK(wte == w.file.tensors.end() || wte->second.dim() != 2 || wte->second.size(1) % heads == 0, command,
+                    ": ", path, " has no remat metadata, so its architecture is read from its tensors, but the number "
+                    "of heads cannot be: the width ", wte->second.size(1), " of its token embedding is not a multiple "
+                    "of ", unstated.from_config ? "\"n_head\" " : "--heads ", heads,
+                    unstated.from_config ? " of its config.json" : "; pass the --heads the model was trained with");
+  w.config = nn::gpt_config_from_weights(w.file.tensors, heads, layout, detail::concat(command, ": ", path));
+  w.config.tanh_gelu = unstated.tanh_gelu;
+  w.heads_known = unstated.from_config;
 }
 
 }  // namespace
@@ -34,22 +107,23 @@ nn::Metadata char_gpt_metadata(const nn::GPTConfig& config, const CharTokenizer&
   return m;
 }
 
-CharGPTFile read_char_gpt(const std::string& path, const std::string& command, int64_t heads) {
+CharGPTFile read_char_gpt(const std::string& given, const std::string& command, int64_t heads) {
   CharGPTFile w;
+  std::error_code ec;
+  const bool directory = std::filesystem::is_directory(given, ec);
+  const std::string path = directory ? (std::filesystem::path(given) / kWeightsName).string() : given;
+  REMAT_CHECK(!directory || std::filesystem::is_regular_file(path, ec), command, ": ", given, " is a directory without ",
+              kWeightsName, " (a --format hf-gpt2 export holds one; else name the weight file itself)");
   w.file = nn::load_safetensors(path);
   // nanoGPT's names (transformer.h.N.attn.c_attn.weight, ...) are read as remat's
   const nn::GPTWeightNames layout = nn::detect_gpt_weight_names(w.file.tensors);
   w.file.tensors = nn::gpt_weights_to_remat(w.file.tensors, layout);
   if (!has_remat_metadata(w.file.metadata)) {
-    // no description of the model: its shapes are checked one by one
-    w.has_metadata = false;
-    auto wte = w.file.tensors.find("wte.weight");
-    REMAT_USAGE_CHECK(wte == w.file.tensors.end() || wte->second.dim() != 2 || wte->second.size(1) % heads == 0, command,
-                      ": ", path, " has no remat metadata, so its architecture is read from its tensors, but the number "
-                      "of heads cannot be: the width ", wte->second.size(1), " of its token embedding is not a multiple "
-                      "of --heads ", heads, "; pass the --heads the model was trained with");
-    w.config = nn::gpt_config_from_weights(w.file.tensors, heads, layout, detail::concat(command, ": ", path));
-    w.config.tanh_gelu = layout == nn::GPTWeightNames::hf_gpt2;  // Hugging Face's GPT-2: gelu_new, the tanh form
+    const std::filesystem::path config = std::filesystem::path(given) / kConfigName;
+    if (directory && std::filesystem::exists(config, ec))
+      read_by_shapes(w, path, read_hf_gpt2_config(config.string(), command), layout, command);
+    else
+      read_by_shapes(w, path, {heads, layout == nn::GPTWeightNames::hf_gpt2, false}, layout, command);
     return w;
   }
   const std::string in_file = detail::concat(" of ", path);
@@ -64,8 +138,9 @@ CharGPTFile read_char_gpt(const std::string& path, const std::string& command, i
                      std::numeric_limits<int64_t>::max());
   };
   auto format = w.file.metadata.find("format");
-  REMAT_CHECK(format == w.file.metadata.end() || format->second == kFormat, command, ": ", path, " has format \"",
-              format->second, "\" in its metadata, not \"", kFormat, "\"");
+  REMAT_CHECK(format == w.file.metadata.end() || format->second == kFormat || format->second == kTorchFormat, command,
+              ": ", path, " has format \"", format->second, "\" in its metadata, not \"", kFormat, "\" (or \"",
+              kTorchFormat, "\" in a --format hf-gpt2 directory)");
   w.tokenizer = CharTokenizer::from_string(get("vocabulary"), detail::concat(command, ": metadata \"vocabulary\"", in_file));
   nn::GPTConfig& c = w.config;
   c.vocab = w.tokenizer.vocab_size();
@@ -118,6 +193,89 @@ CharTokenizer vocabulary_from_text(const CharGPTFile& weights, const std::string
 
 namespace remat::tools {
 
+namespace {
+
+// Writes `text` to `path` atomically (a temporary file renamed over it).
+void write_text_file(const std::string& path, const std::string& text) {
+  const std::string temp = path + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    REMAT_CHECK(out.good(), "train: cannot write ", temp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(temp, path, ec);
+  if (ec) {
+    std::filesystem::remove(temp, ec);
+    throw Error(detail::concat("train: cannot rename ", temp, " to ", path));
+  }
+}
+
+// Transformers' GPT2Config for `model` (see save_char_gpt). remat's LayerNorms (blocks and ln_f)
+// use eps 1e-5; its MLP is 4 x width; its GELU is the exact (erf) one, Transformers' "gelu", unless
+// tanh_gelu, Transformers' "gelu_new". A character vocabulary has no special tokens: the
+// beginning and end of text are both newline's id when it has one, else 0.
+std::string hf_gpt2_config(const nn::GPTConfig& c, const nn::Metadata& metadata) {
+  int64_t newline = 0;
+  if (auto v = metadata.find("vocabulary"); v != metadata.end()) {
+    const CharTokenizer tokenizer = CharTokenizer::from_string(v->second);
+    if (tokenizer.contains('\n')) newline = tokenizer.encode("\n").front();
+  }
+  const nlohmann::json config = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", c.vocab},
+      {"n_positions", c.seq},
+      {"n_ctx", c.seq},
+      {"n_embd", c.width},
+      {"n_layer", c.layers},
+      {"n_head", c.heads},
+      {"n_inner", 4 * c.width},
+      {"activation_function", c.tanh_gelu ? "gelu_new" : "gelu"},
+      {"layer_norm_epsilon", 1e-5},
+      {"resid_pdrop", c.dropout},
+      {"embd_pdrop", c.dropout},
+      {"attn_pdrop", c.dropout},
+      {"initializer_range", 0.02},
+      {"scale_attn_weights", true},
+      {"tie_word_embeddings", c.tie_embeddings},
+      {"bos_token_id", newline},
+      {"eos_token_id", newline},
+  };
+  return config.dump(2) + "\n";
+}
+
+// Whether `path` can become the --format hf-gpt2 directory (nothing there yet, or a directory).
+bool directory_or_nothing(const std::string& path) {
+  std::error_code ec;
+  return !std::filesystem::exists(path, ec) || std::filesystem::is_directory(path, ec);
+}
+
+std::string not_a_directory(const std::string& path) {
+  return detail::concat("train: --save ", path, " is a file, but --format hf-gpt2 writes a directory (", kWeightsName,
+                        " and ", kConfigName, ")");
+}
+
+// The --format hf-gpt2 directory: model.safetensors and config.json.
+void save_hf_gpt2(const std::string& dir, const std::map<std::string, Tensor>& tensors, const nn::GPTConfig& config,
+                  nn::Metadata metadata) {
+  REMAT_CHECK(directory_or_nothing(dir), not_a_directory(dir));
+  std::error_code ec;
+  std::filesystem::create_directory(dir, ec);
+  REMAT_CHECK(!ec, "train: cannot create the directory ", dir, ": ", ec.message());
+  metadata["format"] = kTorchFormat;
+  const std::filesystem::path root(dir);
+  nn::save_safetensors((root / kWeightsName).string(), nn::NamedTensors(tensors.begin(), tensors.end()), metadata);
+  write_text_file((root / kConfigName).string(), hf_gpt2_config(config, metadata));
+}
+
+}  // namespace
+
+void check_save_path(const std::string& path, const std::string& format) {
+  REMAT_USAGE_CHECK(path.empty() || format != "hf-gpt2" || directory_or_nothing(path), not_a_directory(path));
+}
+
 void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Metadata& metadata, const std::string& format) {
   nn::GPTWeightNames names = nn::GPTWeightNames::remat;
   if (format == "nanogpt") names = nn::GPTWeightNames::nanogpt;
@@ -126,6 +284,7 @@ void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Meta
   std::map<std::string, Tensor> tensors;
   for (const auto& [name, p] : model.named_parameters()) tensors.emplace(name, p);
   std::map<std::string, Tensor> renamed = nn::gpt_weights_from_remat(tensors, names);
+  if (names == nn::GPTWeightNames::hf_gpt2) return save_hf_gpt2(path, renamed, model.config(), metadata);
   nn::save_safetensors(path, nn::NamedTensors(renamed.begin(), renamed.end()), metadata);
 }
 

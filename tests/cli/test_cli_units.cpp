@@ -1,15 +1,19 @@
 // The command line's input checks, linked directly: strict numbers, the GPT footprint bound, the
-// --costs reader, the vocabulary of weight files, typo suggestions and the sampling helpers.
+// --costs reader, the vocabulary of weight files, typo suggestions, the sampling helpers and the
+// progress line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "corpus.h"
 #include "costs.h"
 #include "footprint.h"
 #include "numbers.h"
+#include "progress.h"
 #include "remat/nn.h"
 #include "usage.h"
 
@@ -202,4 +206,73 @@ TEST(CliSampling, Utf8Escaping) {
   EXPECT_EQ(utf8_escaped("\xED\xA0\x80"), "\\xED\\xA0\\x80");               // surrogate
   EXPECT_EQ(utf8_escaped("\xF4\x90\x80\x80"), "\\xF4\\x90\\x80\\x80");      // beyond U+10FFFF
   EXPECT_EQ(utf8_escaped("\xFF"), "\\xFF");
+}
+
+namespace {
+
+// The fields of a training step's progress line, as train shows them.
+const std::vector<ProgressField> kStepFields = {
+    {"loss 2.310", 90}, {"val 2.402", 70}, {"15.3k tok/s", 60}, {"peak 45.1 MiB", 50}};
+
+// `line` split at its two-space separators.
+std::vector<std::string> parts_of(const std::string& line) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  for (size_t gap; (gap = line.find("  ", begin)) != std::string::npos; begin = gap + 2) parts.push_back(line.substr(begin, gap - begin));
+  parts.push_back(line.substr(begin));
+  return parts;
+}
+
+}  // namespace
+
+TEST(CliProgress, EveryWidthKeepsWholeFieldsInPriorityOrder) {
+  for (bool bar : {true, false})
+    for (int columns = 20; columns <= 200; ++columns) {
+      const std::string line = progress_line("train", 12, 100, kStepFields, 0.3, bar, columns);
+      SCOPED_TRACE(testing::Message() << "bar " << bar << ", " << columns << " columns: \"" << line << "\"");
+      EXPECT_LE(line.size(), static_cast<size_t>(columns - 1));  // the last column stays free
+      // the head: [label] [bar] counter, one space apart; then whole fields, two spaces apart
+      std::vector<std::string> parts = parts_of(line);
+      ASSERT_FALSE(parts.empty());
+      const std::string head = parts.front();
+      EXPECT_TRUE(head.ends_with("12/100")) << head;  // the counter is always there
+      const std::string before = head.substr(0, head.size() - 6);
+      if (!before.empty())
+        EXPECT_TRUE(before == "train " || before == "train step " ||
+                    (bar && before.starts_with("train [") && before.ends_with("] ")) ||
+                    (bar && before.starts_with("[") && before.ends_with("] ")))
+            << before;
+      std::vector<int> kept;  // the priorities of the fields shown
+      for (size_t i = 1; i < parts.size(); ++i) {
+        bool whole = parts[i] == "ETA 2s";
+        if (whole) kept.push_back(kEtaPriority);
+        for (const ProgressField& f : kStepFields)
+          if (parts[i] == f.text) whole = true, kept.push_back(f.priority);
+        EXPECT_TRUE(whole) << "\"" << parts[i] << "\" is not a whole field";
+      }
+      // a field is shown only if every higher-priority one is
+      std::vector<int> all = {kEtaPriority};
+      for (const ProgressField& f : kStepFields) all.push_back(f.priority);
+      for (int shown : kept)
+        for (int p : all)
+          if (p > shown) EXPECT_NE(std::find(kept.begin(), kept.end(), p), kept.end()) << p << " dropped before " << shown;
+    }
+}
+
+TEST(CliProgress, WidthDecidesWhatIsShown) {
+  // everything, with the widest bar, when the width allows
+  EXPECT_EQ(progress_line("train", 12, 100, kStepFields, 0.3, true, 200),
+            "train [##......................] 12/100  loss 2.310  val 2.402  15.3k tok/s  peak 45.1 MiB  ETA 2s");
+  EXPECT_EQ(progress_line("train", 12, 100, kStepFields, 0.3, false, 0),
+            "train step 12/100  loss 2.310  val 2.402  15.3k tok/s  peak 45.1 MiB  ETA 2s");
+  // narrower: the bar narrows, then it, the label and the peak go whole (at 60 columns the line
+  // once ended "15.3k tok/s  pe  ETA 3s")
+  EXPECT_EQ(progress_line("train", 12, 100, kStepFields, 0.3, true, 90),
+            "train [#..............] 12/100  loss 2.310  val 2.402  15.3k tok/s  peak 45.1 MiB  ETA 2s");
+  EXPECT_EQ(progress_line("train", 12, 100, kStepFields, 0.3, true, 60), "12/100  loss 2.310  val 2.402  15.3k tok/s  ETA 2s");
+  EXPECT_EQ(progress_line("train", 12, 100, kStepFields, 0.3, false, 60), "12/100  loss 2.310  val 2.402  15.3k tok/s  ETA 2s");
+  EXPECT_EQ(progress_line("train", 12, 100, kStepFields, 0.3, true, 40), "12/100  loss 2.310  val 2.402  ETA 2s");
+  EXPECT_EQ(progress_line("train", 12, 100, kStepFields, 0.3, true, 20), "12/100  loss 2.310");
+  // done: the elapsed time in place of the ETA; an empty field is left out
+  EXPECT_EQ(progress_line("train", 100, 100, {{"loss 1.5", 90}, {"", 70}}, 95, false, 0), "train step 100/100  loss 1.5  1m35s");
 }
