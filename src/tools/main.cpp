@@ -189,10 +189,10 @@ int main(int argc, char** argv) {
   t->add_flag("--fuse-optimizer", train.fuse_optimizer,
               "update each parameter as soon as its gradient is final, inside the backward, and free the gradient "
               "(needs --clip 0; one process)");
-  t->add_option("--save", train.save, "write the weights (safetensors) here");
+  t->add_option("--save", train.save, "write the weights here (a safetensors file; for --format hf-gpt2 a directory)");
   t->add_option("--load", train.load, "start from these weights (architecture from the file; remat, nanoGPT or Hugging Face GPT-2 "
                 "layout; a file without remat metadata takes --heads and the vocabulary of --data)");
-  t->add_option("--format", train.format, "names and layout of the --save file: remat | nanogpt | hf-gpt2")->capture_default_str();
+  t->add_option("--format", train.format, "names and layout of --save: remat | nanogpt | hf-gpt2 (a directory Transformers loads)")->capture_default_str();
   t->add_flag("--tie-embeddings", train.tie_embeddings,
               "the output layer shares the token embedding's weight (one parameter, as in nanoGPT and GPT-2; "
               "with --load the file decides: tied when it has no lm_head.weight)");
