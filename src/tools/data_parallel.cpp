@@ -26,6 +26,11 @@ void add_gradient(const Tensor& into, const Tensor& g) {
   }
 }
 
+// Whether two tensors start at the same memory (device memory is not read).
+bool same_memory(const Tensor& a, const Tensor& b) {
+  return a.impl().storage == b.impl().storage && a.impl().offset == b.impl().offset;
+}
+
 void scale_gradient(const Tensor& g, double factor) {
   const int64_t n = g.numel();
   if (g.dtype() == DType::f32) {
@@ -46,6 +51,9 @@ StepGradients step_gradients(nn::GPT& model, const std::vector<int64_t>& tokens,
   REMAT_CHECK(fused == nullptr || (dp.world == 1 && fused->optimizer != nullptr),
               "train: the optimizer inside the backward runs with one rank only");
   TensorList params = model.parameters();
+  const Device device = params.empty() ? kCpu : params.front().device();
+  REMAT_CHECK(device.type == DeviceType::cpu || dp.micro_batches() == 1,
+              "train: --accumulate and mpirun add gradients on the host; on ", device_name(device), " run one micro-batch per step");
   std::unordered_map<const TensorImpl*, size_t> index;
   for (size_t i = 0; i < params.size(); ++i) index.emplace(params[i].impl_ptr().get(), i);
   const int64_t n = dp.micro_batches();
@@ -66,7 +74,7 @@ StepGradients step_gradients(nn::GPT& model, const std::vector<int64_t>& tokens,
   };
   // parameter i's gradient is the rank's final sum from here on
   auto install = [&](size_t i) {
-    if (sum[i].defined() && params[i].grad().raw_data() != sum[i].raw_data()) {
+    if (sum[i].defined() && !same_memory(params[i].grad(), sum[i])) {
       params[i].zero_grad();
       params[i].set_grad(sum[i]);
     }
@@ -75,7 +83,7 @@ StepGradients step_gradients(nn::GPT& model, const std::vector<int64_t>& tokens,
   double loss_sum = 0;
   for (int64_t micro = 0; micro < dp.accumulate; ++micro) {
     const int64_t index_of_batch = distributed::micro_batch_index(step, micro, dp.accumulate, dp.rank, dp.world);
-    Batch b = sample_batch(tokens, batch, seq, seed, static_cast<uint64_t>(index_of_batch));
+    Batch b = sample_batch(tokens, batch, seq, seed, static_cast<uint64_t>(index_of_batch), device);
     for (Tensor p : params) p.zero_grad();
     manual_seed(seed * 1000003ull + static_cast<uint64_t>(index_of_batch));  // the dropout stream of this micro-batch
     const bool last = micro + 1 == dp.accumulate;
@@ -105,7 +113,7 @@ StepGradients step_gradients(nn::GPT& model, const std::vector<int64_t>& tokens,
     Tensor loss = backward([&] { return model.loss(b.inputs, b.targets); }, GradOptions{policy});
     bucket_hook.reset();
     fused_step.reset();
-    loss_sum += loss.item();
+    loss_sum += loss.detach().to(kCpu).item();
     for (size_t i = 0; i < params.size(); ++i)
       if (!handed_on[i]) fold_in(i);
   }
