@@ -1,0 +1,38 @@
+// Kernels not yet written for CUDA: supports() answers false for them, so the dispatcher runs
+// them on the CPU; calling them directly is a remat::Error.
+#include "tensor/cuda/cuda_internal.h"
+
+namespace remat::cuda {
+
+#define REMAT_PENDING(name) throw Error("cuda backend: " #name " is not implemented yet (it runs on the CPU)")
+
+void CudaBackend::reduce(ReduceOp, const Tensor&, const std::vector<int64_t>&, const Tensor&) { REMAT_PENDING(reduce); }
+void CudaBackend::gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, double, double) { REMAT_PENDING(gemm); }
+void CudaBackend::softmax(const Tensor&, const Tensor&, bool) { REMAT_PENDING(softmax); }
+void CudaBackend::softmax_backward(const Tensor&, const Tensor&, const Tensor&, bool) { REMAT_PENDING(softmax_backward); }
+void CudaBackend::layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(layer_norm); }
+void CudaBackend::layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(layer_norm_backward); }
+void CudaBackend::rms_norm(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) { REMAT_PENDING(rms_norm); }
+void CudaBackend::rms_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(rms_norm_backward); }
+void CudaBackend::embedding(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(embedding); }
+void CudaBackend::embedding_backward(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(embedding_backward); }
+void CudaBackend::cross_entropy(const Tensor&, const Tensor&, double, int64_t, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(cross_entropy); }
+void CudaBackend::cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, double, int64_t, const Tensor&) { REMAT_PENDING(cross_entropy_backward); }
+void CudaBackend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&, const Tensor&) { REMAT_PENDING(conv2d); }
+void CudaBackend::conv2d_backward_input(const Tensor&, const Tensor&, const Conv2dGeometry&, const Tensor&) { REMAT_PENDING(conv2d_backward_input); }
+void CudaBackend::conv2d_backward_weight(const Tensor&, const Tensor&, const Conv2dGeometry&, const Tensor&, const Tensor&) { REMAT_PENDING(conv2d_backward_weight); }
+void CudaBackend::max_pool2d(const Tensor&, const Pool2dGeometry&, const Tensor&, const Tensor&) { REMAT_PENDING(max_pool2d); }
+void CudaBackend::max_pool2d_backward(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(max_pool2d_backward); }
+void CudaBackend::avg_pool2d(const Tensor&, const Pool2dGeometry&, const Tensor&) { REMAT_PENDING(avg_pool2d); }
+void CudaBackend::avg_pool2d_backward(const Tensor&, const Pool2dGeometry&, const Tensor&) { REMAT_PENDING(avg_pool2d_backward); }
+void CudaBackend::adaptive_avg_pool2d(const Tensor&, const Tensor&) { REMAT_PENDING(adaptive_avg_pool2d); }
+void CudaBackend::adaptive_avg_pool2d_backward(const Tensor&, const Tensor&) { REMAT_PENDING(adaptive_avg_pool2d_backward); }
+void CudaBackend::batch_norm_statistics(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(batch_norm_statistics); }
+void CudaBackend::batch_norm_apply(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(batch_norm_apply); }
+void CudaBackend::batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(batch_norm_backward); }
+void CudaBackend::sgd_step(const Tensor&, const Tensor&, const Tensor&, const SgdStep&) { REMAT_PENDING(sgd_step); }
+void CudaBackend::adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWStep&) { REMAT_PENDING(adamw_step); }
+void CudaBackend::attention(const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, const Tensor&, const Tensor&) { REMAT_PENDING(attention); }
+void CudaBackend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(attention_backward); }
+
+}  // namespace remat::cuda
