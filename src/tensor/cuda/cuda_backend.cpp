@@ -264,7 +264,9 @@ bool CudaBackend::supports(Kernel kernel, DType dtype) const {
   if (kernel == Kernel::copy || kernel == Kernel::fill || kernel == Kernel::arange) return true;
   switch (kernel) {  // written so far
     case Kernel::rand_uniform: case Kernel::rand_normal: case Kernel::unary: case Kernel::unary_backward:
-    case Kernel::binary: case Kernel::where: case Kernel::dropout: break;
+    case Kernel::binary: case Kernel::where: case Kernel::dropout: case Kernel::reduce: case Kernel::gemm:
+    case Kernel::softmax: case Kernel::softmax_backward: case Kernel::layer_norm: case Kernel::layer_norm_backward:
+    case Kernel::rms_norm: case Kernel::rms_norm_backward: break;
     default: return false;
   }
   return is_floating(dtype);

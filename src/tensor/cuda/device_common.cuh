@@ -86,6 +86,34 @@ __device__ inline T block_max(T v, T* shared) {
   return shared[0];
 }
 
+// ---- fixed-order sums over the rows of a [rows, cols] problem, per column, in two passes:
+// column_partials() adds f(r, c) over row chunks of kChunkRows rows (one thread per chunk and
+// column, rows in order) into partial[chunk][c]; combine_partials() adds the chunks in order.
+// The chunking depends on `rows` only.
+inline constexpr int64_t kChunkRows = 32;
+inline int64_t chunk_count(int64_t rows) { return (rows + kChunkRows - 1) / kChunkRows; }
+
+template <class A, class F>
+__global__ void column_partials(F f, int64_t rows, int64_t cols, A* partial) {
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < chunks * cols; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t chunk = i / cols, c = i % cols;
+    const int64_t r1 = min(rows, (chunk + 1) * kChunkRows);
+    A acc = 0;
+    for (int64_t r = chunk * kChunkRows; r < r1; ++r) acc += f(r, c);
+    partial[i] = acc;
+  }
+}
+// out[c] = (sum over chunks of partial[chunk][c]) / divisor
+template <class A, class T>
+__global__ void combine_partials(const A* partial, int64_t chunks, int64_t cols, A divisor, T* out) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x) {
+    A acc = 0;
+    for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + c];
+    out[c] = static_cast<T>(divisor == A(1) ? acc : acc / divisor);
+  }
+}
+
 // ---- Philox-4x32-10, word for word the CPU's (src/tensor/random.cpp)
 struct Words4 {
   uint32_t v[4];

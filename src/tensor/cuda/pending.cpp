@@ -6,14 +6,6 @@ namespace remat::cuda {
 
 #define REMAT_PENDING(name) throw Error("cuda backend: " #name " is not implemented yet (it runs on the CPU)")
 
-void CudaBackend::reduce(ReduceOp, const Tensor&, const std::vector<int64_t>&, const Tensor&) { REMAT_PENDING(reduce); }
-void CudaBackend::gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, double, double) { REMAT_PENDING(gemm); }
-void CudaBackend::softmax(const Tensor&, const Tensor&, bool) { REMAT_PENDING(softmax); }
-void CudaBackend::softmax_backward(const Tensor&, const Tensor&, const Tensor&, bool) { REMAT_PENDING(softmax_backward); }
-void CudaBackend::layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(layer_norm); }
-void CudaBackend::layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(layer_norm_backward); }
-void CudaBackend::rms_norm(const Tensor&, const Tensor&, double, const Tensor&, const Tensor&) { REMAT_PENDING(rms_norm); }
-void CudaBackend::rms_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(rms_norm_backward); }
 void CudaBackend::embedding(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(embedding); }
 void CudaBackend::embedding_backward(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(embedding_backward); }
 void CudaBackend::cross_entropy(const Tensor&, const Tensor&, double, int64_t, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(cross_entropy); }
