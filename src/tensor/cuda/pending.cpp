@@ -6,10 +6,6 @@ namespace remat::cuda {
 
 #define REMAT_PENDING(name) throw Error("cuda backend: " #name " is not implemented yet (it runs on the CPU)")
 
-void CudaBackend::embedding(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(embedding); }
-void CudaBackend::embedding_backward(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(embedding_backward); }
-void CudaBackend::cross_entropy(const Tensor&, const Tensor&, double, int64_t, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(cross_entropy); }
-void CudaBackend::cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, double, int64_t, const Tensor&) { REMAT_PENDING(cross_entropy_backward); }
 void CudaBackend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&, const Tensor&) { REMAT_PENDING(conv2d); }
 void CudaBackend::conv2d_backward_input(const Tensor&, const Tensor&, const Conv2dGeometry&, const Tensor&) { REMAT_PENDING(conv2d_backward_input); }
 void CudaBackend::conv2d_backward_weight(const Tensor&, const Tensor&, const Conv2dGeometry&, const Tensor&, const Tensor&) { REMAT_PENDING(conv2d_backward_weight); }
@@ -22,8 +18,6 @@ void CudaBackend::adaptive_avg_pool2d_backward(const Tensor&, const Tensor&) { R
 void CudaBackend::batch_norm_statistics(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(batch_norm_statistics); }
 void CudaBackend::batch_norm_apply(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(batch_norm_apply); }
 void CudaBackend::batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(batch_norm_backward); }
-void CudaBackend::sgd_step(const Tensor&, const Tensor&, const Tensor&, const SgdStep&) { REMAT_PENDING(sgd_step); }
-void CudaBackend::adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWStep&) { REMAT_PENDING(adamw_step); }
 void CudaBackend::attention(const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, const Tensor&, const Tensor&) { REMAT_PENDING(attention); }
 void CudaBackend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(attention_backward); }
 
