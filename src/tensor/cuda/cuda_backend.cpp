@@ -267,7 +267,8 @@ bool CudaBackend::supports(Kernel kernel, DType dtype) const {
     case Kernel::binary: case Kernel::where: case Kernel::dropout: case Kernel::reduce: case Kernel::gemm:
     case Kernel::softmax: case Kernel::softmax_backward: case Kernel::layer_norm: case Kernel::layer_norm_backward:
     case Kernel::rms_norm: case Kernel::rms_norm_backward: case Kernel::embedding: case Kernel::embedding_backward:
-    case Kernel::cross_entropy: case Kernel::cross_entropy_backward: case Kernel::sgd_step: case Kernel::adamw_step: break;
+    case Kernel::cross_entropy: case Kernel::cross_entropy_backward: case Kernel::sgd_step: case Kernel::adamw_step:
+    case Kernel::attention: case Kernel::attention_backward: break;
     default: return false;
   }
   return is_floating(dtype);

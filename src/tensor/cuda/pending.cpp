@@ -18,7 +18,5 @@ void CudaBackend::adaptive_avg_pool2d_backward(const Tensor&, const Tensor&) { R
 void CudaBackend::batch_norm_statistics(const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(batch_norm_statistics); }
 void CudaBackend::batch_norm_apply(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(batch_norm_apply); }
 void CudaBackend::batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(batch_norm_backward); }
-void CudaBackend::attention(const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, const Tensor&, const Tensor&) { REMAT_PENDING(attention); }
-void CudaBackend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, const Tensor&, const Tensor&, const Tensor&) { REMAT_PENDING(attention_backward); }
 
 }  // namespace remat::cuda
