@@ -87,6 +87,10 @@ TEST(CliDevice, TextThatIsNoDeviceIsAUsageError) {
     expect_clean_error(remat_cli(tiny_train("--device '" + bad + "'")), 2, "train --device: \"" + bad + "\" is not a device");
   }
   expect_clean_error(remat_cli("sample --load nothing.safetensors --device gpu"), 2, "sample --device: \"gpu\" is not a device");
+  // what the device path does not run (yet): refused before any device is asked for
+  expect_clean_error(remat_cli(tiny_train("--device cuda --accumulate 2")), 2, "runs one micro-batch per step");
+  expect_clean_error(remat_cli(tiny_train("--device cuda --policy offload:/tmp")), 2,
+                     "train: --policy offload:/tmp keeps saved values of host memory only; it does not run with --device cuda yet");
 }
 
 TEST(CliDevice, CudaWithoutAUsableDeviceIsAClearError) {
