@@ -68,22 +68,6 @@ struct Problem {
   }
 };
 
-template <class T>
-__device__ inline T warp_all_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-template <class T>
-__device__ inline T warp_all_max(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const T other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = other > v ? other : v;
-  }
-  return v;
-}
-
 // Stages rows [t0, t0 + kTile) of `src` (width `width`, zero past `limit`) into dst[kTile][ld].
 template <class T>
 __device__ inline void stage(const Operand<const T>& src, int64_t bh, int64_t heads, int64_t t0, int64_t limit,
@@ -131,12 +115,12 @@ __global__ void forward_kernel(Problem<T> pb) {
         for (int64_t e = 0; e < pb.d; ++e) dot += qs[row * pb.d + e] * ks[lane * (pb.d + 1) + e];
         s = dot * pb.scale;
       }
-      const T mx = warp_all_max(s);
+      const T mx = warp_max(s);
       const T m_new = mx > m[r] ? mx : m[r];
       if (m_new == -INFINITY) continue;  // nothing visible yet
       const T alpha = exp(m[r] - m_new);  // 0 on the first tile (m = -inf)
       const T pj = valid ? exp(s - m_new) : T(0);
-      l[r] = l[r] * alpha + warp_all_sum(pj);
+      l[r] = l[r] * alpha + warp_sum(pj);
       m[r] = m_new;
       const T pz = valid ? pj * pb.dropout_factor(bh, i, j) : T(0);
 #pragma unroll
@@ -177,7 +161,7 @@ __global__ void delta_kernel(Problem<T> pb, int64_t rows) {
     const T* o = pb.out.row(bh, pb.heads, i);
     Acc<T> s = 0;
     for (int64_t e = lane; e < pb.dv; e += 32) s += static_cast<Acc<T>>(g[e] * o[e]);
-    s = warp_all_sum(s);
+    s = warp_sum(s);
     if (lane == 0) pb.delta[x] = static_cast<T>(s);
   }
 }

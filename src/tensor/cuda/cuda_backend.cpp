@@ -12,24 +12,35 @@
 //     reduction of a fixed shape (device_common.cuh: warp shuffles in a fixed pattern, then the
 //     warp results in warp order); the block size of each kernel is a constant, so the order
 //     depends on the tensor's shape only, never on timing or on how many blocks run at once.
-//   - Sums over many rows (the parameter gradients of layer and RMS norm, batch-norm statistics
-//     and gradients, column reductions) are computed in two passes: per-block partial sums over
-//     fixed row ranges written to scratch memory, then one fixed-order pass over the partials.
-//   - Scatter-adds are turned into gathers: the embedding backward sorts positions by id (a
-//     stable radix sort, whose output is unique) and each table row adds its positions' gradient
-//     rows in position order; max-pool and average-pool backwards compute each input element from
-//     the outputs whose windows hold it, in output order; the attention backward computes dK and
-//     dV by walking query tiles for one key tile and dQ by walking key tiles for one query tile.
+//   - Sums over many rows of a few columns (the parameter gradients of layer and RMS norm, a
+//     reduction over the leading axes of a contiguous tensor) are computed in two passes: partial
+//     sums over fixed chunks of 32 rows, one thread per chunk and column, written to scratch
+//     memory, then one thread per column adds the chunks in order. Batch-norm statistics and
+//     gradient sums are one block per channel (the block reduction above).
+//   - Scatter-adds never race: the embedding backward sorts positions by id (a stable radix
+//     sort, whose output is unique) and one block per id adds its positions' gradient rows in
+//     position order; the average- and adaptive-pool backwards compute each input element from
+//     the outputs whose windows hold it, in output order; the max-pool backward (which gets the
+//     argmax indices, not the geometry) adds each plane's outputs in output order on one thread;
+//     the attention backward computes dK and dV by walking the query rows for one key tile and dQ
+//     by walking the keys for one query tile.
 //   - cuBLAS runs on the backend's stream with a fixed workspace (cublasSetWorkspace), the
 //     condition under which NVIDIA documents its results as bitwise reproducible on the same GPU
-//     model and library version. cuDNN convolutions use algorithms cuDNN documents as
-//     deterministic (forward IMPLICIT_PRECOMP_GEMM, backward data ALGO_1, backward filter
-//     ALGO_1), chosen by name, never by a timing search.
+//     model and library version. cuDNN convolutions take algorithms cuDNN reports as
+//     deterministic (forward IMPLICIT_PRECOMP_GEMM, backward data ALGO_1, backward filter ALGO_1
+//     when supported, else the first deterministic one of cuDNN's heuristic list), chosen from
+//     the problem alone, never by a timing search.
+//   - Validation (embedding ids, cross-entropy targets) uses integer atomics only (the first bad
+//     position by atomicMin, a count by atomicAdd), whose results do not depend on order.
 //   - Random numbers (rand, randn, dropout, attention dropout) are the CPU's counter-based
 //     Philox words (device_common.cuh repeats random.cpp's block function), so a mask is the
 //     CPU's mask for the same RngState whatever the launch shape.
 // Results are deterministic on one GPU model with one toolkit; they are not bitwise equal to the
 // CPU's (different summation trees, fused multiply-adds), only close.
+//
+// Memory outside the counters: each backend holds a 32 MiB cuBLAS workspace on the device and two
+// 8 MiB pinned host buffers for copies; cuDNN's workspaces and all scratch of the kernels come
+// from the accounted allocator (tag `other`).
 #include "tensor/cuda/cuda_backend.h"
 
 #include <algorithm>

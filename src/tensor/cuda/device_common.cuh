@@ -37,20 +37,21 @@ __device__ inline void offsets_of(const Layout<N>& l, int64_t index, int64_t (&o
 }
 
 // ---- fixed-order block reductions (blockDim.x a multiple of 32, at most 1024): each warp folds
-// its lanes by shuffles in a fixed pattern, then warp 0 folds the warp results. The order depends
-// on the block size only, which each kernel fixes, so results are the same on every run.
+// its lanes by butterfly shuffles (a fixed pattern that leaves the same value in every lane, since
+// a + b == b + a exactly and max lets a NaN win), then warp 0 folds the warp results. The order depends on the block size
+// only, which each kernel fixes, so results are the same on every run.
 template <class T>
 __device__ inline T warp_sum(T v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 template <class T>
 __device__ inline T warp_max(T v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
-    const T other = __shfl_down_sync(0xffffffffu, v, o);
-    v = other > v ? other : v;
+    const T other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = other > v || other != other ? other : v;  // a NaN wins, so every lane ends the same
   }
   return v;
 }
