@@ -13,6 +13,7 @@
 #include "emulated_backend.h"
 #include "op_harness.h"
 #include "op_rows_conv.h"  // issue 17: conv, pooling, batch_norm, diagonal, einsum
+#include "remat/devices.h"
 
 using namespace remat;
 using namespace remat::test;
@@ -792,9 +793,18 @@ const std::vector<OpCase>& op_table() {
   return table;
 }
 
-// The device axis: 0 the CPU, 1 the test-only emulated device (emulated_backend.h). A new backend
-// adds its device here and runs every row.
-Device device_of_axis(int axis) { return axis == 0 ? kCpu : emulated_device(); }
+// The device axis: 0 the CPU, 1 the test-only emulated device (emulated_backend.h), 2 cuda:0 in a
+// build with the CUDA backend (each row skipped, with the reason, where no GPU is usable). A new
+// backend adds its device here and runs every row. On cuda:0 a row is checked against the float64
+// reference and finite differences with the CPU's tolerances (forward_tolerance: f32 2e-5 + 1e-4
+// relative, f64 1e-10 + 1e-9 relative; the row's grad_tol_f32 / grad_tol_f64), not bit for bit
+// against the CPU: the GPU sums in other orders.
+Device device_of_axis(int axis) {
+  return axis == 0 ? kCpu : axis == 1 ? emulated_device() : Device{DeviceType::cuda, 0};
+}
+std::vector<int> device_axes() {
+  return compiled_backends().size() > 1 ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 1};
+}
 
 class OpTest : public ::testing::TestWithParam<std::tuple<size_t, DType, int>> {
  protected:
@@ -806,10 +816,14 @@ class OpTest : public ::testing::TestWithParam<std::tuple<size_t, DType, int>> {
 // One test per (row, dtype, device) runs the checks (one process per test under ctest: fewer,
 // larger tests keep the suite fast, also under sanitizers); each check reports on its own.
 TEST_P(OpTest, ForwardAndGradient) {
+  if (device().type == DeviceType::cuda) {
+    if (device_count(DeviceType::cuda) == 0) GTEST_SKIP() << "no CUDA device: " << unavailable_reason(DeviceType::cuda);
+    use_device(device());
+  }
   const std::string where = " [" + std::string(dtype_name(dtype())) + ", " + device_name(device()) + "] ";
   CheckResult f = check_forward(op(), dtype(), device());
   EXPECT_TRUE(f.ok) << op().name << where << "forward differs from the reference:\n" << f.message;
-  if (device() != kCpu) {
+  if (device().type == DeviceType::emulated) {
     CheckResult same = check_matches_cpu(op(), dtype(), device());
     EXPECT_TRUE(same.ok) << same.message;
   }
@@ -825,7 +839,7 @@ TEST_P(OpTest, ForwardAndGradient) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTest,
                          ::testing::Combine(::testing::Range<size_t>(0, op_table().size()),
-                                            ::testing::Values(DType::f32, DType::f64), ::testing::Values(0, 1)),
+                                            ::testing::Values(DType::f32, DType::f64), ::testing::ValuesIn(device_axes())),
                          [](const ::testing::TestParamInfo<OpTest::ParamType>& info) {
                            std::string name = op_table()[std::get<0>(info.param)].name + "_" +
                                               dtype_name(std::get<1>(info.param));

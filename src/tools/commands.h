@@ -16,6 +16,7 @@ inline constexpr int64_t kMaxMicroBatches = 1'000'000'000'000;  // steps x accum
 
 struct TrainOptions {
   std::string data;  // empty: the default corpus
+  std::string device = "cpu";  // --device: cpu, cuda or cuda:N (device_option.h)
   int64_t layers = 4, width = 128, heads = 4, seq = 64, batch = 32, steps = 1000;
   double lr = 2e-3;
   uint64_t seed = 1;
@@ -50,6 +51,7 @@ struct SampleOptions {
   bool heads_given = false;
   std::string data;
   std::string prompt;
+  std::string device = "cpu";  // --device
   int64_t tokens = 300;
   double temperature = 0.8;  // 0: greedy (the most likely character each step)
   int64_t top_k = 0;         // > 0: sample among the k most likely characters only

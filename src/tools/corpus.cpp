@@ -133,7 +133,8 @@ TokenSplit split_tokens(const std::vector<int64_t>& tokens, double validation_fr
   return s;
 }
 
-Batch sample_batch(const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed, uint64_t step) {
+Batch sample_batch(const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed, uint64_t step,
+                   Device device) {
   REMAT_CHECK(static_cast<int64_t>(tokens.size()) > seq + 1, "text of ", tokens.size(),
               " tokens is too short for sequences of ", seq);
   uint64_t span = tokens.size() - static_cast<uint64_t>(seq) - 1;
@@ -147,7 +148,7 @@ Batch sample_batch(const std::vector<int64_t>& tokens, int64_t batch, int64_t se
       out[static_cast<size_t>(b * seq + t)] = tokens[start + static_cast<uint64_t>(t) + 1];
     }
   }
-  return {from_indices(in, {batch, seq}), from_indices(out, {batch, seq})};
+  return {from_indices(in, {batch, seq}, device), from_indices(out, {batch, seq}, device)};
 }
 
 }  // namespace remat::tools

@@ -49,10 +49,11 @@ struct TokenSplit {
 TokenSplit split_tokens(const std::vector<int64_t>& tokens, double validation_fraction = 0.05);
 
 // A batch of B windows of length T+1 from `tokens`, starting at positions drawn from (seed, step):
-// inputs [B, T] and targets [B, T] (the inputs shifted by one).
+// inputs [B, T] and targets [B, T] (the inputs shifted by one), on `device`.
 struct Batch {
   Tensor inputs, targets;
 };
-Batch sample_batch(const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed, uint64_t step);
+Batch sample_batch(const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed, uint64_t step,
+                   Device device = {});
 
 }  // namespace remat::tools

@@ -1,12 +1,13 @@
 // The `remat` command line.
-//   remat train [--data PATH] [--layers N] ... [--policy P] [--json]
-//   remat sample --load FILE [--prompt TEXT] [--tokens N]
+//   remat train [--data PATH] [--device cpu|cuda[:N]] [--layers N] ... [--policy P] [--json]
+//   remat sample --load FILE [--device D] [--prompt TEXT] [--tokens N]
 //   remat plan --budget BYTES [model options | --costs FILE] [--json]
 //   remat --version
 // Numeric options are read as text and parsed strictly (numbers.h) with a range each. Exit codes:
 // 0 success, 2 a usage error (unknown option or subcommand, with the closest valid one suggested;
 // a value that does not parse or is out of range; options that cannot be combined), 1 an error
-// while running (a weight file, the corpus, divergence). Errors print "remat: error: ..." on
+// while running (a weight file, the corpus, divergence, a --device this build or machine cannot
+// use). Errors print "remat: error: ..." on
 // stderr; with --json, also a JSON object {"error": ..., "exit_code": ...} on stdout.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "device_option.h"
 #include "numbers.h"
 #include "remat/error.h"
 #include "usage.h"
@@ -162,12 +164,15 @@ int report_error(const std::string& message, int code, bool json) {
 int main(int argc, char** argv) {
   CLI::App app{"remat: train differentiable tensor programs when memory is the limit (recomputation by default)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("remat ") + REMAT_VERSION);
+  app.set_version_flag("--version", std::function<std::string()>(version_text),
+                       "print the version, the backends compiled in and the devices found");
 
   TrainOptions train;
   auto* t = app.add_subcommand("train", "train a character-level GPT on a text corpus (default: Debian's fortunes)");
   Numbers train_numbers(t);
   t->add_option("--data", train.data, "text file or folder of text files (default: /usr/share/games/fortunes)");
+  t->add_option("--device", train.device, "where the model, batches and evaluation run: cpu | cuda | cuda:N")
+      ->capture_default_str();
   add_model_options(train_numbers, train);
   train_numbers.add<int64_t>("--steps", train.steps, 1, kMaxSteps, "optimizer steps");
   train_numbers.add<int64_t>("--eval-every", train.eval_every, 0, kMaxSteps,
@@ -212,6 +217,7 @@ int main(int argc, char** argv) {
   Numbers sample_numbers(s);
   s->add_option("--load", sample.load, "weights file")->required();
   s->add_option("--prompt", sample.prompt, "text to continue");
+  s->add_option("--device", sample.device, "where the model runs: cpu | cuda | cuda:N")->capture_default_str();
   s->add_option("--data", sample.data,
                 "for weights without remat metadata (e.g. nanoGPT's): the text whose bytes are the vocabulary "
                 "(default: /usr/share/games/fortunes)");

@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "usage.h"
 #include "corpus.h"
+#include "device_option.h"
 #include "footprint.h"
 #include "weights.h"
 #include "remat/nn.h"
@@ -25,6 +26,7 @@ std::string byte_text(unsigned char c) {
 
 int run_sample(const SampleOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  const Device device = select_device("sample --device", o.device);
   REMAT_USAGE_CHECK(!o.load.empty(), "sample: --load FILE is required (weights saved by `remat train --save FILE`)");
   REMAT_USAGE_CHECK(o.tokens >= 1, "sample: --tokens must be at least 1, got ", o.tokens);
   REMAT_USAGE_CHECK(o.tokens <= kMaxSampleTokens, "sample: --tokens must be at most ", kMaxSampleTokens, ", got ", o.tokens);
@@ -56,6 +58,7 @@ int run_sample(const SampleOptions& o) {
   nn::GPT model(config);
   model.load_parameters(weights.file.tensors, o.load);
   weights.file.tensors.clear();
+  model.to(device);
   model.eval();
 
   std::string prompt = o.prompt.empty() ? std::string("\n") : o.prompt;
@@ -71,10 +74,10 @@ int run_sample(const SampleOptions& o) {
   for (int64_t i = 0; i < o.tokens; ++i) {
     int64_t start = std::max<int64_t>(0, static_cast<int64_t>(context.size()) - config.seq);
     std::vector<int64_t> window(context.begin() + start, context.end());
-    Tensor ids = from_indices(window, {1, static_cast<int64_t>(window.size())});
+    Tensor ids = from_indices(window, {1, static_cast<int64_t>(window.size())}, device);
     Tensor logits = model.forward(ids);  // [1, T, V]
     Tensor last = logits.slice(1, -1, logits.size(1)).reshape({config.vocab});
-    std::vector<double> z = last.to_vector();
+    std::vector<double> z = last.to(kCpu).to_vector();
     for (double v : z)
       REMAT_CHECK(std::isfinite(v), "sample: the model of ", o.load, " gives non-finite logits (", v,
                   "): its weights hold NaN or infinite values");

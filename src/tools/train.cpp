@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "corpus.h"
 #include "data_parallel.h"
+#include "device_option.h"
 #include "footprint.h"
 #include "progress.h"
 #include "train_report.h"
@@ -48,7 +49,7 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
 
 // FNV-1a over the bytes of one gradient.
 uint64_t gradient_hash(const Tensor& g) {
-  Tensor c = g.contiguous();
+  Tensor c = g.to(kCpu).contiguous();
   return fnv1a(c.raw_data(), c.nbytes());
 }
 
@@ -100,14 +101,15 @@ void check_ranks_agree(const TrainOptions& o, const std::vector<int64_t>& tokens
 
 constexpr int kValidationBatches = 8;
 
-double validation_loss(nn::GPT& model, const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed) {
+double validation_loss(nn::GPT& model, const std::vector<int64_t>& tokens, int64_t batch, int64_t seq, uint64_t seed,
+                       Device device) {
   NoGradGuard no_grad;
   model.eval();
   double total = 0;
   const int batches = kValidationBatches;
   for (int i = 0; i < batches; ++i) {
-    Batch b = sample_batch(tokens, batch, seq, seed ^ 0x5a5a5a5aull, static_cast<uint64_t>(i));
-    total += model.loss(b.inputs, b.targets).item();
+    Batch b = sample_batch(tokens, batch, seq, seed ^ 0x5a5a5a5aull, static_cast<uint64_t>(i), device);
+    total += model.loss(b.inputs, b.targets).to(kCpu).item();
   }
   model.train();
   return total / batches;
@@ -130,21 +132,22 @@ void check_architecture_flags(const TrainOptions& o, const nn::GPTConfig& file) 
                     "drop the flag or pass the file's value");
 }
 
-// One forward + backward under `policy` (no optimizer step), measured.
+// One forward + backward under `policy` (no optimizer step), measured on the batch's device.
 StepMeasure measure_step(nn::GPT& model, const Batch& batch, const Policy& policy, uint64_t dropout_seed) {
+  const Device device = batch.inputs.device();
   model.zero_grad();
   manual_seed(dropout_seed);
-  memory::reset_peaks();
+  reset_peaks(device);
   reset_counters();
-  size_t saved_base = memory::live_bytes(memory::Tag::saved);
-  size_t total_base = memory::stats().live_total;
+  const memory::Stats base = memory_stats(device);
   auto t0 = Clock::now();
   Tensor loss = backward([&] { return model.loss(batch.inputs, batch.targets); }, GradOptions{policy});
   StepMeasure m;
+  m.loss = loss.detach().to(kCpu).item();  // waits for the device
   m.seconds = seconds_since(t0);
-  m.loss = loss.item();
-  m.peak_saved = memory::peak_bytes(memory::Tag::saved) - saved_base;
-  m.peak_total = memory::stats().peak_total - total_base;
+  const memory::Stats after = memory_stats(device);
+  m.peak_saved = after.peak(memory::Tag::saved) - base.live(memory::Tag::saved);
+  m.peak_total = after.peak_total - base.live_total;
   m.counters = counters();
   m.recomputed_flops = m.counters.ops.recomputed_flops;
   return m;
@@ -195,6 +198,7 @@ CheckedOptions check_options(const TrainOptions& o, const DataParallel& dp) {
 // ---- loading: the corpus, the model's architecture (from --load or the flags), its weights
 
 struct Loaded {
+  Device device;  // --device: the model, the batches and the evaluation's
   std::string data_path;
   Corpus corpus;
   nn::GPTConfig config;
@@ -225,8 +229,9 @@ std::string configure_from_file(const TrainOptions& o, const CharGPTFile& weight
                         ", heads ", l.config.heads, ", seq ", l.config.seq, ") with --batch ", o.batch);
 }
 
-Loaded load(const TrainOptions& o) {
+Loaded load(const TrainOptions& o, Device device) {
   Loaded l;
+  l.device = device;
   l.data_path = o.data.empty() ? kDefaultCorpus : o.data;
   l.corpus = load_corpus(l.data_path);
   l.config = nn::GPTConfig{.vocab = 0, .layers = o.layers, .width = o.width, .heads = o.heads, .seq = o.seq,
@@ -252,12 +257,13 @@ Loaded load(const TrainOptions& o) {
     l.model->load_parameters(weights->file.tensors, o.load);
     weights.reset();  // the model holds the values now
   }
+  l.model->to(device);
   return l;
 }
 
 // --eval-only: the validation loss of the --load weights; nothing is trained.
 int evaluate_only(const TrainOptions& o, Loaded& l) {
-  const double val_loss = validation_loss(*l.model, l.split.validation, o.batch, l.config.seq, o.seed);
+  const double val_loss = validation_loss(*l.model, l.split.validation, o.batch, l.config.seq, o.seed, l.device);
   if (o.progress)
     std::fprintf(stderr, "remat train --eval-only: %s on %s: validation loss %.4f (%d batches of %lld x %lld tokens)\n",
                  o.load.c_str(), l.data_path.c_str(), val_loss, kValidationBatches, static_cast<long long>(o.batch),
@@ -265,7 +271,8 @@ int evaluate_only(const TrainOptions& o, Loaded& l) {
   if (o.json) {
     nlohmann::json j = {{"version", REMAT_VERSION}, {"eval_only", true},          {"val_loss", val_loss},
                         {"batch", o.batch},         {"batches", kValidationBatches}, {"seq", l.config.seq},
-                        {"vocab", l.config.vocab},  {"parameters", l.model->num_parameters()}};
+                        {"vocab", l.config.vocab},  {"parameters", l.model->num_parameters()},
+                        {"device", device_json(l.device)}};
     emit_json(j);
   }
   return 0;
@@ -314,6 +321,7 @@ void print_banner(const Human& say, const TrainOptions& o, const DataParallel& d
               human_count(static_cast<double>(l.model->num_parameters())).c_str(),
               config.tie_embeddings ? " (lm_head tied to wte)" : "", static_cast<long long>(o.batch),
               o.policy.c_str(), num_threads());
+  say("device: %s\n", device_summary(l.device).c_str());
 }
 
 // ---- the step loop
@@ -365,8 +373,8 @@ StepLoop::StepLoop(const TrainOptions& o, const DataParallel& dp, const Policy& 
       progress_("train", o.steps, o.progress),
       eval_every_(o.eval_every > 0 ? o.eval_every : std::max<int64_t>(1, o.steps / 10)),
       tokens_per_step_(tokens_per_step(o, dp, l.config)),
-      saved_base_(memory::live_bytes(memory::Tag::saved)),
-      total_base_(memory::stats().live_total),
+      saved_base_(memory_stats(l.device).live(memory::Tag::saved)),
+      total_base_(memory_stats(l.device).live_total),
       step_dp_(dp) {
   if (dp.world > 1 && bucket_bytes > 0) {
     buckets_.emplace(opt.all_params, bucket_bytes, dp.reduction);
@@ -378,7 +386,7 @@ RunMeasure StepLoop::run() {
   const auto run_start = Clock::now();
   for (int64_t step = 0; step < o_.steps; ++step) {
     l_.model->zero_grad();
-    memory::reset_peaks();
+    reset_peaks(l_.device);
     reset_counters();
     const auto t0 = Clock::now();
     const Gradients g = gradients(step);
@@ -407,7 +415,7 @@ FusedUpdate StepLoop::fused_update(int64_t step, double& grad_sq, std::vector<st
   hashes.assign(optimizer.params().size(), std::nullopt);
   return FusedUpdate{&optimizer, [this, step, &grad_sq, &hashes](const Tensor& p) {
                        Tensor g = p.grad().detach();
-                       const double sq = sum(square(g)).item();
+                       const double sq = sum(square(g)).to(kCpu).item();
                        // a non-finite gradient would turn this parameter into NaN: stop first
                        if (!o_.allow_nonfinite && !std::isfinite(sq))
                          throw Error(detail::concat(
@@ -457,11 +465,10 @@ void StepLoop::update(int64_t step) {
   nn::AdamW& optimizer = opt_.optimizer;
   if (!o_.fuse_optimizer) {
     optimizer.set_lr(opt_.lr_at(step));
-    const size_t other_before = memory::live_bytes(memory::Tag::other);
+    const size_t other_before = memory_stats(l_.device).live(memory::Tag::other);
     optimizer.step();
-    if (step == 0)
-      m_.optimizer_state_bytes = memory::live_bytes(memory::Tag::other) -
-                                 std::min(other_before, memory::live_bytes(memory::Tag::other));
+    const size_t other_after = memory_stats(l_.device).live(memory::Tag::other);
+    if (step == 0) m_.optimizer_state_bytes = other_after - std::min(other_before, other_after);
   } else if (step == 0) {
     for (size_t i = 0; i < optimizer.params().size(); ++i)  // the moments the updates allocated
       if (optimizer.exp_avg(i).defined())
@@ -475,8 +482,9 @@ void StepLoop::account(int64_t step, Clock::time_point t0, double loss_value) {
   m_.step_seconds.push_back(seconds_since(t0));
   if (step == BudgetPlanner::kProfilingSteps - 1) m_.profiling_step_seconds = m_.step_seconds.back();
   m_.losses.push_back(loss_value);
-  m_.peak_saved = std::max(m_.peak_saved, memory::peak_bytes(memory::Tag::saved) - saved_base_);
-  m_.peak_total = std::max(m_.peak_total, memory::stats().peak_total - total_base_);
+  const memory::Stats stats = memory_stats(l_.device);
+  m_.peak_saved = std::max(m_.peak_saved, stats.peak(memory::Tag::saved) - saved_base_);
+  m_.peak_total = std::max(m_.peak_total, stats.peak_total - total_base_);
   m_.recomputed_flops += counters().ops.recomputed_flops;
   const DynamicCounters d = counters().dynamic;
   DynamicCounters& dynamic = m_.dynamic;
@@ -496,7 +504,7 @@ void StepLoop::account(int64_t step, Clock::time_point t0, double loss_value) {
 // Validation: every --eval-every steps and at the end.
 void StepLoop::evaluate(int64_t step, double loss_value, Clock::time_point run_start) {
   if ((step + 1) % eval_every_ != 0 && step + 1 != o_.steps) return;
-  m_.last_val_loss = validation_loss(*l_.model, l_.split.validation, o_.batch, l_.config.seq, o_.seed);
+  m_.last_val_loss = validation_loss(*l_.model, l_.split.validation, o_.batch, l_.config.seq, o_.seed, l_.device);
   progress_.note(detail::concat("step ", step + 1, "/", o_.steps, ": train loss ", number_text(loss_value),
                                 ", validation loss ", number_text(m_.last_val_loss)));
   if (o_.json)
@@ -525,7 +533,7 @@ RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const Check
   r.final_loss /= static_cast<double>(r.tail);
 
   // Side by side, on one batch: the chosen policy and save-all.
-  Batch probe = sample_batch(l.split.train, o.batch, l.config.seq, o.seed, static_cast<uint64_t>(o.steps));
+  Batch probe = sample_batch(l.split.train, o.batch, l.config.seq, o.seed, static_cast<uint64_t>(o.steps), l.device);
   r.chosen = measure_step(*l.model, probe, policy, o.seed);
   r.save_all = measure_step(*l.model, probe, Policy::save_all(), o.seed);
   l.model->zero_grad();
@@ -549,6 +557,8 @@ RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const Check
   r.vocab = l.config.vocab;
   r.bucket_bytes = checked.bucket_bytes;
   r.sharded = sharded;
+  r.device_text = device_summary(l.device);
+  r.device = device_json(l.device);
   return r;
 }
 
@@ -557,7 +567,11 @@ RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const Check
 int train(const TrainOptions& o, const DataParallel& dp) {
   if (o.threads > 0) set_num_threads(o.threads);
   const CheckedOptions checked = check_options(o, dp);
-  Loaded l = load(o);
+  REMAT_USAGE_CHECK(o.device == "cpu" || dp.micro_batches() == 1, "train: --device ", o.device,
+                    " runs one micro-batch per step in one process (--accumulate and mpirun add gradients on the host)");
+  REMAT_USAGE_CHECK(o.device == "cpu" || checked.policy.kind != Policy::Kind::offload, "train: --policy ", o.policy,
+                    " keeps saved values of host memory only; it does not run with --device ", o.device, " yet");
+  Loaded l = load(o, select_device("train --device", o.device));
   if (o.eval_only) return evaluate_only(o, l);
   if (dp.world > 1) check_ranks_agree(o, l.tokens, *l.model);
   Optimization opt(o, dp, *l.model);

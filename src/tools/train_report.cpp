@@ -34,6 +34,7 @@ nlohmann::json regions_json(const Counters& c) {
 void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m, const RunSummary& s) {
   const StepMeasure& chosen = s.chosen;
   say("\nreport (%lld steps in %s)\n", static_cast<long long>(o.steps), human_duration(m.train_seconds).c_str());
+  say("  device: %s\n", s.device_text.c_str());
   say("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", m.losses.front(), s.final_loss,
       s.tail, m.last_val_loss);
   say("  %-14s %12s %12s\n", "policy", "peak saved", "step time");
@@ -114,6 +115,7 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
   const StepMeasure &chosen = s.chosen, &save_all = s.save_all;
   nlohmann::json j = {{"version", REMAT_VERSION},
                       {"policy", policy.to_string()},
+                      {"device", s.device},
                       {"steps", o.steps},
                       {"first_loss", m.losses.front()},
                       {"final_loss", s.final_loss},

@@ -78,6 +78,8 @@ struct RunSummary {
   int64_t parameters = 0, vocab = 0;
   size_t bucket_bytes = 0;  // --bucket-bytes
   bool sharded = false;     // --shard-optimizer under mpirun
+  std::string device_text;  // the device and its memory at the end of the run (device_option.h)
+  nlohmann::json device;
 };
 
 // The report after the run: losses, the probe against save-all, the plan, the policy's counters,

@@ -1,0 +1,183 @@
+// bench_cuda_gpt: GPT training steps on a device under save-all, every-layer and a budget: step
+// time and the device's own peak saved and total bytes, for scripts/cuda-check (against PyTorch:
+// bench/peers/torch_gpt_cuda.py, the same shapes).
+//
+//   build/bench/bench_cuda_gpt [--device cuda:0] [--layers 12] [--width 768] [--heads 12] [--seq 1024]
+//                              [--batch 8] [--vocab 50304] [--steps 5] [--warmup 3]
+//                              [--budget-fraction 0.5] [--tf32]
+//
+// Defaults are GPT-2 small (12 layers, width 768, 12 heads, context 1024, vocabulary padded to
+// 50304 as nanoGPT does), float32, TF32 off. A step: drop the gradients, forward, loss, backward,
+// SGD update (lr 1e-4, no momentum; as bench/peers), then the loss read back to the host, which
+// waits for the device. The budget run's B lies between every-layer's and save-all's measured peak
+// saved bytes: every-layer's + --budget-fraction x the difference. Its first steps profile
+// (BudgetPlanner::kProfilingSteps), so --warmup must cover them.
+// Peaks are taken over the measured steps, from the device's counters (remat::memory_stats),
+// relative to what was live before the step (the parameters). One JSON line per policy on stdout.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "remat/devices.h"
+#include "remat/nn.h"
+#include "remat/remat.h"
+
+using namespace remat;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// GPT-2 small, its vocabulary padded to a multiple of 64 (nanoGPT's 50304).
+nn::GPTConfig gpt2_small() {
+  nn::GPTConfig c;
+  c.vocab = 50304;
+  c.seed = 1;
+  return c;  // the other defaults of GPTConfig are GPT-2 small's, float32, no dropout
+}
+
+struct Options {
+  nn::GPTConfig config = gpt2_small();
+  std::string device = "cuda:0";
+  int64_t batch = 8;
+  int steps = 5, warmup = 3;
+  double budget_fraction = 0.5;
+  bool tf32 = false;
+};
+
+struct Result {
+  std::string policy;
+  std::vector<double> seconds, losses;
+  size_t peak_saved = 0, peak_total = 0;
+  uint64_t fallback_calls = 0;
+  double median() const {
+    std::vector<double> v = seconds;
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  }
+};
+
+// n token ids drawn from the Philox stream `seed`.
+std::vector<int64_t> tokens(size_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = static_cast<int64_t>(philox_word({seed, 0}, i) % static_cast<uint64_t>(vocab));
+  return ids;
+}
+
+// warmup + steps training steps under `policy` on a fresh model; the measured steps' figures.
+Result run(const Options& o, Device device, const std::string& policy_text) {
+  Result r;
+  r.policy = policy_text;
+  const Policy policy = Policy::parse(policy_text);
+  nn::GPT model(o.config);
+  model.to(device);
+  const Shape shape{o.batch, o.config.seq};
+  const size_t n = static_cast<size_t>(o.batch * o.config.seq);
+  const Tensor ids = from_indices(tokens(n, o.config.vocab, 1), shape, device);
+  const Tensor targets = from_indices(tokens(n, o.config.vocab, 2), shape, device);
+  nn::SGD optimizer(model.parameters(), {.lr = 1e-4});
+  Backend& b = backend(device);
+  const uint64_t fallback_before = device.type == DeviceType::cpu ? 0 : fallback_calls(device);
+  for (int step = 0; step < o.warmup + o.steps; ++step) {
+    optimizer.zero_grad();  // before the baseline: the step's gradients count in its peak
+    b.synchronize();
+    reset_peaks(device);
+    const memory::Stats base = memory_stats(device);
+    const auto t0 = Clock::now();
+    Tensor loss = backward([&] { return model.loss(ids, targets); }, GradOptions{policy});
+    optimizer.step();
+    const double value = loss.detach().to(kCpu).item();
+    b.synchronize();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.losses.push_back(value);
+    if (step < o.warmup) continue;
+    const memory::Stats after = memory_stats(device);
+    r.seconds.push_back(seconds);
+    r.peak_saved = std::max(r.peak_saved, after.peak(memory::Tag::saved) - base.live(memory::Tag::saved));
+    r.peak_total = std::max(r.peak_total, after.peak_total - base.live_total);
+  }
+  r.fallback_calls = (device.type == DeviceType::cpu ? 0 : fallback_calls(device)) - fallback_before;
+  return r;
+}
+
+void emit(const Options& o, Device device, const Result& r, size_t budget_bytes) {
+  std::string seconds, losses;
+  for (double s : r.seconds) seconds += (seconds.empty() ? "" : ",") + detail::concat(s);
+  for (double l : r.losses) losses += (losses.empty() ? "" : ",") + detail::concat(l);
+  std::printf("{\"system\":\"remat\",\"device\":\"%s\",\"description\":\"%s\",\"policy\":\"%s\",\"layers\":%lld,"
+              "\"width\":%lld,\"heads\":%lld,\"seq\":%lld,\"batch\":%lld,\"vocab\":%lld,\"tf32\":%s,"
+              "\"step_seconds\":[%s],\"median_seconds\":%.6f,\"peak_saved_bytes\":%zu,\"peak_total_bytes\":%zu,"
+              "\"budget_bytes\":%zu,\"fallback_calls\":%llu,\"losses\":[%s]}\n",
+              device_name(device).c_str(), describe_device(device).c_str(), r.policy.c_str(),
+              static_cast<long long>(o.config.layers), static_cast<long long>(o.config.width),
+              static_cast<long long>(o.config.heads), static_cast<long long>(o.config.seq),
+              static_cast<long long>(o.batch), static_cast<long long>(o.config.vocab), o.tf32 ? "true" : "false",
+              seconds.c_str(), r.median(), r.peak_saved, r.peak_total, budget_bytes,
+              static_cast<unsigned long long>(r.fallback_calls), losses.c_str());
+  std::fflush(stdout);
+}
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: bench_cuda_gpt [--device D] [--layers N] [--width C] [--heads H] [--seq T] [--batch B] "
+               "[--vocab V] [--steps N] [--warmup N] [--budget-fraction F] [--tf32]\n");
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        usage();
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--device") o.device = value();
+    else if (a == "--layers") o.config.layers = std::stoll(value());
+    else if (a == "--width") o.config.width = std::stoll(value());
+    else if (a == "--heads") o.config.heads = std::stoll(value());
+    else if (a == "--seq") o.config.seq = std::stoll(value());
+    else if (a == "--batch") o.batch = std::stoll(value());
+    else if (a == "--vocab") o.config.vocab = std::stoll(value());
+    else if (a == "--steps") o.steps = std::stoi(value());
+    else if (a == "--warmup") o.warmup = std::stoi(value());
+    else if (a == "--budget-fraction") o.budget_fraction = std::stod(value());
+    else if (a == "--tf32") o.tf32 = true;
+    else {
+      usage();
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    REMAT_CHECK(o.steps >= 1 && o.warmup >= BudgetPlanner::kProfilingSteps + 1, "bench_cuda_gpt: --steps >= 1 and --warmup >= ",
+                BudgetPlanner::kProfilingSteps + 1, " (the budget's profiling steps and one more)");
+    REMAT_CHECK(o.budget_fraction > 0 && o.budget_fraction < 1, "bench_cuda_gpt: --budget-fraction must be in (0, 1)");
+    const Device device = parse_device(o.device);
+    use_device(device);
+    set_allow_tf32(o.tf32);
+    const Result save_all = run(o, device, "save-all");
+    emit(o, device, save_all, 0);
+    const Result every_layer = run(o, device, "every-layer");
+    emit(o, device, every_layer, 0);
+    const size_t budget =
+        every_layer.peak_saved +
+        static_cast<size_t>(o.budget_fraction * static_cast<double>(save_all.peak_saved - std::min(save_all.peak_saved, every_layer.peak_saved)));
+    emit(o, device, run(o, device, detail::concat("budget:", budget)), budget);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda_gpt: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

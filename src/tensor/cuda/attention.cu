@@ -1,0 +1,370 @@
+// CUDA fused attention, forward and backward, never forming the [Tq, Tk] probabilities (the
+// FlashAttention scheme, as the CPU's src/tensor/cpu/attention.cpp):
+//   forward   a block takes 16 query rows of one (b, h), 4 per warp, and walks key tiles of 32
+//             keys staged in shared memory; lane j scores key j of the tile, the warp keeps each
+//             row's running maximum m and sum l (online softmax: the output accumulator is
+//             rescaled by exp(m_old - m_new) when m grows) and lane t accumulates output columns
+//             t, t + 32, ...; it writes out and lse = m + log(l).
+//   backward  delta_i = rowsum(dO_i o O_i); then one warp per tile of 32 keys walks the query rows
+//             in order, recomputes P = exp(score - lse) and accumulates dV += (P o Z)^T dO and
+//             dK += dS^T Q * scale in shared memory, dS = P o (Z o (dO V^T) - delta); and one warp
+//             per tile of 32 queries walks the keys in order and accumulates dQ += dS K * scale.
+//             Each gradient element is written by one thread after a fixed sequence of additions:
+//             no atomics.
+// Z is the dropout factor (keep / (1 - p) or 0) of word ((b * H + h) * Tq + i) * Tk + j of the
+// dropout stream, as on the CPU. Warp sums use butterfly shuffles, which leave the same value in
+// every lane. Head sizes D and Dv up to 256 (kMaxPerLane columns per lane).
+#include <cmath>
+
+#include "tensor/cuda/device_common.cuh"
+
+namespace remat::cuda {
+
+namespace {
+
+constexpr int kTile = 32;          // keys (forward, dK/dV) or queries (dQ) per tile: one per lane
+constexpr int kRowsPerWarp = 4;    // forward
+constexpr int kWarps = 4;          // forward
+constexpr int kRowsPerBlock = kRowsPerWarp * kWarps;
+constexpr int kMaxPerLane = 8;     // head size up to 32 * 8 = 256
+constexpr int64_t kMaxHead = kTile * kMaxPerLane;
+
+// A [B, H, T, D] operand: element (b, h, t, e) at b * s[0] + h * s[1] + t * s[2] + e.
+template <class T>
+struct Operand {
+  T* p = nullptr;
+  int64_t s[3] = {};
+  __device__ T* row(int64_t bh, int64_t heads, int64_t t) const {
+    return p + (bh / heads) * s[0] + (bh % heads) * s[1] + t * s[2];
+  }
+};
+template <class T>
+Operand<T> operand(const Tensor& t) {
+  Operand<T> o;
+  o.p = ptr<T>(t);
+  for (int i = 0; i < 3; ++i) o.s[i] = t.strides()[i];
+  return o;
+}
+
+template <class T>
+struct Problem {
+  Operand<const T> q, k, v, out, gout;
+  Operand<T> o, gq, gk, gv;
+  T* lse_out = nullptr;
+  const T* lse = nullptr;
+  T* delta = nullptr;
+  int64_t heads = 0, tq = 0, tk = 0, d = 0, dv = 0;
+  T scale = 1;
+  bool causal = true;
+  double p = 0;
+  T keep_scale = 1;
+  uint64_t seed = 0, offset = 0;
+
+  __device__ bool visible(int64_t i, int64_t j) const { return j < tk && (!causal || j <= i); }
+  __device__ T dropout_factor(int64_t bh, int64_t i, int64_t j) const {
+    if (p <= 0.0) return T(1);
+    const uint64_t index = static_cast<uint64_t>(bh * tq + i) * static_cast<uint64_t>(tk) + static_cast<uint64_t>(j);
+    return static_cast<double>(uniform_f(philox_word_at(seed, offset, index))) >= p ? keep_scale : T(0);
+  }
+};
+
+// Stages rows [t0, t0 + kTile) of `src` (width `width`, zero past `limit`) into dst[kTile][ld].
+template <class T>
+__device__ inline void stage(const Operand<const T>& src, int64_t bh, int64_t heads, int64_t t0, int64_t limit,
+                             int64_t width, T* dst, int64_t ld) {
+  for (int64_t x = threadIdx.x; x < kTile * width; x += blockDim.x) {
+    const int64_t r = x / width, e = x % width;
+    dst[r * ld + e] = t0 + r < limit ? src.row(bh, heads, t0 + r)[e] : T(0);
+  }
+}
+
+template <class T>
+__global__ void forward_kernel(Problem<T> pb) {
+  extern __shared__ unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);           // [kTile][d + 1]
+  T* vs = ks + kTile * (pb.d + 1);              // [kTile][dv + 1]
+  T* qs = vs + kTile * (pb.dv + 1);             // [kRowsPerBlock][d]
+  const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kRowsPerBlock;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t x = threadIdx.x; x < kRowsPerBlock * pb.d; x += blockDim.x) {
+    const int64_t r = x / pb.d, e = x % pb.d;
+    qs[x] = i0 + r < pb.tq ? pb.q.row(bh, pb.heads, i0 + r)[e] : T(0);
+  }
+  T m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kMaxPerLane];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    m[r] = -INFINITY, l[r] = T(0);
+#pragma unroll
+    for (int t = 0; t < kMaxPerLane; ++t) acc[r][t] = T(0);
+  }
+  const int64_t key_end = pb.causal ? min(pb.tk, i0 + kRowsPerBlock) : pb.tk;
+  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
+    __syncthreads();
+    stage(pb.k, bh, pb.heads, j0, pb.tk, pb.d, ks, pb.d + 1);
+    stage(pb.v, bh, pb.heads, j0, pb.tk, pb.dv, vs, pb.dv + 1);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int64_t row = warp * kRowsPerWarp + r, i = i0 + row;
+      if (i >= pb.tq) continue;  // uniform within the warp
+      const int64_t j = j0 + lane;
+      const bool valid = pb.visible(i, j);
+      T s = -INFINITY;
+      if (valid) {
+        T dot = 0;
+        for (int64_t e = 0; e < pb.d; ++e) dot += qs[row * pb.d + e] * ks[lane * (pb.d + 1) + e];
+        s = dot * pb.scale;
+      }
+      const T mx = warp_max(s);
+      const T m_new = mx > m[r] ? mx : m[r];
+      if (m_new == -INFINITY) continue;  // nothing visible yet
+      const T alpha = exp(m[r] - m_new);  // 0 on the first tile (m = -inf)
+      const T pj = valid ? exp(s - m_new) : T(0);
+      l[r] = l[r] * alpha + warp_sum(pj);
+      m[r] = m_new;
+      const T pz = valid ? pj * pb.dropout_factor(bh, i, j) : T(0);
+#pragma unroll
+      for (int t = 0; t < kMaxPerLane; ++t) acc[r][t] *= alpha;
+      for (int jj = 0; jj < kTile; ++jj) {
+        const T w = __shfl_sync(0xffffffffu, pz, jj);
+#pragma unroll
+        for (int t = 0; t < kMaxPerLane; ++t) {
+          const int64_t c = lane + 32 * t;
+          if (c < pb.dv) acc[r][t] += w * vs[jj * (pb.dv + 1) + c];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t i = i0 + warp * kRowsPerWarp + r;
+    if (i >= pb.tq) continue;
+    const T inv = T(1) / l[r];
+    T* dst = pb.o.row(bh, pb.heads, i);
+#pragma unroll
+    for (int t = 0; t < kMaxPerLane; ++t) {
+      const int64_t c = lane + 32 * t;
+      if (c < pb.dv) dst[c] = acc[r][t] * inv;
+    }
+    if (lane == 0) pb.lse_out[bh * pb.tq + i] = m[r] + log(l[r]);
+  }
+}
+
+// delta[bh * tq + i] = sum over e of gout[i][e] * out[i][e]; one warp per row.
+template <class T>
+__global__ void delta_kernel(Problem<T> pb, int64_t rows) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t x = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; x < rows;
+       x += (int64_t(gridDim.x) * blockDim.x) >> 5) {
+    const int64_t bh = x / pb.tq, i = x % pb.tq;
+    const T* g = pb.gout.row(bh, pb.heads, i);
+    const T* o = pb.out.row(bh, pb.heads, i);
+    Acc<T> s = 0;
+    for (int64_t e = lane; e < pb.dv; e += 32) s += static_cast<Acc<T>>(g[e] * o[e]);
+    s = warp_sum(s);
+    if (lane == 0) pb.delta[x] = static_cast<T>(s);
+  }
+}
+
+// The score, probability and dS of (i, j) for a lane: q_i . k_j from the given rows.
+template <class T>
+struct Grad {
+  T pz, ds;
+};
+template <class T>
+__device__ inline Grad<T> grad_of(const Problem<T>& pb, int64_t bh, int64_t i, int64_t j, const T* qi, const T* kj,
+                                  const T* gi, const T* vj, T lse_i, T delta_i) {
+  if (!pb.visible(i, j)) return {T(0), T(0)};
+  T s = 0;
+  for (int64_t e = 0; e < pb.d; ++e) s += qi[e] * kj[e];
+  const T p = exp(s * pb.scale - lse_i);
+  T dp = 0;
+  for (int64_t e = 0; e < pb.dv; ++e) dp += gi[e] * vj[e];
+  const T z = pb.dropout_factor(bh, i, j);
+  return {p * z, p * (z * dp - delta_i)};
+}
+
+// dK and dV of one tile of 32 keys (one warp): query rows in order.
+template <class T>
+__global__ void dkdv_kernel(Problem<T> pb) {
+  extern __shared__ unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);  // [kTile][d + 1]
+  T* vs = ks + kTile * (pb.d + 1);     // [kTile][dv + 1]
+  T* dk = vs + kTile * (pb.dv + 1);    // [kTile][d]
+  T* dv = dk + kTile * pb.d;           // [kTile][dv]
+  const int64_t bh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
+  const int lane = threadIdx.x;
+  stage(pb.k, bh, pb.heads, j0, pb.tk, pb.d, ks, pb.d + 1);
+  stage(pb.v, bh, pb.heads, j0, pb.tk, pb.dv, vs, pb.dv + 1);
+  for (int64_t x = lane; x < kTile * pb.d; x += 32) dk[x] = T(0);
+  for (int64_t x = lane; x < kTile * pb.dv; x += 32) dv[x] = T(0);
+  __syncwarp();
+  const int64_t j = j0 + lane;
+  for (int64_t i = pb.causal ? j0 : 0; i < pb.tq; ++i) {
+    const T* qi = pb.q.row(bh, pb.heads, i);
+    const T* gi = pb.gout.row(bh, pb.heads, i);
+    const Grad<T> g = grad_of(pb, bh, i, j, qi, ks + lane * (pb.d + 1), gi, vs + lane * (pb.dv + 1),
+                              pb.lse[bh * pb.tq + i], pb.delta[bh * pb.tq + i]);
+    T gc[kMaxPerLane], qc[kMaxPerLane];
+#pragma unroll
+    for (int t = 0; t < kMaxPerLane; ++t) {
+      const int64_t c = lane + 32 * t;
+      gc[t] = c < pb.dv ? gi[c] : T(0);
+      qc[t] = c < pb.d ? qi[c] : T(0);
+    }
+    for (int jj = 0; jj < kTile; ++jj) {
+      const T pz = __shfl_sync(0xffffffffu, g.pz, jj), ds = __shfl_sync(0xffffffffu, g.ds, jj);
+#pragma unroll
+      for (int t = 0; t < kMaxPerLane; ++t) {
+        const int64_t c = lane + 32 * t;
+        if (c < pb.dv) dv[jj * pb.dv + c] += pz * gc[t];
+        if (c < pb.d) dk[jj * pb.d + c] += ds * qc[t];
+      }
+    }
+  }
+  __syncwarp();
+  for (int jj = 0; jj < kTile && j0 + jj < pb.tk; ++jj) {
+    T* gk = pb.gk.row(bh, pb.heads, j0 + jj);
+    T* gv = pb.gv.row(bh, pb.heads, j0 + jj);
+    for (int64_t c = lane; c < pb.d; c += 32) gk[c] = dk[jj * pb.d + c] * pb.scale;
+    for (int64_t c = lane; c < pb.dv; c += 32) gv[c] = dv[jj * pb.dv + c];
+  }
+}
+
+// dQ of one tile of 32 queries (one warp): keys in order.
+template <class T>
+__global__ void dq_kernel(Problem<T> pb) {
+  extern __shared__ unsigned char smem[];
+  T* qs = reinterpret_cast<T*>(smem);  // [kTile][d + 1]
+  T* gs = qs + kTile * (pb.d + 1);     // [kTile][dv + 1]
+  T* dq = gs + kTile * (pb.dv + 1);    // [kTile][d]
+  const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
+  const int lane = threadIdx.x;
+  stage(pb.q, bh, pb.heads, i0, pb.tq, pb.d, qs, pb.d + 1);
+  stage(pb.gout, bh, pb.heads, i0, pb.tq, pb.dv, gs, pb.dv + 1);
+  for (int64_t x = lane; x < kTile * pb.d; x += 32) dq[x] = T(0);
+  __syncwarp();
+  const int64_t i = i0 + lane;
+  const T lse_i = i < pb.tq ? pb.lse[bh * pb.tq + i] : T(0), delta_i = i < pb.tq ? pb.delta[bh * pb.tq + i] : T(0);
+  const int64_t key_end = pb.causal ? min(pb.tk, i0 + kTile) : pb.tk;
+  for (int64_t j = 0; j < key_end; ++j) {
+    const T* kj = pb.k.row(bh, pb.heads, j);
+    const T* vj = pb.v.row(bh, pb.heads, j);
+    Grad<T> g{T(0), T(0)};
+    if (i < pb.tq) g = grad_of(pb, bh, i, j, qs + lane * (pb.d + 1), kj, gs + lane * (pb.dv + 1), vj, lse_i, delta_i);
+    T kc[kMaxPerLane];
+#pragma unroll
+    for (int t = 0; t < kMaxPerLane; ++t) kc[t] = lane + 32 * t < pb.d ? kj[lane + 32 * t] : T(0);
+    for (int ii = 0; ii < kTile; ++ii) {
+      const T ds = __shfl_sync(0xffffffffu, g.ds, ii);
+#pragma unroll
+      for (int t = 0; t < kMaxPerLane; ++t)
+        if (lane + 32 * t < pb.d) dq[ii * pb.d + lane + 32 * t] += ds * kc[t];
+    }
+  }
+  __syncwarp();
+  for (int ii = 0; ii < kTile && i0 + ii < pb.tq; ++ii) {
+    T* gq = pb.gq.row(bh, pb.heads, i0 + ii);
+    for (int64_t c = lane; c < pb.d; c += 32) gq[c] = dq[ii * pb.d + c] * pb.scale;
+  }
+}
+
+void check_unit_last(const Tensor& t, const char* what) {
+  REMAT_ASSERT(!t.defined() || t.numel() == 0 || t.strides().back() == 1, "attention: ", what, " of shape ",
+               shape_str(t.shape()), " needs unit stride along its last axis");
+}
+
+template <class T>
+Problem<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params) {
+  Problem<T> pb;
+  pb.heads = q.size(1), pb.tq = q.size(2), pb.tk = k.size(2), pb.d = q.size(3), pb.dv = v.size(3);
+  REMAT_CHECK(pb.d <= kMaxHead && pb.dv <= kMaxHead, "attention on cuda: head sizes ", pb.d, " and ", pb.dv,
+              " exceed the supported ", kMaxHead);
+  pb.q = operand<const T>(q), pb.k = operand<const T>(k), pb.v = operand<const T>(v);
+  pb.scale = static_cast<T>(params.scale);
+  pb.causal = params.causal;
+  pb.p = params.dropout_p;
+  pb.keep_scale = static_cast<T>(1.0 / (1.0 - params.dropout_p));
+  pb.seed = params.dropout_state.seed, pb.offset = params.dropout_state.offset;
+  return pb;
+}
+
+// Launches `kernel` with `bytes` of dynamic shared memory, raising the kernel's limit when needed.
+template <class Kernel, class T>
+void launch(Kernel kernel, dim3 grid, int threads, size_t bytes, cudaStream_t stream, int device, const Problem<T>& pb,
+            const char* what) {
+  int optin = 0;
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  REMAT_CHECK(bytes <= static_cast<size_t>(optin), "attention on cuda: head sizes ", pb.d, " and ", pb.dv, " need ",
+              bytes, " bytes of shared memory per block; the device has ", optin);
+  if (bytes > 48 * 1024)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+          "cudaFuncSetAttribute");
+  kernel<<<grid, threads, bytes, stream>>>(pb);
+  check_launch(what);
+}
+
+Tensor unit_last_stride(CudaBackend& be, const Tensor& t) {
+  if (t.numel() == 0 || t.strides().back() == 1) return t;
+  return be.contiguous(t);
+}
+
+}  // namespace
+
+void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionParams& params,
+                            const Tensor& out, const Tensor& lse) {
+  check_unit_last(out, "output");
+  REMAT_ASSERT(lse.is_contiguous(), "attention: log-sum-exp must be contiguous");
+  if (out.numel() == 0) return;
+  DeviceGuard guard(device_);
+  Tensor q = unit_last_stride(*this, q_in), k = unit_last_stride(*this, k_in), v = unit_last_stride(*this, v_in);
+  dispatch_float(q.dtype(), "attention", [&]<class T>() {
+    Problem<T> pb = make_problem<T>(q, k, v, params);
+    pb.o = operand<T>(out);
+    pb.lse_out = ptr<T>(lse);
+    const int64_t bh = q.size(0) * q.size(1);
+    REMAT_CHECK(bh <= 65535, "attention on cuda: batch x heads = ", bh, " exceeds 65535");
+    const size_t bytes = sizeof(T) * static_cast<size_t>(kTile * (pb.d + 1) + kTile * (pb.dv + 1) + kRowsPerBlock * pb.d);
+    const dim3 grid(static_cast<unsigned>((pb.tq + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(bh));
+    launch(forward_kernel<T>, grid, 32 * kWarps, bytes, stream_, device_, pb, "attention");
+  });
+}
+
+void CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& out_in,
+                                     const Tensor& lse, const Tensor& gout_in, const AttentionParams& params,
+                                     const Tensor& gq, const Tensor& gk, const Tensor& gv) {
+  check_unit_last(gq, "query gradient");
+  check_unit_last(gk, "key gradient");
+  check_unit_last(gv, "value gradient");
+  REMAT_ASSERT(lse.is_contiguous(), "attention_backward: log-sum-exp must be contiguous");
+  DeviceGuard guard(device_);
+  if (gout_in.numel() == 0) {  // no queries or an empty value size: the gradients are zero
+    for (const Tensor* g : {&gq, &gk, &gv})
+      if (g->numel() > 0) fill(*g, 0.0);
+    return;
+  }
+  Tensor q = unit_last_stride(*this, q_in), k = unit_last_stride(*this, k_in), v = unit_last_stride(*this, v_in),
+         out = unit_last_stride(*this, out_in), gout = unit_last_stride(*this, gout_in);
+  dispatch_float(q.dtype(), "attention_backward", [&]<class T>() {
+    Problem<T> pb = make_problem<T>(q, k, v, params);
+    pb.out = operand<const T>(out), pb.gout = operand<const T>(gout);
+    pb.gq = operand<T>(gq), pb.gk = operand<T>(gk), pb.gv = operand<T>(gv);
+    pb.lse = ptr<T>(lse);
+    const int64_t bh = q.size(0) * q.size(1);
+    REMAT_CHECK(bh <= 65535, "attention on cuda: batch x heads = ", bh, " exceeds 65535");
+    Tensor delta = scratch(Shape{bh, pb.tq}, q.dtype());
+    pb.delta = ptr<T>(delta);
+    delta_kernel<T><<<grid_for(bh * pb.tq * 32), kThreads, 0, stream_>>>(pb, bh * pb.tq);
+    check_launch("attention_backward (delta)");
+    if (pb.tk > 0) {
+      const size_t kv_bytes = sizeof(T) * static_cast<size_t>(kTile * (2 * pb.d + 1) + kTile * (2 * pb.dv + 1));
+      const dim3 kv_grid(static_cast<unsigned>((pb.tk + kTile - 1) / kTile), static_cast<unsigned>(bh));
+      launch(dkdv_kernel<T>, kv_grid, 32, kv_bytes, stream_, device_, pb, "attention_backward (dk, dv)");
+    }
+    const size_t q_bytes = sizeof(T) * static_cast<size_t>(kTile * (2 * pb.d + 1) + kTile * (pb.dv + 1));
+    const dim3 q_grid(static_cast<unsigned>((pb.tq + kTile - 1) / kTile), static_cast<unsigned>(bh));
+    launch(dq_kernel<T>, q_grid, 32, q_bytes, stream_, device_, pb, "attention_backward (dq)");
+  });
+}
+
+}  // namespace remat::cuda

@@ -1,0 +1,159 @@
+// CUDA batch normalisation over x [N, C, S], mirroring src/tensor/cpu/batch_norm.cpp: the
+// per-channel statistics and parameter-gradient sums are one block per channel (thread t takes
+// elements t, t + kThreads, ... of the channel's N * S in order, the block folds them in a fixed
+// tree; f32 accumulates in f64), so a checkpoint region that re-runs batch norm gets exactly the
+// statistics of its first run. The statistics are taken on values shifted by the channel's first
+// element, as on the CPU.
+#include <cmath>
+
+#include "tensor/cuda/device_common.cuh"
+
+namespace remat::cuda {
+
+namespace {
+
+struct ChannelLayout {
+  int64_t n, c, s;
+};
+ChannelLayout layout_of(const Tensor& x) {
+  int64_t s = 1;
+  for (int64_t i = 2; i < x.dim(); ++i) s *= x.shape()[i];
+  return {x.shape()[0], x.shape()[1], s};
+}
+
+// The flat index of element k (of N * S) of channel c.
+__device__ inline int64_t channel_element(const ChannelLayout& l, int64_t c, int64_t k) {
+  return ((k / l.s) * l.c + c) * l.s + k % l.s;
+}
+
+template <class T>
+__global__ void statistics_kernel(const T* x, ChannelLayout l, T* mean, T* var) {
+  __shared__ Acc<T> shared[32];
+  const int64_t count = l.n * l.s;
+  for (int64_t c = blockIdx.x; c < l.c; c += gridDim.x) {
+    const Acc<T> shift = static_cast<Acc<T>>(x[c * l.s]);
+    Acc<T> s1 = 0, s2 = 0;
+    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
+      const Acc<T> d = static_cast<Acc<T>>(x[channel_element(l, c, k)]) - shift;
+      s1 += d;
+      s2 += d * d;
+    }
+    s1 = block_sum(s1, shared);
+    s2 = block_sum(s2, shared);
+    if (threadIdx.x == 0) {
+      const Acc<T> m = s1 / static_cast<Acc<T>>(count);
+      mean[c] = static_cast<T>(shift + m);
+      const Acc<T> v = s2 / static_cast<Acc<T>>(count) - m * m;
+      var[c] = static_cast<T>(v > 0 ? v : Acc<T>(0));
+    }
+  }
+}
+
+template <class T>
+__global__ void apply_kernel(const T* x, const T* mean, const T* rstd, const T* w, const T* b, T* y, ChannelLayout l) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.n * l.c * l.s; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = (i / l.s) % l.c;
+    const T scale = w ? rstd[c] * w[c] : rstd[c];
+    const T shift = (b ? b[c] : T(0)) - mean[c] * scale;
+    y[i] = x[i] * scale + shift;
+  }
+}
+
+// sums[c] = sum(gy), sums[C + c] = sum(gy * xhat) per channel
+template <class T>
+__global__ void grad_sums_kernel(const T* x, const T* gy, const T* mean, const T* rstd, ChannelLayout l, T* sums) {
+  __shared__ Acc<T> shared[32];
+  const int64_t count = l.n * l.s;
+  for (int64_t c = blockIdx.x; c < l.c; c += gridDim.x) {
+    const Acc<T> m = static_cast<Acc<T>>(mean[c]), r = static_cast<Acc<T>>(rstd[c]);
+    Acc<T> a = 0, b = 0;
+    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
+      const int64_t i = channel_element(l, c, k);
+      const Acc<T> g = static_cast<Acc<T>>(gy[i]);
+      a += g;
+      b += g * ((static_cast<Acc<T>>(x[i]) - m) * r);
+    }
+    a = block_sum(a, shared);
+    b = block_sum(b, shared);
+    if (threadIdx.x == 0) {
+      sums[c] = static_cast<T>(a);
+      sums[l.c + c] = static_cast<T>(b);
+    }
+  }
+}
+
+template <class T>
+__global__ void input_grad_kernel(const T* x, const T* gy, const T* mean, const T* rstd, const T* w, const T* sums,
+                                  bool batch_statistics, T inv_count, ChannelLayout l, T* gx) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.n * l.c * l.s; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = (i / l.s) % l.c;
+    const T scale = w ? rstd[c] * w[c] : rstd[c];
+    if (!batch_statistics) {  // mean and rstd are constants: y = x * scale + shift
+      gx[i] = gy[i] * scale;
+      continue;
+    }
+    // gx = scale * (gy - mean(gy) - xhat * mean(gy * xhat))
+    const T mean_gy = sums[c] * inv_count, mean_gy_xhat = sums[l.c + c] * inv_count;
+    gx[i] = scale * (gy[i] - mean_gy - (x[i] - mean[c]) * rstd[c] * mean_gy_xhat);
+  }
+}
+
+}  // namespace
+
+void CudaBackend::batch_norm_statistics(const Tensor& x_in, const Tensor& mean, const Tensor& var) {
+  DeviceGuard guard(device_);
+  Tensor x = contiguous(x_in);
+  const ChannelLayout l = layout_of(x);
+  if (l.c == 0) return;
+  dispatch_float(x.dtype(), "batch_norm", [&]<class T>() {
+    statistics_kernel<T><<<grid_for(l.c, 1), kThreads, 0, stream_>>>(ptr<T>(x), l, ptr<T>(mean), ptr<T>(var));
+  });
+  check_launch("batch_norm");
+}
+
+void CudaBackend::batch_norm_apply(const Tensor& x_in, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                                   const Tensor& bias, const Tensor& y) {
+  DeviceGuard guard(device_);
+  Tensor x = contiguous(x_in), m = contiguous(mean), r = contiguous(rstd), w = contiguous(weight), b = contiguous(bias);
+  const ChannelLayout l = layout_of(x);
+  const int64_t n = l.n * l.c * l.s;
+  if (n == 0) return;
+  dispatch_float(x.dtype(), "batch_norm", [&]<class T>() {
+    apply_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(m), ptr<T>(r), ptr<T>(w), ptr<T>(b), ptr<T>(y),
+                                                           l);
+  });
+  check_launch("batch_norm");
+}
+
+void CudaBackend::batch_norm_backward(const Tensor& x_in, const Tensor& mean_in, const Tensor& rstd_in,
+                                      const Tensor& weight, const Tensor& gy_in, bool batch_statistics, const Tensor& gx,
+                                      const Tensor& gweight, const Tensor& gbias) {
+  DeviceGuard guard(device_);
+  Tensor x = contiguous(x_in), gy = contiguous(gy_in), m = contiguous(mean_in), r = contiguous(rstd_in),
+         w = contiguous(weight);
+  const ChannelLayout l = layout_of(x);
+  if (l.c == 0) return;
+  const bool need_sums = batch_statistics || gweight.defined() || gbias.defined();
+  dispatch_float(x.dtype(), "batch_norm_backward", [&]<class T>() {
+    Tensor sums = scratch(Shape{2, l.c}, x.dtype());
+    if (need_sums) {
+      grad_sums_kernel<T><<<grid_for(l.c, 1), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(gy), ptr<T>(m), ptr<T>(r), l,
+                                                                      ptr<T>(sums));
+      check_launch("batch_norm_backward (sums)");
+      const size_t bytes = static_cast<size_t>(l.c) * sizeof(T);
+      if (gbias.defined())
+        check(cudaMemcpyAsync(ptr<T>(gbias), ptr<T>(sums), bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+      if (gweight.defined())
+        check(cudaMemcpyAsync(ptr<T>(gweight), ptr<T>(sums) + l.c, bytes, cudaMemcpyDeviceToDevice, stream_),
+              "cudaMemcpyAsync");
+    }
+    const int64_t n = l.n * l.c * l.s;
+    if (!gx.defined() || n == 0) return;
+    const T inv_count = static_cast<T>(1.0 / static_cast<double>(l.n * l.s));
+    input_grad_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(gy), ptr<T>(m), ptr<T>(r), ptr<T>(w),
+                                                                ptr<T>(sums), batch_statistics, inv_count, l, ptr<T>(gx));
+    check_launch("batch_norm_backward");
+  });
+}
+
+}  // namespace remat::cuda

@@ -1,0 +1,345 @@
+// The CUDA backend: devices, the backend object (stream, library handles, pinned staging), the
+// device allocator and the host copies. The kernels are in the .cu files beside this one, one op
+// family per file.
+//
+// Note: determinism on the GPU.
+// The library's contract (gradients under every checkpoint policy bitwise equal to save-all's,
+// and two runs of a program giving the same bits) holds on a CUDA device because no kernel of
+// this backend lets the hardware choose an order of floating-point operations:
+//   - One stream per device. Every kernel, library call and copy of a backend is issued to it, so
+//     work runs in program order and a recomputation runs the same kernels on the same inputs.
+//   - No floating-point atomics. Every sum is either one thread's loop in index order or a block
+//     reduction of a fixed shape (device_common.cuh: warp shuffles in a fixed pattern, then the
+//     warp results in warp order); the block size of each kernel is a constant, so the order
+//     depends on the tensor's shape only, never on timing or on how many blocks run at once.
+//   - Sums over many rows of a few columns (the parameter gradients of layer and RMS norm, a
+//     reduction over the leading axes of a contiguous tensor) are computed in two passes: partial
+//     sums over fixed chunks of 32 rows, one thread per chunk and column, written to scratch
+//     memory, then one thread per column adds the chunks in order. Batch-norm statistics and
+//     gradient sums are one block per channel (the block reduction above).
+//   - Scatter-adds never race: the embedding backward sorts positions by id (a stable radix
+//     sort, whose output is unique) and one block per id adds its positions' gradient rows in
+//     position order; the average- and adaptive-pool backwards compute each input element from
+//     the outputs whose windows hold it, in output order; the max-pool backward (which gets the
+//     argmax indices, not the geometry) adds each plane's outputs in output order on one thread;
+//     the attention backward computes dK and dV by walking the query rows for one key tile and dQ
+//     by walking the keys for one query tile.
+//   - cuBLAS runs on the backend's stream with a fixed workspace (cublasSetWorkspace), the
+//     condition under which NVIDIA documents its results as bitwise reproducible on the same GPU
+//     model and library version. cuDNN convolutions take algorithms cuDNN reports as
+//     deterministic (forward IMPLICIT_PRECOMP_GEMM, backward data ALGO_1, backward filter ALGO_1
+//     when supported, else the first deterministic one of cuDNN's heuristic list), chosen from
+//     the problem alone, never by a timing search.
+//   - Validation (embedding ids, cross-entropy targets) uses integer atomics only (the first bad
+//     position by atomicMin, a count by atomicAdd), whose results do not depend on order.
+//   - Random numbers (rand, randn, dropout, attention dropout) are the CPU's counter-based
+//     Philox words (device_common.cuh repeats random.cpp's block function), so a mask is the
+//     CPU's mask for the same RngState whatever the launch shape.
+// Results are deterministic on one GPU model with one toolkit; they are not bitwise equal to the
+// CPU's (different summation trees, fused multiply-adds), only close.
+//
+// Memory outside the counters: each backend holds a 32 MiB cuBLAS workspace on the device and two
+// 8 MiB pinned host buffers for copies; cuDNN's workspaces and all scratch of the kernels come
+// from the accounted allocator (tag `other`).
+#include "tensor/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "tensor/allocate.h"
+#include "tensor/cuda/cuda_internal.h"
+
+namespace remat::cuda {
+
+void check(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();  // clears a sticky launch error so that later calls can report their own
+  throw Error(detail::concat("cuda: ", what, " failed: ", cudaGetErrorString(status), " (", cudaGetErrorName(status),
+                             ")"));
+}
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error(detail::concat("cuda: ", what, " failed: ", cublasGetStatusString(status)));
+}
+void check(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) throw Error(detail::concat("cuda: ", what, " failed: ", cudnnGetErrorString(status)));
+}
+void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+DeviceGuard::DeviceGuard(int device) {
+  check(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+}
+DeviceGuard::~DeviceGuard() {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
+}
+
+std::vector<int64_t> broadcast_strides(const Tensor& t, const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 0);
+  const size_t lead = shape.size() - t.shape().size();
+  for (size_t i = 0; i < t.shape().size(); ++i) strides[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  return strides;
+}
+
+// ---- devices
+
+namespace {
+
+struct Probe {
+  int count = 0;
+  std::string reason;
+};
+const Probe& probe() {
+  static const Probe result = [] {
+    Probe p;
+    int n = 0;
+    const cudaError_t status = cudaGetDeviceCount(&n);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      p.reason = detail::concat(cudaGetErrorString(status), " (", cudaGetErrorName(status), ")");
+    } else if (n == 0) {
+      p.reason = "the CUDA runtime found no device";
+    } else {
+      p.count = n;
+    }
+    return p;
+  }();
+  return result;
+}
+
+void check_index(int index, const char* what) {
+  const int n = device_count();
+  REMAT_CHECK(index >= 0 && index < n, what, ": no device cuda:", index,
+              n == 0 ? detail::concat(" (no CUDA device: ", unavailable_reason(), ")")
+                     : detail::concat(" (", n, " device", n == 1 ? "" : "s", ")"));
+}
+
+std::atomic<bool> tf32_allowed{false};
+
+}  // namespace
+
+int device_count() noexcept {
+  try {
+    return probe().count;
+  } catch (...) {
+    return 0;
+  }
+}
+
+std::string unavailable_reason() { return probe().reason; }
+
+Backend& backend_for(int index) {
+  check_index(index, "cuda backend");
+  static std::mutex mutex;
+  static std::vector<CudaBackend*>* backends = new std::vector<CudaBackend*>();  // kept to exit
+  std::lock_guard lock(mutex);
+  if (backends->size() <= static_cast<size_t>(index)) backends->resize(static_cast<size_t>(index) + 1, nullptr);
+  CudaBackend*& slot = (*backends)[static_cast<size_t>(index)];
+  if (slot == nullptr) slot = new CudaBackend(index);
+  return *slot;
+}
+
+std::string describe(int index) {
+  check_index(index, "describe");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties");
+  return detail::concat(prop.name, " (sm_", prop.major, prop.minor, ", ",
+                        memory::format_bytes(static_cast<double>(prop.totalGlobalMem)), ")");
+}
+
+MemoryInfo device_memory(int index) {
+  check_index(index, "device_memory");
+  DeviceGuard guard(index);
+  MemoryInfo info;
+  check(cudaMemGetInfo(&info.free_bytes, &info.total_bytes), "cudaMemGetInfo");
+  return info;
+}
+
+void set_allow_tf32(bool allow) { tf32_allowed = allow; }
+bool allow_tf32() { return tf32_allowed.load(); }
+
+// ---- the allocator
+
+namespace {
+constexpr size_t kGranule = 512;  // cudaMalloc aligns to 256 bytes; sizes are cached in 512-byte steps
+size_t rounded(size_t bytes) { return (std::max<size_t>(bytes, 1) + kGranule - 1) / kGranule * kGranule; }
+}  // namespace
+
+CudaAllocator::CudaAllocator(int device) : Allocator(remat::device_name(Device{DeviceType::cuda, device})), device_(device) {}
+
+void* CudaAllocator::raw_allocate(size_t bytes) {
+  const size_t size = rounded(bytes);
+  {
+    std::lock_guard lock(cache_mutex_);
+    auto it = cache_.find(size);
+    if (it != cache_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      cached_ -= size;
+      return p;
+    }
+  }
+  DeviceGuard guard(device_);
+  void* p = nullptr;
+  cudaError_t status = cudaMalloc(&p, size);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    release_cache();  // blocks of other sizes may be what stands in the way
+    status = cudaMalloc(&p, size);
+  }
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+    const memory::Stats s = stats();
+    throw OutOfMemory(detail::concat(device_name(), " allocator: cannot allocate ", memory::format_bytes(static_cast<double>(bytes)),
+                                     " (", bytes, " bytes); the device has ", memory::format_bytes(static_cast<double>(free_bytes)),
+                                     " (", free_bytes, " bytes) free of ", memory::format_bytes(static_cast<double>(total_bytes)),
+                                     "; ", memory::format_bytes(static_cast<double>(s.live_total)), " are live in tensors"),
+                      bytes);
+  }
+  check(status, "cudaMalloc");
+  return p;
+}
+
+void CudaAllocator::raw_deallocate(void* pointer, size_t bytes) {
+  std::lock_guard lock(cache_mutex_);
+  cache_[rounded(bytes)].push_back(pointer);
+  cached_ += rounded(bytes);
+}
+
+void CudaAllocator::release_cache() {
+  std::unordered_map<size_t, std::vector<void*>> blocks;
+  {
+    std::lock_guard lock(cache_mutex_);
+    blocks.swap(cache_);
+    cached_ = 0;
+  }
+  if (blocks.empty()) return;
+  DeviceGuard guard(device_);
+  for (auto& [size, list] : blocks)
+    for (void* p : list) (void)cudaFree(p);  // cudaFree waits for the device's work first
+}
+
+size_t CudaAllocator::cached_device_bytes() const {
+  std::lock_guard lock(cache_mutex_);
+  return cached_;
+}
+
+// ---- the backend object
+
+namespace {
+constexpr size_t kCublasWorkspace = size_t{32} << 20;
+constexpr size_t kStagingBytes = size_t{8} << 20;  // per pinned buffer (two of them)
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device), allocator_(device) {
+  DeviceGuard guard(device);
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cublasCreate(&cublas_), "cublasCreate");
+  check(cublasSetStream(cublas_, stream_), "cublasSetStream");
+  check(cudaMalloc(&cublas_workspace_, kCublasWorkspace), "cudaMalloc (cuBLAS workspace)");
+  check(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace), "cublasSetWorkspace");
+  check(cudnnCreate(&cudnn_), "cudnnCreate");
+  check(cudnnSetStream(cudnn_, stream_), "cudnnSetStream");
+  for (int i = 0; i < 2; ++i) {
+    check(cudaHostAlloc(&staging_[i], kStagingBytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
+    check(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming), "cudaEventCreate");
+  }
+}
+
+// Backends live to the end of the process (backend_for); this runs only for one made by hand.
+CudaBackend::~CudaBackend() {
+  (void)cudaStreamSynchronize(stream_);
+  allocator_.release_cache();
+  for (int i = 0; i < 2; ++i) {
+    if (staging_[i]) (void)cudaFreeHost(staging_[i]);
+    if (staged_[i]) (void)cudaEventDestroy(staged_[i]);
+  }
+  if (cudnn_) (void)cudnnDestroy(cudnn_);
+  if (cublas_) (void)cublasDestroy(cublas_);
+  if (cublas_workspace_) (void)cudaFree(cublas_workspace_);
+  if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::synchronize() {
+  DeviceGuard guard(device_);
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+// Every kernel for f32 and f64; copy, fill and arange also for i64 (the index kernels take their
+// i64 operands alongside a floating one, whose dtype is the one asked about).
+bool CudaBackend::supports(Kernel kernel, DType dtype) const {
+  if (kernel == Kernel::copy || kernel == Kernel::fill || kernel == Kernel::arange) return true;
+  return is_floating(dtype);
+}
+
+// Host memory is pageable: it goes through two pinned buffers, chunk by chunk, so the copy of one
+// chunk to the device overlaps the host's memcpy of the next.
+void CudaBackend::copy_from_host(const void* host, const Tensor& dst) {
+  REMAT_ASSERT(dst.is_contiguous(), "copy_from_host: the destination must be contiguous");
+  const size_t total = dst.nbytes();
+  if (total == 0) return;
+  DeviceGuard guard(device_);
+  std::lock_guard lock(staging_mutex_);
+  char* device = static_cast<char*>(dst.storage()->data()) + dst.offset() * dtype_size(dst.dtype());
+  const char* src = static_cast<const char*>(host);
+  int buffer = 0;
+  for (size_t done = 0; done < total; done += kStagingBytes, buffer ^= 1) {
+    const size_t n = std::min(kStagingBytes, total - done);
+    check(cudaEventSynchronize(staged_[buffer]), "cudaEventSynchronize");  // the buffer's last copy is done
+    std::memcpy(staging_[buffer], src + done, n);
+    check(cudaMemcpyAsync(device + done, staging_[buffer], n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    check(cudaEventRecord(staged_[buffer], stream_), "cudaEventRecord");
+  }
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+void CudaBackend::copy_to_host(const Tensor& src, void* host) {
+  REMAT_ASSERT(src.is_contiguous(), "copy_to_host: the source must be contiguous");
+  const size_t total = src.nbytes();
+  if (total == 0) return;
+  DeviceGuard guard(device_);
+  std::lock_guard lock(staging_mutex_);
+  const char* device = static_cast<const char*>(src.storage()->data()) + src.offset() * dtype_size(src.dtype());
+  char* dst = static_cast<char*>(host);
+  // chunk i goes to buffer i % 2; while it is copied, the host drains chunk i - 1
+  size_t pending_at = 0, pending_n = 0;
+  int buffer = 0;
+  for (size_t done = 0; done < total; done += kStagingBytes, buffer ^= 1) {
+    const size_t n = std::min(kStagingBytes, total - done);
+    check(cudaMemcpyAsync(staging_[buffer], device + done, n, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    check(cudaEventRecord(staged_[buffer], stream_), "cudaEventRecord");
+    if (pending_n > 0) {
+      check(cudaEventSynchronize(staged_[buffer ^ 1]), "cudaEventSynchronize");
+      std::memcpy(dst + pending_at, staging_[buffer ^ 1], pending_n);
+    }
+    pending_at = done, pending_n = n;
+  }
+  check(cudaEventSynchronize(staged_[buffer ^ 1]), "cudaEventSynchronize");
+  std::memcpy(dst + pending_at, staging_[buffer ^ 1], pending_n);
+}
+
+Tensor CudaBackend::scratch(const Shape& shape, DType dtype) {
+  return detail::allocate_tensor("cuda scratch", shape, dtype, memory::Tag::other, Device{DeviceType::cuda, device_});
+}
+
+Tensor CudaBackend::contiguous(const Tensor& t) {
+  if (!t.defined() || t.is_contiguous()) return t;
+  Tensor c = scratch(t.shape(), t.dtype());
+  copy(t, c);
+  return c;
+}
+
+int64_t CudaBackend::read_flag(const Tensor& flag) {
+  int64_t value = -1;
+  check(cudaMemcpyAsync(&value, ptr<int64_t>(flag), sizeof value, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  return value;
+}
+
+}  // namespace remat::cuda

@@ -1,0 +1,201 @@
+// CUDA elementwise kernels: unary ops and their derivatives, broadcasting binary ops and where,
+// over strided inputs (one thread per output element; the index is decoded into each operand's
+// offset, device_common.cuh). The formulas are the CPU's (src/tensor/cpu/elementwise.cpp),
+// including NaN propagation of relu, maximum and minimum.
+#include <cmath>
+
+#include "tensor/cuda/device_common.cuh"
+
+namespace remat::cuda {
+
+namespace {
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kInvSqrt2 = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;
+
+template <class T>
+__device__ inline T sigmoid_of(T x) {
+  return T(1) / (T(1) + exp(-x));
+}
+
+template <class T>
+__device__ inline T unary_value(UnaryOp op, T x, T s) {
+  switch (op) {
+    case UnaryOp::neg: return -x;
+    case UnaryOp::exp: return exp(x);
+    case UnaryOp::log: return log(x);
+    case UnaryOp::sqrt: return sqrt(x);
+    case UnaryOp::abs: return fabs(x);
+    case UnaryOp::tanh: return tanh(x);
+    case UnaryOp::sigmoid: return sigmoid_of(x);
+    case UnaryOp::relu: return x > T(0) || x != x ? x : T(0);  // NaN stays NaN
+    case UnaryOp::gelu: return T(0.5) * x * (T(1) + erf(x * T(kInvSqrt2)));
+    case UnaryOp::gelu_tanh: return T(0.5) * x * (T(1) + tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
+    case UnaryOp::silu: return x * sigmoid_of(x);
+    case UnaryOp::pow_scalar: return pow(x, s);
+    case UnaryOp::square: return x * x;
+    case UnaryOp::reciprocal: return T(1) / x;
+    case UnaryOp::add_scalar: return x + s;
+    case UnaryOp::mul_scalar: return x * s;
+    case UnaryOp::sign: return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
+  }
+  return x;
+}
+
+// d op(x)/dx times gy, from x and/or y = op(x)
+template <class T>
+__device__ inline T unary_grad(UnaryOp op, T x, T y, T gy, T s) {
+  switch (op) {
+    case UnaryOp::neg: return -gy;
+    case UnaryOp::exp: return gy * y;
+    case UnaryOp::log: return gy / x;
+    case UnaryOp::sqrt: return gy * T(0.5) / y;
+    case UnaryOp::abs: return x > T(0) ? gy : (x < T(0) ? -gy : T(0));
+    case UnaryOp::tanh: return gy * (T(1) - y * y);
+    case UnaryOp::sigmoid: return gy * y * (T(1) - y);
+    case UnaryOp::relu: return x > T(0) ? gy : T(0);
+    case UnaryOp::gelu: {
+      const T cdf = T(0.5) * (T(1) + erf(x * T(kInvSqrt2)));
+      const T pdf = T(kInvSqrt2Pi) * exp(T(-0.5) * x * x);
+      return gy * (cdf + x * pdf);
+    }
+    case UnaryOp::gelu_tanh: {
+      const T inner = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
+      const T t = tanh(inner);
+      const T dinner = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
+      return gy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner);
+    }
+    case UnaryOp::silu: {
+      const T sg = sigmoid_of(x);
+      return gy * sg * (T(1) + x * (T(1) - sg));
+    }
+    case UnaryOp::pow_scalar: return gy * s * pow(x, s - T(1));
+    case UnaryOp::square: return gy * T(2) * x;
+    case UnaryOp::reciprocal: return -gy / (x * x);
+    case UnaryOp::add_scalar: return gy;
+    case UnaryOp::mul_scalar: return gy * s;
+    case UnaryOp::sign: return T(0);
+  }
+  return gy;
+}
+
+template <class T>
+__device__ inline T binary_value(BinaryOp op, T a, T b) {
+  switch (op) {
+    case BinaryOp::add: return a + b;
+    case BinaryOp::sub: return a - b;
+    case BinaryOp::mul: return a * b;
+    case BinaryOp::div: return a / b;
+    // NaN propagates: a when a >= b (ties) or a is NaN; otherwise b (which may be NaN)
+    case BinaryOp::maximum: return a >= b || a != a ? a : b;
+    case BinaryOp::minimum: return a <= b || a != a ? a : b;
+    case BinaryOp::maximum_picks_b: return a >= b || a != a ? T(0) : T(1);
+    case BinaryOp::minimum_picks_b: return a <= b || a != a ? T(0) : T(1);
+  }
+  return a;
+}
+
+template <class T>
+__global__ void unary_kernel(UnaryOp op, Layout<2> l, T* y, const T* x, T s) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    offsets_of(l, i, off);
+    y[off[0]] = unary_value<T>(op, x[off[1]], s);
+  }
+}
+
+template <class T>
+__global__ void unary_backward_kernel(UnaryOp op, Layout<4> l, T* gx, const T* x, const T* y, const T* gy, T s) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[4];
+    offsets_of(l, i, off);
+    gx[off[0]] = unary_grad<T>(op, x[off[1]], y[off[2]], gy[off[3]], s);
+  }
+}
+
+template <class T>
+__global__ void binary_kernel(BinaryOp op, Layout<3> l, T* out, const T* a, const T* b) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[3];
+    offsets_of(l, i, off);
+    out[off[0]] = binary_value<T>(op, a[off[1]], b[off[2]]);
+  }
+}
+
+template <class C, class T>
+__global__ void where_kernel(Layout<4> l, T* out, const C* cond, const T* a, const T* b) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[4];
+    offsets_of(l, i, off);
+    out[off[0]] = cond[off[1]] != C(0) ? a[off[2]] : b[off[3]];
+  }
+}
+
+// The first element of a tensor's storage, typed (the layouts carry the offsets).
+template <class T>
+const T* base(const Tensor& t) {
+  return static_cast<const T*>(t.storage()->data());
+}
+
+}  // namespace
+
+void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& y, double scalar) {
+  if (y.numel() == 0) return;
+  DeviceGuard guard(device_);
+  const Layout<2> l = make_layout<2>(y.shape(), {&y, &x});
+  dispatch_float(y.dtype(), unary_op_name(op), [&]<class T>() {
+    unary_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(op, l, static_cast<T*>(y.storage()->data()), base<T>(x),
+                                                                 static_cast<T>(scalar));
+  });
+  check_launch(unary_op_name(op));
+}
+
+void CudaBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& gy, const Tensor& gx,
+                                 double scalar) {
+  if (gx.numel() == 0) return;
+  DeviceGuard guard(device_);
+  // x or y may be undefined when the derivative does not need it: gy stands in
+  const Tensor& xs = x.defined() ? x : gy;
+  const Tensor& ys = y.defined() ? y : gy;
+  const Layout<4> l = make_layout<4>(gx.shape(), {&gx, &xs, &ys, &gy});
+  dispatch_float(gx.dtype(), unary_op_name(op), [&]<class T>() {
+    unary_backward_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(
+        op, l, static_cast<T*>(gx.storage()->data()), base<T>(xs), base<T>(ys), base<T>(gy), static_cast<T>(scalar));
+  });
+  check_launch(unary_op_name(op));
+}
+
+void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() == 0) return;
+  DeviceGuard guard(device_);
+  const Layout<3> l = make_layout<3>(out.shape(), {&out, &a, &b});
+  dispatch_float(out.dtype(), binary_op_name(op), [&]<class T>() {
+    binary_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(op, l, static_cast<T*>(out.storage()->data()),
+                                                                  base<T>(a), base<T>(b));
+  });
+  check_launch(binary_op_name(op));
+}
+
+void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.numel() == 0) return;
+  DeviceGuard guard(device_);
+  const Layout<4> l = make_layout<4>(out.shape(), {&out, &cond, &a, &b});
+  dispatch_float(out.dtype(), "where", [&]<class T>() {
+    T* o = static_cast<T*>(out.storage()->data());
+    switch (cond.dtype()) {
+      case DType::f32:
+        where_kernel<float, T><<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<float>(cond), base<T>(a), base<T>(b));
+        break;
+      case DType::f64:
+        where_kernel<double, T><<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<double>(cond), base<T>(a), base<T>(b));
+        break;
+      case DType::i64:
+        where_kernel<int64_t, T><<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<int64_t>(cond), base<T>(a), base<T>(b));
+        break;
+    }
+  });
+  check_launch("where");
+}
+
+}  // namespace remat::cuda

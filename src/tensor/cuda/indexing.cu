@@ -1,0 +1,252 @@
+// CUDA indexing kernels: embedding gather and its backward, cross entropy and its backward,
+// mirroring src/tensor/cpu/indexing.cpp. Ids and targets are validated on the device: a kernel
+// writes the first bad position into a flag (an integer atomicMin, whose result does not depend on
+// order), the host reads the flag after the kernel and throws the CPU's remat::Error naming it,
+// before any output is written.
+//
+// The embedding backward is a gather, not a scatter: a stable radix sort (CUB) orders positions
+// by id, and for each distinct id one block adds the gradient rows of its positions, in position
+// order, to the table row. No two blocks write the same row and no atomics add floats, so the
+// sums are the same on every run.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cmath>
+
+#include "tensor/cuda/device_common.cuh"
+
+namespace remat::cuda {
+
+namespace {
+
+constexpr unsigned long long kNone = ~0ull;
+
+// flag[0] = the first i with ids[i] outside [0, rows) (kNone if none); flag[1] = the count of
+// entries that are not `ignore` (cross entropy's rows that count).
+__global__ void check_ids_kernel(const int64_t* ids, int64_t n, int64_t rows, bool use_ignore, int64_t ignore,
+                                 unsigned long long* flag) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t v = ids[i];
+    if (use_ignore && v == ignore) continue;
+    if (v < 0 || v >= rows) atomicMin(&flag[0], static_cast<unsigned long long>(i));
+    if (use_ignore) atomicAdd(&flag[1], 1ull);
+  }
+}
+
+struct IdCheck {
+  int64_t bad = -1;     // the first bad position, or -1
+  int64_t value = 0;    // the id there
+  int64_t counted = 0;  // entries not ignored
+};
+
+IdCheck check_ids(CudaBackend& be, const Tensor& ids, int64_t rows, bool use_ignore, int64_t ignore) {
+  IdCheck result;
+  const int64_t n = ids.numel();
+  if (n == 0) return result;
+  Tensor flag = be.scratch({2}, DType::i64);
+  unsigned long long init[2] = {kNone, 0};
+  check(cudaMemcpyAsync(ptr<int64_t>(flag), init, sizeof init, cudaMemcpyHostToDevice, be.stream()), "cudaMemcpyAsync");
+  check_ids_kernel<<<grid_for(n), kThreads, 0, be.stream()>>>(ptr<int64_t>(ids), n, rows, use_ignore, ignore,
+                                                              reinterpret_cast<unsigned long long*>(ptr<int64_t>(flag)));
+  check_launch("id check");
+  unsigned long long host[2];
+  check(cudaMemcpyAsync(host, ptr<int64_t>(flag), sizeof host, cudaMemcpyDeviceToHost, be.stream()), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(be.stream()), "cudaStreamSynchronize");
+  result.counted = static_cast<int64_t>(host[1]);
+  if (host[0] != kNone) {
+    result.bad = static_cast<int64_t>(host[0]);
+    check(cudaMemcpy(&result.value, ptr<int64_t>(ids) + result.bad, sizeof(int64_t), cudaMemcpyDeviceToHost),
+          "cudaMemcpy");
+  }
+  return result;
+}
+
+template <class T>
+__global__ void embedding_kernel(const T* table, const int64_t* ids, T* out, int64_t n, int64_t dim) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * dim; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = table[ids[i / dim] * dim + i % dim];
+}
+
+// For each sorted position s that starts a run of equal ids: gtable[id] += gout rows of the run,
+// in position order (the stable sort keeps equal ids in position order).
+template <class T>
+__global__ void embedding_backward_kernel(const int64_t* sorted_ids, const int64_t* positions, const T* gout, T* gtable,
+                                          int64_t n, int64_t dim) {
+  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
+    const int64_t id = sorted_ids[s];
+    if (s > 0 && sorted_ids[s - 1] == id) continue;
+    for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
+      T acc = gtable[id * dim + k];
+      for (int64_t e = s; e < n && sorted_ids[e] == id; ++e) acc += gout[positions[e] * dim + k];
+      gtable[id * dim + k] = acc;
+    }
+  }
+}
+
+__global__ void iota_kernel(int64_t* p, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = i;
+}
+
+// Forward row: logp = x - logsumexp(x); loss = (1 - eps) * -logp[t] + eps * mean(-logp); 0 if ignored.
+template <class T>
+__global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses, T* logp,
+                                     int64_t rows, int64_t cols) {
+  __shared__ T shared_t[32];
+  __shared__ Acc<T> shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    T* lr = logp + r * cols;
+    T m = -INFINITY;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = xr[c] > m ? xr[c] : m;
+    m = block_max(m, shared_t);
+    if (m == -INFINITY) m = T(0);
+    Acc<T> sum = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += static_cast<Acc<T>>(exp(xr[c] - m));
+    sum = block_sum(sum, shared);
+    const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
+    Acc<T> row_sum = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const T v = xr[c] - shift;
+      lr[c] = v;
+      row_sum += static_cast<Acc<T>>(v);
+    }
+    if (eps > 0.0) row_sum = block_sum(row_sum, shared);
+    if (threadIdx.x == 0) {
+      const int64_t t = targets[r];
+      if (t == ignore) {
+        losses[r] = T(0);
+      } else {
+        Acc<T> loss = 0;
+        if (eps < 1.0) loss += static_cast<Acc<T>>(1.0 - eps) * -static_cast<Acc<T>>(xr[t] - shift);
+        if (eps > 0.0) loss += static_cast<Acc<T>>(eps) * -(row_sum / static_cast<Acc<T>>(cols));
+        losses[r] = static_cast<T>(loss);
+      }
+    }
+  }
+}
+
+// glogits = gloss[row] * (softmax - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
+template <class T>
+__global__ void cross_entropy_backward_kernel(const T* logp, const int64_t* targets, const T* gloss, double eps,
+                                              int64_t ignore, T* glogits, int64_t rows, int64_t cols) {
+  const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols, t = targets[r];
+    if (t == ignore) {
+      glogits[i] = T(0);
+      continue;
+    }
+    const T g = gloss[r];
+    T v = g * (exp(logp[i]) - uniform);
+    if (c == t) v -= g * on_target;
+    glogits[i] = v;
+  }
+}
+
+void check_out(const Tensor& t, const char* op) {
+  REMAT_ASSERT(t.is_contiguous(), op, ": output of shape ", shape_str(t.shape()), " is not contiguous");
+}
+
+void throw_bad_id(const IdCheck& c, int64_t rows, const char* op) {
+  throw Error(detail::concat(op, ": id ", c.value, " at position ", c.bad, " is out of range for a table of ", rows, " rows"));
+}
+
+void throw_bad_target(const IdCheck& c, int64_t n, int64_t classes, int64_t ignore_index, const char* op) {
+  throw Error(detail::concat(op, ": target ", c.value, " at row ", c.bad, " is out of range for ", classes,
+                             " classes (logits of shape [", n, ", ", classes, "], ignore_index ", ignore_index, ")"));
+}
+
+}  // namespace
+
+void CudaBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const Tensor& out) {
+  check_out(out, "embedding");
+  REMAT_ASSERT(table_in.dim() == 2 && ids_in.dtype() == DType::i64, "embedding: table ", shape_str(table_in.shape()),
+               ", ids ", dtype_name(ids_in.dtype()));
+  DeviceGuard guard(device_);
+  Tensor table = contiguous(table_in), ids = contiguous(ids_in);
+  const int64_t rows = table.size(0), dim = table.size(1), n = ids.numel();
+  const IdCheck c = check_ids(*this, ids, rows, false, 0);
+  if (c.bad >= 0) throw_bad_id(c, rows, "embedding");
+  if (n == 0 || dim == 0) return;
+  dispatch_float(out.dtype(), "embedding", [&]<class T>() {
+    embedding_kernel<T><<<grid_for(n * dim), kThreads, 0, stream_>>>(ptr<T>(table), ptr<int64_t>(ids), ptr<T>(out), n, dim);
+  });
+  check_launch("embedding");
+}
+
+void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in, const Tensor& gtable) {
+  check_out(gtable, "embedding_backward");
+  REMAT_ASSERT(gtable.dim() == 2 && ids_in.dtype() == DType::i64, "embedding_backward: gtable ",
+               shape_str(gtable.shape()), ", ids ", dtype_name(ids_in.dtype()));
+  DeviceGuard guard(device_);
+  Tensor ids = contiguous(ids_in), gout = contiguous(gout_in);
+  const int64_t rows = gtable.size(0), dim = gtable.size(1), n = ids.numel();
+  REMAT_ASSERT(gout.numel() == n * dim, "embedding_backward: gradient of shape ", shape_str(gout.shape()), " for ", n,
+               " ids of dimension ", dim);
+  const IdCheck c = check_ids(*this, ids, rows, false, 0);
+  if (c.bad >= 0) throw_bad_id(c, rows, "embedding_backward");
+  if (n == 0 || dim == 0) return;
+  REMAT_CHECK(n <= std::numeric_limits<int>::max(), "embedding_backward on cuda: ", n, " ids exceed 2^31 - 1");
+  // sort (id, position) pairs by id; ids lie in [0, rows), so only their low bits are keys
+  int end_bit = 1;
+  while (end_bit < 63 && (int64_t{1} << end_bit) < rows) ++end_bit;
+  Tensor positions = scratch({n}, DType::i64), sorted_ids = scratch({n}, DType::i64),
+         sorted_positions = scratch({n}, DType::i64);
+  iota_kernel<<<grid_for(n), kThreads, 0, stream_>>>(ptr<int64_t>(positions), n);
+  check_launch("embedding_backward (positions)");
+  size_t temp_bytes = 0;
+  check(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, ptr<int64_t>(ids), ptr<int64_t>(sorted_ids),
+                                        ptr<int64_t>(positions), ptr<int64_t>(sorted_positions), static_cast<int>(n), 0,
+                                        end_bit, stream_),
+        "cub::DeviceRadixSort::SortPairs (size)");
+  Tensor temp = scratch({static_cast<int64_t>((temp_bytes + 7) / 8 + 1)}, DType::i64);
+  check(cub::DeviceRadixSort::SortPairs(temp.storage()->data(), temp_bytes, ptr<int64_t>(ids), ptr<int64_t>(sorted_ids),
+                                        ptr<int64_t>(positions), ptr<int64_t>(sorted_positions), static_cast<int>(n), 0,
+                                        end_bit, stream_),
+        "cub::DeviceRadixSort::SortPairs");
+  dispatch_float(gtable.dtype(), "embedding_backward", [&]<class T>() {
+    embedding_backward_kernel<T><<<grid_for(n, 1), 128, 0, stream_>>>(ptr<int64_t>(sorted_ids),
+                                                                      ptr<int64_t>(sorted_positions), ptr<T>(gout),
+                                                                      ptr<T>(gtable), n, dim);
+  });
+  check_launch("embedding_backward");
+}
+
+void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
+                                int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale) {
+  for (const Tensor* t : {&losses, &logp, &scale}) check_out(*t, "cross_entropy");
+  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0),
+               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()));
+  DeviceGuard guard(device_);
+  Tensor logits = contiguous(logits_in), targets = contiguous(targets_in);
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const IdCheck c = check_ids(*this, targets, cols, true, ignore_index);
+  if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy");
+  fill(scale, c.counted > 0 ? 1.0 / static_cast<double>(c.counted) : 0.0);
+  if (rows == 0) return;
+  dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+    cross_entropy_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols);
+  });
+  check_launch("cross_entropy");
+}
+
+void CudaBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& targets_in, const Tensor& gloss_in,
+                                         double label_smoothing, int64_t ignore_index, const Tensor& glogits) {
+  check_out(glogits, "cross_entropy_backward");
+  DeviceGuard guard(device_);
+  Tensor logp = contiguous(logp_in), targets = contiguous(targets_in), gloss = contiguous(gloss_in);
+  REMAT_ASSERT(logp.dim() == 2 && targets.numel() == logp.size(0) && gloss.numel() == logp.size(0),
+               "cross_entropy_backward: logp ", shape_str(logp.shape()), ", targets ", shape_str(targets.shape()),
+               ", gloss ", shape_str(gloss.shape()));
+  const int64_t rows = logp.size(0), cols = logp.size(1);
+  const IdCheck c = check_ids(*this, targets, cols, true, ignore_index);
+  if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy_backward");
+  if (rows == 0 || cols == 0) return;
+  dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
+    cross_entropy_backward_kernel<T><<<grid_for(rows * cols), kThreads, 0, stream_>>>(
+        ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows, cols);
+  });
+  check_launch("cross_entropy_backward");
+}
+
+}  // namespace remat::cuda

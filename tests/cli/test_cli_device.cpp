@@ -1,0 +1,138 @@
+// `remat --device` and `remat --version` through the built executable: a device that is not one is
+// a usage error (exit code 2); a device this build or machine cannot use (a build without CUDA, no
+// CUDA device, an index past the last) is an error while running (exit code 1) with its reason,
+// never a crash; the run's report names its device. On a machine with a GPU, a one-step run on it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "remat/devices.h"
+
+using namespace remat;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string output;  // stdout then stderr, merged
+};
+
+// The built executable, or $REMAT_CLI (scripts/cuda-check runs this test from a bundle elsewhere).
+CliRun remat_cli(const std::string& args) {
+  const char* env = std::getenv("REMAT_CLI");
+  const std::string cli = env != nullptr && *env != '\0' ? env : REMAT_CLI_PATH;
+  CliRun r;
+  FILE* pipe = ::popen(("timeout 300 " + cli + " " + args + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) r.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+bool has(const CliRun& r, const std::string& text) { return r.output.find(text) != std::string::npos; }
+
+// A tiny corpus and the options of a one-step run on the smallest model.
+std::string tiny_train(const std::string& extra) {
+  static const fs::path corpus = [] {
+    fs::path p = fs::temp_directory_path() / ("remat_cli_device_" + std::to_string(::getpid()) + ".txt");
+    std::ofstream out(p);
+    for (int i = 0; i < 100; ++i) out << "pack my box with five dozen liquor jugs " << i << "\n%\n";
+    return p;
+  }();
+  return "train --quiet --threads 1 --layers 1 --width 8 --heads 2 --seq 8 --batch 2 --steps 1 --data " +
+         corpus.string() + " " + extra;
+}
+
+// What `--device cuda` must say on this build and machine when there is no usable device.
+std::string expected_cuda_reason() {
+  if (compiled_backends().size() == 1) return "this remat was built without CUDA (REMAT_WITH_CUDA=OFF)";
+  return "no CUDA device: " + unavailable_reason(DeviceType::cuda);
+}
+
+void expect_clean_error(const CliRun& r, int code, const std::string& fragment) {
+  EXPECT_EQ(r.code, code) << r.output;
+  EXPECT_TRUE(has(r, "remat: error: ")) << r.output;
+  EXPECT_TRUE(has(r, fragment)) << r.output << "\nexpected: " << fragment;
+  for (const char* bad : {"std::", "terminate", "Segmentation", "Aborted"}) EXPECT_FALSE(has(r, bad)) << r.output;
+}
+
+}  // namespace
+
+TEST(CliDevice, VersionListsTheBackendsAndDevices) {
+  const CliRun r = remat_cli("--version");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind(std::string("remat ") + REMAT_VERSION + "\n", 0), 0u) << r.output;
+  std::string backends = "backends: cpu";
+  if (compiled_backends().size() == 2) backends += ", cuda";
+  EXPECT_TRUE(has(r, backends)) << r.output;
+  if (device_count(DeviceType::cuda) == 0)
+    EXPECT_TRUE(has(r, compiled_backends().size() == 2 ? expected_cuda_reason()
+                                                       : "(this remat was built without CUDA (REMAT_WITH_CUDA=OFF))"))
+        << r.output;
+  else
+    EXPECT_TRUE(has(r, "\ncuda:0: ")) << r.output;
+}
+
+TEST(CliDevice, TextThatIsNoDeviceIsAUsageError) {
+  for (const std::string bad : {"gpu", "cuda:", "cuda:-1", "cuda:x", "cuda:0:1", "CPU", "cuda:99999999999"}) {
+    SCOPED_TRACE(bad);
+    expect_clean_error(remat_cli(tiny_train("--device '" + bad + "'")), 2, "train --device: \"" + bad + "\" is not a device");
+  }
+  expect_clean_error(remat_cli("sample --load nothing.safetensors --device gpu"), 2, "sample --device: \"gpu\" is not a device");
+  // what the device path does not run (yet): refused before any device is asked for
+  expect_clean_error(remat_cli(tiny_train("--device cuda --accumulate 2")), 2, "runs one micro-batch per step");
+  expect_clean_error(remat_cli(tiny_train("--device cuda --policy offload:/tmp")), 2,
+                     "train: --policy offload:/tmp keeps saved values of host memory only; it does not run with --device cuda yet");
+}
+
+TEST(CliDevice, CudaWithoutAUsableDeviceIsAClearError) {
+  if (device_count(DeviceType::cuda) > 0) {
+    // an index past the last device
+    const std::string past = "cuda:" + std::to_string(device_count(DeviceType::cuda));
+    expect_clean_error(remat_cli(tiny_train("--device " + past)), 1, past + " does not exist");
+    GTEST_SKIP() << "a CUDA device is present: the no-device error cannot be shown here";
+  }
+  for (const std::string device : {"cuda", "cuda:0", "cuda:3"}) {
+    SCOPED_TRACE(device);
+    const CliRun r = remat_cli(tiny_train("--device " + device));
+    expect_clean_error(r, 1, "train --device " + device + ": " + expected_cuda_reason());
+    const CliRun j = remat_cli(tiny_train("--json --device " + device));
+    EXPECT_EQ(j.code, 1) << j.output;
+    EXPECT_TRUE(has(j, "\"exit_code\":1")) << j.output;
+  }
+  // sample refuses the device before reading the weights
+  expect_clean_error(remat_cli("sample --load nothing.safetensors --device cuda"), 1,
+                     "sample --device cuda: " + expected_cuda_reason());
+}
+
+TEST(CliDevice, TheReportNamesTheDevice) {
+  CliRun r = remat_cli(tiny_train("--device cpu --json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "\"device\":{\"description\":\"cpu (1 thread)\"")) << r.output;
+  EXPECT_TRUE(has(r, "\"name\":\"cpu\"")) << r.output;
+  r = remat_cli(tiny_train("--device cpu").replace(0, 13, "train"));  // the human report (no --quiet)
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "device: cpu (1 thread)")) << r.output;
+}
+
+TEST(CliDevice, TrainsAndSamplesOnTheGpu) {
+  if (device_count(DeviceType::cuda) == 0) GTEST_SKIP() << "CUDA is not usable here: " << unavailable_reason(DeviceType::cuda);
+  const fs::path weights = fs::temp_directory_path() / ("remat_cli_device_" + std::to_string(::getpid()) + ".safetensors");
+  const CliRun r = remat_cli(tiny_train("--device cuda --policy every-layer --json --save " + weights.string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "\"name\":\"cuda:0\"")) << r.output;
+  EXPECT_TRUE(has(r, "\"total_bytes\":")) << r.output;
+  const CliRun s = remat_cli("sample --device cuda --tokens 5 --temperature 0 --load " + weights.string());
+  EXPECT_EQ(s.code, 0) << s.output;
+  const CliRun cpu = remat_cli("sample --device cpu --tokens 5 --temperature 0 --load " + weights.string());
+  EXPECT_EQ(s.output, cpu.output);  // greedy: the same most likely characters on either device
+  fs::remove(weights);
+}

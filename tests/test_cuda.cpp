@@ -1,0 +1,283 @@
+// The CUDA backend on cuda:0, end to end (built only with REMAT_WITH_CUDA; every test skips with
+// the reason when no device is usable). The op harness's rows on cuda:0 are in test_ops.cpp (its
+// device axis); this file holds what needs whole models:
+//   - a GPT step and a ResNet step under every policy give gradients bitwise equal to save-all's on
+//     the GPU, and a second run gives the same bits;
+//   - no kernel of those steps falls back to the CPU (fallback_calls(cuda) == 0);
+//   - a checkpointed scan equals its unchecked loop, bit for bit;
+//   - remat's device counters move with the driver's (cudaMemGetInfo) by the bytes allocated;
+//   - the same 50-step training on the CPU and on the GPU agrees in loss to 1e-4 relative.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "remat/devices.h"
+#include "remat/nn.h"
+#include "remat/remat.h"
+#include "remat/scan.h"
+
+using namespace remat;
+
+namespace {
+
+const Device kGpu{DeviceType::cuda, 0};
+
+// Skips the calling test (with the reason) unless cuda:0 is usable; registers its backend.
+#define REQUIRE_GPU()                                                                                       \
+  do {                                                                                                      \
+    if (device_count(DeviceType::cuda) == 0) GTEST_SKIP() << "no CUDA device: " << unavailable_reason(DeviceType::cuda); \
+    use_device(kGpu);                                                                                       \
+  } while (0)
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  Tensor ha = a.detach().to(kCpu).contiguous(), hb = b.detach().to(kCpu).contiguous();
+  return ha.shape() == hb.shape() && ha.dtype() == hb.dtype() && std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+struct Gradients {
+  double loss = 0;
+  TensorList grads;            // per parameter, on the host
+  uint64_t fallbacks = 0;      // kernels that ran on the CPU during the steps
+  size_t peak_saved = 0;       // the device's own counter, last step
+};
+
+// A directory for offload: policies, removed with the object.
+struct TempDir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("remat_test_cuda_" + std::to_string(::getpid()));
+  TempDir() { std::filesystem::create_directories(path); }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// The policies of the contract but offload (its own test, last); `budget` is the budget's bytes.
+std::vector<std::string> policies(size_t budget) {
+  return {"every-layer", "every-k:2", "selective:matmul", detail::concat("budget:", budget),
+          detail::concat("dynamic:", budget)};
+}
+
+// `steps` forward + backward passes (no update) of `loss` under `policy` on the same inputs; the
+// last pass's gradients. Repeating lets the budget planner profile, then run its plan.
+Gradients run_steps(nn::Module& model, const std::function<Tensor()>& loss, const std::string& policy, int steps = 3) {
+  Gradients g;
+  const uint64_t before = fallback_calls(kGpu);
+  for (int s = 0; s < steps; ++s) {
+    model.zero_grad();
+    manual_seed(1234);  // the same dropout masks every pass
+    reset_peaks(kGpu);
+    const size_t base = memory_stats(kGpu).live(memory::Tag::saved);
+    Tensor value = backward(loss, GradOptions{Policy::parse(policy)});
+    g.loss = value.detach().to(kCpu).item();
+    g.peak_saved = memory_stats(kGpu).peak(memory::Tag::saved) - base;
+  }
+  g.fallbacks = fallback_calls(kGpu) - before;
+  for (const auto& p : model.parameters()) g.grads.push_back(p.grad().defined() ? p.grad().to(kCpu) : Tensor());
+  return g;
+}
+
+void expect_same_gradients(const Gradients& want, const Gradients& got, const std::string& what) {
+  EXPECT_EQ(want.loss, got.loss) << what;
+  ASSERT_EQ(want.grads.size(), got.grads.size()) << what;
+  for (size_t i = 0; i < want.grads.size(); ++i) EXPECT_TRUE(same_bits(want.grads[i], got.grads[i])) << what << ": parameter " << i;
+}
+
+nn::GPTConfig small_gpt() {
+  return {.vocab = 61, .layers = 4, .width = 64, .heads = 4, .seq = 32, .dropout = 0.1, .dtype = DType::f32, .seed = 5};
+}
+
+std::vector<int64_t> token_ids(size_t n, int64_t vocab, uint64_t salt) {
+  std::vector<int64_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<int64_t>((i * 7919 + salt * 104729) % static_cast<uint64_t>(vocab));
+  return v;
+}
+
+// Every policy against save-all on the GPU, and save-all against itself (two runs). The budget is
+// halfway between every-layer's and save-all's peak saved bytes, and the run must stay within it.
+void check_policies(nn::Module& model, const std::function<Tensor()>& loss, const std::string& name) {
+  const Gradients save_all = run_steps(model, loss, "save-all");
+  EXPECT_EQ(save_all.fallbacks, 0u) << name << ": kernels ran on the CPU under save-all";
+  expect_same_gradients(save_all, run_steps(model, loss, "save-all"), name + " save-all, second run");
+  const size_t every_layer = run_steps(model, loss, "every-layer").peak_saved;
+  const size_t budget = (every_layer + save_all.peak_saved) / 2;
+  for (const std::string& policy : policies(budget)) {
+    const Gradients g = run_steps(model, loss, policy);
+    expect_same_gradients(save_all, g, name + " " + policy);
+    EXPECT_EQ(g.fallbacks, 0u) << name << " " << policy << ": kernels ran on the CPU";
+    if (policy.rfind("budget:", 0) == 0) EXPECT_LE(g.peak_saved, budget) << name << " " << policy;
+  }
+}
+
+// The GPT and the ResNet of the tests below, with their inputs on the GPU.
+struct GptCase {
+  nn::GPT model{small_gpt()};
+  Tensor ids, targets;
+  GptCase() {
+    model.to(kGpu);
+    const int64_t batch = 4, seq = small_gpt().seq;
+    ids = from_indices(token_ids(batch * seq, 61, 1), {batch, seq}, kGpu);
+    targets = from_indices(token_ids(batch * seq, 61, 2), {batch, seq}, kGpu);
+  }
+  std::function<Tensor()> loss() {
+    return [this] { return model.loss(ids, targets); };
+  }
+};
+struct ResNetCase {
+  nn::ResNet model{{.stages = 2, .blocks_per_stage = 2, .width = 8, .classes = 5, .seed = 3}};
+  Tensor images, labels;
+  ResNetCase() {
+    model.to(kGpu);
+    const nn::SyntheticImages data = nn::make_synthetic_images({.count = 8, .classes = 5, .size = 16, .seed = 2});
+    images = data.images.to(kGpu);
+    labels = data.labels.to(kGpu);
+  }
+  std::function<Tensor()> loss() {
+    return [this] { return model.loss(images, labels); };
+  }
+};
+
+}  // namespace
+
+TEST(Cuda, GptStepUnderEveryPolicyEqualsSaveAll) {
+  REQUIRE_GPU();
+  GptCase c;
+  check_policies(c.model, c.loss(), "GPT");
+}
+
+TEST(Cuda, ResNetStepUnderEveryPolicyEqualsSaveAll) {
+  REQUIRE_GPU();
+  ResNetCase c;
+  check_policies(c.model, c.loss(), "ResNet");
+}
+
+TEST(Cuda, ScanEqualsItsUncheckedLoop) {
+  REQUIRE_GPU();
+  for (DType dtype : {DType::f32, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor w0 = randn({16, 16}, dtype, RngState{1, 0}, 0.0, 0.3).to(kGpu);
+    const Tensor h0_value = randn({4, 16}, dtype, RngState{2, 0}).to(kGpu);
+    auto step = [](const Tensor& w) {
+      return [w](const Tensor& h, int64_t) { return dropout(tanh(matmul(h, w)), 0.1); };
+    };
+    // the loop, every value kept
+    Tensor w = w0.detach().requires_grad_(), h0 = h0_value.detach().requires_grad_();
+    manual_seed(7);
+    Tensor h = h0;
+    for (int64_t i = 0; i < 20; ++i) h = step(w)(h, i);
+    const TensorList loop = remat::grad({sum(h)}, {w, h0});
+    // the checkpointed scan
+    Tensor ws = w0.detach().requires_grad_(), hs = h0_value.detach().requires_grad_();
+    manual_seed(7);
+    Tensor out = scan(step(ws), hs, 20, {ScanSchedule::revolve, 4});
+    const TensorList scanned = remat::grad({sum(out)}, {ws, hs});
+    EXPECT_TRUE(same_bits(h, out));
+    EXPECT_TRUE(same_bits(loop[0], scanned[0]));
+    EXPECT_TRUE(same_bits(loop[1], scanned[1]));
+  }
+}
+
+TEST(Cuda, DeviceCountersFollowTheDriver) {
+  REQUIRE_GPU();
+  memory::Allocator& allocator = backend(kGpu).allocator();
+  allocator.empty_cache();
+  constexpr int64_t kElements = int64_t{96} << 20;  // 384 MiB of f32: no cached block has that size
+  constexpr size_t kBytes = static_cast<size_t>(kElements) * 4;
+  constexpr size_t kSlack = size_t{64} << 20;       // the driver's granularity and other processes
+  const memory::Stats before = memory_stats(kGpu);
+  const DeviceMemory free_before = device_memory(kGpu);
+  EXPECT_GT(free_before.total_bytes, 0u);
+  EXPECT_LE(free_before.free_bytes, free_before.total_bytes);
+  {
+    Tensor big = zeros({kElements}, DType::f32, memory::Tag::other, kGpu);
+    EXPECT_EQ(memory_stats(kGpu).live_total - before.live_total, kBytes);  // remat's counters are exact
+    const DeviceMemory during = device_memory(kGpu);
+    EXPECT_GE(free_before.free_bytes - during.free_bytes + kSlack, kBytes) << "the driver saw less than was allocated";
+    EXPECT_LE(free_before.free_bytes - during.free_bytes, kBytes + kSlack) << "the driver saw more than was allocated";
+  }
+  EXPECT_EQ(memory_stats(kGpu).live_total, before.live_total);
+  allocator.empty_cache();  // the freed block was cached; now it goes back to the driver
+  const DeviceMemory after = device_memory(kGpu);
+  EXPECT_GE(after.free_bytes + kSlack, free_before.free_bytes);
+  // an allocation that cannot be met is a remat::Error, and the counters are unchanged
+  const memory::Stats stats = memory_stats(kGpu);
+  EXPECT_THROW(zeros({static_cast<int64_t>(after.total_bytes / 4) + 1}, DType::f32, memory::Tag::other, kGpu), Error);
+  EXPECT_EQ(memory_stats(kGpu).live_total, stats.live_total);
+}
+
+TEST(Cuda, TrainingOnTheGpuFollowsTheCpu) {
+  REQUIRE_GPU();
+  constexpr int kSteps = 50;
+  const int64_t batch = 4, seq = 32;
+  auto train = [&](Device device) {
+    nn::GPT model(small_gpt());
+    model.to(device);
+    nn::AdamW optimizer(model.parameters(), {.lr = 3e-3, .weight_decay = 0.01});
+    std::vector<double> losses;
+    for (int step = 0; step < kSteps; ++step) {
+      const Tensor ids = from_indices(token_ids(batch * seq, 61, 3 + step), {batch, seq}, device);
+      const Tensor targets = from_indices(token_ids(batch * seq, 61, 1000 + step), {batch, seq}, device);
+      optimizer.zero_grad();
+      manual_seed(static_cast<uint64_t>(step));  // the dropout masks are the CPU's on the GPU
+      Tensor loss = backward([&] { return model.loss(ids, targets); }, GradOptions{Policy::every_layer()});
+      nn::clip_grad_norm(model.parameters(), 1.0);
+      optimizer.step();
+      losses.push_back(loss.detach().to(kCpu).item());
+    }
+    return losses;
+  };
+  const std::vector<double> cpu = train(kCpu), gpu = train(kGpu);
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * std::abs(cpu[i])) << "step " << i + 1;
+  EXPECT_LT(cpu.back(), cpu.front());  // it trained
+}
+
+TEST(Cuda, Tf32IsOffByDefaultAndSwitchable) {
+  REQUIRE_GPU();
+  EXPECT_FALSE(allow_tf32());
+  // a float32 GEMM with TF32 off matches the float64 product to float32 accuracy
+  const Tensor a = randn({256, 512}, DType::f32, RngState{4, 0}), b = randn({512, 128}, DType::f32, RngState{5, 0});
+  const std::vector<double> want = matmul(a.to(DType::f64), b.to(DType::f64)).to_vector();
+  auto max_error = [&] {
+    const std::vector<double> got = matmul(a.to(kGpu), b.to(kGpu)).to(kCpu).to_vector();
+    double e = 0;
+    for (size_t i = 0; i < got.size(); ++i) e = std::max(e, std::abs(got[i] - want[i]));
+    return e;
+  };
+  const double f32_error = max_error();
+  EXPECT_LT(f32_error, 1e-3);
+  set_allow_tf32(true);
+  EXPECT_TRUE(allow_tf32());
+  const double tf32_error = max_error();
+  set_allow_tf32(false);
+  EXPECT_GT(tf32_error, f32_error);  // the switch takes effect: products with about 10 bits of mantissa
+  EXPECT_LT(tf32_error, 0.5);
+}
+
+TEST(Cuda, DescribesTheDevice) {
+  REQUIRE_GPU();
+  const std::string text = describe_device(kGpu);
+  EXPECT_EQ(text.rfind("cuda:0: ", 0), 0u) << text;
+  EXPECT_NE(text.find("sm_"), std::string::npos) << text;
+  EXPECT_EQ(compiled_backends(), (std::vector<std::string>{"cpu", "cuda"}));
+  const Device past{DeviceType::cuda, device_count(DeviceType::cuda)};
+  EXPECT_THROW(use_device(past), Error);
+  EXPECT_FALSE(has_backend(past));
+}
+
+// Last in the file: offload moves device values to host files, a path of its own.
+TEST(Cuda, OffloadEqualsSaveAll) {
+  REQUIRE_GPU();
+  TempDir dir;
+  const std::string offload = "offload:" + dir.path.string() + ",threshold=4KiB";
+  GptCase gpt;
+  expect_same_gradients(run_steps(gpt.model, gpt.loss(), "save-all"), run_steps(gpt.model, gpt.loss(), offload), "GPT offload");
+  ResNetCase resnet;
+  expect_same_gradients(run_steps(resnet.model, resnet.loss(), "save-all"),
+                        run_steps(resnet.model, resnet.loss(), offload), "ResNet offload");
+}
