@@ -5,6 +5,7 @@
 #include "remat/backend.h"
 #include "remat/chain.h"
 #include "remat/checkpoint.h"
+#include "remat/devices.h"
 #include "remat/error.h"
 #include "remat/grad_ready.h"
 #include "remat/gradcheck.h"
