@@ -50,8 +50,10 @@ struct Descriptors {
                                           CUDNN_CROSS_CORRELATION, type),
           "cudnnSetConvolution2dDescriptor");
     check(cudnnSetConvolutionGroupCount(conv, dim(g.groups, "groups")), "cudnnSetConvolutionGroupCount");
-    const bool tf32 = dtype == DType::f32 && allow_tf32();
-    check(cudnnSetConvolutionMathType(conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+    // float32 without TF32: FMA kernels only; float64 has no reduced-precision kernels to exclude
+    const bool fma_only = dtype == DType::f32 && !allow_tf32();
+    check(cudnnSetConvolutionMathType(conv, fma_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
+          "cudnnSetConvolutionMathType");
   }
   ~Descriptors() {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
