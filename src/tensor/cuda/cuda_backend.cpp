@@ -225,11 +225,6 @@ void CudaAllocator::release_cache() {
     for (void* p : list) (void)cudaFree(p);  // cudaFree waits for the device's work first
 }
 
-size_t CudaAllocator::cached_device_bytes() const {
-  std::lock_guard lock(cache_mutex_);
-  return cached_;
-}
-
 // ---- the backend object
 
 namespace {
@@ -333,13 +328,6 @@ Tensor CudaBackend::contiguous(const Tensor& t) {
   Tensor c = scratch(t.shape(), t.dtype());
   copy(t, c);
   return c;
-}
-
-int64_t CudaBackend::read_flag(const Tensor& flag) {
-  int64_t value = -1;
-  check(cudaMemcpyAsync(&value, ptr<int64_t>(flag), sizeof value, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  return value;
 }
 
 }  // namespace remat::cuda

@@ -46,7 +46,6 @@ class CudaAllocator : public memory::Allocator {
   explicit CudaAllocator(int device);
   // Returns every cached block to the device (the base class's empty_cache() does not see them).
   void release_cache();
-  size_t cached_device_bytes() const;
 
  protected:
   void* raw_allocate(size_t bytes) override;
@@ -54,7 +53,7 @@ class CudaAllocator : public memory::Allocator {
 
  private:
   int device_;
-  mutable std::mutex cache_mutex_;
+  std::mutex cache_mutex_;
   std::unordered_map<size_t, std::vector<void*>> cache_;
   size_t cached_ = 0;
 };
@@ -192,9 +191,6 @@ class CudaBackend final : public Backend {
   Tensor contiguous(const Tensor& t);
   // Scratch device memory, accounted under `other`, freed when the tensor goes.
   Tensor scratch(const Shape& shape, DType dtype);
-  // Waits for the stream and throws the error a kernel reported through `flag` (see
-  // device_flag(): an int64 set by the kernel, -1 when nothing went wrong).
-  int64_t read_flag(const Tensor& flag);
 
  private:
   int device_;
