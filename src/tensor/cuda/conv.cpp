@@ -70,7 +70,8 @@ struct Descriptors {
 template <class Perf, class Algo>
 Algo choose(const std::vector<Perf>& list, int returned, Algo preferred, const char* what) {
   for (int i = 0; i < returned; ++i)
-    if (list[i].algo == preferred && list[i].status == CUDNN_STATUS_SUCCESS && list[i].determinism == CUDNN_DETERMINISTIC)
+    if (list[i].algo == preferred && list[i].status == CUDNN_STATUS_SUCCESS &&
+        list[i].determinism == CUDNN_DETERMINISTIC)
       return preferred;
   for (int i = 0; i < returned; ++i)
     if (list[i].status == CUDNN_STATUS_SUCCESS && list[i].determinism == CUDNN_DETERMINISTIC) return list[i].algo;
@@ -109,8 +110,8 @@ void CudaBackend::conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   } else {
     int returned = 0;
     std::vector<cudnnConvolutionFwdAlgoPerf_t> list(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-    check(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, d.x, d.w, d.conv, d.y, static_cast<int>(list.size()), &returned,
-                                                 list.data()),
+    check(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, d.x, d.w, d.conv, d.y, static_cast<int>(list.size()),
+                                                 &returned, list.data()),
           "cudnnGetConvolutionForwardAlgorithm_v7");
     const auto algo = choose(list, returned, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, "forward");
     size_t bytes = 0;
@@ -125,10 +126,11 @@ void CudaBackend::conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
     Tensor b = contiguous(bias);
     cudnnTensorDescriptor_t bd = nullptr;
     check(cudnnCreateTensorDescriptor(&bd), "cudnnCreateTensorDescriptor");
-    const cudnnStatus_t set = cudnnSetTensor4dDescriptor(bd, CUDNN_TENSOR_NCHW, d.type, 1, dim(y.shape()[1], "channels"), 1, 1);
-    const cudnnStatus_t add = set == CUDNN_STATUS_SUCCESS
-                                  ? cudnnAddTensor(cudnn_, s.get(y.dtype(), 1), bd, at(b), s.get(y.dtype(), 1), d.y, at_mut(y))
-                                  : set;
+    const cudnnStatus_t set =
+        cudnnSetTensor4dDescriptor(bd, CUDNN_TENSOR_NCHW, d.type, 1, dim(y.shape()[1], "channels"), 1, 1);
+    const cudnnStatus_t add = set == CUDNN_STATUS_SUCCESS ? cudnnAddTensor(cudnn_, s.get(y.dtype(), 1), bd, at(b),
+                                                                           s.get(y.dtype(), 1), d.y, at_mut(y))
+                                                          : set;
     cudnnDestroyTensorDescriptor(bd);
     check(add, "cudnnAddTensor (bias)");
   }

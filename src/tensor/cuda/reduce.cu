@@ -45,8 +45,10 @@ template <class T>
 __device__ inline void better(T& best, int64_t& arg, T v, int64_t i) {
   const bool v_nan = is_nan(v), best_nan = is_nan(best);
   bool take;
-  if (v_nan || best_nan) take = v_nan && (!best_nan || (i < arg));
-  else take = v > best || (v == best && arg >= 0 && i < arg);
+  if (v_nan || best_nan)
+    take = v_nan && (!best_nan || (i < arg));
+  else
+    take = v > best || (v == best && arg >= 0 && i < arg);
   if (take) best = v, arg = i;
 }
 
@@ -71,8 +73,10 @@ __global__ void max_kernel(Walk kept, Walk red, const T* x, T* out, int64_t* out
         int64_t a = arg_s[threadIdx.x];
         const int64_t other = arg_s[threadIdx.x + half];
         if (other >= 0) {
-          if (a < 0) b = best_s[threadIdx.x + half], a = other;
-          else better(b, a, best_s[threadIdx.x + half], other);
+          if (a < 0)
+            b = best_s[threadIdx.x + half], a = other;
+          else
+            better(b, a, best_s[threadIdx.x + half], other);
         }
         best_s[threadIdx.x] = b;
         arg_s[threadIdx.x] = a;
@@ -115,10 +119,13 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
     w.strides[w.rank] = x.strides()[i];
     w.numel *= x.shape()[i];
     ++w.rank;
-    if (!reduced[i]) seen_kept = true;
-    else if (seen_kept) leading = false;
+    if (!reduced[i])
+      seen_kept = true;
+    else if (seen_kept)
+      leading = false;
   }
-  const bool columns = x.is_contiguous() && leading && kept.numel >= 32 && (op == ReduceOp::sum || op == ReduceOp::mean);
+  const bool columns =
+      x.is_contiguous() && leading && kept.numel >= 32 && (op == ReduceOp::sum || op == ReduceOp::mean);
   dispatch_float(x.dtype(), "reduce", [&]<class T>() {
     const T* xd = static_cast<const T*>(x.storage()->data()) + x.offset();
     const int64_t outputs = kept.numel;
@@ -126,14 +133,16 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
       const int64_t rows = red.numel, cols = kept.numel, chunks = chunk_count(rows);
       Tensor partial = scratch({chunks, cols}, DType::f64);  // Acc<T> is double for both
       column_partials<Acc<T>><<<grid_for(chunks * cols), kThreads, 0, stream_>>>(ColumnValue<T>{xd, cols}, rows, cols,
-                                                                                  ptr<Acc<T>>(partial));
+                                                                                 ptr<Acc<T>>(partial));
       combine_partials<Acc<T>, T><<<grid_for(cols), kThreads, 0, stream_>>>(
-          ptr<Acc<T>>(partial), chunks, cols, op == ReduceOp::mean ? static_cast<Acc<T>>(rows) : Acc<T>(1), ptr<T>(out));
+          ptr<Acc<T>>(partial), chunks, cols, op == ReduceOp::mean ? static_cast<Acc<T>>(rows) : Acc<T>(1),
+          ptr<T>(out));
     } else if (op == ReduceOp::sum || op == ReduceOp::mean) {
       sum_kernel<T><<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, ptr<T>(out), op == ReduceOp::mean);
     } else {
-      max_kernel<T><<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, op == ReduceOp::max ? ptr<T>(out) : nullptr,
-                                                                    op == ReduceOp::argmax ? ptr<int64_t>(out) : nullptr);
+      max_kernel<T>
+          <<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, op == ReduceOp::max ? ptr<T>(out) : nullptr,
+                                                           op == ReduceOp::argmax ? ptr<int64_t>(out) : nullptr);
     }
   });
   check_launch("reduce");
