@@ -49,7 +49,9 @@ if(REMAT_WITH_CUDA)
   target_compile_definitions(remat PUBLIC REMAT_WITH_CUDA=1)
   target_include_directories(remat PRIVATE ${CUDAToolkit_INCLUDE_DIRS} ${REMAT_CUDNN_INCLUDE_DIR})
   target_link_libraries(remat PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt ${REMAT_CUDNN_LIBRARY})
-  set_target_properties(remat PROPERTIES CUDA_RUNTIME_LIBRARY Shared CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
+  # target properties that CMake would have set from the variables had CUDA been enabled first
+  set_target_properties(remat PROPERTIES CUDA_RUNTIME_LIBRARY Shared CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
+                                         CUDA_COMPILER_LAUNCHER "${CMAKE_CUDA_COMPILER_LAUNCHER}")
   message(STATUS "remat: CUDA backend for sm_${CMAKE_CUDA_ARCHITECTURES} with CUDA ${CUDAToolkit_VERSION} (REMAT_WITH_CUDA=ON)")
 else()
   message(STATUS "remat: built without the CUDA backend (REMAT_WITH_CUDA=OFF)")

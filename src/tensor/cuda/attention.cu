@@ -22,11 +22,11 @@ namespace remat::cuda {
 
 namespace {
 
-constexpr int kTile = 32;          // keys (forward, dK/dV) or queries (dQ) per tile: one per lane
-constexpr int kRowsPerWarp = 4;    // forward
-constexpr int kWarps = 4;          // forward
+constexpr int kTile = 32;        // keys (forward, dK/dV) or queries (dQ) per tile: one per lane
+constexpr int kRowsPerWarp = 4;  // forward
+constexpr int kWarps = 4;        // forward
 constexpr int kRowsPerBlock = kRowsPerWarp * kWarps;
-constexpr int kMaxPerLane = 8;     // head size up to 32 * 8 = 256
+constexpr int kMaxPerLane = 8;  // head size up to 32 * 8 = 256
 constexpr int64_t kMaxHead = kTile * kMaxPerLane;
 
 // A [B, H, T, D] operand: element (b, h, t, e) at b * s[0] + h * s[1] + t * s[2] + e.
@@ -81,9 +81,9 @@ __device__ inline void stage(const Operand<const T>& src, int64_t bh, int64_t he
 template <class T>
 __global__ void forward_kernel(Problem<T> pb) {
   extern __shared__ unsigned char smem[];
-  T* ks = reinterpret_cast<T*>(smem);           // [kTile][d + 1]
-  T* vs = ks + kTile * (pb.d + 1);              // [kTile][dv + 1]
-  T* qs = vs + kTile * (pb.dv + 1);             // [kRowsPerBlock][d]
+  T* ks = reinterpret_cast<T*>(smem);  // [kTile][d + 1]
+  T* vs = ks + kTile * (pb.d + 1);     // [kTile][dv + 1]
+  T* qs = vs + kTile * (pb.dv + 1);    // [kRowsPerBlock][d]
   const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kRowsPerBlock;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int64_t x = threadIdx.x; x < kRowsPerBlock * pb.d; x += blockDim.x) {
@@ -117,7 +117,7 @@ __global__ void forward_kernel(Problem<T> pb) {
       }
       const T mx = warp_max(s);
       const T m_new = mx > m[r] ? mx : m[r];
-      if (m_new == -INFINITY) continue;  // nothing visible yet
+      if (m_new == -INFINITY) continue;   // nothing visible yet
       const T alpha = exp(m[r] - m_new);  // 0 on the first tile (m = -inf)
       const T pj = valid ? exp(s - m_new) : T(0);
       l[r] = l[r] * alpha + warp_sum(pj);
@@ -324,7 +324,8 @@ void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor
     pb.lse_out = ptr<T>(lse);
     const int64_t bh = q.size(0) * q.size(1);
     REMAT_CHECK(bh <= 65535, "attention on cuda: batch x heads = ", bh, " exceeds 65535");
-    const size_t bytes = sizeof(T) * static_cast<size_t>(kTile * (pb.d + 1) + kTile * (pb.dv + 1) + kRowsPerBlock * pb.d);
+    const size_t bytes =
+        sizeof(T) * static_cast<size_t>(kTile * (pb.d + 1) + kTile * (pb.dv + 1) + kRowsPerBlock * pb.d);
     const dim3 grid(static_cast<unsigned>((pb.tq + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(bh));
     launch(forward_kernel<T>, grid, 32 * kWarps, bytes, stream_, device_, pb, "attention");
   });

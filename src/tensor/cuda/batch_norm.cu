@@ -51,7 +51,7 @@ __global__ void statistics_kernel(const T* x, ChannelLayout l, T* mean, T* var) 
 
 template <class T>
 __global__ void apply_kernel(const T* x, const T* mean, const T* rstd, const T* w, const T* b, T* y, ChannelLayout l) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.n * l.c * l.s; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, l.n * l.c * l.s) {
     const int64_t c = (i / l.s) % l.c;
     const T scale = w ? rstd[c] * w[c] : rstd[c];
     const T shift = (b ? b[c] : T(0)) - mean[c] * scale;
@@ -85,7 +85,7 @@ __global__ void grad_sums_kernel(const T* x, const T* gy, const T* mean, const T
 template <class T>
 __global__ void input_grad_kernel(const T* x, const T* gy, const T* mean, const T* rstd, const T* w, const T* sums,
                                   bool batch_statistics, T inv_count, ChannelLayout l, T* gx) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.n * l.c * l.s; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, l.n * l.c * l.s) {
     const int64_t c = (i / l.s) % l.c;
     const T scale = w ? rstd[c] * w[c] : rstd[c];
     if (!batch_statistics) {  // mean and rstd are constants: y = x * scale + shift
@@ -119,15 +119,15 @@ void CudaBackend::batch_norm_apply(const Tensor& x_in, const Tensor& mean, const
   const int64_t n = l.n * l.c * l.s;
   if (n == 0) return;
   dispatch_float(x.dtype(), "batch_norm", [&]<class T>() {
-    apply_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(m), ptr<T>(r), ptr<T>(w), ptr<T>(b), ptr<T>(y),
-                                                           l);
+    apply_kernel<T>
+        <<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(m), ptr<T>(r), ptr<T>(w), ptr<T>(b), ptr<T>(y), l);
   });
   check_launch("batch_norm");
 }
 
 void CudaBackend::batch_norm_backward(const Tensor& x_in, const Tensor& mean_in, const Tensor& rstd_in,
-                                      const Tensor& weight, const Tensor& gy_in, bool batch_statistics, const Tensor& gx,
-                                      const Tensor& gweight, const Tensor& gbias) {
+                                      const Tensor& weight, const Tensor& gy_in, bool batch_statistics,
+                                      const Tensor& gx, const Tensor& gweight, const Tensor& gbias) {
   DeviceGuard guard(device_);
   Tensor x = contiguous(x_in), gy = contiguous(gy_in), m = contiguous(mean_in), r = contiguous(rstd_in),
          w = contiguous(weight);
@@ -137,12 +137,13 @@ void CudaBackend::batch_norm_backward(const Tensor& x_in, const Tensor& mean_in,
   dispatch_float(x.dtype(), "batch_norm_backward", [&]<class T>() {
     Tensor sums = scratch(Shape{2, l.c}, x.dtype());
     if (need_sums) {
-      grad_sums_kernel<T><<<grid_for(l.c, 1), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(gy), ptr<T>(m), ptr<T>(r), l,
-                                                                      ptr<T>(sums));
+      grad_sums_kernel<T>
+          <<<grid_for(l.c, 1), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(gy), ptr<T>(m), ptr<T>(r), l, ptr<T>(sums));
       check_launch("batch_norm_backward (sums)");
       const size_t bytes = static_cast<size_t>(l.c) * sizeof(T);
       if (gbias.defined())
-        check(cudaMemcpyAsync(ptr<T>(gbias), ptr<T>(sums), bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+        check(cudaMemcpyAsync(ptr<T>(gbias), ptr<T>(sums), bytes, cudaMemcpyDeviceToDevice, stream_),
+              "cudaMemcpyAsync");
       if (gweight.defined())
         check(cudaMemcpyAsync(ptr<T>(gweight), ptr<T>(sums) + l.c, bytes, cudaMemcpyDeviceToDevice, stream_),
               "cudaMemcpyAsync");
@@ -151,7 +152,8 @@ void CudaBackend::batch_norm_backward(const Tensor& x_in, const Tensor& mean_in,
     if (!gx.defined() || n == 0) return;
     const T inv_count = static_cast<T>(1.0 / static_cast<double>(l.n * l.s));
     input_grad_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(gy), ptr<T>(m), ptr<T>(r), ptr<T>(w),
-                                                                ptr<T>(sums), batch_statistics, inv_count, l, ptr<T>(gx));
+                                                                ptr<T>(sums), batch_statistics, inv_count, l,
+                                                                ptr<T>(gx));
     check_launch("batch_norm_backward");
   });
 }

@@ -50,8 +50,10 @@ struct Descriptors {
                                           CUDNN_CROSS_CORRELATION, type),
           "cudnnSetConvolution2dDescriptor");
     check(cudnnSetConvolutionGroupCount(conv, dim(g.groups, "groups")), "cudnnSetConvolutionGroupCount");
-    const bool tf32 = dtype == DType::f32 && allow_tf32();
-    check(cudnnSetConvolutionMathType(conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), "cudnnSetConvolutionMathType");
+    // float32 without TF32: FMA kernels only; float64 has no reduced-precision kernels to exclude
+    const bool fma_only = dtype == DType::f32 && !allow_tf32();
+    check(cudnnSetConvolutionMathType(conv, fma_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
+          "cudnnSetConvolutionMathType");
   }
   ~Descriptors() {
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
@@ -68,7 +70,8 @@ struct Descriptors {
 template <class Perf, class Algo>
 Algo choose(const std::vector<Perf>& list, int returned, Algo preferred, const char* what) {
   for (int i = 0; i < returned; ++i)
-    if (list[i].algo == preferred && list[i].status == CUDNN_STATUS_SUCCESS && list[i].determinism == CUDNN_DETERMINISTIC)
+    if (list[i].algo == preferred && list[i].status == CUDNN_STATUS_SUCCESS &&
+        list[i].determinism == CUDNN_DETERMINISTIC)
       return preferred;
   for (int i = 0; i < returned; ++i)
     if (list[i].status == CUDNN_STATUS_SUCCESS && list[i].determinism == CUDNN_DETERMINISTIC) return list[i].algo;
@@ -92,6 +95,20 @@ struct Scalars {
   const void* get(DType dtype, int v) const { return dtype == DType::f32 ? static_cast<const void*>(&f[v]) : &d[v]; }
 };
 
+// One cuDNN call of a direction: the algorithm from cuDNN's list (find), its workspace (size),
+// from the accounted allocator, then the call (run).
+template <class Perf, class Algo, class Find, class Size, class Run>
+void run_algorithm(CudaBackend& be, int count, Algo preferred, const char* what, Find&& find, Size&& size, Run&& run) {
+  std::vector<Perf> list(static_cast<size_t>(count));
+  int returned = 0;
+  check(find(count, &returned, list.data()), detail::concat("cuDNN ", what, " algorithm list").c_str());
+  const Algo algo = choose(list, returned, preferred, what);
+  size_t bytes = 0;
+  check(size(algo, &bytes), detail::concat("cuDNN ", what, " workspace size").c_str());
+  Tensor ws = workspace(be, bytes);
+  check(run(algo, data_of(ws), bytes), detail::concat("cuDNN convolution ", what).c_str());
+}
+
 }  // namespace
 
 void CudaBackend::conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, const Conv2dGeometry& g,
@@ -105,28 +122,30 @@ void CudaBackend::conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   if (x.numel() == 0 || w.numel() == 0) {
     fill(y, 0.0);
   } else {
-    int returned = 0;
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> list(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-    check(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, d.x, d.w, d.conv, d.y, static_cast<int>(list.size()), &returned,
-                                                 list.data()),
-          "cudnnGetConvolutionForwardAlgorithm_v7");
-    const auto algo = choose(list, returned, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, "forward");
-    size_t bytes = 0;
-    check(cudnnGetConvolutionForwardWorkspaceSize(cudnn_, d.x, d.w, d.conv, d.y, algo, &bytes),
-          "cudnnGetConvolutionForwardWorkspaceSize");
-    Tensor ws = workspace(*this, bytes);
-    check(cudnnConvolutionForward(cudnn_, s.get(y.dtype(), 1), d.x, at(x), d.w, at(w), d.conv, algo, data_of(ws), bytes,
-                                  s.get(y.dtype(), 0), d.y, at_mut(y)),
-          "cudnnConvolutionForward");
+    using Perf = cudnnConvolutionFwdAlgoPerf_t;
+    using Algo = cudnnConvolutionFwdAlgo_t;
+    run_algorithm<Perf>(
+        *this, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, "forward",
+        [&](int n, int* returned, Perf* list) {
+          return cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, d.x, d.w, d.conv, d.y, n, returned, list);
+        },
+        [&](Algo algo, size_t* bytes) {
+          return cudnnGetConvolutionForwardWorkspaceSize(cudnn_, d.x, d.w, d.conv, d.y, algo, bytes);
+        },
+        [&](Algo algo, void* ws, size_t bytes) {
+          return cudnnConvolutionForward(cudnn_, s.get(y.dtype(), 1), d.x, at(x), d.w, at(w), d.conv, algo, ws, bytes,
+                                         s.get(y.dtype(), 0), d.y, at_mut(y));
+        });
   }
   if (bias.defined()) {
     Tensor b = contiguous(bias);
     cudnnTensorDescriptor_t bd = nullptr;
     check(cudnnCreateTensorDescriptor(&bd), "cudnnCreateTensorDescriptor");
-    const cudnnStatus_t set = cudnnSetTensor4dDescriptor(bd, CUDNN_TENSOR_NCHW, d.type, 1, dim(y.shape()[1], "channels"), 1, 1);
-    const cudnnStatus_t add = set == CUDNN_STATUS_SUCCESS
-                                  ? cudnnAddTensor(cudnn_, s.get(y.dtype(), 1), bd, at(b), s.get(y.dtype(), 1), d.y, at_mut(y))
-                                  : set;
+    const cudnnStatus_t set =
+        cudnnSetTensor4dDescriptor(bd, CUDNN_TENSOR_NCHW, d.type, 1, dim(y.shape()[1], "channels"), 1, 1);
+    const cudnnStatus_t add = set == CUDNN_STATUS_SUCCESS ? cudnnAddTensor(cudnn_, s.get(y.dtype(), 1), bd, at(b),
+                                                                           s.get(y.dtype(), 1), d.y, at_mut(y))
+                                                          : set;
     cudnnDestroyTensorDescriptor(bd);
     check(add, "cudnnAddTensor (bias)");
   }
@@ -141,19 +160,20 @@ void CudaBackend::conv2d_backward_input(const Tensor& gy_in, const Tensor& w_in,
   if (gy.numel() == 0 || w.numel() == 0) return fill(gx, 0.0);
   Descriptors d(gx.shape(), w.shape(), gy.shape(), gx.dtype(), g);
   const Scalars s;
-  int returned = 0;
-  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> list(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-  check(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, d.w, d.y, d.conv, d.x, static_cast<int>(list.size()),
-                                                    &returned, list.data()),
-        "cudnnGetConvolutionBackwardDataAlgorithm_v7");
-  const auto algo = choose(list, returned, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, "backward data");
-  size_t bytes = 0;
-  check(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, d.w, d.y, d.conv, d.x, algo, &bytes),
-        "cudnnGetConvolutionBackwardDataWorkspaceSize");
-  Tensor ws = workspace(*this, bytes);
-  check(cudnnConvolutionBackwardData(cudnn_, s.get(gx.dtype(), 1), d.w, at(w), d.y, at(gy), d.conv, algo, data_of(ws),
-                                     bytes, s.get(gx.dtype(), 0), d.x, at_mut(gx)),
-        "cudnnConvolutionBackwardData");
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdDataAlgo_t;
+  run_algorithm<Perf>(
+      *this, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, "backward data",
+      [&](int n, int* returned, Perf* list) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, d.w, d.y, d.conv, d.x, n, returned, list);
+      },
+      [&](Algo algo, size_t* bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, d.w, d.y, d.conv, d.x, algo, bytes);
+      },
+      [&](Algo algo, void* ws, size_t bytes) {
+        return cudnnConvolutionBackwardData(cudnn_, s.get(gx.dtype(), 1), d.w, at(w), d.y, at(gy), d.conv, algo, ws,
+                                            bytes, s.get(gx.dtype(), 0), d.x, at_mut(gx));
+      });
 }
 
 void CudaBackend::conv2d_backward_weight(const Tensor& x_in, const Tensor& gy_in, const Conv2dGeometry& g,
@@ -167,19 +187,20 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x_in, const Tensor& gy_in
   if (x.numel() == 0 || gy.numel() == 0) return fill(gw, 0.0);
   Descriptors d(x.shape(), gw.shape(), gy.shape(), gw.dtype(), g);
   const Scalars s;
-  int returned = 0;
-  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> list(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-  check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn_, d.x, d.y, d.conv, d.w, static_cast<int>(list.size()),
-                                                      &returned, list.data()),
-        "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
-  const auto algo = choose(list, returned, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, "backward filter");
-  size_t bytes = 0;
-  check(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, d.x, d.y, d.conv, d.w, algo, &bytes),
-        "cudnnGetConvolutionBackwardFilterWorkspaceSize");
-  Tensor ws = workspace(*this, bytes);
-  check(cudnnConvolutionBackwardFilter(cudnn_, s.get(gw.dtype(), 1), d.x, at(x), d.y, at(gy), d.conv, algo, data_of(ws),
-                                       bytes, s.get(gw.dtype(), 0), d.w, at_mut(gw)),
-        "cudnnConvolutionBackwardFilter");
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdFilterAlgo_t;
+  run_algorithm<Perf>(
+      *this, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, "backward filter",
+      [&](int n, int* returned, Perf* list) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn_, d.x, d.y, d.conv, d.w, n, returned, list);
+      },
+      [&](Algo algo, size_t* bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, d.x, d.y, d.conv, d.w, algo, bytes);
+      },
+      [&](Algo algo, void* ws, size_t bytes) {
+        return cudnnConvolutionBackwardFilter(cudnn_, s.get(gw.dtype(), 1), d.x, at(x), d.y, at(gy), d.conv, algo, ws,
+                                              bytes, s.get(gw.dtype(), 0), d.w, at_mut(gw));
+      });
 }
 
 }  // namespace remat::cuda

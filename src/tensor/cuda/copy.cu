@@ -8,7 +8,7 @@ namespace {
 
 template <class Dst, class Src>
 __global__ void copy_kernel(Layout<2> l, Dst* dst, const Src* src) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[2];
     offsets_of(l, i, off);
     dst[off[0]] = static_cast<Dst>(src[off[1]]);
@@ -17,7 +17,7 @@ __global__ void copy_kernel(Layout<2> l, Dst* dst, const Src* src) {
 
 template <class T>
 __global__ void fill_kernel(Layout<1> l, T* dst, T value) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[1];
     offsets_of(l, i, off);
     dst[off[0]] = value;
@@ -26,8 +26,7 @@ __global__ void fill_kernel(Layout<1> l, T* dst, T value) {
 
 template <class T>
 __global__ void arange_kernel(T* dst, int64_t n, double start, double step) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = static_cast<T>(start + step * static_cast<double>(i));
+  REMAT_GRID_LOOP(i, n) { dst[i] = static_cast<T>(start + step * static_cast<double>(i)); }
 }
 
 // Calls f.template operator()<T>() for T the C++ type of `dtype` (any of the three).
@@ -69,8 +68,8 @@ void CudaBackend::fill(const Tensor& dst, double value) {
   DeviceGuard guard(device_);
   const Layout<1> l = make_layout<1>(dst.shape(), {&dst});
   dispatch_any(dst.dtype(), [&]<class T>() {
-    fill_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(l, static_cast<T*>(dst.storage()->data()),
-                                                                static_cast<T>(value));
+    fill_kernel<T>
+        <<<grid_for(l.numel), kThreads, 0, stream_>>>(l, static_cast<T*>(dst.storage()->data()), static_cast<T>(value));
   });
   check_launch("fill");
 }

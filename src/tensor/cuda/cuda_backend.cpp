@@ -57,15 +57,16 @@ namespace remat::cuda {
 void check(cudaError_t status, const char* what) {
   if (status == cudaSuccess) return;
   (void)cudaGetLastError();  // clears a sticky launch error so that later calls can report their own
-  throw Error(detail::concat("cuda: ", what, " failed: ", cudaGetErrorString(status), " (", cudaGetErrorName(status),
-                             ")"));
+  throw Error(
+      detail::concat("cuda: ", what, " failed: ", cudaGetErrorString(status), " (", cudaGetErrorName(status), ")"));
 }
 void check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS)
     throw Error(detail::concat("cuda: ", what, " failed: ", cublasGetStatusString(status)));
 }
 void check(cudnnStatus_t status, const char* what) {
-  if (status != CUDNN_STATUS_SUCCESS) throw Error(detail::concat("cuda: ", what, " failed: ", cudnnGetErrorString(status)));
+  if (status != CUDNN_STATUS_SUCCESS)
+    throw Error(detail::concat("cuda: ", what, " failed: ", cudnnGetErrorString(status)));
 }
 void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
 
@@ -169,7 +170,8 @@ constexpr size_t kGranule = 512;  // cudaMalloc aligns to 256 bytes; sizes are c
 size_t rounded(size_t bytes) { return (std::max<size_t>(bytes, 1) + kGranule - 1) / kGranule * kGranule; }
 }  // namespace
 
-CudaAllocator::CudaAllocator(int device) : Allocator(remat::device_name(Device{DeviceType::cuda, device})), device_(device) {}
+CudaAllocator::CudaAllocator(int device)
+    : Allocator(remat::device_name(Device{DeviceType::cuda, device})), device_(device) {}
 
 void* CudaAllocator::raw_allocate(size_t bytes) {
   const size_t size = rounded(bytes);
@@ -196,11 +198,12 @@ void* CudaAllocator::raw_allocate(size_t bytes) {
     size_t free_bytes = 0, total_bytes = 0;
     (void)cudaMemGetInfo(&free_bytes, &total_bytes);
     const memory::Stats s = stats();
-    throw OutOfMemory(detail::concat(device_name(), " allocator: cannot allocate ", memory::format_bytes(static_cast<double>(bytes)),
-                                     " (", bytes, " bytes); the device has ", memory::format_bytes(static_cast<double>(free_bytes)),
-                                     " (", free_bytes, " bytes) free of ", memory::format_bytes(static_cast<double>(total_bytes)),
-                                     "; ", memory::format_bytes(static_cast<double>(s.live_total)), " are live in tensors"),
-                      bytes);
+    throw OutOfMemory(
+        detail::concat(device_name(), " allocator: cannot allocate ", memory::format_bytes(static_cast<double>(bytes)),
+                       " (", bytes, " bytes); the device has ", memory::format_bytes(static_cast<double>(free_bytes)),
+                       " (", free_bytes, " bytes) free of ", memory::format_bytes(static_cast<double>(total_bytes)),
+                       "; ", memory::format_bytes(static_cast<double>(s.live_total)), " are live in tensors"),
+        bytes);
   }
   check(status, "cudaMalloc");
   return p;
@@ -223,11 +226,6 @@ void CudaAllocator::release_cache() {
   DeviceGuard guard(device_);
   for (auto& [size, list] : blocks)
     for (void* p : list) (void)cudaFree(p);  // cudaFree waits for the device's work first
-}
-
-size_t CudaAllocator::cached_device_bytes() const {
-  std::lock_guard lock(cache_mutex_);
-  return cached_;
 }
 
 // ---- the backend object
@@ -333,13 +331,6 @@ Tensor CudaBackend::contiguous(const Tensor& t) {
   Tensor c = scratch(t.shape(), t.dtype());
   copy(t, c);
   return c;
-}
-
-int64_t CudaBackend::read_flag(const Tensor& flag) {
-  int64_t value = -1;
-  check(cudaMemcpyAsync(&value, ptr<int64_t>(flag), sizeof value, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  return value;
 }
 
 }  // namespace remat::cuda

@@ -46,7 +46,6 @@ class CudaAllocator : public memory::Allocator {
   explicit CudaAllocator(int device);
   // Returns every cached block to the device (the base class's empty_cache() does not see them).
   void release_cache();
-  size_t cached_device_bytes() const;
 
  protected:
   void* raw_allocate(size_t bytes) override;
@@ -54,7 +53,7 @@ class CudaAllocator : public memory::Allocator {
 
  private:
   int device_;
-  mutable std::mutex cache_mutex_;
+  std::mutex cache_mutex_;
   std::unordered_map<size_t, std::vector<void*>> cache_;
   size_t cached_ = 0;
 };
@@ -147,18 +146,17 @@ class CudaBackend final : public Backend {
   void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                            const Tensor& gy, const Tensor& gx, const Tensor& gweight, const Tensor& gbias) override;
   void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) override;
-  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& gy,
-                         const Tensor& gx, const Tensor& gweight) override;
+  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& gy, const Tensor& gx,
+                         const Tensor& gweight) override;
   void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
   void embedding_backward(const Tensor& ids, const Tensor& gout, const Tensor& gtable) override;
   void cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing, int64_t ignore_index,
                      const Tensor& losses, const Tensor& logp, const Tensor& scale) override;
-  void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss,
-                              double label_smoothing, int64_t ignore_index, const Tensor& glogits) override;
+  void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss, double label_smoothing,
+                              int64_t ignore_index, const Tensor& glogits) override;
   void dropout(const Tensor& x, double p, RngState state, const Tensor& y) override;
 
-  void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g,
-              const Tensor& y) override;
+  void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g, const Tensor& y) override;
   void conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dGeometry& g, const Tensor& gx) override;
   void conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeometry& g, const Tensor& gw,
                               const Tensor& gbias) override;
@@ -192,9 +190,6 @@ class CudaBackend final : public Backend {
   Tensor contiguous(const Tensor& t);
   // Scratch device memory, accounted under `other`, freed when the tensor goes.
   Tensor scratch(const Shape& shape, DType dtype);
-  // Waits for the stream and throws the error a kernel reported through `flag` (see
-  // device_flag(): an int64 set by the kernel, -1 when nothing went wrong).
-  int64_t read_flag(const Tensor& flag);
 
  private:
   int device_;

@@ -13,6 +13,10 @@ namespace remat::cuda {
 
 inline constexpr int kThreads = 256;
 
+// A grid-stride loop: the calling thread's indices i of [0, n), in increasing order.
+#define REMAT_GRID_LOOP(i, n) \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
 // Blocks for a grid-stride loop over n elements.
 inline unsigned grid_for(int64_t n, int threads = kThreads) {
   int64_t blocks = (n + threads - 1) / threads;
@@ -38,8 +42,8 @@ __device__ inline void offsets_of(const Layout<N>& l, int64_t index, int64_t (&o
 
 // ---- fixed-order block reductions (blockDim.x a multiple of 32, at most 1024): each warp folds
 // its lanes by butterfly shuffles (a fixed pattern that leaves the same value in every lane, since
-// a + b == b + a exactly and max lets a NaN win), then warp 0 folds the warp results. The order depends on the block size
-// only, which each kernel fixes, so results are the same on every run.
+// a + b == b + a exactly and max lets a NaN win), then warp 0 folds the warp results. The order
+// depends on the block size only, which each kernel fixes, so results are the same on every run.
 template <class T>
 __device__ inline T warp_sum(T v) {
 #pragma unroll
@@ -97,7 +101,7 @@ inline int64_t chunk_count(int64_t rows) { return (rows + kChunkRows - 1) / kChu
 template <class A, class F>
 __global__ void column_partials(F f, int64_t rows, int64_t cols, A* partial) {
   const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < chunks * cols; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, chunks * cols) {
     const int64_t chunk = i / cols, c = i % cols;
     const int64_t r1 = min(rows, (chunk + 1) * kChunkRows);
     A acc = 0;
@@ -108,7 +112,7 @@ __global__ void column_partials(F f, int64_t rows, int64_t cols, A* partial) {
 // out[c] = (sum over chunks of partial[chunk][c]) / divisor
 template <class A, class T>
 __global__ void combine_partials(const A* partial, int64_t chunks, int64_t cols, A divisor, T* out) {
-  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols; c += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(c, cols) {
     A acc = 0;
     for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + c];
     out[c] = static_cast<T>(divisor == A(1) ? acc : acc / divisor);

@@ -98,7 +98,7 @@ __device__ inline T binary_value(BinaryOp op, T a, T b) {
 
 template <class T>
 __global__ void unary_kernel(UnaryOp op, Layout<2> l, T* y, const T* x, T s) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[2];
     offsets_of(l, i, off);
     y[off[0]] = unary_value<T>(op, x[off[1]], s);
@@ -107,7 +107,7 @@ __global__ void unary_kernel(UnaryOp op, Layout<2> l, T* y, const T* x, T s) {
 
 template <class T>
 __global__ void unary_backward_kernel(UnaryOp op, Layout<4> l, T* gx, const T* x, const T* y, const T* gy, T s) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[4];
     offsets_of(l, i, off);
     gx[off[0]] = unary_grad<T>(op, x[off[1]], y[off[2]], gy[off[3]], s);
@@ -116,7 +116,7 @@ __global__ void unary_backward_kernel(UnaryOp op, Layout<4> l, T* gx, const T* x
 
 template <class T>
 __global__ void binary_kernel(BinaryOp op, Layout<3> l, T* out, const T* a, const T* b) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[3];
     offsets_of(l, i, off);
     out[off[0]] = binary_value<T>(op, a[off[1]], b[off[2]]);
@@ -125,7 +125,7 @@ __global__ void binary_kernel(BinaryOp op, Layout<3> l, T* out, const T* a, cons
 
 template <class C, class T>
 __global__ void where_kernel(Layout<4> l, T* out, const C* cond, const T* a, const T* b) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < l.numel; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[4];
     offsets_of(l, i, off);
     out[off[0]] = cond[off[1]] != C(0) ? a[off[2]] : b[off[3]];
@@ -145,8 +145,8 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& y, double sca
   DeviceGuard guard(device_);
   const Layout<2> l = make_layout<2>(y.shape(), {&y, &x});
   dispatch_float(y.dtype(), unary_op_name(op), [&]<class T>() {
-    unary_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(op, l, static_cast<T*>(y.storage()->data()), base<T>(x),
-                                                                 static_cast<T>(scalar));
+    unary_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(op, l, static_cast<T*>(y.storage()->data()),
+                                                                 base<T>(x), static_cast<T>(scalar));
   });
   check_launch(unary_op_name(op));
 }
@@ -185,13 +185,16 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
     T* o = static_cast<T*>(out.storage()->data());
     switch (cond.dtype()) {
       case DType::f32:
-        where_kernel<float, T><<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<float>(cond), base<T>(a), base<T>(b));
+        where_kernel<float, T>
+            <<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<float>(cond), base<T>(a), base<T>(b));
         break;
       case DType::f64:
-        where_kernel<double, T><<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<double>(cond), base<T>(a), base<T>(b));
+        where_kernel<double, T>
+            <<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<double>(cond), base<T>(a), base<T>(b));
         break;
       case DType::i64:
-        where_kernel<int64_t, T><<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<int64_t>(cond), base<T>(a), base<T>(b));
+        where_kernel<int64_t, T>
+            <<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<int64_t>(cond), base<T>(a), base<T>(b));
         break;
     }
   });

@@ -8,9 +8,8 @@
 // by id, and for each distinct id one block adds the gradient rows of its positions, in position
 // order, to the table row. No two blocks write the same row and no atomics add floats, so the
 // sums are the same on every run.
-#include <cub/device/device_radix_sort.cuh>
-
 #include <cmath>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "tensor/cuda/device_common.cuh"
 
@@ -24,7 +23,7 @@ constexpr unsigned long long kNone = ~0ull;
 // entries that are not `ignore` (cross entropy's rows that count).
 __global__ void check_ids_kernel(const int64_t* ids, int64_t n, int64_t rows, bool use_ignore, int64_t ignore,
                                  unsigned long long* flag) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, n) {
     const int64_t v = ids[i];
     if (use_ignore && v == ignore) continue;
     if (v < 0 || v >= rows) atomicMin(&flag[0], static_cast<unsigned long long>(i));
@@ -45,8 +44,8 @@ IdCheck check_ids(CudaBackend& be, const Tensor& ids, int64_t rows, bool use_ign
   Tensor flag = be.scratch({2}, DType::i64);
   unsigned long long init[2] = {kNone, 0};
   check(cudaMemcpyAsync(ptr<int64_t>(flag), init, sizeof init, cudaMemcpyHostToDevice, be.stream()), "cudaMemcpyAsync");
-  check_ids_kernel<<<grid_for(n), kThreads, 0, be.stream()>>>(ptr<int64_t>(ids), n, rows, use_ignore, ignore,
-                                                              reinterpret_cast<unsigned long long*>(ptr<int64_t>(flag)));
+  check_ids_kernel<<<grid_for(n), kThreads, 0, be.stream()>>>(
+      ptr<int64_t>(ids), n, rows, use_ignore, ignore, reinterpret_cast<unsigned long long*>(ptr<int64_t>(flag)));
   check_launch("id check");
   unsigned long long host[2];
   check(cudaMemcpyAsync(host, ptr<int64_t>(flag), sizeof host, cudaMemcpyDeviceToHost, be.stream()), "cudaMemcpyAsync");
@@ -62,8 +61,7 @@ IdCheck check_ids(CudaBackend& be, const Tensor& ids, int64_t rows, bool use_ign
 
 template <class T>
 __global__ void embedding_kernel(const T* table, const int64_t* ids, T* out, int64_t n, int64_t dim) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * dim; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = table[ids[i / dim] * dim + i % dim];
+  REMAT_GRID_LOOP(i, n * dim) { out[i] = table[ids[i / dim] * dim + i % dim]; }
 }
 
 // For each sorted position s that starts a run of equal ids: gtable[id] += gout rows of the run,
@@ -83,7 +81,7 @@ __global__ void embedding_backward_kernel(const int64_t* sorted_ids, const int64
 }
 
 __global__ void iota_kernel(int64_t* p, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = i;
+  REMAT_GRID_LOOP(i, n) { p[i] = i; }
 }
 
 // Forward row: logp = x - logsumexp(x); loss = (1 - eps) * -logp[t] + eps * mean(-logp); 0 if ignored.
@@ -129,7 +127,7 @@ template <class T>
 __global__ void cross_entropy_backward_kernel(const T* logp, const int64_t* targets, const T* gloss, double eps,
                                               int64_t ignore, T* glogits, int64_t rows, int64_t cols) {
   const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, rows * cols) {
     const int64_t r = i / cols, c = i % cols, t = targets[r];
     if (t == ignore) {
       glogits[i] = T(0);
@@ -147,7 +145,8 @@ void check_out(const Tensor& t, const char* op) {
 }
 
 void throw_bad_id(const IdCheck& c, int64_t rows, const char* op) {
-  throw Error(detail::concat(op, ": id ", c.value, " at position ", c.bad, " is out of range for a table of ", rows, " rows"));
+  throw Error(
+      detail::concat(op, ": id ", c.value, " at position ", c.bad, " is out of range for a table of ", rows, " rows"));
 }
 
 void throw_bad_target(const IdCheck& c, int64_t n, int64_t classes, int64_t ignore_index, const char* op) {
@@ -168,7 +167,8 @@ void CudaBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const 
   if (c.bad >= 0) throw_bad_id(c, rows, "embedding");
   if (n == 0 || dim == 0) return;
   dispatch_float(out.dtype(), "embedding", [&]<class T>() {
-    embedding_kernel<T><<<grid_for(n * dim), kThreads, 0, stream_>>>(ptr<T>(table), ptr<int64_t>(ids), ptr<T>(out), n, dim);
+    embedding_kernel<T>
+        <<<grid_for(n * dim), kThreads, 0, stream_>>>(ptr<T>(table), ptr<int64_t>(ids), ptr<T>(out), n, dim);
   });
   check_launch("embedding");
 }
@@ -204,9 +204,8 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
                                         end_bit, stream_),
         "cub::DeviceRadixSort::SortPairs");
   dispatch_float(gtable.dtype(), "embedding_backward", [&]<class T>() {
-    embedding_backward_kernel<T><<<grid_for(n, 1), 128, 0, stream_>>>(ptr<int64_t>(sorted_ids),
-                                                                      ptr<int64_t>(sorted_positions), ptr<T>(gout),
-                                                                      ptr<T>(gtable), n, dim);
+    embedding_backward_kernel<T><<<grid_for(n, 1), 128, 0, stream_>>>(
+        ptr<int64_t>(sorted_ids), ptr<int64_t>(sorted_positions), ptr<T>(gout), ptr<T>(gtable), n, dim);
   });
   check_launch("embedding_backward");
 }

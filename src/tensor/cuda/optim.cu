@@ -17,7 +17,7 @@ struct SgdConstants {
 
 template <class T>
 __global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, SgdConstants<T> s) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, n) {
     T d = s.decay ? g[i] + s.wd * p[i] : g[i];
     if (s.momentum) {
       const T m = s.first ? d : s.mu * buf[i] + s.keep * d;
@@ -36,7 +36,7 @@ struct AdamConstants {
 
 template <class T>
 __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, AdamConstants<T> s) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, n) {
     const T gi = g[i];
     const T pi = s.decoupled ? p[i] * s.decay : p[i];
     const T mi = s.b1 * m[i] + s.c1 * gi;
@@ -49,7 +49,8 @@ __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, AdamConsta
 
 void check_state(const Tensor& t, const Tensor& param, const char* op, const char* what) {
   REMAT_ASSERT(!t.defined() || (t.is_contiguous() && t.shape() == param.shape() && t.dtype() == param.dtype()), op,
-               ": ", what, " of shape ", shape_str(t.shape()), " does not match the parameter ", shape_str(param.shape()));
+               ": ", what, " of shape ", shape_str(t.shape()), " does not match the parameter ",
+               shape_str(param.shape()));
 }
 
 }  // namespace
@@ -63,8 +64,13 @@ void CudaBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor
   if (n == 0) return;
   DeviceGuard guard(device_);
   dispatch_float(param.dtype(), "sgd_step", [&]<class T>() {
-    const SgdConstants<T> c{static_cast<T>(s.lr), static_cast<T>(s.weight_decay), static_cast<T>(s.momentum),
-                            static_cast<T>(1.0 - s.dampening), s.weight_decay != 0.0, s.momentum != 0.0, s.first,
+    const SgdConstants<T> c{static_cast<T>(s.lr),
+                            static_cast<T>(s.weight_decay),
+                            static_cast<T>(s.momentum),
+                            static_cast<T>(1.0 - s.dampening),
+                            s.weight_decay != 0.0,
+                            s.momentum != 0.0,
+                            s.first,
                             s.nesterov};
     sgd_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(param), ptr<T>(grad), ptr<T>(momentum), n, c);
   });
@@ -82,12 +88,17 @@ void CudaBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tens
   if (n == 0) return;
   DeviceGuard guard(device_);
   dispatch_float(param.dtype(), "adamw_step", [&]<class T>() {
-    const AdamConstants<T> c{static_cast<T>(1.0 - s.lr * s.weight_decay), static_cast<T>(s.beta1),
-                             static_cast<T>(1.0 - s.beta1), static_cast<T>(s.beta2), static_cast<T>(1.0 - s.beta2),
-                             static_cast<T>(1.0 / std::sqrt(s.bias_correction2)), static_cast<T>(s.eps),
-                             static_cast<T>(s.lr / s.bias_correction1), s.weight_decay != 0.0};
-    adamw_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(param), ptr<T>(grad), ptr<T>(exp_avg),
-                                                           ptr<T>(exp_avg_sq), n, c);
+    const AdamConstants<T> c{static_cast<T>(1.0 - s.lr * s.weight_decay),
+                             static_cast<T>(s.beta1),
+                             static_cast<T>(1.0 - s.beta1),
+                             static_cast<T>(s.beta2),
+                             static_cast<T>(1.0 - s.beta2),
+                             static_cast<T>(1.0 / std::sqrt(s.bias_correction2)),
+                             static_cast<T>(s.eps),
+                             static_cast<T>(s.lr / s.bias_correction1),
+                             s.weight_decay != 0.0};
+    adamw_kernel<T>
+        <<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(param), ptr<T>(grad), ptr<T>(exp_avg), ptr<T>(exp_avg_sq), n, c);
   });
   check_launch("adamw_step");
 }

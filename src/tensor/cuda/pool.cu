@@ -18,12 +18,9 @@ Planes planes_of(const Tensor& x, const Tensor& y) {
   return {x.shape()[0] * x.shape()[1], x.shape()[2], x.shape()[3], y.shape()[2], y.shape()[3]};
 }
 
-#define REMAT_FOR_INDEX(i, n) \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
-
 template <class T>
 __global__ void max_pool_kernel(const T* x, Planes s, Pool2dGeometry g, T* y, int64_t* indices) {
-  REMAT_FOR_INDEX(o, s.count * s.oh * s.ow) {
+  REMAT_GRID_LOOP(o, s.count * s.oh * s.ow) {
     const int64_t plane = o / (s.oh * s.ow), oh = (o / s.ow) % s.oh, ow = o % s.ow;
     const T* in = x + plane * s.h * s.w;
     const int64_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
@@ -46,7 +43,7 @@ __global__ void max_pool_kernel(const T* x, Planes s, Pool2dGeometry g, T* y, in
 
 template <class T>
 __global__ void max_pool_backward_kernel(const T* gy, const int64_t* indices, T* gx, Planes s) {
-  REMAT_FOR_INDEX(plane, s.count) {
+  REMAT_GRID_LOOP(plane, s.count) {
     T* out = gx + plane * s.h * s.w;
     const T* in = gy + plane * s.oh * s.ow;
     const int64_t* idx = indices + plane * s.oh * s.ow;
@@ -70,7 +67,7 @@ __device__ inline AvgWindow avg_window(const Pool2dGeometry& g, int64_t h, int64
 
 template <class T>
 __global__ void avg_pool_kernel(const T* x, Planes s, Pool2dGeometry g, T* y) {
-  REMAT_FOR_INDEX(o, s.count * s.oh * s.ow) {
+  REMAT_GRID_LOOP(o, s.count * s.oh * s.ow) {
     const int64_t plane = o / (s.oh * s.ow), oh = (o / s.ow) % s.oh, ow = o % s.ow;
     const T* in = x + plane * s.h * s.w;
     const AvgWindow win = avg_window(g, s.h, s.w, oh, ow);
@@ -91,7 +88,7 @@ __device__ inline void candidates(int64_t i, int64_t pad, int64_t kernel, int64_
 
 template <class T>
 __global__ void avg_pool_backward_kernel(const T* gy, Planes s, Pool2dGeometry g, T* gx) {
-  REMAT_FOR_INDEX(e, s.count * s.h * s.w) {
+  REMAT_GRID_LOOP(e, s.count * s.h * s.w) {
     const int64_t plane = e / (s.h * s.w), ih = (e / s.w) % s.h, iw = e % s.w;
     const T* in = gy + plane * s.oh * s.ow;
     int64_t oh0, oh1, ow0, ow1;
@@ -114,7 +111,7 @@ __device__ inline int64_t bin_end(int64_t i, int64_t len, int64_t n) { return ((
 
 template <class T>
 __global__ void adaptive_kernel(const T* x, Planes s, T* y) {
-  REMAT_FOR_INDEX(o, s.count * s.oh * s.ow) {
+  REMAT_GRID_LOOP(o, s.count * s.oh * s.ow) {
     const int64_t plane = o / (s.oh * s.ow), oh = (o / s.ow) % s.oh, ow = o % s.ow;
     const T* in = x + plane * s.h * s.w;
     const int64_t h0 = bin_start(oh, s.h, s.oh), h1 = bin_end(oh, s.h, s.oh);
@@ -134,7 +131,7 @@ __device__ inline void bins_holding(int64_t i, int64_t len, int64_t n, int64_t& 
 
 template <class T>
 __global__ void adaptive_backward_kernel(const T* gy, Planes s, T* gx) {
-  REMAT_FOR_INDEX(e, s.count * s.h * s.w) {
+  REMAT_GRID_LOOP(e, s.count * s.h * s.w) {
     const int64_t plane = e / (s.h * s.w), ih = (e / s.w) % s.h, iw = e % s.w;
     const T* in = gy + plane * s.oh * s.ow;
     int64_t oh0, oh1, ow0, ow1;
@@ -162,7 +159,8 @@ void CudaBackend::max_pool2d(const Tensor& x_in, const Pool2dGeometry& g, const 
   Tensor x = contiguous(x_in);
   const Planes s = planes_of(x, y);
   dispatch_float(x.dtype(), "max_pool2d", [&]<class T>() {
-    max_pool_kernel<T><<<grid_for(y.numel()), kThreads, 0, stream_>>>(ptr<T>(x), s, g, ptr<T>(y), ptr<int64_t>(indices));
+    max_pool_kernel<T>
+        <<<grid_for(y.numel()), kThreads, 0, stream_>>>(ptr<T>(x), s, g, ptr<T>(y), ptr<int64_t>(indices));
   });
   check_launch("max_pool2d");
 }
@@ -174,7 +172,8 @@ void CudaBackend::max_pool2d_backward(const Tensor& gy_in, const Tensor& indices
   const Planes s = planes_of(gx, gy);
   fill(gx, 0.0);
   dispatch_float(gx.dtype(), "max_pool2d_backward", [&]<class T>() {
-    max_pool_backward_kernel<T><<<grid_for(s.count, 64), 64, 0, stream_>>>(ptr<T>(gy), ptr<int64_t>(indices), ptr<T>(gx), s);
+    max_pool_backward_kernel<T>
+        <<<grid_for(s.count, 64), 64, 0, stream_>>>(ptr<T>(gy), ptr<int64_t>(indices), ptr<T>(gx), s);
   });
   check_launch("max_pool2d_backward");
 }

@@ -11,7 +11,7 @@ namespace {
 
 template <class T>
 __global__ void uniform_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset, T low, T span) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, n) {
     const uint32_t w = philox_word_at(seed, offset, static_cast<uint64_t>(i));
     const T u = std::is_same_v<T, float> ? static_cast<T>(uniform_f(w)) : static_cast<T>(uniform_d(w));
     dst[i] = low + span * u;
@@ -20,7 +20,7 @@ __global__ void uniform_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset
 
 template <class T>
 __global__ void normal_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset, double mean, double stddev) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, n) {
     const uint32_t w0 = philox_word_at(seed, offset, 2 * static_cast<uint64_t>(i));
     const uint32_t w1 = philox_word_at(seed, offset, 2 * static_cast<uint64_t>(i) + 1);
     const double u1 = (static_cast<double>(w0) + 1.0) * (1.0 / 4294967297.0);  // (0, 1)
@@ -34,7 +34,7 @@ __global__ void normal_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset,
 // as on the CPU).
 template <class T>
 __global__ void dropout_kernel(const T* x, T* y, int64_t n, double p, T scale, uint64_t seed, uint64_t offset) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  REMAT_GRID_LOOP(i, n) {
     const bool keep = static_cast<double>(uniform_f(philox_word_at(seed, offset, static_cast<uint64_t>(i)))) >= p;
     y[i] = keep ? x[i] * scale : T(0);
   }
@@ -75,8 +75,8 @@ void CudaBackend::dropout(const Tensor& x_in, double p, RngState state, const Te
   DeviceGuard guard(device_);
   Tensor x = contiguous(x_in);
   dispatch_float(y.dtype(), "dropout", [&]<class T>() {
-    dropout_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(y), n, p, static_cast<T>(1.0 / (1.0 - p)),
-                                                             state.seed, state.offset);
+    dropout_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(y), n, p,
+                                                             static_cast<T>(1.0 / (1.0 - p)), state.seed, state.offset);
   });
   check_launch("dropout");
 }

@@ -1,9 +1,10 @@
-// CUDA reductions (sum, mean, max, argmax) over sorted axes. Each output element is reduced by one
-// block of kThreads threads: thread t takes the reduced elements t, t + kThreads, ... in order,
-// then the block folds the threads' results in a fixed tree. When the reduced axes lead a
-// contiguous tensor (a sum over the batch of [batch, features], the bias gradient), the columns
-// are summed in two fixed-order passes instead (device_common.cuh, column_partials). Sums of f32
-// accumulate in f64; max and argmax follow the CPU: the first NaN wins, else the first maximum.
+// CUDA reductions (sum, mean, max, argmax) over sorted axes. An output of at most 32 elements is
+// reduced by one thread in order; a longer one by one block of kThreads threads: thread t takes the
+// reduced elements t, t + kThreads, ... in order, then the block folds the threads' results in a
+// fixed tree. When the reduced axes lead a contiguous tensor (a sum over the batch of [batch,
+// features], the bias gradient), the columns are summed in two fixed-order passes instead
+// (device_common.cuh, column_partials). Sums of f32 accumulate in f64; max and argmax follow the
+// CPU: the first NaN wins, else the first maximum.
 #include <cmath>
 
 #include "tensor/cuda/device_common.cuh"
@@ -45,8 +46,10 @@ template <class T>
 __device__ inline void better(T& best, int64_t& arg, T v, int64_t i) {
   const bool v_nan = is_nan(v), best_nan = is_nan(best);
   bool take;
-  if (v_nan || best_nan) take = v_nan && (!best_nan || (i < arg));
-  else take = v > best || (v == best && arg >= 0 && i < arg);
+  if (v_nan || best_nan)
+    take = v_nan && (!best_nan || (i < arg));
+  else
+    take = v > best || (v == best && arg >= 0 && i < arg);
   if (take) best = v, arg = i;
 }
 
@@ -71,8 +74,10 @@ __global__ void max_kernel(Walk kept, Walk red, const T* x, T* out, int64_t* out
         int64_t a = arg_s[threadIdx.x];
         const int64_t other = arg_s[threadIdx.x + half];
         if (other >= 0) {
-          if (a < 0) b = best_s[threadIdx.x + half], a = other;
-          else better(b, a, best_s[threadIdx.x + half], other);
+          if (a < 0)
+            b = best_s[threadIdx.x + half], a = other;
+          else
+            better(b, a, best_s[threadIdx.x + half], other);
         }
         best_s[threadIdx.x] = b;
         arg_s[threadIdx.x] = a;
@@ -84,6 +89,33 @@ __global__ void max_kernel(Walk kept, Walk red, const T* x, T* out, int64_t* out
       if (out_arg) out_arg[o] = arg_s[0] < 0 ? 0 : arg_s[0];
     }
     __syncthreads();
+  }
+}
+
+// Short reductions (at most kShort elements per output): one thread per output, in order, with
+// the CPU's loop (sum in Acc<T>; the first NaN, else the first maximum).
+constexpr int64_t kShort = 32;
+
+template <class T>
+__global__ void short_kernel(ReduceOp op, Walk kept, Walk red, const T* x, void* out) {
+  REMAT_GRID_LOOP(o, kept.numel) {
+    const T* base = x + walk_offset(kept, o);
+    if (op == ReduceOp::sum || op == ReduceOp::mean) {
+      Acc<T> acc = 0;
+      for (int64_t r = 0; r < red.numel; ++r) acc += static_cast<Acc<T>>(base[walk_offset(red, r)]);
+      static_cast<T*>(out)[o] = static_cast<T>(op == ReduceOp::mean ? acc / static_cast<Acc<T>>(red.numel) : acc);
+      continue;
+    }
+    T best = -INFINITY;
+    int64_t arg = 0;
+    for (int64_t r = 0; r < red.numel; ++r) {
+      const T v = base[walk_offset(red, r)];
+      if (v > best || (is_nan(v) && !is_nan(best))) best = v, arg = r;
+    }
+    if (op == ReduceOp::max)
+      static_cast<T*>(out)[o] = best;
+    else
+      static_cast<int64_t*>(out)[o] = arg;
   }
 }
 
@@ -115,10 +147,13 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
     w.strides[w.rank] = x.strides()[i];
     w.numel *= x.shape()[i];
     ++w.rank;
-    if (!reduced[i]) seen_kept = true;
-    else if (seen_kept) leading = false;
+    if (!reduced[i])
+      seen_kept = true;
+    else if (seen_kept)
+      leading = false;
   }
-  const bool columns = x.is_contiguous() && leading && kept.numel >= 32 && (op == ReduceOp::sum || op == ReduceOp::mean);
+  const bool columns =
+      x.is_contiguous() && leading && kept.numel >= 32 && (op == ReduceOp::sum || op == ReduceOp::mean);
   dispatch_float(x.dtype(), "reduce", [&]<class T>() {
     const T* xd = static_cast<const T*>(x.storage()->data()) + x.offset();
     const int64_t outputs = kept.numel;
@@ -126,14 +161,18 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
       const int64_t rows = red.numel, cols = kept.numel, chunks = chunk_count(rows);
       Tensor partial = scratch({chunks, cols}, DType::f64);  // Acc<T> is double for both
       column_partials<Acc<T>><<<grid_for(chunks * cols), kThreads, 0, stream_>>>(ColumnValue<T>{xd, cols}, rows, cols,
-                                                                                  ptr<Acc<T>>(partial));
+                                                                                 ptr<Acc<T>>(partial));
       combine_partials<Acc<T>, T><<<grid_for(cols), kThreads, 0, stream_>>>(
-          ptr<Acc<T>>(partial), chunks, cols, op == ReduceOp::mean ? static_cast<Acc<T>>(rows) : Acc<T>(1), ptr<T>(out));
+          ptr<Acc<T>>(partial), chunks, cols, op == ReduceOp::mean ? static_cast<Acc<T>>(rows) : Acc<T>(1),
+          ptr<T>(out));
+    } else if (red.numel <= kShort) {
+      short_kernel<T><<<grid_for(outputs), kThreads, 0, stream_>>>(op, kept, red, xd, out.storage()->data());
     } else if (op == ReduceOp::sum || op == ReduceOp::mean) {
       sum_kernel<T><<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, ptr<T>(out), op == ReduceOp::mean);
     } else {
-      max_kernel<T><<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, op == ReduceOp::max ? ptr<T>(out) : nullptr,
-                                                                    op == ReduceOp::argmax ? ptr<int64_t>(out) : nullptr);
+      max_kernel<T>
+          <<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, op == ReduceOp::max ? ptr<T>(out) : nullptr,
+                                                           op == ReduceOp::argmax ? ptr<int64_t>(out) : nullptr);
     }
   });
   check_launch("reduce");

@@ -176,8 +176,8 @@ void CudaBackend::softmax_backward(const Tensor& y_in, const Tensor& gy_in, cons
   Tensor y = contiguous(y_in), gy = contiguous(gy_in);
   const int64_t cols = row_length(y), rows = row_count(y, cols);
   dispatch_float(gx.dtype(), op, [&]<class T>() {
-    softmax_backward_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(y), ptr<T>(gy), ptr<T>(gx), rows, cols,
-                                                                            log);
+    softmax_backward_kernel<T>
+        <<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(y), ptr<T>(gy), ptr<T>(gx), rows, cols, log);
   });
   check_launch(op);
 }
@@ -224,16 +224,16 @@ void norm_backward(CudaBackend& be, const Tensor& x, const Tensor& w, const Tens
     return;
   }
   if (gx.defined())
-    norm_backward_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream>>>(ptr<T>(x), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd),
-                                                                         ptr<T>(gy), ptr<T>(gx), rows, cols);
+    norm_backward_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream>>>(
+        ptr<T>(x), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), ptr<T>(gx), rows, cols);
   const int64_t chunks = chunk_count(rows);
   for (const Tensor* g : {&gweight, &gbias}) {
     if (!g->defined()) continue;
     Tensor partial = be.scratch({chunks, cols}, DType::f64);
     const NormParamTerm<T> term{ptr<T>(x), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), cols, g == &gweight};
     column_partials<Acc<T>><<<grid_for(chunks * cols), kThreads, 0, stream>>>(term, rows, cols, ptr<Acc<T>>(partial));
-    combine_partials<Acc<T>, T><<<grid_for(cols), kThreads, 0, stream>>>(ptr<Acc<T>>(partial), chunks, cols, Acc<T>(1),
-                                                                         ptr<T>(*g));
+    combine_partials<Acc<T>, T>
+        <<<grid_for(cols), kThreads, 0, stream>>>(ptr<Acc<T>>(partial), chunks, cols, Acc<T>(1), ptr<T>(*g));
   }
   check_launch("norm backward");
 }
