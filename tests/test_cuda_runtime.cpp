@@ -87,6 +87,25 @@ TEST_F(CudaDevice, CountersFollowAllocations) {
   EXPECT_EQ(remat::memory_stats(kDevice).live(remat::memory::Tag::saved), before.live(remat::memory::Tag::saved));
 }
 
+// Freed device blocks wait in the base allocator's cache (small ones too: cudaFree stalls the
+// device), so Stats::cached_bytes counts them and empty_cache() returns them to the driver.
+TEST_F(CudaDevice, FreedBlocksAreCachedAndCountedUntilEmptyCache) {
+  remat::memory::Allocator& allocator = remat::backend(kDevice).allocator();
+  remat::backend(kDevice).synchronize();
+  allocator.empty_cache();
+  EXPECT_EQ(remat::memory_stats(kDevice).cached_bytes, 0u);
+  const auto make = [] { return remat::Tensor::empty({100}, remat::DType::f32, remat::memory::Tag::other, kDevice); };
+  { remat::Tensor t = make(); }  // 400 bytes, freed at once
+  const size_t cached = remat::memory_stats(kDevice).cached_bytes;
+  EXPECT_GE(cached, 400u);
+  {
+    remat::Tensor again = make();  // the same size: the cached block is handed out again
+    EXPECT_EQ(remat::memory_stats(kDevice).cached_bytes, cached - 448u);
+  }
+  allocator.empty_cache();
+  EXPECT_EQ(remat::memory_stats(kDevice).cached_bytes, 0u);
+}
+
 TEST_F(CudaDevice, AnAllocationBeyondTheDeviceIsOutOfMemoryNamingFreeBytes) {
   const remat::cuda::MemoryInfo info = remat::cuda::device_memory(0);
   const remat::memory::Stats before = remat::memory_stats(kDevice);

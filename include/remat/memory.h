@@ -76,13 +76,21 @@ class Allocator {
   const std::string& device_name() const { return device_name_; }
 
  protected:
-  // The raw memory source; the CPU allocator uses aligned operator new. A CUDA allocator
-  // overrides these two and inherits the accounting. raw_allocate returns null (or throws
-  // std::bad_alloc) when the memory cannot be had.
+  // The raw memory source behind the cache, called with sizes rounded up to whole kAlignment
+  // units; the CPU allocator uses aligned operator new. A device allocator overrides these two
+  // and inherits the accounting and the cache. raw_allocate returns null (or throws
+  // std::bad_alloc) when the memory cannot be had. A derived class whose raw_deallocate differs
+  // calls empty_cache() in its destructor (the base's destructor cannot reach the override).
   virtual void* raw_allocate(size_t bytes);
   virtual void raw_deallocate(void* pointer, size_t bytes);
+  // Appended to the OutOfMemory message (e.g. "; the device has 3 GiB free"); empty by default.
+  virtual std::string out_of_memory_detail() const;
+  // Blocks of at least this many bytes are cached (4 KiB by default).
+  void set_smallest_cached_block(size_t bytes);
 
  private:
+  void* cached_allocate(size_t bytes);
+  void cached_deallocate(void* pointer, size_t bytes);
   void* try_raw_allocate(size_t bytes);
   void add(size_t bytes, Tag tag);
   void remove(size_t bytes, Tag tag);
@@ -94,6 +102,7 @@ class Allocator {
   mutable std::mutex cache_mutex_;
   std::unordered_map<size_t, std::vector<void*>> cache_;
   size_t cached_bytes_ = 0;
+  size_t smallest_cached_ = 4096;
 #if defined(__SANITIZE_ADDRESS__)
   size_t cache_limit_ = 0;  // under AddressSanitizer reuse would hide use-after-free bugs
 #else

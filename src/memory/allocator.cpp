@@ -38,17 +38,20 @@ const char* tag_name(Tag tag) {
 Allocator::Allocator(std::string device_name) : device_name_(std::move(device_name)) {}
 
 namespace {
-constexpr size_t kSmallestCachedBlock = 4096;
 size_t rounded_size(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment; }
 }  // namespace
 
-void* Allocator::raw_allocate(size_t bytes) {
-  // Whole alignment units: required by aligned new for some implementations, and it keeps
-  // vector loops free of tails in memory.
+// Note: the cache sits between allocate() and the raw memory source, for every device. Sizes are
+// rounded up to whole alignment units (aligned new needs it on some implementations, and vector
+// loops then have no tails in memory), and a freed block of at least smallest_cached_ bytes waits
+// in the list of its rounded size while the cache stays under its limit. raw_allocate and
+// raw_deallocate see rounded sizes only, so a device allocator (cudaMalloc / cudaFree) overrides
+// those two and shares the cache, its limit, empty_cache() and Stats::cached_bytes with the CPU.
+void* Allocator::cached_allocate(size_t bytes) {
   size_t rounded = rounded_size(bytes);
-  if (rounded >= kSmallestCachedBlock) {
+  {
     std::lock_guard lock(cache_mutex_);
-    auto it = cache_.find(rounded);
+    auto it = rounded >= smallest_cached_ ? cache_.find(rounded) : cache_.end();
     if (it != cache_.end() && !it->second.empty()) {
       void* p = it->second.back();
       it->second.pop_back();
@@ -56,22 +59,35 @@ void* Allocator::raw_allocate(size_t bytes) {
       return p;
     }
   }
-  // nothrow: a failed allocation is reported by allocate() as remat::OutOfMemory (under
-  // AddressSanitizer, run with allocator_may_return_null=1 to get there instead of an abort)
-  return ::operator new(rounded, std::align_val_t(kAlignment), std::nothrow);
+  return raw_allocate(rounded);
 }
 
-void Allocator::raw_deallocate(void* pointer, size_t bytes) {
+void Allocator::cached_deallocate(void* pointer, size_t bytes) {
   size_t rounded = rounded_size(bytes);
-  if (rounded >= kSmallestCachedBlock) {
+  {
     std::lock_guard lock(cache_mutex_);
-    if (cached_bytes_ + rounded <= cache_limit_) {
+    if (rounded >= smallest_cached_ && cached_bytes_ + rounded <= cache_limit_) {
       cache_[rounded].push_back(pointer);
       cached_bytes_ += rounded;
       return;
     }
   }
-  ::operator delete(pointer, std::align_val_t(kAlignment));
+  raw_deallocate(pointer, rounded);
+}
+
+void* Allocator::raw_allocate(size_t bytes) {
+  // nothrow: a failed allocation is reported by allocate() as remat::OutOfMemory (under
+  // AddressSanitizer, run with allocator_may_return_null=1 to get there instead of an abort)
+  return ::operator new(bytes, std::align_val_t(kAlignment), std::nothrow);
+}
+
+void Allocator::raw_deallocate(void* pointer, size_t bytes) { ::operator delete(pointer, std::align_val_t(kAlignment)); }
+
+std::string Allocator::out_of_memory_detail() const { return {}; }
+
+void Allocator::set_smallest_cached_block(size_t bytes) {
+  std::lock_guard lock(cache_mutex_);
+  smallest_cached_ = bytes;
 }
 
 void Allocator::set_cache_limit(size_t limit) {
@@ -90,7 +106,7 @@ void Allocator::empty_cache() {
     cached_bytes_ = 0;
   }
   for (auto& [size, list] : blocks)
-    for (void* p : list) ::operator delete(p, std::align_val_t(kAlignment));
+    for (void* p : list) raw_deallocate(p, size);
 }
 
 void Allocator::add(size_t bytes, Tag tag) {
@@ -115,7 +131,7 @@ constexpr size_t kLargestBlock = size_t{1} << 63;
 
 void* Allocator::try_raw_allocate(size_t bytes) {
   try {
-    return raw_allocate(bytes);
+    return cached_allocate(bytes);
   } catch (const std::bad_alloc&) {  // a raw source that throws instead of returning null
     return nullptr;
   }
@@ -132,7 +148,7 @@ void* Allocator::allocate(size_t bytes, Tag tag) {
     Stats s = stats();
     throw OutOfMemory(detail::concat(device_name_, " allocator: cannot allocate ", format_bytes(static_cast<double>(bytes)),
                                      " (", bytes, " bytes); ", format_bytes(static_cast<double>(s.live_total)),
-                                     " are live"),
+                                     " are live", out_of_memory_detail()),
                       bytes);
   }
   std::lock_guard lock(mutex_);
@@ -149,7 +165,7 @@ void Allocator::deallocate(void* pointer, size_t bytes, Tag tag) {
     std::lock_guard lock(mutex_);
     remove(bytes, tag);
   }
-  raw_deallocate(pointer, bytes);
+  cached_deallocate(pointer, bytes);
 }
 
 void Allocator::retag(size_t bytes, Tag from, Tag to) {

@@ -116,7 +116,8 @@ __global__ void forward_kernel(Problem<T> pb) {
         s = dot * pb.scale;
       }
       const T mx = warp_max(s);
-      const T m_new = mx > m[r] ? mx : m[r];
+      // a NaN score makes the row NaN (it must not leave m at -inf and skip the tile's keys)
+      const T m_new = mx > m[r] || mx != mx ? mx : m[r];
       if (m_new == -INFINITY) continue;   // nothing visible yet
       const T alpha = exp(m[r] - m_new);  // 0 on the first tile (m = -inf)
       const T pj = valid ? exp(s - m_new) : T(0);

@@ -105,6 +105,11 @@ void CudaBackend::batch_norm_statistics(const Tensor& x_in, const Tensor& mean, 
   Tensor x = contiguous(x_in);
   const ChannelLayout l = layout_of(x);
   if (l.c == 0) return;
+  if (l.n * l.s == 0) {  // no elements per channel: 0 / 0, as on the CPU, without reading x
+    fill(mean, std::nan(""));
+    fill(var, std::nan(""));
+    return;
+  }
   dispatch_float(x.dtype(), "batch_norm", [&]<class T>() {
     statistics_kernel<T><<<grid_for(l.c, 1), kThreads, 0, stream_>>>(ptr<T>(x), l, ptr<T>(mean), ptr<T>(var));
   });

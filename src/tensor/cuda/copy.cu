@@ -26,7 +26,8 @@ __global__ void fill_kernel(Layout<1> l, T* dst, T value) {
 
 template <class T>
 __global__ void arange_kernel(T* dst, int64_t n, double start, double step) {
-  REMAT_GRID_LOOP(i, n) { dst[i] = static_cast<T>(start + step * static_cast<double>(i)); }
+  // a rounded product, as on the CPU: a fused multiply-add would change the last bit
+  REMAT_GRID_LOOP(i, n) { dst[i] = static_cast<T>(start + __dmul_rn(step, static_cast<double>(i))); }
 }
 
 // Calls f.template operator()<T>() for T the C++ type of `dtype` (any of the three).

@@ -47,6 +47,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "tensor/allocate.h"
@@ -165,67 +166,47 @@ bool allow_tf32() { return tf32_allowed.load(); }
 
 // ---- the allocator
 
-namespace {
-constexpr size_t kGranule = 512;  // cudaMalloc aligns to 256 bytes; sizes are cached in 512-byte steps
-size_t rounded(size_t bytes) { return (std::max<size_t>(bytes, 1) + kGranule - 1) / kGranule * kGranule; }
-}  // namespace
-
 CudaAllocator::CudaAllocator(int device)
-    : Allocator(remat::device_name(Device{DeviceType::cuda, device})), device_(device) {}
+    : Allocator(remat::device_name(Device{DeviceType::cuda, device})), device_(device) {
+  // Every freed block is cached, without a limit: cudaFree waits for the whole device, and a
+  // request that cannot be met empties the cache and tries once more (Allocator::allocate).
+  set_smallest_cached_block(0);
+  set_cache_limit(std::numeric_limits<size_t>::max());
+}
+
+CudaAllocator::~CudaAllocator() { empty_cache(); }
 
 void* CudaAllocator::raw_allocate(size_t bytes) {
-  const size_t size = rounded(bytes);
-  {
-    std::lock_guard lock(cache_mutex_);
-    auto it = cache_.find(size);
-    if (it != cache_.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      cached_ -= size;
-      return p;
-    }
-  }
   DeviceGuard guard(device_);
   void* p = nullptr;
-  cudaError_t status = cudaMalloc(&p, size);
+  cudaError_t status = cudaMalloc(&p, bytes);
   if (status == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();
-    release_cache();  // blocks of other sizes may be what stands in the way
-    status = cudaMalloc(&p, size);
-  }
-  if (status == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();
-    size_t free_bytes = 0, total_bytes = 0;
-    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-    const memory::Stats s = stats();
-    throw OutOfMemory(
-        detail::concat(device_name(), " allocator: cannot allocate ", memory::format_bytes(static_cast<double>(bytes)),
-                       " (", bytes, " bytes); the device has ", memory::format_bytes(static_cast<double>(free_bytes)),
-                       " (", free_bytes, " bytes) free of ", memory::format_bytes(static_cast<double>(total_bytes)),
-                       "; ", memory::format_bytes(static_cast<double>(s.live_total)), " are live in tensors"),
-        bytes);
+    (void)cudaGetLastError();  // clears the error: the allocator reports it as OutOfMemory
+    return nullptr;
   }
   check(status, "cudaMalloc");
   return p;
 }
 
+// Never throws (it runs from the destructor): errors of the device switch and of cudaFree, which
+// waits for the device's work first, come back at the next checked call.
 void CudaAllocator::raw_deallocate(void* pointer, size_t bytes) {
-  std::lock_guard lock(cache_mutex_);
-  cache_[rounded(bytes)].push_back(pointer);
-  cached_ += rounded(bytes);
+  int previous = -1;
+  const bool known = cudaGetDevice(&previous) == cudaSuccess;
+  if (!known || previous != device_) (void)cudaSetDevice(device_);
+  (void)cudaFree(pointer);
+  if (known && previous != device_) (void)cudaSetDevice(previous);
 }
 
-void CudaAllocator::release_cache() {
-  std::unordered_map<size_t, std::vector<void*>> blocks;
-  {
-    std::lock_guard lock(cache_mutex_);
-    blocks.swap(cache_);
-    cached_ = 0;
-  }
-  if (blocks.empty()) return;
+std::string CudaAllocator::out_of_memory_detail() const {
   DeviceGuard guard(device_);
-  for (auto& [size, list] : blocks)
-    for (void* p : list) (void)cudaFree(p);  // cudaFree waits for the device's work first
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "; the device's free memory is unknown";
+  }
+  return detail::concat("; the device has ", memory::format_bytes(static_cast<double>(free_bytes)), " (", free_bytes,
+                        " bytes) free of ", memory::format_bytes(static_cast<double>(total_bytes)));
 }
 
 // ---- the backend object
@@ -253,7 +234,7 @@ CudaBackend::CudaBackend(int device) : device_(device), allocator_(device) {
 // Backends live to the end of the process (backend_for); this runs only for one made by hand.
 CudaBackend::~CudaBackend() {
   (void)cudaStreamSynchronize(stream_);
-  allocator_.release_cache();
+  allocator_.empty_cache();
   for (int i = 0; i < 2; ++i) {
     if (staging_[i]) (void)cudaFreeHost(staging_[i]);
     if (staged_[i]) (void)cudaEventDestroy(staged_[i]);

@@ -9,7 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
+#include <string>
 #include <vector>
 
 #include "remat/backend.h"
@@ -35,27 +35,24 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
-// Device memory: cudaMalloc / cudaFree with a cache of freed blocks by exact size (training
-// steps allocate the same shapes every step). The base class counts live, peak and per-tag
-// bytes. A request that cannot be met frees the cache and tries once more; then it is a
+// Device memory: cudaMalloc / cudaFree under the base class's accounting and cache (every freed
+// block is cached by size, without a limit: training steps allocate the same shapes every step).
+// A request that cannot be met empties the cache and tries once more; then it is a
 // remat::OutOfMemory naming the bytes asked and the device's free and total memory. Blocks are
 // reused in the order of the backend's single stream, so a block freed by the host while a kernel
 // still reads it is only handed to later kernels of the same stream.
 class CudaAllocator : public memory::Allocator {
  public:
   explicit CudaAllocator(int device);
-  // Returns every cached block to the device (the base class's empty_cache() does not see them).
-  void release_cache();
+  ~CudaAllocator() override;
 
  protected:
   void* raw_allocate(size_t bytes) override;
   void raw_deallocate(void* pointer, size_t bytes) override;
+  std::string out_of_memory_detail() const override;
 
  private:
   int device_;
-  std::mutex cache_mutex_;
-  std::unordered_map<size_t, std::vector<void*>> cache_;
-  size_t cached_ = 0;
 };
 
 // Strided view of up to kOperands tensors broadcast to one output shape, with adjacent axes
@@ -124,63 +121,8 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   bool supports(Kernel kernel, DType dtype) const override;
 
-  void copy(const Tensor& src, const Tensor& dst) override;
-  void fill(const Tensor& dst, double value) override;
-  void arange(const Tensor& dst, double start, double step) override;
-  void rand_uniform(const Tensor& dst, RngState state, double low, double high) override;
-  void rand_normal(const Tensor& dst, RngState state, double mean, double stddev) override;
-
-  void unary(UnaryOp op, const Tensor& x, const Tensor& y, double scalar) override;
-  void unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& gy, const Tensor& gx,
-                      double scalar) override;
-  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
-  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
-  void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) override;
-  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
-            double beta) override;
-
-  void softmax(const Tensor& x, const Tensor& y, bool log) override;
-  void softmax_backward(const Tensor& y, const Tensor& gy, const Tensor& gx, bool log) override;
-  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
-                  const Tensor& mean, const Tensor& rstd) override;
-  void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& gy, const Tensor& gx, const Tensor& gweight, const Tensor& gbias) override;
-  void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) override;
-  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& gy, const Tensor& gx,
-                         const Tensor& gweight) override;
-  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override;
-  void embedding_backward(const Tensor& ids, const Tensor& gout, const Tensor& gtable) override;
-  void cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing, int64_t ignore_index,
-                     const Tensor& losses, const Tensor& logp, const Tensor& scale) override;
-  void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss, double label_smoothing,
-                              int64_t ignore_index, const Tensor& glogits) override;
-  void dropout(const Tensor& x, double p, RngState state, const Tensor& y) override;
-
-  void conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g, const Tensor& y) override;
-  void conv2d_backward_input(const Tensor& gy, const Tensor& w, const Conv2dGeometry& g, const Tensor& gx) override;
-  void conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Conv2dGeometry& g, const Tensor& gw,
-                              const Tensor& gbias) override;
-  void max_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y, const Tensor& indices) override;
-  void max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) override;
-  void avg_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) override;
-  void avg_pool2d_backward(const Tensor& gy, const Pool2dGeometry& g, const Tensor& gx) override;
-  void adaptive_avg_pool2d(const Tensor& x, const Tensor& y) override;
-  void adaptive_avg_pool2d_backward(const Tensor& gy, const Tensor& gx) override;
-  void batch_norm_statistics(const Tensor& x, const Tensor& mean, const Tensor& var) override;
-  void batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
-                        const Tensor& bias, const Tensor& y) override;
-  void batch_norm_backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
-                           const Tensor& gy, bool batch_statistics, const Tensor& gx, const Tensor& gweight,
-                           const Tensor& gbias) override;
-
-  void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& step) override;
-  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                  const AdamWStep& step) override;
-  void attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params, const Tensor& out,
-                 const Tensor& lse) override;
-  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                          const Tensor& gout, const AttentionParams& params, const Tensor& gq, const Tensor& gk,
-                          const Tensor& gv) override;
+  // every kernel of REMAT_KERNELS (include/remat/backend.h)
+  REMAT_OVERRIDE_KERNELS()
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }

@@ -9,12 +9,15 @@ namespace remat::cuda {
 
 namespace {
 
+__device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
 template <class T>
 __global__ void uniform_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset, T low, T span) {
   REMAT_GRID_LOOP(i, n) {
     const uint32_t w = philox_word_at(seed, offset, static_cast<uint64_t>(i));
     const T u = std::is_same_v<T, float> ? static_cast<T>(uniform_f(w)) : static_cast<T>(uniform_d(w));
-    dst[i] = low + span * u;
+    dst[i] = low + mul_rn(span, u);  // a rounded product, as on the CPU: no fused multiply-add
   }
 }
 
@@ -26,7 +29,7 @@ __global__ void normal_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset,
     const double u1 = (static_cast<double>(w0) + 1.0) * (1.0 / 4294967297.0);  // (0, 1)
     const double u2 = uniform_d(w1);
     const double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-    dst[i] = static_cast<T>(mean + stddev * z);
+    dst[i] = static_cast<T>(mean + __dmul_rn(stddev, z));
   }
 }
 

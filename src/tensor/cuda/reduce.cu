@@ -166,7 +166,8 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
           ptr<Acc<T>>(partial), chunks, cols, op == ReduceOp::mean ? static_cast<Acc<T>>(rows) : Acc<T>(1),
           ptr<T>(out));
     } else if (red.numel <= kShort) {
-      short_kernel<T><<<grid_for(outputs), kThreads, 0, stream_>>>(op, kept, red, xd, out.storage()->data());
+      void* out_data = op == ReduceOp::argmax ? static_cast<void*>(ptr<int64_t>(out)) : static_cast<void*>(ptr<T>(out));
+      short_kernel<T><<<grid_for(outputs), kThreads, 0, stream_>>>(op, kept, red, xd, out_data);
     } else if (op == ReduceOp::sum || op == ReduceOp::mean) {
       sum_kernel<T><<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, ptr<T>(out), op == ReduceOp::mean);
     } else {
