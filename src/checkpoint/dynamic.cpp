@@ -17,6 +17,7 @@
 
 #include "autodiff/history.h"
 #include "dynamic_internal.h"
+#include "replay.h"
 #include "remat/autodiff.h"
 #include "remat/memory.h"
 #include "remat/saved_hooks.h"
@@ -374,6 +375,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
       } done{replaying_};
       NoGradGuard no_grad;
       autodiff::ObserverScope no_observer(nullptr);
+      ReplayScope replay;  // a recomputation: side effects are not repeated
       outputs = c->op->run_forward(args);
     }
     REMAT_CHECK(c->output < outputs.size() && outputs[c->output].defined(), "policy dynamic: recomputing ",
