@@ -226,9 +226,11 @@ EngineResult run_engine(EngineTask task);
 // order. Used by checkpoint regions and scan turns.
 EngineResult backward_subtape(std::vector<Edge> roots, TensorList root_grads, uint64_t min_sequence_nr);
 
-// Called when a top-level backward() or grad() has finished (not for the sub-tape backward of a
-// checkpoint region). The checkpoint layer uses it to warn when a recomputing policy met no region.
-using BackwardListener = void (*)();
+// Called when an outermost backward() or grad() has finished (not for one run inside another's
+// backward, as in a custom backward, nor for the sub-tape backward of a checkpoint region).
+// `may_warn` is false for gradcheck's passes. The checkpoint layer uses it to warn when a
+// recomputing policy met no region.
+using BackwardListener = void (*)(bool may_warn);
 void set_backward_listener(BackwardListener listener);
 
 // ---- op kinds
