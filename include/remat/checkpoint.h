@@ -29,7 +29,8 @@
 //
 // Exact replay. Recomputation restores the RNG state captured at region entry, so dropout masks
 // are identical; on the CPU, gradients under every policy are bitwise equal to save-all. State
-// that must change once per step (running statistics) should not be updated while
+// that must change once per step (running statistics) is an op's declared side effect, which no
+// recomputation repeats (docs/design.md, "Side effects"), or is left alone while
 // is_recomputing() is true.
 #pragma once
 
