@@ -11,6 +11,7 @@
 
 #include "op_harness.h"
 #include "remat/memory.h"
+#include "remat/remat.h"
 
 using namespace remat;
 using namespace remat::test;
@@ -223,6 +224,34 @@ TEST(CustomOp, MissingFunctionsAreRejected) {
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("incomplete"), std::string::npos);
+  }
+}
+
+// A declared side effect runs once per call, whatever recomputes the forward (a region's re-run,
+// dynamic: rematerialization); an effect hidden in the forward runs again (so the count can fail).
+TEST(CustomOp, ADeclaredSideEffectRunsOncePerCallUnderEveryPolicy) {
+  for (const Policy& policy : {Policy::save_all(), Policy::every_layer(), Policy::dynamic(1536)}) {
+    SCOPED_TRACE(policy.to_string());
+    int forward_runs = 0, effects = 0;
+    CustomOp doubled{"doubled",
+                     [&](const TensorList& in, SaveContext&) {
+                       ++forward_runs;
+                       return TensorList{mul_scalar(in[0], 2.0)};
+                     },
+                     [](const TensorList& grads, const SavedValues&) { return TensorList{mul_scalar(grads[0], 2.0)}; },
+                     [&](const TensorList&, const TensorList&) { ++effects; }};
+    Chain chain;
+    for (int i = 0; i < 3; ++i) {
+      chain.add([&](const Tensor& h) { return tanh(doubled({tanh(h)})[0]); });
+    }
+    ScopedPolicy scoped(policy);
+    reset_counters();
+    Tensor x = randn({64}, DType::f64, RngState{1, 0}).requires_grad_();
+    sum(chain.forward(x)).backward();
+    EXPECT_EQ(effects, 3);
+    if (policy.kind != Policy::Kind::save_all) {
+      EXPECT_GT(forward_runs, 3) << "nothing was recomputed; the test would prove nothing";
+    }
   }
 }
 

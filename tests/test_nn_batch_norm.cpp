@@ -1,8 +1,8 @@
 // BatchNorm1d / BatchNorm2d: the running-statistics update against a float64 reference,
 // evaluation mode, and the once-per-step rule under checkpointing: after k training steps of a
 // small ResNet under save-all, every-layer, every-k, selective and a budget, the running
-// statistics, the batch counts, the gradients and the parameters are bitwise equal. A layer that
-// ignores remat::is_recomputing() is shown to break that (so the test can fail).
+// statistics, the batch counts, the gradients and the parameters are bitwise equal; so are they
+// under dynamic: at three budgets and offload:.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -195,10 +195,10 @@ TEST(BatchNormPolicies, RunningStatisticsAndGradientsAreBitwiseEqualUnderEveryPo
   }
 }
 
-// A "batch norm" that passes its running statistics on every call, recomputation included: under
-// every-layer they are updated twice per step and differ from save-all's. The check above would
-// catch such a layer.
-TEST(BatchNormPolicies, AnUpdateDuringRecomputationIsDetected) {
+// The batch_norm op itself, given its running statistics on every call (recomputation included),
+// updates them once: the update is the op's side effect, which no recomputation repeats. Without
+// that rule every-layer would update them twice per step (the check above would catch it).
+TEST(BatchNormPolicies, TheOpSkipsItsUpdateWhenRecomputedWhateverItIsGiven) {
   auto run = [](const Policy& policy) {
     Tensor rm = zeros({2}, DType::f64), rv = ones({2}, DType::f64);
     Tensor w = ones({2}, DType::f64).requires_grad_();
@@ -206,11 +206,113 @@ TEST(BatchNormPolicies, AnUpdateDuringRecomputationIsDetected) {
     chain.add([&](const Tensor& h) { return relu(batch_norm(h, w, Tensor(), rm, rv, true)); });
     chain.add([](const Tensor& h) { return mul(h, h); });
     ScopedPolicy scoped(policy);
+    reset_counters();
     Tensor x = randn({4, 2, 3}, DType::f64, RngState{9, 0});
     sum(chain.forward(x)).backward();
-    return rm.clone();
+    return std::make_pair(rm.clone(), counters().regions_recomputed);
   };
-  EXPECT_FALSE(bitwise_equal(run(Policy::every_layer()), run(Policy::save_all())));
+  const auto every_layer = run(Policy::every_layer());
+  EXPECT_GT(every_layer.second, 0u);
+  EXPECT_TRUE(bitwise_equal(every_layer.first, run(Policy::save_all()).first));
 }
 
 }  // namespace
+
+// ---- dynamic: and offload: (every op's forward may run again, not only a layer's)
+
+namespace {
+
+struct StatsAndGrads {
+  std::vector<Tensor> running, grads;
+  uint64_t rematerializations = 0;
+  size_t smallest_feasible = 0, peak_saved = 0;
+};
+
+std::shared_ptr<nn::Sequential> linear_batch_norm_model() {
+  manual_seed(5);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Linear>(6, 12)).add(std::make_shared<nn::BatchNorm1d>(12));
+  m->add(std::make_shared<nn::ReLU>()).add(std::make_shared<nn::Linear>(12, 12));
+  m->add(std::make_shared<nn::BatchNorm1d>(12)).add(std::make_shared<nn::Tanh>());
+  m->add(std::make_shared<nn::Linear>(12, 12)).add(std::make_shared<nn::BatchNorm1d>(12));
+  m->add(std::make_shared<nn::ReLU>()).add(std::make_shared<nn::Linear>(12, 3));
+  return m;
+}
+
+// Two steps of the Linear + BatchNorm1d model (or the tiny ResNet) under `policy`.
+StatsAndGrads run_stateful(const Policy& policy, bool resnet) {
+  std::shared_ptr<nn::Module> model;
+  std::vector<std::shared_ptr<nn::BatchNorm>> norms;
+  if (resnet) {
+    auto r = std::make_shared<nn::ResNet>(tiny_config());
+    norms = r->batch_norms();
+    model = r;
+  } else {
+    auto s = linear_batch_norm_model();
+    for (const auto& [name, child] : s->named_children())
+      if (auto bn = std::dynamic_pointer_cast<nn::BatchNorm>(child)) norms.push_back(bn);
+    model = s;
+  }
+  auto data = nn::make_synthetic_images({.count = 8, .classes = 3, .size = 8, .seed = 2});
+  Tensor features = randn({8, 6}, DType::f32, RngState{4, 0});
+  StatsAndGrads r;
+  ScopedPolicy scoped(policy);
+  reset_counters();
+  memory::reset_peaks();
+  const size_t base = memory::live_bytes(memory::Tag::saved);
+  for (int step = 0; step < 2; ++step) {
+    model->zero_grad();
+    Tensor loss = resnet ? std::static_pointer_cast<nn::ResNet>(model)->loss(data.images, data.labels)
+                         : sum(square(model->forward(features)));
+    loss.backward();
+  }
+  r.peak_saved = memory::peak_bytes(memory::Tag::saved) - base;
+  r.rematerializations = counters().dynamic.rematerializations;
+  r.smallest_feasible = counters().dynamic.smallest_feasible_bytes;
+  for (const auto& bn : norms) {
+    r.running.push_back(bn->running_mean.clone());
+    r.running.push_back(bn->running_var.clone());
+  }
+  for (const auto& p : model->parameters()) r.grads.push_back(p.grad());
+  return r;
+}
+
+void expect_same(const StatsAndGrads& r, const StatsAndGrads& reference) {
+  ASSERT_EQ(r.running.size(), reference.running.size());
+  ASSERT_FALSE(r.running.empty());
+  for (size_t i = 0; i < r.running.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(r.running[i], reference.running[i])) << "running statistic " << i;
+  ASSERT_EQ(r.grads.size(), reference.grads.size());
+  for (size_t i = 0; i < r.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(r.grads[i], reference.grads[i])) << "gradient " << i;
+}
+
+}  // namespace
+
+TEST(BatchNormPolicies, DynamicAtThreeBudgetsAndOffloadUpdateTheRunningStatisticsOnce) {
+  for (bool resnet : {false, true}) {
+    SCOPED_TRACE(resnet ? "ResNet" : "Linear + BatchNorm1d");
+    const StatsAndGrads reference = run_stateful(Policy::save_all(), resnet);
+    // the smallest feasible budget: raised to the need each failed try reports
+    size_t smallest = run_stateful(Policy::dynamic(size_t{1} << 40), resnet).smallest_feasible;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      try {
+        run_stateful(Policy::dynamic(smallest), resnet);
+        break;
+      } catch (const Error&) {
+        ASSERT_GT(counters().dynamic.smallest_feasible_bytes, smallest);
+        smallest = counters().dynamic.smallest_feasible_bytes;
+      }
+    }
+    ASSERT_LT(smallest, reference.peak_saved);
+    const size_t gap = reference.peak_saved - smallest;
+    for (size_t budget : {smallest, smallest + gap / 3, smallest + 2 * gap / 3}) {
+      SCOPED_TRACE("dynamic:" + std::to_string(budget));
+      const StatsAndGrads r = run_stateful(Policy::dynamic(budget), resnet);
+      EXPECT_GT(r.rematerializations, 0u) << "nothing was recomputed; the test would prove nothing";
+      expect_same(r, reference);
+    }
+    const std::string dir = ::testing::TempDir();
+    SCOPED_TRACE("offload");
+    expect_same(run_stateful(Policy::offload(dir, 0), resnet), reference);
+  }
+}

@@ -26,8 +26,10 @@
 //   Tensor y = square({x})[0];
 //
 // The backward may read saved values any number of times. Under checkpointing the forward is run
-// again during the backward pass (so it must be deterministic apart from remat's own RNG), and the
-// backward is called once per use of the op.
+// again during the backward pass (so it must be deterministic apart from remat's own RNG: a
+// recomputed region whose outputs differ from its first run's is a remat::Error), and the
+// backward is called once per use of the op. An effect beyond the outputs goes in `side_effect`,
+// which no recomputation repeats.
 #pragma once
 
 #include <atomic>
@@ -224,9 +226,11 @@ EngineResult run_engine(EngineTask task);
 // order. Used by checkpoint regions and scan turns.
 EngineResult backward_subtape(std::vector<Edge> roots, TensorList root_grads, uint64_t min_sequence_nr);
 
-// Called when a top-level backward() or grad() has finished (not for the sub-tape backward of a
-// checkpoint region). The checkpoint layer uses it to warn when a recomputing policy met no region.
-using BackwardListener = void (*)();
+// Called when an outermost backward() or grad() has finished (not for one run inside another's
+// backward, as in a custom backward, nor for the sub-tape backward of a checkpoint region).
+// `may_warn` is false for gradcheck's passes. The checkpoint layer uses it to warn when a
+// recomputing policy met no region.
+using BackwardListener = void (*)(bool may_warn);
 void set_backward_listener(BackwardListener listener);
 
 // ---- op kinds
@@ -326,6 +330,10 @@ struct CustomOp {
   // Returns one gradient per input (an undefined Tensor for "no gradient"). Gradients for
   // unused outputs arrive as zeros.
   std::function<TensorList(const TensorList& grad_outputs, const SavedValues& saved)> backward;
+  // Optional: the op's effect beyond its outputs (updating a counter, running statistics, a
+  // cache). It runs after the forward on a first run only, never when any form of
+  // recomputation runs the forward again. The forward itself must not have effects.
+  std::function<void(const TensorList& inputs, const TensorList& outputs)> side_effect;
   TensorList operator()(const TensorList& inputs) const;
 };
 

@@ -25,7 +25,12 @@
 //   save-all       a plain call (everything its ops need is kept)
 //   every-layer    one region per layer call
 //   selective:OPS  one region per layer call; inside it the outputs of the listed op kinds are kept
-//                  where save-all would keep them too (so it never keeps more than save-all)
+//                  where save-all would keep them too. The region also keeps its inputs, which
+//                  save-all keeps only when an op of the layer saves them: a layer whose input no
+//                  op saves (it begins with dropout, an add, a scalar multiply) keeps that input
+//                  where save-all would not, so selective can keep up to the inputs of such layers
+//                  more than save-all; with layers that begin with a Linear (or any op saving its
+//                  input) it never keeps more
 //   every-k:K      K consecutive layer calls of the same transparent call share one region (a
 //                  traced segment: the ops between the calls, e.g. a residual add, are replayed
 //                  too); a transparent call, a call with its own policy, or the end of the

@@ -29,7 +29,8 @@
 //
 // Exact replay. Recomputation restores the RNG state captured at region entry, so dropout masks
 // are identical; on the CPU, gradients under every policy are bitwise equal to save-all. State
-// that must change once per step (running statistics) should not be updated while
+// that must change once per step (running statistics) is an op's declared side effect, which no
+// recomputation repeats (docs/design.md, "Side effects"), or is left alone while
 // is_recomputing() is true.
 #pragma once
 
@@ -66,6 +67,13 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 // True while a region's function is being re-run by the backward pass.
 bool is_recomputing();
 
+// The recomputation check (on by default, for every thread): a region's recomputed outputs, and
+// a value dynamic: rematerializes, are compared bit for bit with a digest of the first run's; a
+// difference is a remat::Error naming the layer (or op) and the usual causes. Host values only.
+// It costs one read of each checked value per pass. Off: such a difference goes unnoticed.
+void set_recomputation_check(bool enabled);
+bool recomputation_check();
+
 // ---- per-call policy ("backend option"): the forward runs under `policy`, then the backward.
 struct GradOptions {
   std::optional<Policy> policy;
@@ -96,7 +104,8 @@ struct Counters {
   uint64_t regions_recomputed = 0;
   uint64_t layer_calls = 0;          // layer calls met (regions or not)
   DynamicCounters dynamic;           // dynamic:BYTES and offload:DIR (remat/dynamic.h)
-  std::vector<RegionRecord> regions;  // one per region created since the reset (capped)
+  std::vector<RegionRecord> regions;  // one per region created since the reset; past 4096 rows, a
+                                      // region adds to its label's first row (bounded)
 };
 Counters counters();
 void reset_counters();

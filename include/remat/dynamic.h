@@ -35,7 +35,9 @@
 // changes. counters().dynamic.smallest_feasible_bytes reports the smallest budget the steps run
 // so far needed (the largest of those needs).
 // Requirement on ops: an op's forward must be a pure function of its inputs and of what it
-// captured (all of remat's ops, and CustomOp forwards that keep no state of their own, are).
+// captured, apart from a declared side effect, which a rematerialization skips (docs/design.md,
+// "Side effects"). A rematerialized value that differs from the evicted one, or an input changed
+// in place since the op read it, is a remat::Error (remat::set_recomputation_check).
 //
 // offload:DIR[,threshold=BYTES][,ram=BYTES]. Saved values of at least `threshold` bytes (default
 // 1 MiB) are written by a background thread to a file in DIR and dropped from memory once written;

@@ -149,8 +149,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size);
 // gradient) are given they are updated in place, r = (1 - momentum) r + momentum * batch, with
 // the unbiased variance for running_var (N * spatial size must then exceed 1).
 // !training: the running statistics (both required) normalise, and are left unchanged.
-// The op updates whatever running tensors it is given, every time it runs: nn::BatchNorm2d passes
-// them only outside recomputation (remat::is_recomputing()), so a step updates them once.
+// The update is a side effect: a recomputation of the op (any policy) leaves them alone.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum = 0.1, double eps = 1e-5);
 

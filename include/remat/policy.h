@@ -63,8 +63,9 @@ struct Policy {
 Policy current_policy();
 
 // Sets the thread's default policy for its lifetime (nests; restores the previous on exit).
-// A dynamic or offload policy also starts its runtime (remat/dynamic.h) for the scope, unless
-// one is running on the thread already.
+// A dynamic or offload policy also starts its runtime (remat/dynamic.h) for the scope. Inside a
+// scope whose runtime is running, the same policy again continues it; any other dynamic or
+// offload policy (or one inside a DynamicScope / OffloadScope made directly) is a remat::Error.
 class ScopedPolicy {
  public:
   explicit ScopedPolicy(Policy policy);

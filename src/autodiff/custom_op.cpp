@@ -14,14 +14,16 @@ TensorList CustomOp::operator()(const TensorList& inputs) const {
   // Everything is captured by value: a checkpoint region may replay this call after the CustomOp
   // object itself is gone.
   auto user_forward = forward;
+  auto effect = side_effect;
   std::string op_name = name;
-  auto forward_fn = [user_forward, op_name, spec](const TensorList& in) {
+  auto forward_fn = [user_forward, effect, op_name, spec](const TensorList& in) {
     const std::string& name = op_name;
     SaveContext ctx;
     TensorList outputs = user_forward(in, ctx);
     REMAT_CHECK(!outputs.empty(), "custom op '", name, "': forward returned no outputs");
     for (size_t i = 0; i < outputs.size(); ++i)
       REMAT_CHECK(outputs[i].defined(), "custom op '", name, "': forward output ", i, " is undefined");
+    if (effect && autodiff::recompute_depth() == 0) effect(in, outputs);  // first runs only
     spec->num_aux = static_cast<int>(ctx.values().size());
     for (const auto& v : ctx.values()) outputs.push_back(v);
     return outputs;

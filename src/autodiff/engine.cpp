@@ -294,9 +294,21 @@ EngineResult backward_subtape(std::vector<Edge> roots, TensorList root_grads, ui
 
 namespace {
 std::atomic<BackwardListener> backward_listener{nullptr};
-void notify_backward_end() {
-  if (BackwardListener l = backward_listener.load()) l();
-}
+
+// Counts a top-level backward run while it lives; the outermost one notifies the listener when
+// it ends normally (a run inside another's backward belongs to that one).
+class BackwardRun {
+ public:
+  BackwardRun() { ++thread_state().backward_depth; }
+  ~BackwardRun() { --thread_state().backward_depth; }
+  BackwardRun(const BackwardRun&) = delete;
+  BackwardRun& operator=(const BackwardRun&) = delete;
+  void finished() {
+    const ThreadState& state = thread_state();
+    if (state.backward_depth != 1) return;
+    if (BackwardListener l = backward_listener.load()) l(state.quiet_backward == 0);
+  }
+};
 }  // namespace
 
 void set_backward_listener(BackwardListener listener) { backward_listener.store(listener); }
@@ -359,8 +371,9 @@ void backward(const TensorList& outputs, const TensorList& grad_outputs, bool re
   autodiff::prepare_roots(outputs, grad_outputs, "backward", task.roots, task.root_grads);
   task.retain_graph = retain_graph;
   NoGradGuard no_grad;
+  autodiff::BackwardRun run;
   autodiff::run_engine(std::move(task));
-  autodiff::notify_backward_end();
+  run.finished();
 }
 
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
@@ -375,8 +388,9 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
   task.accumulate_into_leaves = false;
   task.retain_graph = retain_graph;
   NoGradGuard no_grad;
+  autodiff::BackwardRun run;
   auto result = autodiff::run_engine(std::move(task));
-  autodiff::notify_backward_end();
+  run.finished();
   TensorList grads(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     grads[i] = result.summed(i);

@@ -10,6 +10,8 @@ struct ThreadState {
   bool in_op_forward = false;      // inside an op's forward body: nested ops are plain calls
   bool in_backward_formula = false;  // inside an op's backward formula: not counted as forward work
   int recompute_depth = 0;
+  int backward_depth = 0;          // top-level backward() / grad() runs in progress (nested > 1)
+  int quiet_backward = 0;          // > 0: a backward that asked for no recomputation (gradcheck)
   RecordingObserver* observer = nullptr;
   OpListener* listener = nullptr;
   OpCounters counters;

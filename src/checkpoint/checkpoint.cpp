@@ -22,13 +22,13 @@ WarningHandler warning_handler;  // guarded by warning_mutex; empty: stderr
 // Warns once per thread when a backward pass under a recomputing policy met no region and the
 // forward made no layer call (layer calls that all chose to keep everything, e.g. by their own
 // save-all policy or a budget plan of stages only, are a decision, not an oversight).
-void on_backward_end() {
+void on_backward_end(bool may_warn) {
   auto& rc = detail::region_counters();
   const uint64_t regions = rc.run_in_backward, calls = rc.layer_calls_since_backward;
   rc.run_in_backward = 0;
   rc.layer_calls_since_backward = 0;
   thread_local bool warned = false;
-  if (regions > 0 || calls > 0 || warned) return;
+  if (!may_warn || regions > 0 || calls > 0 || warned) return;
   const Policy policy = current_policy();
   if (!policy.makes_regions()) return;  // dynamic and offload work on saved values, not regions
   warned = true;
@@ -72,6 +72,8 @@ TensorList checkpoint(const RegionFn& fn, const TensorList& inputs, const Checkp
   REMAT_CHECK(static_cast<bool>(fn), "checkpoint: the region function is empty");
   for (size_t i = 0; i < inputs.size(); ++i) REMAT_CHECK(inputs[i].defined(), "checkpoint: input ", i, " is undefined");
   Policy policy = options.policy.value_or(current_policy());
+  // an explicit region inside a model planned under a budget is one region, as asked
+  if (!options.policy && policy.kind == Policy::Kind::budget) policy = Policy::every_layer();
   REMAT_CHECK(policy.kind != Policy::Kind::budget,
               "checkpoint: a budget policy applies to a model's layer calls or a Chain (the planner chooses the "
               "regions), not to a single region");
@@ -121,6 +123,7 @@ void reset_counters() {
   rc.recomputed = 0;
   rc.layer_calls = 0;
   rc.records.clear();
+  rc.first_record_of.clear();
   detail::dynamic_counters() = {};
 }
 

@@ -13,10 +13,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <unordered_map>
 
 #include "autodiff/history.h"
+#include "digest.h"
 #include "dynamic_internal.h"
+#include "replay.h"
 #include "remat/autodiff.h"
 #include "remat/memory.h"
 #include "remat/saved_hooks.h"
@@ -65,6 +68,11 @@ Tensor view_on(const std::shared_ptr<Storage>& storage, int64_t offset, const Sh
   return Tensor(impl);
 }
 
+// All of a storage, as a flat tensor.
+Tensor whole(const std::shared_ptr<Storage>& storage, DType dtype) {
+  return view_on(storage, 0, {static_cast<int64_t>(storage->bytes() / dtype_size(dtype))}, {1}, dtype);
+}
+
 }  // namespace
 
 class DynamicRuntime;
@@ -73,7 +81,7 @@ struct Cell : std::enable_shared_from_this<Cell> {
   struct Input {
     std::shared_ptr<Cell> cell;  // how it was made, or
     Tensor constant;             // the value itself (not made by an op)
-    uint64_t constant_version = 0;
+    uint64_t version = 0;        // of the storage the op read, when it read it
     int64_t offset = 0;
     Shape shape;
     Strides strides;
@@ -96,6 +104,7 @@ struct Cell : std::enable_shared_from_this<Cell> {
   int locks = 0;
   uint64_t visit = 0;
   bool listed = false;  // in the runtime's list of held cells
+  std::optional<uint64_t> digest;  // of the storage when it was evicted (Note [recomputation check])
 
   ~Cell();
 };
@@ -182,7 +191,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
         rematerialize(cell, /*keep=*/true);
       }
     }
-    return view_on(cell->held, 0, {static_cast<int64_t>(cell->bytes / dtype_size(cell->dtype))}, {1}, cell->dtype);
+    return whole(cell->held, cell->dtype);
   }
 
   void forget(size_t bytes) { resident_ -= bytes; }
@@ -212,10 +221,8 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     Cell::Input ref;
     if (!in.defined()) return ref;
     ref.cell = cell_of(in);
-    if (!ref.cell) {
-      ref.constant = in.detach();
-      ref.constant_version = in.storage()->version();
-    }
+    if (!ref.cell) ref.constant = in.detach();
+    ref.version = in.storage()->version();
     ref.offset = in.offset();
     ref.shape = in.shape();
     ref.strides = in.strides();
@@ -313,10 +320,18 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
                                    "the smallest feasible budget here is ",
                                    smallest, " bytes (", mib(smallest), ")"));
       }
+      victim->digest = recompute_digest(whole(victim->held, victim->dtype));
       release(*victim);
       ++counters.evictions;
       if (held_cells_.size() > 256) prune();
     }
+  }
+
+  // Every value a recomputation reads again, made by an op or not, must be the one the op read.
+  static void check_version(const Storage& storage, const Cell::Input& input) {
+    REMAT_CHECK(storage.version() == input.version, "policy dynamic: a tensor of shape ", shape_str(input.shape),
+                " that an op read was modified in place after the forward pass; recomputing from the new values "
+                "would give a wrong gradient");
   }
 
   // Gets the value of `input` (recomputing its cell if needed); locks the cell while it is used.
@@ -324,15 +339,14 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
                      std::vector<std::shared_ptr<Storage>>& temporaries) {
     if (!input.cell) {
       if (!input.constant.defined()) return Tensor();
-      REMAT_CHECK(input.constant.storage()->version() == input.constant_version,
-                  "policy dynamic: a tensor of shape ", shape_str(input.constant.shape()),
-                  " that an op read was modified in place after the forward pass; recomputing from the new values "
-                  "would give a wrong gradient");
+      check_version(*input.constant.storage(), input);
       return input.constant;
     }
     std::shared_ptr<Cell> c = input.cell;
     std::shared_ptr<Storage> storage = c->held ? c->held : c->live.lock();
-    if (!storage) {
+    if (storage) {
+      check_version(*storage, input);  // the value the op read, unless changed in place since
+    } else {
       storage = rematerialize(c, /*keep=*/c->saved);
       if (!c->saved) temporaries.push_back(storage);
     }
@@ -374,6 +388,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
       } done{replaying_};
       NoGradGuard no_grad;
       autodiff::ObserverScope no_observer(nullptr);
+      ReplayScope replay;  // a recomputation: side effects are not repeated
       outputs = c->op->run_forward(args);
     }
     REMAT_CHECK(c->output < outputs.size() && outputs[c->output].defined(), "policy dynamic: recomputing ",
@@ -381,6 +396,10 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     std::shared_ptr<Storage> storage = outputs[c->output].storage();
     REMAT_CHECK(storage->bytes() == c->bytes, "policy dynamic: recomputing ", c->op->op(),
                 " gave a storage of another size; its forward must be deterministic");
+    if (c->digest) {
+      const std::optional<uint64_t> now = recompute_digest(whole(storage, c->dtype));
+      REMAT_CHECK(!now || *now == *c->digest, recompute_mismatch(concat("policy dynamic: op ", c->op->op())));
+    }
     c->live = storage;
     if (keep) hold(*c, storage);
     auto& counters = dynamic_counters();

@@ -638,6 +638,7 @@ struct OffloadScope::State {
 };
 
 OffloadScope::OffloadScope(const OffloadOptions& options) : state_(std::make_unique<State>()) {
+  REMAT_CHECK(options.directory.find('\0') == std::string::npos, "offload: the directory contains a NUL byte");
   state_->store = std::make_shared<detail::OffloadStore>(options);
   std::shared_ptr<detail::OffloadStore> store = state_->store;
   SavedTensorHooks hooks;

@@ -72,6 +72,7 @@ Policy Policy::dynamic(size_t bytes) {
 
 Policy Policy::offload(std::string directory, size_t threshold_bytes, size_t ram_bytes) {
   REMAT_CHECK(!directory.empty(), "policy offload: the directory is empty");
+  REMAT_CHECK(directory.find('\0') == std::string::npos, "policy offload: the directory contains a NUL byte");
   Policy p = every_layer();
   p.kind = Kind::offload;
   p.directory = std::move(directory);
@@ -138,11 +139,15 @@ Policy Policy::parse(const std::string& raw) {
     }
     REMAT_CHECK(!parts[0].empty(), "cannot parse policy '", raw, "': the directory is empty; ", kValidForms);
     size_t threshold = size_t{1} << 20, ram = 0;
+    bool seen_threshold = false, seen_ram = false;
     for (size_t i = 1; i < parts.size(); ++i) {
       const size_t eq = parts[i].find('=');
       const std::string key = eq == std::string::npos ? parts[i] : parts[i].substr(0, eq);
       REMAT_CHECK(eq != std::string::npos && (key == "threshold" || key == "ram"), "cannot parse policy '", raw,
                   "': unknown offload option '", parts[i], "' (threshold=BYTES or ram=BYTES); ", kValidForms);
+      bool& seen = key == "threshold" ? seen_threshold : seen_ram;
+      REMAT_CHECK(!seen, "cannot parse policy '", raw, "': the offload option ", key, " is given twice; ", kValidForms);
+      seen = true;
       size_t bytes = 0;
       try {
         bytes = memory::parse_bytes(parts[i].substr(eq + 1));
@@ -183,20 +188,35 @@ bool Policy::keeps_op(const std::string& op) const {
 
 Policy current_policy() { return scoped_policy.value_or(Policy::every_layer()); }
 
+namespace {
+// The policy whose runtime a ScopedPolicy started on this thread (none: no runtime, or one made
+// directly as a DynamicScope / OffloadScope).
+thread_local std::optional<std::string> runtime_policy;
+}  // namespace
+
 ScopedPolicy::ScopedPolicy(Policy policy) : previous_(scoped_policy) {
-  if (policy.kind == Policy::Kind::dynamic && !detail::dynamic_running())
-    runtime_ = std::make_shared<DynamicScope>(policy.budget_bytes);
-  if (policy.kind == Policy::Kind::offload && !detail::offload_running()) {
-    OffloadOptions options;
-    options.directory = policy.directory;
-    options.threshold_bytes = policy.threshold_bytes;
-    options.ram_bytes = policy.ram_bytes;
-    runtime_ = std::make_shared<OffloadScope>(options);
+  if (policy.kind == Policy::Kind::dynamic || policy.kind == Policy::Kind::offload) {
+    const std::string text = policy.to_string();
+    if (detail::dynamic_running() || detail::offload_running()) {
+      REMAT_CHECK(runtime_policy == text, "policy ", text, ": cannot start inside ",
+                  runtime_policy ? "policy " + *runtime_policy : std::string("a DynamicScope or OffloadScope"),
+                  ", which is running on this thread (one dynamic: or offload: runtime at a time); end it first");
+    } else if (policy.kind == Policy::Kind::dynamic) {
+      runtime_ = std::make_shared<DynamicScope>(policy.budget_bytes);
+    } else {
+      OffloadOptions options;
+      options.directory = policy.directory;
+      options.threshold_bytes = policy.threshold_bytes;
+      options.ram_bytes = policy.ram_bytes;
+      runtime_ = std::make_shared<OffloadScope>(options);
+    }
+    if (runtime_) runtime_policy = text;
   }
   scoped_policy = std::move(policy);
 }
 ScopedPolicy::~ScopedPolicy() {
   scoped_policy = previous_;
+  if (runtime_) runtime_policy.reset();
   runtime_.reset();
 }
 

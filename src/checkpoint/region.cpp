@@ -26,13 +26,16 @@
 #include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
+#include "digest.h"
 #include "replay.h"
 
 namespace remat::detail {
 
 namespace {
 
-constexpr size_t kMaxRegionRecords = 1 << 16;
+// Region records: one row per region up to this many; beyond, a region adds to the first row of
+// its label (a label not seen yet is left out), so a long run keeps a bounded table.
+constexpr size_t kMaxRegionRecords = 4096;
 
 class FirstRunObserver final : public autodiff::RecordingObserver {
  public:
@@ -135,6 +138,7 @@ void Region::register_outputs(Step& step, TensorList& outputs, size_t count, con
     }
     produced_[out.impl_ptr().get()] = Ref{false, step_index, static_cast<uint32_t>(i)};
     step.output_slots.push_back(slot);
+    step.digests.push_back(recompute_digest(out));
   }
 }
 
@@ -258,14 +262,20 @@ void Region::close() {
     for (const auto& v : entry.values) cached += v.bytes();
   if (rc.records.size() < kMaxRegionRecords) {
     record_index_ = rc.records.size();
+    rc.first_record_of.emplace(label_, record_index_);
     RegionRecord rec;
     rec.label = label_;
     rec.kind = kind_ == Kind::segment ? "segment" : "layer";
-    rec.calls = num_calls_;
-    rec.boundary_bytes = boundary;
-    rec.cached_bytes = cached;
-    rec.forward_seconds = seconds_between(opened_at_, closed_at);
     rc.records.push_back(std::move(rec));
+  } else if (auto it = rc.first_record_of.find(label_); it != rc.first_record_of.end()) {
+    record_index_ = it->second;
+  }
+  if (record_index_ < rc.records.size()) {
+    RegionRecord& rec = rc.records[record_index_];
+    rec.calls += num_calls_;
+    rec.boundary_bytes = std::max(rec.boundary_bytes, boundary);
+    rec.cached_bytes = std::max(rec.cached_bytes, cached);
+    rec.forward_seconds += seconds_between(opened_at_, closed_at);
   }
   if (profile_) {
     profile_->forward_seconds = seconds_between(opened_at_, closed_at);
@@ -333,6 +343,20 @@ TensorList Region::replay_call(const Step& step, const TensorList& inputs, std::
   return outputs;
 }
 
+// Note [recomputation check] (digest.cpp): step s's recomputed outputs against its first run's.
+void Region::check_recomputed(size_t s, const TensorList& outs) const {
+  const Step& step = steps_[s];
+  for (size_t k = 0; k < step.digests.size(); ++k) {
+    if (!step.digests[k]) continue;
+    const std::optional<uint64_t> now = recompute_digest(outs[k]);
+    if (!now || *now == *step.digests[k]) continue;
+    const std::string& layer = step.is_call ? step.info.site.label : std::string();
+    throw Error(recompute_mismatch(concat(
+        "checkpoint region '", label_, "'", layer.empty() || layer == label_ ? "" : ", layer '" + layer + "'",
+        ", output ", k, " of ", step.is_call ? "a layer call" : "op " + step.op->op(), " (step ", s, ")")));
+  }
+}
+
 std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   using Clock = std::chrono::steady_clock;
   REMAT_CHECK(closed_ && !open_, "checkpoint region '", label_,
@@ -391,11 +415,17 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
         for (size_t k = 0; k < step.output_slots.size(); ++k) {
           const size_t slot = step.output_slots[k];
           if (slot == SIZE_MAX) continue;
-          REMAT_CHECK(outs[k].defined() && outs[k].shape() == this->outputs[slot].shape, "checkpoint region '",
-                      label_, "': output ", k, " of step ", s, " has shape ",
-                      outs[k].defined() ? shape_str(outs[k].shape()) : "(undefined)", " on recomputation, ",
-                      shape_str(this->outputs[slot].shape), " on the first run");
+          const autodiff::OutputMeta& first = this->outputs[slot];
+          REMAT_CHECK(outs[k].defined() && outs[k].shape() == first.shape && outs[k].dtype() == first.dtype &&
+                          outs[k].device() == first.device,
+                      "checkpoint region '", label_, "': output ", k, " of step ", s, " is ",
+                      outs[k].defined() ? std::string(dtype_name(outs[k].dtype())) + " " + shape_str(outs[k].shape()) + " on " +
+                                              device_name(outs[k].device())
+                                        : std::string("undefined"),
+                      " on recomputation, ", dtype_name(first.dtype), " ", shape_str(first.shape), " on ",
+                      device_name(first.device), " on the first run; a region's function must be deterministic");
         }
+        check_recomputed(s, outs);
         replayed[s] = std::move(outs);
       }
     } catch (...) {

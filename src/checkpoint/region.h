@@ -104,6 +104,7 @@ class Region final : public autodiff::Node {
     std::vector<Ref> inputs;
     std::vector<size_t> output_slots;              // node output slot of each output (SIZE_MAX: none)
     RngState rng;                                  // at the start of the step
+    std::vector<std::optional<uint64_t>> digests;  // of each output on the first run (digest.h)
   };
   struct External {
     autodiff::SavedTensor value;
@@ -121,6 +122,7 @@ class Region final : public autodiff::Node {
   void register_outputs(Step& step, TensorList& outputs, size_t count, const TensorList& inputs);
   TensorList replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested);
   void strip_outputs();
+  void check_recomputed(size_t step, const TensorList& outputs) const;
 
   Kind kind_;
   Policy policy_;
@@ -167,6 +169,7 @@ struct RegionCounters {
   uint64_t layer_calls = 0;      // layer calls met (call.cpp)
   uint64_t layer_calls_since_backward = 0;
   std::vector<RegionRecord> records;
+  std::unordered_map<std::string, size_t> first_record_of;  // label -> its first row in records
 };
 RegionCounters& region_counters();
 

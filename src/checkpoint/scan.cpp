@@ -10,6 +10,7 @@
 // the order in which the unrolled loop's backward adds them.
 #include "remat/scan.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "autodiff/history.h"
@@ -279,6 +280,8 @@ Tensor finish(std::shared_ptr<ScanNode> node, const Tensor& state0, const Tensor
   return out;
 }
 
+constexpr int kMaxOnlineSnapshots = 1 << 20;
+
 void check_arguments(const Tensor& state0, const ScanOptions& options, const char* op) {
   REMAT_CHECK(state0.defined(), op, ": the initial state is undefined");
   REMAT_CHECK(is_floating(state0.dtype()), op, ": the state must be f32 or f64, got ", dtype_name(state0.dtype()));
@@ -313,12 +316,14 @@ Tensor scan(const ScanStep& step, const Tensor& state0, int64_t n_steps, const S
   if (!revolve) return plain_loop(step, state0, n_steps, nullptr, stats);
 
   stats.steps = n_steps;
-  auto node = std::make_shared<ScanNode>(step, options.snapshots, last_stats);
+  // more slots than steps are never used (the schedule stores all with n - 1)
+  const int slots = static_cast<int>(std::min<int64_t>(options.snapshots, n_steps));
+  auto node = std::make_shared<ScanNode>(step, slots, last_stats);
   node->state_bytes = state0.nbytes();
   node->state_shape = state0.shape();
   node->state_dtype = state0.dtype();
   node->state_device = state0.device();
-  std::vector<schedule::RevolveAction> actions = schedule::revolve_schedule(n_steps, options.snapshots);
+  std::vector<schedule::RevolveAction> actions = schedule::revolve_schedule(n_steps, slots);
   Tensor current = state0.detach();
   int64_t current_step = 0;
   size_t a = 0;
@@ -361,6 +366,9 @@ Tensor while_loop(const ScanCondition& cond, const ScanStep& step, const Tensor&
     return plain_loop(step, state0, -1, &cond, stats);
   REMAT_CHECK(options.schedule == ScanSchedule::online,
               "while_loop: the revolve schedule needs the number of steps in advance (use scan), or use online");
+  REMAT_CHECK(options.snapshots <= kMaxOnlineSnapshots, "while_loop: ", options.snapshots,
+              " snapshots is more than the online schedule's limit of ", kMaxOnlineSnapshots,
+              " (each has a slot from the start)");
   auto node = std::make_shared<ScanNode>(step, options.snapshots, last_stats);
   node->while_loop_ = true;
   node->state_bytes = state0.nbytes();

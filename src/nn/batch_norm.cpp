@@ -1,6 +1,6 @@
-// BatchNorm1d / BatchNorm2d (see include/remat/nn/batch_norm.h). The once-per-step rule lives
-// here, in the layer: the batch_norm op updates whatever running tensors it is given, and this
-// layer gives them only when the call is not a checkpoint region's recomputation.
+// BatchNorm1d / BatchNorm2d (see include/remat/nn/batch_norm.h). The once-per-step rule is the
+// batch_norm op's: its running-statistics update is a side effect, skipped by every recomputation
+// (docs/design.md, "Side effects"); the layer only counts first runs.
 #include "remat/nn/batch_norm.h"
 
 #include <cmath>
@@ -44,12 +44,10 @@ Tensor BatchNorm::forward_impl(const Tensor& x) {
               x.defined() ? shape_str(x.shape()) : "an undefined tensor");
   const bool tracking = running_mean.defined();
   if (training() || !tracking) {
-    // Once per step: a checkpoint region's recomputation of this call leaves the state alone
-    // (its batch statistics are recomputed from the same kept input, bit for bit).
-    const bool update = tracking && training() && !is_recomputing();
+    const bool update = tracking && training();
     Tensor y = batch_norm(x, weight, bias, update ? running_mean : Tensor(), update ? running_var : Tensor(),
                           /*training=*/true, momentum_, eps_);
-    if (update) ++batches_tracked_;
+    if (update && !is_recomputing()) ++batches_tracked_;
     return y;
   }
   return batch_norm(x, weight, bias, running_mean, running_var, /*training=*/false, momentum_, eps_);

@@ -144,6 +144,7 @@ class Parser {
     for (size_t i = 0; i < term.size(); ++i) {
       const int l = term[i];
       const int64_t size = shapes_[k][i];
+      check(size >= 0, "operand ", k, " has shape ", shape_str(shapes_[k]), ": sizes must not be negative");
       auto [it, inserted] = sizes.emplace(l, size);
       holder_.emplace(l, k);
       if (!inserted && it->second != size) {
@@ -358,7 +359,7 @@ EinsumPath einsum_path(const std::string& spec, const std::vector<Shape>& shapes
   std::vector<Labels> labels;
   for (const auto& prep : preps) labels.push_back(prep.labels);
   EinsumPath path;
-  for (const auto& step : detail::plan_contraction(labels, p.output, p.sizes, path.optimal)) {
+  for (const auto& step : detail::plan_contraction(labels, p.output, p.sizes, path.optimal, &path.method)) {
     path.steps.push_back({step.first, step.second, labels_text(step.result), step.flops});
     path.flops += step.flops;
   }

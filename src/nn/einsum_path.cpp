@@ -7,10 +7,13 @@
 // programming over subsets (each subset's best split into two; 3^n work, 6561 splits for 8);
 // above that, greedily: repeatedly contract the pair whose product removes the most elements
 // (size(product) - size(a) - size(b) smallest), ties broken by fewer FLOPs, then by position.
+// Above kEinsumGreedyLimit operands the greedy search (cubic in the count) gives way to a left to
+// right order, linear; EinsumPath::method says which was used.
 #include "nn/einsum_path.h"
 
 #include <algorithm>
 #include <limits>
+#include <map>
 
 #include "remat/nn/einsum.h"
 
@@ -125,6 +128,27 @@ std::vector<PairStep> greedy_order(std::vector<Labels> current, const Labels& ou
   return steps;
 }
 
+// Left to right: the running product with the next operand (linear work, for many operands).
+std::vector<PairStep> sequential_order(const std::vector<Labels>& operands, const Labels& output,
+                                       const LabelSizes& sizes) {
+  std::map<int, size_t> later;  // label -> how many operands after the running product hold it
+  for (const auto& labels : operands)
+    for (int l : labels) ++later[l];
+  for (int l : operands[0]) --later[l];
+  std::vector<PairStep> steps;
+  Labels product = operands[0];
+  for (size_t k = 1; k < operands.size(); ++k) {
+    for (int l : operands[k]) --later[l];
+    Labels kept;
+    for (int l : union_of(product, operands[k]))
+      if (contains(output, l) || later[l] > 0) kept.push_back(l);
+    // the current list is [k, ..., n-1, product] (the first step: [0, 1, ...]): pair its ends
+    steps.push_back({0, k == 1 ? 1 : operands.size() - k, kept, pair_flops(product, operands[k], sizes)});
+    product = std::move(kept);
+  }
+  return steps;
+}
+
 }  // namespace
 
 double pair_flops(const Labels& a, const Labels& b, const LabelSizes& sizes) {
@@ -137,11 +161,14 @@ std::string label_name(int label) {
 }
 
 std::vector<PairStep> plan_contraction(const std::vector<Labels>& operands, const Labels& output,
-                                       const LabelSizes& sizes, bool& optimal) {
+                                       const LabelSizes& sizes, bool& optimal, std::string* method) {
   optimal = operands.size() <= static_cast<size_t>(kEinsumOptimalLimit);
+  const bool greedy = !optimal && operands.size() <= static_cast<size_t>(kEinsumGreedyLimit);
+  if (method) *method = optimal ? "optimal" : greedy ? "greedy" : "sequential";
   if (operands.size() < 2) return {};
   if (optimal) return optimal_order(operands, output, sizes);
-  return greedy_order(operands, output, sizes);
+  if (greedy) return greedy_order(operands, output, sizes);
+  return sequential_order(operands, output, sizes);
 }
 
 }  // namespace remat::nn::detail

@@ -23,11 +23,11 @@ struct PairStep {
 
 // The pairwise contraction order for operands with these (unique) labels: the exact optimum of
 // total FLOPs for up to kEinsumOptimalLimit operands (dynamic programming over subsets), the
-// greedy rule of opt_einsum above that. Each step removes operands `first` and `second` from the
+// greedy rule of opt_einsum above that, left to right above kEinsumGreedyLimit. Each step removes operands `first` and `second` from the
 // current list and appends their product at its end; after n - 1 steps one operand is left,
 // whose labels are the output's (in some order).
 std::vector<PairStep> plan_contraction(const std::vector<Labels>& operands, const Labels& output,
-                                       const LabelSizes& sizes, bool& optimal);
+                                       const LabelSizes& sizes, bool& optimal, std::string* method = nullptr);
 
 // FLOPs of contracting operands with labels a and b: 2 x the product of the sizes of a | b.
 double pair_flops(const Labels& a, const Labels& b, const LabelSizes& sizes);

@@ -8,6 +8,7 @@
 
 #include "remat/autodiff.h"
 #include "remat/backend.h"
+#include "remat/checkpoint.h"
 #include "remat/nn/safetensors.h"
 
 namespace remat::nn {
@@ -77,7 +78,7 @@ thread_local const Module* default_forward_of = nullptr;
 std::string Module::child_name(const Module* child) const {
   for (const auto& c : children_)
     if (c.module.get() == child) return c.name;
-  return "<" + child->type_name() + ">";  // called without being registered as a child
+  return "<unregistered " + child->type_name() + ">";  // called without being registered as a child
 }
 
 TensorList Module::invoke(const TensorList& inputs, const std::optional<Policy>& call_policy) {
@@ -86,6 +87,17 @@ TensorList Module::invoke(const TensorList& inputs, const std::optional<Policy>&
     const ModuleFrame& parent = module_frames.back();
     const std::string name = parent.module->child_name(this);
     path = parent.path.empty() ? name : parent.path + "." + name;
+    REMAT_CHECK(module_frames.size() < static_cast<size_t>(kMaxModuleNesting), type_name(), ": module calls are nested ",
+                module_frames.size() + 1, " deep; remat supports at most ", kMaxModuleNesting, " (kMaxModuleNesting)");
+    if (name.front() == '<' && !warned_unregistered_) {
+      warned_unregistered_ = true;
+      warn(detail::concat("module ", type_name(), " is called by ",
+                          parent.path.empty() ? "the model" : "'" + parent.path + "'", " (",
+                          parent.module->type_name(), ") but was never registered with register_module: its ",
+                          num_parameters(), " parameter values are not in parameters(), so the optimizer does not "
+                          "update them and save() does not write them; it shows as '", path,
+                          "' in the memory report"));
+    }
   }
   CallSite site;
   site.label = path;
@@ -220,19 +232,61 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   REMAT_CHECK(module != nullptr, type_name(), ": module \"", name, "\" is null");
   REMAT_CHECK(module.get() != this, type_name(), ": cannot register a module as its own child");
   check_new_name(name, "module");
+  REMAT_CHECK(module->height_ < kMaxModuleNesting, type_name(), ": registering module \"", name,
+              "\" would leave modules nested ", module->height_ + 1, " deep; remat supports at most ",
+              kMaxModuleNesting, " (kMaxModuleNesting)");
+  height_ = std::max(height_, module->height_ + 1);
   children_.push_back({name, std::move(module)});
+}
+
+// Note [module depth]. Every walk over a module tree is a loop over an explicit stack, and the
+// whole walk is collected before anything is done with it, so a tree nested beyond
+// kMaxModuleNesting is an Error that changes nothing. The destructor dismantles the tree the same
+// way: a child it alone holds loses its children to the loop before it is destroyed, so no
+// destructor recurses. Calls (invoke) recurse for real and check the depth of the call stack.
+std::vector<std::pair<std::string, const Module*>> Module::walk(bool once) const {
+  std::vector<std::pair<std::string, const Module*>> out;
+  std::unordered_set<const Module*> seen;
+  struct Item {
+    const Module* module;
+    std::string name;
+    int depth;
+  };
+  std::vector<Item> stack{{this, "", 1}};
+  while (!stack.empty()) {
+    Item item = std::move(stack.back());
+    stack.pop_back();
+    REMAT_CHECK(item.depth <= kMaxModuleNesting, type_name(), ": modules are nested more than ", kMaxModuleNesting,
+                " deep (at '", item.name.substr(0, 60), "...'); remat supports at most ", kMaxModuleNesting,
+                " (kMaxModuleNesting)");
+    if (once && !seen.insert(item.module).second) continue;
+    const auto& children = item.module->children_;
+    for (auto c = children.rbegin(); c != children.rend(); ++c)
+      stack.push_back({c->module.get(), item.name.empty() ? c->name : item.name + "." + c->name, item.depth + 1});
+    out.emplace_back(std::move(item.name), item.module);
+  }
+  return out;
+}
+
+Module::~Module() {
+  std::vector<std::shared_ptr<Module>> pending;
+  for (auto& c : children_) pending.push_back(std::move(c.module));
+  while (!pending.empty()) {
+    std::shared_ptr<Module> m = std::move(pending.back());
+    pending.pop_back();
+    if (m.use_count() != 1) continue;  // someone else holds it: not ours to take apart
+    for (auto& c : m->children_) pending.push_back(std::move(c.module));
+  }
 }
 
 template <class F>
 void Module::visit_parameters(F&& f) const {
   std::unordered_set<const TensorImpl*> seen;
-  std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& prefix) {
-    for (const auto& p : m.parameters_) {
+  for (const auto& [name, m] : walk(/*once=*/false)) {
+    const std::string prefix = name.empty() ? name : name + ".";
+    for (const auto& p : m->parameters_)
       if (seen.insert(p.tensor.impl_ptr().get()).second) f(prefix + p.name, p);
-    }
-    for (const auto& c : m.children_) walk(*c.module, prefix + c.name + ".");
-  };
-  walk(*this, "");
+  }
 }
 
 NamedTensors Module::named_parameters() const {
@@ -289,17 +343,7 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_child
   return out;
 }
 
-std::vector<std::pair<std::string, const Module*>> Module::named_modules() const {
-  std::vector<std::pair<std::string, const Module*>> out;
-  std::unordered_set<const Module*> seen;
-  std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& name) {
-    if (!seen.insert(&m).second) return;
-    out.emplace_back(name, &m);
-    for (const auto& c : m.children_) walk(*c.module, name.empty() ? c.name : name + "." + c.name);
-  };
-  walk(*this, "");
-  return out;
-}
+std::vector<std::pair<std::string, const Module*>> Module::named_modules() const { return walk(/*once=*/true); }
 
 Module& Module::to(Device device) {
   backend(device);  // a device without a backend is an error before anything moves
@@ -321,8 +365,7 @@ void Module::zero_grad() {
 }
 
 void Module::train(bool on) {
-  training_ = on;
-  for (auto& c : children_) c.module->train(on);
+  for (const auto& [name, m] : walk(/*once=*/true)) const_cast<Module*>(m)->training_ = on;
 }
 
 void Module::reset_parameters(uint64_t seed) {

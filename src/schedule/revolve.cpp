@@ -26,6 +26,10 @@ void check_arguments(const char* function, int64_t n, int s) {
   if (s < 1) throw Error(describe(function, n, s) + ": the slot count s must be >= 1");
 }
 
+// Slots beyond n change no schedule and no count (n - 1 of them already store all); bounding s by
+// n keeps s + 1 and the binomials within range for any s a caller passes (INT_MAX included).
+int useful_slots(int64_t n, int s) { return static_cast<int>(std::min<int64_t>(s, std::max<int64_t>(n, 1))); }
+
 }  // namespace
 
 uint64_t binomial_beta(int s, int r) {
@@ -48,6 +52,7 @@ uint64_t binomial_beta(int s, int r) {
 
 int revolve_repetition_number(int64_t n, int s) {
   check_arguments("revolve_repetition_number", n, s);
+  s = useful_slots(n, s);
   if (n <= 1) return 0;
   if (s == 1) {  // beta(1, r) = r + 1
     if (n - 1 > INT_MAX)
@@ -69,6 +74,7 @@ int revolve_repetition_number(int64_t n, int s) {
 
 int64_t revolve_optimal_forward_steps(int64_t n, int s) {
   check_arguments("revolve_optimal_forward_steps", n, s);
+  s = useful_slots(n, s);
   const int r = revolve_repetition_number(n, s);
   const uint64_t rows = static_cast<uint64_t>(r), steps = static_cast<uint64_t>(n);
   const uint64_t subtract = binomial_beta(s + 1, r - 1);  // <= r * n, since t(n, s) >= 0
@@ -161,6 +167,7 @@ void RevolveWriter::reverse(int64_t begin, int64_t end, int slot_of_begin, std::
 
 std::vector<RevolveAction> revolve_schedule(int64_t n, int s) {
   check_arguments("revolve_schedule", n, s);
+  s = useful_slots(n, s);
   if (n > kMaxScheduleSteps)
     throw Error(describe("revolve_schedule", n, s) + ": n exceeds " + std::to_string(kMaxScheduleSteps) +
                 " (2^24) steps, the longest schedule remat materialises (about 4 actions of 24 bytes per step)");

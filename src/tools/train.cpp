@@ -65,6 +65,10 @@ std::string combine_digest(const std::vector<std::optional<uint64_t>>& hashes) {
   return buffer;
 }
 
+// The step whose gradients grad_digest hashes, the same under every policy: the first one that
+// runs a budget policy's plan (after its profiling steps), or the last step of a shorter run.
+int64_t digest_step(int64_t steps) { return std::min<int64_t>(BudgetPlanner::kProfilingSteps, steps - 1); }
+
 std::string gradient_digest(const nn::Module& model) {
   std::vector<std::optional<uint64_t>> hashes;
   for (const auto& [name, p] : model.named_parameters()) {
@@ -407,7 +411,7 @@ RunMeasure StepLoop::run() {
 }
 
 // --fuse-optimizer: AdamW inside the backward. Sums the squared gradient norm into grad_sq as the
-// updates run and, at the first step, puts the digest's parts into hashes.
+// updates run and, at the digest's step, puts the digest's parts into hashes.
 FusedUpdate StepLoop::fused_update(int64_t step, double& grad_sq, std::vector<std::optional<uint64_t>>& hashes) {
   nn::AdamW& optimizer = opt_.optimizer;
   optimizer.set_lr(opt_.lr_at(step));
@@ -426,7 +430,8 @@ FusedUpdate StepLoop::fused_update(int64_t step, double& grad_sq, std::vector<st
                              o_.save.empty() ? "" : ", nothing was saved",
                              ". Lower --lr, or pass --allow-nonfinite to keep going"));
                        grad_sq += sq;
-                       if (step == 0) hashes[static_cast<size_t>(opt_.optimizer.index_of(p))] = gradient_hash(g);
+                       if (step == digest_step(o_.steps))
+                         hashes[static_cast<size_t>(opt_.optimizer.index_of(p))] = gradient_hash(g);
                      }};
 }
 
@@ -434,13 +439,14 @@ FusedUpdate StepLoop::fused_update(int64_t step, double& grad_sq, std::vector<st
 StepLoop::Gradients StepLoop::gradients(int64_t step) {
   std::optional<FusedUpdate> fused;
   double fused_grad_sq = 0;                           // --fuse-optimizer: the squared gradient norm
-  std::vector<std::optional<uint64_t>> fused_hashes;  // and, at the first step, the digest's parts
+  std::vector<std::optional<uint64_t>> fused_hashes;  // and, at the digest's step, its parts
   if (o_.fuse_optimizer) fused.emplace(fused_update(step, fused_grad_sq, fused_hashes));
   const StepGradients sg = step_gradients(*l_.model, l_.split.train, o_.batch, l_.config.seq, o_.seed, policy_, step,
                                           step_dp_, fused ? &*fused : nullptr);
   m_.communication_seconds += sg.communication_seconds;
   m_.hidden_seconds += sg.hidden_seconds;
-  if (step == 0) m_.digest = o_.fuse_optimizer ? combine_digest(fused_hashes) : gradient_digest(*l_.model);
+  if (step == digest_step(o_.steps))
+    m_.digest = o_.fuse_optimizer ? combine_digest(fused_hashes) : gradient_digest(*l_.model);
   // the global gradient norm, clipped to --clip (infinity: measured, not clipped)
   const double grad_norm = o_.fuse_optimizer
                                ? std::sqrt(fused_grad_sq)

@@ -57,7 +57,7 @@ struct RunMeasure {
   size_t peak_saved = 0, peak_total = 0;
   double recomputed_flops = 0;
   DynamicCounters dynamic;  // dynamic: and offload: policies, summed over the run
-  std::string digest;       // of the first step's gradients
+  std::string digest;       // of the gradients of step min(kProfilingSteps, steps - 1) + 1
   double communication_seconds = 0, hidden_seconds = 0;
   size_t optimizer_state_bytes = 0;  // allocated by the first step (AdamW's moments)
   double train_seconds = 0;

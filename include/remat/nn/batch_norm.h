@@ -9,12 +9,10 @@
 // Training mode normalises each channel with the batch's mean and biased variance and updates
 //   running_mean = (1 - momentum) running_mean + momentum mean
 //   running_var  = (1 - momentum) running_var  + momentum var * n / (n - 1)
-// (n values per channel), as PyTorch does. Under a recomputing policy the layer's forward runs
-// again in the backward pass; that re-run (remat::is_recomputing() is true) normalises with the
-// batch statistics it computes again from the same, kept input — bitwise the ones of the first
-// run — and does not touch the running statistics, so they change exactly once per training
-// step under every policy (tests/test_nn_batch_norm.cpp checks save-all, every-layer, every-k
-// and a budget against each other, bit for bit). num_batches_tracked() counts those updates.
+// (n values per channel), as PyTorch does. The update is a side effect of the batch_norm op, so a
+// recomputation (any policy, dynamic: and offload: included) normalises with the batch statistics
+// computed again from the same input and leaves the running statistics alone: they change exactly
+// once per training step under every policy. num_batches_tracked() counts those updates.
 //
 // Parameters (affine): weight [C] = 1, bias [C] = 0. The running statistics are state, not
 // parameters: they take no gradient, are not in named_parameters() (so Module::save does not

@@ -41,8 +41,10 @@ namespace remat::nn {
 
 Tensor einsum(const std::string& spec, const TensorList& operands);
 
-// Up to this many operands the contraction order is exactly optimal; above it, greedy.
+// Up to this many operands the contraction order is exactly optimal; above it, greedy; above
+// kEinsumGreedyLimit, left to right (the greedy search's work grows as the cube of the count).
 inline constexpr int kEinsumOptimalLimit = 8;
+inline constexpr int kEinsumGreedyLimit = 64;
 
 // The pairwise contraction order einsum() uses for operands of these shapes (opt_einsum's
 // contract_path). Each step removes operands `first` < `second` from the current list and
@@ -56,6 +58,7 @@ struct EinsumPath {
   std::vector<EinsumStep> steps;
   double flops = 0;        // total over the steps
   bool optimal = false;    // exact optimum (false: greedy)
+  std::string method;      // "optimal", "greedy" or "sequential"
 };
 EinsumPath einsum_path(const std::string& spec, const std::vector<Shape>& shapes);
 

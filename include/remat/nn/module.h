@@ -112,10 +112,16 @@ RngState parameter_rng_state(uint64_t seed, uint64_t index);
 // `state`; Kind::keep does nothing.
 void init_tensor(const Tensor& tensor, const Init& init, RngState state);
 
+// Modules nest at most this deep (a module with no children counts 1). A deeper nesting is a
+// remat::Error naming the limit: when the module that makes it too deep is registered, or else
+// (a tree grown top-down) when it is called or its tree is walked (parameters(), train(), ...).
+// Calls recurse on the stack, and this bound keeps them well within a thread's default stack.
+inline constexpr int kMaxModuleNesting = 1000;
+
 class Module : public std::enable_shared_from_this<Module> {
  public:
   Module() = default;
-  virtual ~Module() = default;
+  virtual ~Module();  // destroys any depth of children without recursion
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
@@ -227,6 +233,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // Visits every parameter (deduplicated) with its dotted name.
   template <class F>
   void visit_parameters(F&& f) const;
+  // This module and every module under it, depth first in registration order, with dotted names
+  // (each shared module once when `once`); an Error when they nest beyond kMaxModuleNesting.
+  std::vector<std::pair<std::string, const Module*>> walk(bool once) const;
   Parameter* find_parameter(const std::string& dotted_name);
   const Parameter* find_parameter(const std::string& dotted_name) const;
 
@@ -235,6 +244,8 @@ class Module : public std::enable_shared_from_this<Module> {
   bool training_ = true;
   std::optional<Policy> policy_;
   CallRole role_ = CallRole::automatic;
+  bool warned_unregistered_ = false;  // called by a module that never registered it: warned once
+  int height_ = 1;  // nesting depth of the tree under this module as registered (itself: 1)
   mutable std::shared_ptr<BudgetPlanner> planner_;
 };
 

@@ -5,9 +5,9 @@
 // the weight. They are copies, so a later update of the running statistics cannot reach a
 // pending backward.
 //
-// Checkpointing: the op updates the running tensors it receives every time it runs; whether they
-// are passed is the caller's decision (nn::BatchNorm2d passes them only when
-// remat::is_recomputing() is false), so no op or kernel here knows about policies.
+// The running-statistics update is the op's side effect: it happens only on a first run
+// (autodiff::recompute_depth() == 0), never when any form of recomputation re-runs the forward
+// (see "Side effects" in docs/design.md).
 #include <cmath>
 
 #include "autodiff/kernels.h"
@@ -95,7 +95,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
           Tensor var = kernels::empty(channels, xc.dtype(), xc.device());
           be.batch_norm_statistics(xc, mean, var);
           rstd = reciprocal_std(var, eps);
-          if (rm.defined()) {
+          if (rm.defined() && autodiff::recompute_depth() == 0) {
             const double unbias = static_cast<double>(per_channel) / static_cast<double>(per_channel - 1);
             update_running(rm, mean, momentum);
             update_running(rv, kernels::unary(UnaryOp::mul_scalar, var, unbias), momentum);

@@ -32,6 +32,8 @@ inline int64_t checked_numel(const Shape& shape, const char* op) {
 // ceil_mode: rounds up, then drops a last window that would start in the right padding.
 inline int64_t output_length(const char* op, const char* axis, int64_t len, int64_t kernel, int64_t stride,
                              int64_t padding, int64_t dilation, bool ceil_mode, const Tensor& x) {
+  REMAT_CHECK(kernel >= 1 && kernel <= kMaxParameter, op, ": the kernel's ", axis, " must be in [1, ", kMaxParameter,
+              "], got ", kernel);
   const int64_t extent = dilation * (kernel - 1) + 1;  // the dilated kernel
   const int64_t span = len + 2 * padding - extent;
   REMAT_CHECK(span >= 0, op, ": the ", axis, " of the input of shape ", shape_str(x.shape()), " (", len,
