@@ -18,8 +18,8 @@
 //   last, top level: m >= max(fwd, R + x_out, bwd);   last, re-run: m >= max(fwd + x_out, bwd);
 //   region of parts [a, c-1] first: as rotor, with the region's forward sweep over its stages.
 // Every byte count is rounded up to the unit and the budget down, so a plan that fits in units
-// fits in bytes. The group's options are then read off its tables at a few memories from its
-// least feasible one to its largest: the top-level plan of the group (spliced), and the group as
+// fits in bytes. The group's options are then read off its tables at 16 memories from its least
+// feasible one to its largest (quadratically spaced): the top-level plan of the group (spliced), and the group as
 // one region re-run by its re-run plan (R = x_out only). Their summaries are computed exactly
 // from the parts' summaries (summarize), and dominated options are dropped. At the top, the same
 // programme runs over the chain's parts at the caller's limit with `slots` units, and the chosen
@@ -42,7 +42,7 @@ namespace remat::schedule {
 namespace {
 
 constexpr double kInfinite = std::numeric_limits<double>::infinity();
-constexpr int kLevelsPerMenu = 8;     // memories read off each table (top-level and re-run)
+constexpr int kLevelsPerMenu = 16;    // memories read off each table (top-level and re-run)
 constexpr int16_t kRegionBase = 1024;  // choice >= kRegionBase: a region of choice - kRegionBase parts
 
 // A node of a plan over a group's parts: part `first` with one of its options, or a region of
@@ -339,7 +339,9 @@ Part GroupBuilder::group(int first, int last, int levels) {
     if (least < 0) continue;
     int64_t previous = -1;
     for (int level = 0; level < kLevelsPerMenu; ++level) {
-      const int64_t m = least + (table.budget() - least) * level / (kLevelsPerMenu - 1);
+      // denser near the least memory, where the choice matters most
+      const int64_t span = table.budget() - least, steps = kLevelsPerMenu - 1;
+      const int64_t m = least + span * level * level / (steps * steps);
       if (m == previous) continue;
       previous = m;
       Option o;
