@@ -31,10 +31,13 @@ rs::ChainCosts random_chain(int stages, unsigned seed) {
   return c;
 }
 
+// The grouped planner with 4 top-level parts: on a small chain, groups as deep as a long
+// chain's under the default 64 top-level parts.
 rs::ChainPlanOptions grouped(int group = 16) {
   rs::ChainPlanOptions o;
   o.method = rs::RotorMethod::grouped;
   o.group = group;
+  o.top_parts = 4;
   return o;
 }
 
@@ -81,8 +84,8 @@ TEST(PlannerScale, AboveTheThresholdTheGroupedPlannerIsUsed) {
   expect_valid(c, chosen.plan, limit);
 }
 
-// Against the exact programme: every grouped plan fits, and its predicted time is at most 1.15
-// times the exact one's (docs/planners.md: measured mean 1.03, worst 1.11 with the defaults).
+// Against the exact programme: every grouped plan fits, and its predicted time is at most 1.25
+// times the exact one's (docs/planners.md: measured mean 1.04 to 1.06, worst 1.21).
 TEST(PlannerScale, GroupedPlansFitAndStayNearTheExactOptimum) {
   for (int stages : {20, 50, 100}) {
     for (unsigned seed = 1; seed <= 3; ++seed) {
@@ -96,11 +99,11 @@ TEST(PlannerScale, GroupedPlansFitAndStayNearTheExactOptimum) {
         expect_valid(c, scaled.plan, limit);
         EXPECT_LE(exact.predicted_peak_bytes, limit);
         const double ratio = scaled.plan.predicted_time / exact.predicted_time;
-        EXPECT_LE(ratio, 1.15);
+        EXPECT_LE(ratio, 1.25);
         sum += ratio;
         ++count;
       }
-      EXPECT_LE(sum / count, 1.06) << stages << " stages, seed " << seed;
+      EXPECT_LE(sum / count, 1.08) << stages << " stages, seed " << seed;
     }
   }
 }

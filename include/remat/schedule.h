@@ -213,11 +213,12 @@ size_t min_feasible_memory(const ChainCosts& costs);
 Plan plan_min_memory(const ChainCosts& costs);
 
 // plan_chain: rotor for chains of any length. Below a work threshold it is plan_rotor itself
-// (method exact); above it, the grouped planner: stages are grouped recursively into groups of at
-// most `group` parts, each group offers a few sub-plans (time, bytes kept, peaks) from a rotor-like
-// programme over its parts, and the top-level programme chooses among them under the limit
-// (docs/planners.md, "Long chains": the algorithm, O(L * group^2 * group_slots) time, and its
-// measured cost in optimality). Both return a plan that simulate() keeps within memory_limit.
+// (method exact); above it, the grouped planner: the chain is cut into top_parts parts, grouped
+// recursively into groups of at most `group` parts; each group offers a few sub-plans (time,
+// bytes kept, peaks) from a rotor-like programme over its parts, and the top-level programme
+// chooses among them under the limit (docs/planners.md, "Long chains": the algorithm,
+// O(L * group^2 * group_slots) time, and its measured cost in optimality). Both return a plan
+// that simulate() keeps within memory_limit.
 // The grouped planner throws InfeasibleError only when memory_limit is below the least peak it
 // can reach (carried in the error; at least min_feasible_memory, and above it on some chains).
 enum class RotorMethod { automatic, exact, grouped };
@@ -226,7 +227,8 @@ struct ChainPlanOptions {
   RotorMethod method = RotorMethod::automatic;
   double exact_max_work = 1e8;    // automatic: exact while L^3 * (slots + 1) / 6 is at most this
   int group = 16;                 // grouped: parts per group (>= 2)
-  int group_slots = 100;          // grouped: memory units of each group's programme (>= 8)
+  int group_slots = 400;          // grouped: memory units of each group's programme (>= 8)
+  int top_parts = 64;             // grouped: parts of the top-level programme (2 to 1000)
   // Called with the fraction done (0 to 1), at most about 100 times, by the grouped planner;
   // the library prints nothing itself.
   std::function<void(double fraction)> progress;

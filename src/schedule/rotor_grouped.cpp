@@ -1,7 +1,8 @@
 // plan_chain: the exact rotor programme for short chains, the grouped planner for long ones.
 //
-// Note (the grouped planner). The stages are split recursively into groups of at most `group`
-// parts (a part is a stage or a smaller group), all leaves at the same depth. A part offers a
+// Note (the grouped planner). The chain is cut into `top_parts` near-equal parts; each part is a
+// stage or a group, split recursively into at most `group` parts (stages or smaller groups) with
+// all its stages at the same depth. A part offers a
 // menu of options; an option is a plan for the part's stages spliced into the enclosing
 // sequence, summarised by its time and three byte counts, all relative to what is live before it:
 //   fwd  the peak of its forward part;
@@ -19,13 +20,14 @@
 //   region of parts [a, c-1] first: as rotor, with the region's forward sweep over its stages.
 // Every byte count is rounded up to the unit and the budget down, so a plan that fits in units
 // fits in bytes. The group's options are then read off its tables at 16 memories from its least
-// feasible one to its largest (quadratically spaced): the top-level plan of the group (spliced), and the group as
-// one region re-run by its re-run plan (R = x_out only). Their summaries are computed exactly
-// from the parts' summaries (summarize), and dominated options are dropped. At the top, the same
-// programme runs over the chain's parts at the caller's limit with `slots` units, and the chosen
+// feasible one to its largest (quadratically spaced): the top-level plan of the group (spliced),
+// and the group as one region re-run by its re-run plan (R = x_out only). Their summaries are
+// computed exactly from the parts' summaries (summarize), and dominated options are dropped. At the top, the same
+// programme runs over the top parts at the caller's limit with `slots` units, and the chosen
 // options are expanded into a PlanNode tree, which make_plan simulates in exact bytes.
 // The work is one programme per group: O(group^3 * group_slots) for the regions plus
-// O(group^2 * group_slots * options) for the parts, so O(L * group^2 * group_slots) in all.
+// O(group^2 * group_slots * options) for the parts, so O(L * group^2 * group_slots) in all, plus
+// O(top_parts^3 * slots) at the top.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -224,11 +226,30 @@ class GroupBuilder {
  public:
   GroupBuilder(const ChainCosts& costs, const ChainPlanOptions& options) : costs_(costs), options_(options) {}
 
-  // Levels of groups under the top-level part list, which has at most 4 * group parts.
-  int top_levels(int stages) const {
-    int levels = 1;
-    for (int64_t span = 1; (stages + span - 1) / span > 4 * int64_t{options_.group}; span *= options_.group) ++levels;
+  // The levels of groups a part of `stages` stages needs (group^levels >= stages).
+  int levels_for(int64_t stages) const {
+    int levels = 0;
+    for (int64_t span = 1; span < stages; span *= options_.group) ++levels;
     return levels;
+  }
+
+  // The top-level parts: `count` near-equal parts, each a stage or a group of its own depth.
+  std::vector<Part> split_top(int stages, int count) {
+    std::vector<Part> out;
+    for (int k = 0; k < count; ++k) {
+      const int begin = static_cast<int>(static_cast<int64_t>(stages) * k / count);
+      const int end = static_cast<int>(static_cast<int64_t>(stages) * (k + 1) / count) - 1;
+      out.push_back(end == begin ? stage(begin) : group(begin, end, levels_for(end - begin + 1)));
+    }
+    return out;
+  }
+  int64_t count_top_groups(int stages, int count) const {
+    int64_t total = 0;
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t size = stages * (k + 1) / count - stages * k / count;
+      if (size > 1) total += 1 + count_groups(size, levels_for(size));
+    }
+    return total;
   }
 
   // The parts of stages [first, last] split at `levels` levels above the stages.
@@ -412,9 +433,10 @@ void expand_sequence(const std::vector<Part>& parts, const std::vector<PartNode>
 ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options) {
   const int stages = costs.num_stages();
   GroupBuilder builder(costs, options);
-  const int levels = builder.top_levels(stages);
-  builder.set_total(builder.count_groups(stages, levels) + 1);  // + 1: the top-level programme
-  const std::vector<Part> parts = builder.split(0, stages - 1, levels);
+  const int count = std::min(stages, options.top_parts);
+  const int levels = builder.levels_for((stages + count - 1) / count);
+  builder.set_total(builder.count_top_groups(stages, count) + 1);  // + 1: the top-level programme
+  const std::vector<Part> parts = builder.split_top(stages, count);
   const size_t slots = static_cast<size_t>(options.slots);
   const auto plan_at = [&](size_t available) -> std::vector<PlanNode> {
     const size_t unit = std::max<size_t>(1, units_of(available, slots));
@@ -429,7 +451,7 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   std::vector<PlanNode> tree = plan_at(memory_limit > x0 ? memory_limit - x0 : 0);
   ChainPlan result;
   result.method = RotorMethod::grouped;
-  result.levels = levels - 1;
+  result.levels = levels;
   if (tree.empty()) {
     // The least peak reachable: the least memory of the programme at the scale of the fastest plan.
     std::vector<PartNode> fastest;
@@ -473,6 +495,8 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
   if (options.slots < 1) throw Error("plan_chain: slots must be >= 1, got " + std::to_string(options.slots));
   if (options.group < 2 || options.group > 256)
     throw Error("plan_chain: group must be from 2 to 256, got " + std::to_string(options.group));
+  if (options.top_parts < 2 || options.top_parts > 1000)
+    throw Error("plan_chain: top_parts must be from 2 to 1000, got " + std::to_string(options.top_parts));
   if (options.group_slots < 8 || options.group_slots > 100000)
     throw Error("plan_chain: group_slots must be from 8 to 100000, got " + std::to_string(options.group_slots));
   const double stages = costs.num_stages();
