@@ -10,26 +10,12 @@
 #include <vector>
 
 #include "remat/schedule.h"
+#include "../tests/random_chain.h"
 
 namespace rs = remat::schedule;
 
 namespace {
 
-rs::ChainCosts random_chain(int stages, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> time(0.5, 4.0);
-  std::uniform_int_distribution<size_t> boundary(100, 2000), saved(200, 8000);
-  rs::ChainCosts c;
-  for (int i = 0; i < stages; ++i) {
-    const double forward = time(rng);
-    c.forward_time.push_back(forward);
-    c.backward_time.push_back(forward * time(rng));
-    c.boundary_bytes.push_back(boundary(rng));
-    c.saved_bytes.push_back(saved(rng));
-  }
-  c.boundary_bytes.push_back(boundary(rng));
-  return c;
-}
 
 struct Timed {
   rs::ChainPlan plan;
