@@ -39,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -210,6 +211,35 @@ Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots = 500);
 // time among the least-peak choices of each subproblem).
 size_t min_feasible_memory(const ChainCosts& costs);
 Plan plan_min_memory(const ChainCosts& costs);
+
+// plan_chain: rotor for chains of any length. Below a work threshold it is plan_rotor itself
+// (method exact); above it, the grouped planner: the chain is cut into top_parts parts, grouped
+// recursively into groups of at most `group` parts; each group offers a few sub-plans (time,
+// bytes kept, peaks) from a rotor-like programme over its parts, and the top-level programme
+// chooses among them under the limit (docs/planners.md, "Long chains": the algorithm,
+// O(L * group^2 * group_slots) time, and its measured cost in optimality). Both return a plan
+// that simulate() keeps within memory_limit.
+// The grouped planner throws InfeasibleError only when memory_limit is below the least peak it
+// can reach (carried in the error; at least min_feasible_memory, and above it on some chains).
+enum class RotorMethod { automatic, exact, grouped };
+struct ChainPlanOptions {
+  int slots = 500;                // memory units of the top-level programme (plan_rotor's slots)
+  RotorMethod method = RotorMethod::automatic;
+  double exact_max_work = 1e8;    // automatic: exact while L^3 * (slots + 1) / 6 is at most this
+  int group = 16;                 // grouped: parts per group (>= 2)
+  int group_slots = 400;          // grouped: memory units of each group's programme (>= 8)
+  int top_parts = 64;             // grouped: parts of the top-level programme (2 to 1000)
+  // Called with the fraction done (0 to 1), at most about 100 times, by the grouped planner;
+  // the library prints nothing itself.
+  std::function<void(double fraction)> progress;
+};
+struct ChainPlan {
+  Plan plan;
+  RotorMethod method = RotorMethod::exact;  // exact or grouped: which planner made the plan
+  int levels = 0;                           // grouped: levels of groups above the stages
+  std::string describe() const;             // e.g. "exact rotor" or "grouped rotor, 3 levels of <= 16"
+};
+ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options = {});
 
 // Fixed plans.
 Plan plan_save_all(const ChainCosts& costs);      // every stage F_all

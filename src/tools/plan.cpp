@@ -1,7 +1,10 @@
 // `remat plan`: the schedule the budget policy would run, with its predicted peak and time, next
 // to uniform segments and every-layer at the same memory.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 
@@ -75,6 +78,38 @@ nlohmann::json plan_json(const std::string& name, const rs::Plan& plan, size_t o
           {"fits_budget", plan.predicted_peak_bytes + outside <= budget}};
 }
 
+// Prints the planner's progress to stderr once it has run for a second; progress(-1) ends the line.
+std::function<void(double)> progress_printer(int stages) {
+  struct State {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    bool printed = false;
+  };
+  auto state = std::make_shared<State>();
+  return [state, stages](double fraction) {
+    if (fraction < 0) {
+      if (state->printed) std::fprintf(stderr, "\n");
+      state->printed = false;
+      return;
+    }
+    if (std::chrono::steady_clock::now() - state->start < std::chrono::seconds(1)) return;
+    std::fprintf(stderr, "\rremat plan: planning %d stages: %3.0f%%", stages, 100 * fraction);
+    std::fflush(stderr);
+    state->printed = true;
+  };
+}
+
+// The segment counts to compare: all of them for short chains, about 200 spread ones for long.
+std::vector<int> segment_counts(int stages) {
+  std::vector<int> counts;
+  if (stages <= 2000) {
+    for (int k = 1; k <= stages; ++k) counts.push_back(k);
+    return counts;
+  }
+  for (double k = 1; k <= stages; k = std::max(k + 1, k * 1.05)) counts.push_back(static_cast<int>(k));
+  if (counts.back() != stages) counts.push_back(stages);
+  return counts;
+}
+
 }  // namespace
 
 int run_plan(const PlanOptions& o) {
@@ -91,11 +126,20 @@ int run_plan(const PlanOptions& o) {
   const int stages = costs.num_stages();
   const size_t limit = budget > outside ? budget - outside : 0;
   rs::Plan best, every_layer, save_all;
+  rs::ChainPlanOptions planner_options;
+  planner_options.progress = progress_printer(stages);
+  rs::RotorMethod method = rs::RotorMethod::exact;
+  std::string planner;
   try {
-    best = rs::plan_rotor(costs, limit);
+    rs::ChainPlan chosen = rs::plan_chain(costs, limit, planner_options);
+    planner_options.progress(-1);  // ends the progress line, if one was printed
+    best = std::move(chosen.plan);
+    method = chosen.method;
+    planner = chosen.describe();
     every_layer = rs::plan_every_layer(costs);
     save_all = rs::plan_save_all(costs);
   } catch (const rs::InfeasibleError& e) {
+    planner_options.progress(-1);
     size_t smallest = e.min_feasible_bytes + outside;
     throw Error(detail::concat("plan: budget ", budget, " bytes (", memory::format_bytes(static_cast<double>(budget)),
                                ") is below the smallest feasible budget, ", smallest, " bytes (",
@@ -106,7 +150,7 @@ int run_plan(const PlanOptions& o) {
   // uniform segments: the fastest segment count that fits, else the one with the least peak
   std::optional<rs::Plan> uniform;
   int uniform_segments = 0;
-  for (int k = 1; k <= stages; ++k) {
+  for (int k : segment_counts(stages)) {
     rs::Plan p = rs::plan_uniform_segments(costs, k);
     bool fits = p.predicted_peak_bytes <= limit;
     bool better = !uniform || (fits && (uniform->predicted_peak_bytes > limit || p.predicted_time < uniform->predicted_time)) ||
@@ -121,6 +165,7 @@ int run_plan(const PlanOptions& o) {
                         {"budget_bytes", budget},
                         {"outside_bytes", outside},
                         {"stages", stages},
+                        {"planner", planner},
                         {"plan", plan_json("budget", best, outside, budget)},
                         {"actions", rs::format_actions(best.actions)},
                         {"uniform_segments", plan_json("uniform:" + std::to_string(uniform_segments), *uniform, outside, budget)},
@@ -137,6 +182,8 @@ int run_plan(const PlanOptions& o) {
     std::printf("  stage %2d: forward %.4f s, backward %.4f s, input %s, saves %s\n", i, costs.forward_time[i],
                 costs.backward_time[i], memory::format_bytes(static_cast<double>(costs.boundary_bytes[i])).c_str(),
                 memory::format_bytes(static_cast<double>(costs.saved_bytes[i])).c_str());
+  std::printf("planner: %s%s\n", planner.c_str(),
+              method == rs::RotorMethod::grouped ? " (the exact programme is too slow for this chain; docs/planners.md)" : "");
   std::printf("plan (S = stage run with recording, R[a..b](...) = region re-run in the backward pass):\n  %s\n",
               rs::format_tree(best.tree).c_str());
   std::printf("%s", describe(best.tree).c_str());
