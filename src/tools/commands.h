@@ -18,8 +18,8 @@ struct TrainOptions {
   std::string data;  // empty: the default corpus
   // the defaults are the demo's (scripts/demo): measured on the fortunes corpus to reach the lowest
   // validation loss in about 3.5 minutes on 2 cores
-  int64_t layers = 4, width = 128, heads = 4, seq = 64, batch = 16, steps = 2100;
-  double lr = 3.5e-3;
+  int64_t layers = 2, width = 128, heads = 4, seq = 64, batch = 16, steps = 3800;
+  double lr = 5e-3;
   uint64_t seed = 1;
   std::string policy = "every-layer";
   double dropout = 0.0;
