@@ -45,7 +45,7 @@ const char* binary_op_name(BinaryOp op);
 
 enum class ReduceOp : uint8_t { sum, mean, max, argmax };
 
-// ---- convolution and pooling geometry (issue 17)
+// ---- convolution and pooling geometry
 // A 2-D convolution: stride, zero padding (both sides of each axis), dilation, groups.
 struct Conv2dGeometry {
   int64_t stride_h = 1, stride_w = 1;
@@ -189,7 +189,7 @@ struct AttentionParams {
   /* y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p. */                      \
   X(dropout, x, (const Tensor& x, double p, RngState state, const Tensor& y), (in(x), p, state, inout(y)))             \
                                                                                                                        \
-  /* ---- convolution, pooling and batch normalisation (issue 17; src/tensor/cpu/conv.cpp,                             \
+  /* ---- convolution, pooling and batch normalisation (src/tensor/cpu/conv.cpp,                             \
      pool.cpp, batch_norm.cpp). Images are NCHW and contiguous; weights [O, C / groups, KH, KW]. */                    \
   /* y [N, O, OH, OW] = conv(x [N, C, H, W], w) + bias [O] (bias may be undefined). */                                 \
   X(conv2d, x, (const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g,                         \

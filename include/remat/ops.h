@@ -112,7 +112,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor concat(const TensorList& tensors, int64_t axis);
 TensorList split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis);
 
-// ---- convolution, pooling and batch normalisation (issue 17; src/autodiff/ops/conv.cpp,
+// ---- convolution, pooling and batch normalisation (src/autodiff/ops/conv.cpp,
 // pool.cpp, batch_norm.cpp). Images are NCHW; a Size2 is (height, width).
 //
 //   Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});          // x [8, 3, 32, 32], w [16, 3, 3, 3] -> [8, 16, 32, 32]

@@ -110,7 +110,7 @@ __attribute__((always_inline)) inline T unary_grad(T x, T y, T gy, T s) {
 
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void unary_f32_contiguous(
     UnaryOp op, const float* __restrict x, float* __restrict y, int64_t n, float s) {
-  if (op == UnaryOp::gelu) return gelu_f32_contiguous(x, y, n);  // hand-vectorised (gelu.cpp, issue 14)
+  if (op == UnaryOp::gelu) return gelu_f32_contiguous(x, y, n);  // hand-vectorised (gelu.cpp)
   switch (op) {
 #define REMAT_CASE(name)                                                              \
   case UnaryOp::name:                                                                 \
@@ -124,7 +124,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void unary_backward_f32_contiguous(
     UnaryOp op, const float* __restrict x, const float* __restrict y, const float* __restrict gy,
     float* __restrict gx, int64_t n, float s) {
-  if (op == UnaryOp::gelu) return gelu_backward_f32_contiguous(x, gy, gx, n);  // gelu.cpp (issue 14)
+  if (op == UnaryOp::gelu) return gelu_backward_f32_contiguous(x, gy, gx, n);  // gelu.cpp
   switch (op) {
 #define REMAT_CASE(name)                                                                                  \
   case UnaryOp::name:                                                                                     \
