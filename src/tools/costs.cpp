@@ -31,14 +31,19 @@ std::string brief(const nlohmann::json& value) {
   return text;
 }
 
-// JSON nested at most kMaxDepth levels, each key once per object: checked as the parser reads.
+// JSON nested at most kMaxDepth levels, each key once per object, at most kMaxStages stages:
+// checked as the parser reads, so that a hostile file is refused without being read to its end.
+// Every object below the top level is a stage (a stage can hold no object within kMaxDepth).
 nlohmann::json parse_json(std::string_view text, const std::string& name) {
   std::vector<std::set<std::string>> keys;
+  size_t stages = 0;
   auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using Event = nlohmann::json::parse_event_t;
     if (event == Event::object_start || event == Event::array_start) {
       if (depth >= kMaxDepth) fail(name, "values are nested more than ", kMaxDepth, " levels deep");
       if (event == Event::object_start) keys.emplace_back();
+      if (event == Event::object_start && depth >= 1 && ++stages > kMaxStages)
+        fail(name, "the chain has more than ", kMaxStages, " stages; remat plan reads at most ", kMaxStages);
     } else if (event == Event::object_end) {
       keys.pop_back();
     } else if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second) {
@@ -85,7 +90,7 @@ schedule::ChainCosts parse_costs(std::string_view text, const std::string& name)
   }
   if (!stages->is_array() || stages->empty())
     fail(name, "expected a non-empty list of stages, or {\"stages\": [...], \"output_bytes\": N}");
-  if (stages->size() > kMaxStages)
+  if (stages->size() > kMaxStages)  // stages that are not objects, which the parser did not count
     fail(name, "the chain has ", stages->size(), " stages; remat plan reads at most ", kMaxStages);
   schedule::ChainCosts c;
   for (size_t i = 0; i < stages->size(); ++i) {
