@@ -285,3 +285,54 @@ TEST(DeviceSeam, ScanOnTheDeviceEqualsTheCpu) {
     for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(same_bits(cpu[i], emu[i])) << i;
   }
 }
+
+namespace {
+
+// One SGD step of a ResNet on `device`: the loss, then every parameter and every buffer (BatchNorm's
+// running statistics), on the host.
+TensorList resnet_step(Device device, size_t* buffers_on_device) {
+  nn::ResNet model({.stages = 2, .blocks_per_stage = 1, .width = 8, .classes = 5, .seed = 3});
+  model.to(device);
+  *buffers_on_device = 0;
+  for (const auto& [name, b] : model.named_buffers()) *buffers_on_device += b.device() == device ? 1 : 0;
+  const nn::SyntheticImages data = nn::make_synthetic_images({.count = 4, .classes = 5, .size = 16, .seed = 2});
+  nn::SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  Tensor loss = remat::backward([&] { return model.loss(data.images.to(device), data.labels.to(device)); },
+                                {.policy = Policy::every_layer()});
+  opt.step();
+  TensorList out{loss.to(kCpu)};
+  for (const auto& p : model.parameters()) out.push_back(p.detach().to(kCpu));
+  for (const auto& [name, b] : model.named_buffers()) out.push_back(b.to(kCpu));
+  return out;
+}
+
+}  // namespace
+
+TEST(DeviceSeam, ModuleToMovesBatchNormRunningStatsAndTheResNetTrainsThere) {
+  EmulatedDevice dev;
+  nn::BatchNorm2d bn(4);
+  const auto buffers = bn.named_buffers();
+  ASSERT_EQ(buffers.size(), 2u);
+  EXPECT_EQ(buffers[0].first, "running_mean");
+  EXPECT_EQ(buffers[1].first, "running_var");
+  bn.to(dev.device);
+  EXPECT_EQ(bn.running_mean.device(), dev.device);
+  EXPECT_EQ(bn.running_var.device(), dev.device);
+  EXPECT_EQ(bn.running_var.storage()->tag(), memory::Tag::parameter);
+  EXPECT_TRUE(same_bits(bn.running_var, ones({4})));
+
+  size_t cpu_buffers = 0, device_buffers = 0;
+  const TensorList cpu = resnet_step(kCpu, &cpu_buffers);
+  dev.backend.asked.clear();
+  const uint64_t fallbacks = fallback_calls(dev.device);
+  const TensorList emu = resnet_step(dev.device, &device_buffers);
+  // 2 stages of one pre-activation block (2 BatchNorms each) and the final BatchNorm: 5 x 2
+  EXPECT_EQ(device_buffers, 10u);
+  EXPECT_EQ(cpu_buffers, 10u);
+  EXPECT_EQ(fallback_calls(dev.device), fallbacks) << "a kernel ran on the CPU";
+  EXPECT_TRUE(dev.backend.asked.count(Kernel::batch_norm_statistics));
+  ASSERT_EQ(cpu.size(), emu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(same_bits(cpu[i], emu[i])) << i;
+  // the running statistics were updated (the last tensor: the last BatchNorm's running_var)
+  EXPECT_FALSE(same_bits(cpu.back(), ones(cpu.back().shape())));
+}

@@ -14,9 +14,11 @@
 #include "module_models.h"
 #include "remat/dynamic.h"
 #include "remat/saved_hooks.h"
+#include "temp_dir.h"
 
 using namespace remat;
 using remat::testing::bitwise_equal;
+using remat::testing::fresh_dir;
 
 namespace {
 
@@ -314,13 +316,6 @@ TEST(Dynamic, ComposesWithRegionsAndModules) {
 // ---- offload:DIR
 
 namespace {
-
-std::string fresh_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("remat-test-" + name + "-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
 
 size_t files_under(const std::string& dir) {
   size_t n = 0;

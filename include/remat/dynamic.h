@@ -41,31 +41,19 @@
 //
 // offload:DIR[,threshold=BYTES][,ram=BYTES]. Saved values of at least `threshold` bytes (default
 // 1 MiB) are written by a background thread to a file in DIR and dropped from memory once written;
-// smaller ones stay in memory. The file stays mapped into the process, so the backward pass reads a
-// value whose pages are still in the kernel's page cache straight from them, with no copy (should
-// the kernel drop them after that check and the disk then fail to read them, the process gets
-// SIGBUS, as with any mapped file); a value whose pages the kernel has dropped is read back into
-// memory by the background thread, asked for by the engine a few nodes ahead of need so that reads
-// overlap computation. The allocator counts a value read back, mapped or copied, from then until
-// the backward pass is done with it. A mapped value held past its scope (kept by a CustomOp's
-// backward, say) keeps its range of the file, and the file, until the last tensor over it is gone.
-// `ram` bounds the bytes of values in flight (written or read but not yet dropped); the forward
-// waits when it is reached (that time is counted as stall). The file has no name (it is unlinked
-// from the start), so the kernel removes it on every exit path, a crash included, and DIR never
-// shows it. A value's range of the file is reused as soon as the value is no longer needed, and
-// when the scope ends the file is kept, one per directory, for the next scope (overwriting a file's
-// pages is several times faster than writing new ones); its size is the largest sum of offloaded
-// bytes alive at once. release_offload_files() closes the kept files and gives their disk space
-// back. A directory that cannot be written, or a write that fails (a full disk), is a remat::Error
-// at the next saved value or read, and nothing is lost: a value whose write failed stays in memory.
-// Written values may stay in the kernel's page cache until it writes them to disk: that memory is
-// the kernel's to reclaim, and remat's allocator counts only the values in flight. On a machine
-// with no core to spare for the writer thread (cores <= num_threads()), a scope whose previous
-// scope on the same directory kept the writer busy for at least a quarter of its forward pass runs
-// its parallel kernels on one thread fewer from its first write until its backward pass begins (and
-// again from a read the writer thread has to do), so that the writer does not preempt a kernel's
-// thread mid-region; GEMM and oneDNN convolutions keep every thread, so no result changes
-// (detail::yield_core in remat/backend.h).
+// smaller ones stay where they are. A value saved on a device other than the CPU is copied to host
+// memory first (its device memory is freed) and comes back to that device, counted there as saved,
+// when the backward pass reads it. The backward pass gets values back ahead of need where it can;
+// gradients are bitwise equal to save-all's. `ram` bounds the bytes of values in flight (written or
+// read but not yet dropped); the forward waits when it is reached (counted as stall). DIR never
+// shows a file of ours, on any exit path; the file is kept, one per directory, for the next scope,
+// and release_offload_files() closes the kept files. A directory that cannot be written, or a write
+// that fails (a full disk), is a remat::Error at the next saved value or read, and nothing is
+// lost: a value whose write failed stays in memory. The allocator counts values in flight and
+// values handed back while the backward pass uses them, not the kernel's page cache. Values read
+// back from the file's mapped pages share the fate of any mapped file: a disk that fails to read
+// them gives SIGBUS. How (the nameless mapped file, read-back, lending a core to the writer, device
+// values): the Notes of src/checkpoint/offload.cpp and offload_file.cpp.
 #pragma once
 
 #include <cstddef>

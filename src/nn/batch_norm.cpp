@@ -22,8 +22,8 @@ BatchNorm::BatchNorm(int64_t num_features, double eps, double momentum, bool aff
     bias = register_parameter("bias", {num_features}, dtype, Init::zeros());
   }
   if (track_running_stats) {
-    running_mean = zeros({num_features}, dtype, memory::Tag::parameter);
-    running_var = ones({num_features}, dtype, memory::Tag::parameter);
+    running_mean = register_buffer("running_mean", zeros({num_features}, dtype, memory::Tag::parameter));
+    running_var = register_buffer("running_var", ones({num_features}, dtype, memory::Tag::parameter));
   }
 }
 

@@ -173,6 +173,8 @@ void Module::check_new_name(const std::string& name, const char* what) const {
               "\" contains '.', which separates the parts of dotted names");
   for (const auto& p : parameters_)
     REMAT_CHECK(p.name != name, type_name(), ": a parameter named \"", name, "\" is already registered");
+  for (const auto& b : buffers_)
+    REMAT_CHECK(b.first != name, type_name(), ": a buffer named \"", name, "\" is already registered");
   for (const auto& c : children_)
     REMAT_CHECK(c.name != name, type_name(), ": a module named \"", name, "\" is already registered");
 }
@@ -295,6 +297,23 @@ NamedTensors Module::named_parameters() const {
   return out;
 }
 
+Tensor Module::register_buffer(const std::string& name, const Tensor& value) {
+  check_new_name(name, "buffer");
+  REMAT_CHECK(value.defined(), type_name(), ": buffer \"", name, "\" is an undefined tensor");
+  REMAT_CHECK(!value.requires_grad(), type_name(), ": buffer \"", name, "\" requires grad (register a parameter)");
+  buffers_.emplace_back(name, value);
+  return value;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  std::unordered_set<const TensorImpl*> seen;
+  for (const auto& [name, m] : walk(/*once=*/true))
+    for (const auto& [own, t] : m->buffers_)
+      if (seen.insert(&t.impl()).second) out.emplace_back(name.empty() ? own : name + "." + own, t);
+  return out;
+}
+
 TensorList Module::parameters() const {
   TensorList out;
   visit_parameters([&](const std::string&, const Parameter& p) { out.push_back(p.tensor); });
@@ -345,18 +364,24 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_child
 
 std::vector<std::pair<std::string, const Module*>> Module::named_modules() const { return walk(/*once=*/true); }
 
+namespace {
+// Gives t's impl a contiguous copy of its values on `device` (every holder of t sees the move).
+void move_in_place(const Tensor& t, Device device) {
+  if (t.device() == device) return;
+  Tensor moved = Tensor::empty(t.shape(), t.dtype(), t.storage()->tag(), device);
+  copy_between_devices(t, moved);
+  TensorImpl& impl = t.impl();
+  impl.storage = moved.storage();
+  impl.offset = 0;
+  impl.strides = moved.strides();
+  impl.grad.reset();
+}
+}  // namespace
+
 Module& Module::to(Device device) {
   backend(device);  // a device without a backend is an error before anything moves
-  for (auto& [name, p] : named_parameters()) {
-    if (p.device() == device) continue;
-    Tensor moved = Tensor::empty(p.shape(), p.dtype(), memory::Tag::parameter, device);
-    copy_between_devices(p, moved);
-    TensorImpl& impl = p.impl();
-    impl.storage = moved.storage();
-    impl.offset = 0;
-    impl.strides = moved.strides();
-    impl.grad.reset();
-  }
+  for (const auto& [name, p] : named_parameters()) move_in_place(p, device);
+  for (const auto& [name, b] : named_buffers()) move_in_place(b, device);
   return *this;
 }
 

@@ -575,8 +575,6 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   const CheckedOptions checked = check_options(o, dp);
   REMAT_USAGE_CHECK(o.device == "cpu" || dp.micro_batches() == 1, "train: --device ", o.device,
                     " runs one micro-batch per step in one process (--accumulate and mpirun add gradients on the host)");
-  REMAT_USAGE_CHECK(o.device == "cpu" || checked.policy.kind != Policy::Kind::offload, "train: --policy ", o.policy,
-                    " keeps saved values of host memory only; it does not run with --device ", o.device, " yet");
   Loaded l = load(o, select_device("train --device", o.device));
   if (o.eval_only) return evaluate_only(o, l);
   if (dp.world > 1) check_ranks_agree(o, l.tokens, *l.model);

@@ -89,8 +89,6 @@ TEST(CliDevice, TextThatIsNoDeviceIsAUsageError) {
   expect_clean_error(remat_cli("sample --load nothing.safetensors --device gpu"), 2, "sample --device: \"gpu\" is not a device");
   // what the device path does not run (yet): refused before any device is asked for
   expect_clean_error(remat_cli(tiny_train("--device cuda --accumulate 2")), 2, "runs one micro-batch per step");
-  expect_clean_error(remat_cli(tiny_train("--device cuda --policy offload:/tmp")), 2,
-                     "train: --policy offload:/tmp keeps saved values of host memory only; it does not run with --device cuda yet");
 }
 
 TEST(CliDevice, CudaWithoutAUsableDeviceIsAClearError) {
@@ -108,6 +106,9 @@ TEST(CliDevice, CudaWithoutAUsableDeviceIsAClearError) {
     EXPECT_EQ(j.code, 1) << j.output;
     EXPECT_TRUE(has(j, "\"exit_code\":1")) << j.output;
   }
+  // offload of device values is not refused: the device is what is missing
+  expect_clean_error(remat_cli(tiny_train("--device cuda --policy offload:/tmp")), 1,
+                     "train --device cuda: " + expected_cuda_reason());
   // sample refuses the device before reading the weights
   expect_clean_error(remat_cli("sample --load nothing.safetensors --device cuda"), 1,
                      "sample --device cuda: " + expected_cuda_reason());
@@ -135,4 +136,8 @@ TEST(CliDevice, TrainsAndSamplesOnTheGpu) {
   const CliRun cpu = remat_cli("sample --device cpu --tokens 5 --temperature 0 --load " + weights.string());
   EXPECT_EQ(s.output, cpu.output);  // greedy: the same most likely characters on either device
   fs::remove(weights);
+  // offload: the device's saved values go through host memory to a file and back
+  const CliRun o = remat_cli(tiny_train("--device cuda --policy offload:/tmp,threshold=4KiB --json"));
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_FALSE(has(o, "\"values_offloaded\":0,")) << o.output;
 }

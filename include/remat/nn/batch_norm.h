@@ -17,6 +17,7 @@
 // Parameters (affine): weight [C] = 1, bias [C] = 0. The running statistics are state, not
 // parameters: they take no gradient, are not in named_parameters() (so Module::save does not
 // write them; use running_mean / running_var directly), and live in the parameter memory account.
+// They are the module's buffers (named_buffers()), so to(device) moves them with the parameters.
 #pragma once
 
 #include <cstdint>

@@ -147,6 +147,10 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor register_parameter(const std::string& name, const Shape& shape, DType dtype, Init init);
   // Registers a parameter holding a copy of `value` (its init rule is Init::keep()).
   Tensor register_parameter(const std::string& name, const Tensor& value);
+  // Registers state that is not a parameter (BatchNorm's running statistics): it takes no
+  // gradient and is not in named_parameters() (so save() does not write it), but to() moves it
+  // with the parameters. Returns `value` itself (its holders see the move).
+  Tensor register_buffer(const std::string& name, const Tensor& value);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     add_child(name, module);
@@ -176,11 +180,13 @@ class Module : public std::enable_shared_from_this<Module> {
   // The budget planner used when this module is the plan scope (the root under budget:BYTES).
   const std::shared_ptr<BudgetPlanner>& planner() const;
 
+  // The buffers (register_buffer), recursively, in the order of named_parameters(), each once.
+  NamedTensors named_buffers() const;
+
   // Drops every parameter's accumulated gradient.
   void zero_grad();
-  // Moves every parameter to `device` in place (the tensors every holder sees now live there; their
-  // gradients are dropped); returns *this. Modules with state outside their parameters (BatchNorm's
-  // running statistics) keep that state where it was.
+  // Moves every parameter and every buffer to `device` in place (the tensors every holder sees now
+  // live there; the parameters' gradients are dropped); returns *this.
   Module& to(Device device);
   // Training mode (dropout active) or evaluation mode; propagates to all children.
   void train(bool on = true);
@@ -243,6 +249,7 @@ class Module : public std::enable_shared_from_this<Module> {
   const Parameter* find_parameter(const std::string& dotted_name) const;
 
   std::vector<Parameter> parameters_;
+  NamedTensors buffers_;
   std::vector<Child> children_;
   bool training_ = true;
   std::optional<Policy> policy_;

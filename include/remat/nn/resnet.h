@@ -92,8 +92,8 @@ class ResNet : public Module {
   Tensor loss(const Tensor& images, const Tensor& labels);
   std::string type_name() const override;
   const ResNetConfig& config() const { return config_; }
-  // Every BatchNorm2d of the model, in order (their running statistics are state outside
-  // named_parameters()).
+  // Every BatchNorm2d of the model, in order (their running statistics are buffers: outside
+  // named_parameters(), moved by to()).
   std::vector<std::shared_ptr<BatchNorm>> batch_norms() const { return batch_norms_; }
 
   std::shared_ptr<Sequential> layers;

@@ -1,0 +1,183 @@
+// offload:DIR of values saved on a device other than the CPU, proven on the test-only emulated
+// device (emulated_backend.h): gradients bitwise equal to save-all on the same device, the
+// device's saved bytes gone while the values are offloaded and back (counted as saved) while the
+// backward pass uses them, small values kept on the device, and a GPT and a ResNet step with no
+// kernel run on the CPU.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+
+#include "checkpoint_models.h"
+#include "emulated_backend.h"
+#include "remat/backend.h"
+#include "remat/checkpoint.h"
+#include "remat/dynamic.h"
+#include "remat/nn.h"
+#include "temp_dir.h"
+
+using namespace remat;
+using remat::testing::EmulatedDevice;
+using remat::testing::fresh_dir;
+
+namespace {
+
+bool same_bits(const Tensor& a, const Tensor& b) { return remat::testing::bitwise_equal(a.to(kCpu), b.to(kCpu)); }
+
+size_t device_saved(Device device) { return memory_stats(device).live(memory::Tag::saved); }
+
+// mean(tanh(...tanh(x W)... W)), n layers: saves x, the n activations and W, each 64 x 64 f32.
+Tensor tanh_chain(const Tensor& x, const Tensor& weight, int n) {
+  Tensor h = x;
+  for (int i = 0; i < n; ++i) h = tanh(matmul(h, weight));
+  return mean(h);
+}
+
+constexpr int kLayers = 12;
+constexpr size_t kValueBytes = 64 * 64 * 4;
+
+// The weight's gradient of the chain under save-all.
+Tensor save_all_gradient(const Tensor& x, const Tensor& weight) {
+  ScopedPolicy keep(Policy::save_all());
+  return remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];
+}
+
+}  // namespace
+
+TEST(OffloadOnADevice, GradientsEqualSaveAllAndSavedBytesLeaveTheDevice) {
+  EmulatedDevice dev;
+  const std::string dir = fresh_dir("offload-device");
+  Tensor weight = randn({64, 64}, DType::f32, RngState{3, 0}, 0.0, 0.12).to(dev.device).requires_grad_();
+  Tensor x = randn({64, 64}, DType::f32, RngState{4, 0}).to(dev.device);
+
+  const Tensor reference = save_all_gradient(x, weight);
+  // under save-all the device keeps x, the n activations and the weight (a plain tensor here, not
+  // a module's parameter) as saved values until the backward pass
+  const size_t save_all_saved = (kLayers + 2) * kValueBytes;
+  {
+    ScopedPolicy keep(Policy::save_all());
+    Tensor loss = tanh_chain(x, weight, kLayers);
+    EXPECT_EQ(device_saved(dev.device), save_all_saved);
+  }
+  ASSERT_EQ(reference.device(), dev.device);
+
+  // threshold 1 KiB: every value goes to the host and the file; 1 MiB: every value stays
+  for (size_t threshold : {size_t{1024}, size_t{1} << 20}) {
+    SCOPED_TRACE(threshold);
+    const bool moves = threshold <= kValueBytes;
+    reset_counters();
+    const uint64_t to_host = dev.backend.device_to_host, to_device = dev.backend.host_to_device;
+    const uint64_t fallbacks = fallback_calls(dev.device);
+    Tensor got;
+    {
+      OffloadOptions options;
+      options.directory = dir;
+      options.threshold_bytes = threshold;
+      OffloadScope scope(options);
+      Tensor loss = tanh_chain(x, weight, kLayers);
+      scope.wait_for_writes();
+      EXPECT_EQ(device_saved(dev.device), moves ? 0 : save_all_saved);
+      EXPECT_EQ(memory::live_bytes(memory::Tag::saved), 0u) << "host copies are dropped once written";
+      EXPECT_EQ(counters().dynamic.bytes_offloaded, moves ? (kLayers + 2) * kValueBytes : 0);
+      EXPECT_EQ(dev.backend.device_to_host - to_host, moves ? kLayers + 2 : 0u);
+      reset_peaks(dev.device);
+      got = remat::grad(TensorList{loss}, {weight})[0];
+      // read back onto the device and counted as saved there while the backward used them
+      if (moves) EXPECT_GE(memory_stats(dev.device).peak(memory::Tag::saved), kValueBytes);
+      EXPECT_EQ(dev.backend.host_to_device - to_device, moves ? kLayers + 2 : 0u);
+    }
+    EXPECT_EQ(got.device(), dev.device);
+    EXPECT_TRUE(same_bits(got, reference));
+    EXPECT_EQ(fallback_calls(dev.device), fallbacks) << "a kernel ran on the CPU";
+    EXPECT_EQ(device_saved(dev.device), 0u);
+    EXPECT_EQ(memory::live_bytes(memory::Tag::saved), 0u);
+  }
+  release_offload_files();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OffloadOnADevice, AFailedWriteKeepsTheValueAndItComesBackToTheDevice) {
+  EmulatedDevice dev;
+  const std::string dir = fresh_dir("offload-device-full");
+  Tensor weight = randn({64, 64}, DType::f32, RngState{5, 0}, 0.0, 0.12).to(dev.device).requires_grad_();
+  Tensor x = randn({64, 64}, DType::f32, RngState{6, 0}).to(dev.device);
+  const Tensor reference = save_all_gradient(x, weight);
+  OffloadOptions options;
+  options.directory = dir;
+  options.threshold_bytes = 1024;
+  options.fail_after_bytes = 4 * kValueBytes;  // the fifth write fails, as on a full disk
+  bool failed = false;
+  try {
+    OffloadScope scope(options);
+    Tensor loss = tanh_chain(x, weight, kLayers);
+    scope.wait_for_writes();
+    (void)remat::grad(TensorList{loss}, {weight});
+  } catch (const Error& e) {
+    failed = true;
+    EXPECT_NE(std::string(e.what()).find("nothing was lost"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(failed);
+  EXPECT_EQ(device_saved(dev.device), 0u);
+  // the same program under a healthy disk
+  options.fail_after_bytes = 0;
+  {
+    OffloadScope scope(options);
+    Tensor got = remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];
+    EXPECT_TRUE(same_bits(got, reference));
+  }
+  release_offload_files();
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// One forward + backward of `loss` under `policy`; the loss and every parameter's gradient.
+TensorList step(nn::Module& model, const std::function<Tensor()>& loss, const Policy& policy) {
+  model.zero_grad();
+  manual_seed(77);  // the same dropout masks every step
+  Tensor value = backward(loss, GradOptions{policy});
+  TensorList out{value.detach().to(kCpu)};
+  for (const auto& p : model.parameters()) out.push_back(p.grad().defined() ? p.grad().to(kCpu) : Tensor());
+  return out;
+}
+
+void expect_offload_equals_save_all(nn::Module& model, const std::function<Tensor()>& loss, Device device) {
+  const std::string dir = fresh_dir("offload-device-model");
+  const uint64_t fallbacks = fallback_calls(device);
+  const TensorList want = step(model, loss, Policy::save_all());
+  reset_counters();
+  const TensorList got = step(model, loss, Policy::offload(dir, /*threshold=*/4096));
+  EXPECT_GT(counters().dynamic.bytes_offloaded, 0u);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(remat::testing::bitwise_equal(want[i], got[i])) << "output " << i;
+  EXPECT_EQ(fallback_calls(device), fallbacks) << "a kernel ran on the CPU";
+  EXPECT_EQ(device_saved(device), 0u);
+  release_offload_files();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+TEST(OffloadOnADevice, GptAndResNetStepsEqualSaveAllOnTheDevice) {
+  EmulatedDevice dev;
+  {
+    SCOPED_TRACE("GPT");
+    nn::GPT gpt({.vocab = 37, .layers = 3, .width = 32, .heads = 2, .seq = 16, .dropout = 0.1, .seed = 5});
+    gpt.to(dev.device);
+    std::vector<int64_t> ids(2 * 16), targets(2 * 16);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<int64_t>((i * 7 + 3) % 37);
+      targets[i] = static_cast<int64_t>((i * 5 + 1) % 37);
+    }
+    Tensor x = from_indices(ids, {2, 16}, dev.device), y = from_indices(targets, {2, 16}, dev.device);
+    expect_offload_equals_save_all(gpt, [&] { return gpt.loss(x, y); }, dev.device);
+  }
+  {
+    SCOPED_TRACE("ResNet");
+    nn::ResNet resnet({.stages = 2, .blocks_per_stage = 1, .width = 8, .classes = 5, .seed = 3});
+    resnet.to(dev.device);
+    const nn::SyntheticImages data = nn::make_synthetic_images({.count = 4, .classes = 5, .size = 16, .seed = 2});
+    Tensor images = data.images.to(dev.device), labels = data.labels.to(dev.device);
+    expect_offload_equals_save_all(resnet, [&] { return resnet.loss(images, labels); }, dev.device);
+  }
+}
