@@ -17,8 +17,10 @@ inline constexpr int64_t kMaxMicroBatches = 1'000'000'000'000;  // steps x accum
 struct TrainOptions {
   std::string data;  // empty: the default corpus
   std::string device = "cpu";  // --device: cpu, cuda or cuda:N (device_option.h)
-  int64_t layers = 4, width = 128, heads = 4, seq = 64, batch = 32, steps = 1000;
-  double lr = 2e-3;
+  // the defaults are the demo's (scripts/demo): measured on the fortunes corpus to reach the lowest
+  // validation loss in about 3.5 minutes on 2 cores
+  int64_t layers = 2, width = 128, heads = 4, seq = 64, batch = 16, steps = 3800;
+  double lr = 5e-3;
   uint64_t seed = 1;
   std::string policy = "every-layer";
   double dropout = 0.0;
@@ -53,7 +55,7 @@ struct SampleOptions {
   std::string prompt;
   std::string device = "cpu";  // --device
   int64_t tokens = 300;
-  double temperature = 0.8;  // 0: greedy (the most likely character each step)
+  double temperature = 0.6;  // 0: greedy (the most likely character each step)
   int64_t top_k = 0;         // > 0: sample among the k most likely characters only
   double top_p = 1.0;        // < 1: sample among the fewest characters whose probability reaches p
   bool raw = false;          // write the bytes as generated (default: valid UTF-8, bad bytes escaped)
