@@ -78,6 +78,15 @@ class Numbers {
   std::vector<std::function<void()>> converters_;
 };
 
+// A subcommand's options and the conversions of its numeric ones, shared by its registration and
+// its run (which holds it alive).
+template <class Options>
+struct Parsed {
+  explicit Parsed(CLI::App* app) : numbers(app) {}
+  Options options;
+  Numbers numbers;
+};
+
 inline constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 
 // The model options shared by train and plan.

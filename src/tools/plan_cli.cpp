@@ -3,19 +3,9 @@
 
 namespace remat::tools {
 
-namespace {
-
-struct PlanCommand {
-  explicit PlanCommand(CLI::App* app) : numbers(app) {}
-  PlanOptions options;
-  Numbers numbers;
-};
-
-}  // namespace
-
 Subcommand add_plan(CLI::App& app) {
   auto* p = app.add_subcommand("plan", "show the schedule a budget:BYTES policy runs, against uniform segments and every-layer");
-  auto command = std::make_shared<PlanCommand>(p);
+  auto command = std::make_shared<Parsed<PlanOptions>>(p);
   PlanOptions& plan = command->options;
   p->add_option("--budget", plan.budget, "memory budget for saved bytes, e.g. 64MiB")->required();
   p->add_option("--costs", plan.costs, "JSON file of per-stage costs instead of profiling a model");

@@ -3,19 +3,9 @@
 
 namespace remat::tools {
 
-namespace {
-
-struct SampleCommand {
-  explicit SampleCommand(CLI::App* app) : numbers(app) {}
-  SampleOptions options;
-  Numbers numbers;
-};
-
-}  // namespace
-
 Subcommand add_sample(CLI::App& app) {
   auto* s = app.add_subcommand("sample", "generate text from weights saved by `remat train --save`");
-  auto command = std::make_shared<SampleCommand>(s);
+  auto command = std::make_shared<Parsed<SampleOptions>>(s);
   SampleOptions& sample = command->options;
   Numbers& n = command->numbers;
   s->add_option("--load", sample.load, "weights file")->required();

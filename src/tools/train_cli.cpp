@@ -5,11 +5,9 @@ namespace remat::tools {
 
 namespace {
 
-struct TrainCommand {
-  explicit TrainCommand(CLI::App* app) : numbers(app) {}
-  TrainOptions options;
-  Numbers numbers;
-  bool quiet = false;
+struct TrainCommand : Parsed<TrainOptions> {
+  using Parsed::Parsed;
+  bool quiet = false;  // --quiet: options.progress = false
 };
 
 // The options after the model's: the run, the optimizer, the weights, the output.
