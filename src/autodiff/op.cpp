@@ -196,26 +196,21 @@ class StoredOp final : public OpReplay {
   BackwardFn backward_;
   double flops_;
 };
-}  // namespace
 
-
-TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& forward, BackwardFn backward,
-                 double flops) {
-  ThreadState& state = thread_state();
-  if (state.in_op_forward) {
-    TensorList outputs = forward(inputs);
-    outputs.resize(outputs.size() - static_cast<size_t>(spec.num_aux));
-    return outputs;
-  }
+void check_inputs(const OpSpec& spec, const TensorList& inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     REMAT_CHECK(inputs[i].defined(), spec.name, ": input ", i, " is undefined");
     REMAT_CHECK(inputs[i].device() == inputs[0].device(), spec.name, ": input ", i, " is on ",
                 device_name(inputs[i].device()), ", input 0 on ", device_name(inputs[0].device()),
                 "; move one with .to(device) first");
   }
+}
 
+// The op's outputs, auxiliary ones included: served by the observer (`replayed`), or computed.
+TensorList forward_outputs(const OpSpec& spec, const TensorList& inputs, const ForwardFn& forward, ThreadState& state,
+                           bool& replayed) {
   TensorList outputs;
-  bool replayed = state.observer && !state.in_backward_formula && state.observer->replay(spec.name, outputs);
+  replayed = state.observer && !state.in_backward_formula && state.observer->replay(spec.name, outputs);
   if (!replayed) {
     Restore<bool> nested(state.in_op_forward, true);
     try {
@@ -226,44 +221,51 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
   }
   REMAT_ASSERT(outputs.size() > static_cast<size_t>(spec.num_aux), spec.name, ": forward returned ",
                outputs.size(), " results");
-  size_t visible = outputs.size() - static_cast<size_t>(spec.num_aux);
+  return outputs;
+}
 
-  if (!state.in_backward_formula) {
-    double f = flops;
-    if (f < 0) {
-      f = 0;
-      for (size_t i = 0; i < visible; ++i) f += static_cast<double>(outputs[i].numel());
-    }
-    if (replayed) {
-      ++state.counters.cached_ops;
-    } else {
-      ++state.counters.forward_ops;
-      state.counters.forward_flops += f;
-      if (state.recompute_depth > 0) {
-        ++state.counters.recomputed_ops;
-        state.counters.recomputed_flops += f;
-      }
+// The op's flops: as given, or (negative) one per element of the visible outputs.
+double op_flops(double flops, const TensorList& outputs, size_t visible) {
+  double f = flops;
+  if (f < 0) {
+    f = 0;
+    for (size_t i = 0; i < visible; ++i) f += static_cast<double>(outputs[i].numel());
+  }
+  return f;
+}
+
+void count_op(ThreadState& state, bool replayed, double f) {
+  if (replayed) {
+    ++state.counters.cached_ops;
+  } else {
+    ++state.counters.forward_ops;
+    state.counters.forward_flops += f;
+    if (state.recompute_depth > 0) {
+      ++state.counters.recomputed_ops;
+      state.counters.recomputed_flops += f;
     }
   }
-  if ((state.observer || state.listener) && !state.in_backward_formula) {
-    OpEvent event{spec.name, inputs, outputs, visible, replayed, 0.0, {}, {}, {}};
-    event.saves_input = [&spec](size_t i) {
-      return (spec.save & save_inputs) != 0 && i < 32 && ((spec.saved_inputs_mask >> i) & 1u) != 0;
-    };
-    event.saves_output = [&spec, visible](size_t i) { return (spec.save & save_outputs) != 0 || i >= visible; };
-    double f = flops;
-    if (f < 0) {
-      f = 0;
-      for (size_t i = 0; i < visible; ++i) f += static_cast<double>(outputs[i].numel());
-    }
-    event.flops = f;
-    event.make_replay = [&spec, &forward, &backward, f]() -> std::shared_ptr<OpReplay> {
-      return std::make_shared<StoredOp>(spec, forward, backward, f);
-    };
-    if (state.observer) state.observer->after_forward(event);
-    if (state.listener) state.listener->on_op(event);
-  }
+}
 
+// The OpEvent for the observer and the listener.
+void notify(const OpSpec& spec, const TensorList& inputs, TensorList& outputs, size_t visible, bool replayed,
+            double f, const ForwardFn& forward, const BackwardFn& backward, ThreadState& state) {
+  OpEvent event{spec.name, inputs, outputs, visible, replayed, 0.0, {}, {}, {}};
+  event.saves_input = [&spec](size_t i) {
+    return (spec.save & save_inputs) != 0 && i < 32 && ((spec.saved_inputs_mask >> i) & 1u) != 0;
+  };
+  event.saves_output = [&spec, visible](size_t i) { return (spec.save & save_outputs) != 0 || i >= visible; };
+  event.flops = f;
+  event.make_replay = [&spec, &forward, &backward, f]() -> std::shared_ptr<OpReplay> {
+    return std::make_shared<StoredOp>(spec, forward, backward, f);
+  };
+  if (state.observer) state.observer->after_forward(event);
+  if (state.listener) state.listener->on_op(event);
+}
+
+// Whether the op goes on the tape: grad mode on, some input requiring grad, and no observer
+// suppressing it.
+bool should_record(const TensorList& inputs, ThreadState& state) {
   bool record = state.grad_enabled;
   if (record) {
     bool any = false;
@@ -272,11 +274,12 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
   }
   if (record && state.observer && !state.in_backward_formula && state.observer->suppress_recording(inputs))
     record = false;
-  if (!record) {
-    outputs.resize(visible);
-    return outputs;
-  }
+  return record;
+}
 
+// The op's node on the tape: its edges, what its backward reads, and the visible outputs attached
+// to it (those that need it as new handles).
+void record(const OpSpec& spec, const TensorList& inputs, TensorList& outputs, size_t visible, BackwardFn backward) {
   auto node = std::make_shared<OpNode>(spec, std::move(backward));
   node->num_visible_outputs = visible;
   for (const auto& in : inputs) {
@@ -301,6 +304,30 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
     }
     attach_output(out, node);  // output i of the node
   }
+}
+
+}  // namespace
+
+TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& forward, BackwardFn backward,
+                 double flops) {
+  ThreadState& state = thread_state();
+  if (state.in_op_forward) {
+    TensorList outputs = forward(inputs);
+    outputs.resize(outputs.size() - static_cast<size_t>(spec.num_aux));
+    return outputs;
+  }
+  check_inputs(spec, inputs);
+  bool replayed = false;
+  TensorList outputs = forward_outputs(spec, inputs, forward, state, replayed);
+  const size_t visible = outputs.size() - static_cast<size_t>(spec.num_aux);
+  if (!state.in_backward_formula) count_op(state, replayed, op_flops(flops, outputs, visible));
+  if ((state.observer || state.listener) && !state.in_backward_formula)
+    notify(spec, inputs, outputs, visible, replayed, op_flops(flops, outputs, visible), forward, backward, state);
+  if (!should_record(inputs, state)) {
+    outputs.resize(visible);
+    return outputs;
+  }
+  record(spec, inputs, outputs, visible, std::move(backward));
   return outputs;
 }
 

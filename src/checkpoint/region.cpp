@@ -357,23 +357,9 @@ void Region::check_recomputed(size_t s, const TensorList& outs) const {
   }
 }
 
-std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
-  using Clock = std::chrono::steady_clock;
-  REMAT_CHECK(closed_ && !open_, "checkpoint region '", label_,
-              "': the backward pass reached it while its forward pass was still running");
-  // The clock and the counters are those of the device the region's values live on; a device
-  // that runs kernels asynchronously is synchronised before each clock reading.
-  Backend& device = backend(device_);
-  auto saved_live = [&device] { return device.allocator().stats().live(memory::Tag::saved); };
-  device.synchronize();
-  const auto recompute_start = Clock::now();
-  if (profile_) {
-    const memory::Stats s = device.allocator().stats();
-    profile_->saved_live_at_backward = s.live(memory::Tag::saved);
-    profile_->saved_peak_at_backward = s.peak(memory::Tag::saved);
-  }
-  read_versions_.check("checkpoint region '" + label_ + "'");
-  // Fresh leaves for the kept values.
+// The kept external values as fresh leaves of the sub-tape (Note [the sub-tape]), requiring grad
+// like the originals.
+TensorList Region::fresh_leaves() const {
   TensorList leaves;
   leaves.reserve(externals_.size());
   for (const auto& e : externals_) {
@@ -386,8 +372,33 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
     if (e.requires_grad && is_floating(leaf.dtype())) leaf.requires_grad_(true);
     leaves.push_back(leaf);
   }
-  const uint64_t first_sequence_nr = autodiff::next_sequence_nr();
-  const size_t saved_before = saved_live();
+  return leaves;
+}
+
+// Step s recomputed as many outputs as its first run, each of the same shape, dtype and device.
+void Region::check_replayed_shapes(size_t s, const TensorList& outs) const {
+  const Step& step = steps_[s];
+  REMAT_CHECK(outs.size() >= step.output_slots.size(), "checkpoint region '", label_, "': step ", s,
+              " returned ", outs.size(), " outputs on recomputation, ", step.output_slots.size(),
+              " on the first run; a region's function must be deterministic");
+  for (size_t k = 0; k < step.output_slots.size(); ++k) {
+    const size_t slot = step.output_slots[k];
+    if (slot == SIZE_MAX) continue;
+    const autodiff::OutputMeta& first = this->outputs[slot];
+    REMAT_CHECK(outs[k].defined() && outs[k].shape() == first.shape && outs[k].dtype() == first.dtype &&
+                    outs[k].device() == first.device,
+                "checkpoint region '", label_, "': output ", k, " of step ", s, " is ",
+                outs[k].defined() ? std::string(dtype_name(outs[k].dtype())) + " " + shape_str(outs[k].shape()) + " on " +
+                                        device_name(outs[k].device())
+                                  : std::string("undefined"),
+                " on recomputation, ", dtype_name(first.dtype), " ", shape_str(first.shape), " on ",
+                device_name(first.device), " on the first run; a region's function must be deterministic");
+  }
+}
+
+// Replays every step on `leaves` with recording on, under the region's RNG state and policy,
+// selective caches served (Note [selective caches]); returns each step's outputs.
+std::vector<TensorList> Region::replay_steps(const TensorList& leaves) {
   std::vector<TensorList> replayed(steps_.size());
   RecomputeObserver observer(*this);
   {
@@ -409,22 +420,7 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
         } else {
           outs = step.op->run(args);
         }
-        REMAT_CHECK(outs.size() >= step.output_slots.size(), "checkpoint region '", label_, "': step ", s,
-                    " returned ", outs.size(), " outputs on recomputation, ", step.output_slots.size(),
-                    " on the first run; a region's function must be deterministic");
-        for (size_t k = 0; k < step.output_slots.size(); ++k) {
-          const size_t slot = step.output_slots[k];
-          if (slot == SIZE_MAX) continue;
-          const autodiff::OutputMeta& first = this->outputs[slot];
-          REMAT_CHECK(outs[k].defined() && outs[k].shape() == first.shape && outs[k].dtype() == first.dtype &&
-                          outs[k].device() == first.device,
-                      "checkpoint region '", label_, "': output ", k, " of step ", s, " is ",
-                      outs[k].defined() ? std::string(dtype_name(outs[k].dtype())) + " " + shape_str(outs[k].shape()) + " on " +
-                                              device_name(outs[k].device())
-                                        : std::string("undefined"),
-                      " on recomputation, ", dtype_name(first.dtype), " ", shape_str(first.shape), " on ",
-                      device_name(first.device), " on the first run; a region's function must be deterministic");
-        }
+        check_replayed_shapes(s, outs);
         check_recomputed(s, outs);
         replayed[s] = std::move(outs);
       }
@@ -434,14 +430,17 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
     }
     if (nested) nested->close();
   }
-  const size_t saved_after = saved_live();
   REMAT_CHECK(observer.cursor == cache_.size(), "checkpoint region '", label_, "': its recomputation ran ",
               observer.cursor, " kept ops where the first run had ", cache_.size(),
               "; a region's function must be deterministic");
-  device.synchronize();
-  const auto backward_start = Clock::now();
+  return replayed;
+}
 
-  // Backward through the sub-tape only.
+// Backward through the sub-tape only, from the gradients of the node's outputs that reached the
+// region. The sub-tape's nodes are referenced by `replayed` only; the engine frees saved values as
+// it goes, and the rest goes with `replayed`.
+autodiff::EngineResult Region::backward_replayed(std::vector<TensorList> replayed, const TensorList& grad_outputs,
+                                                 uint64_t first_sequence_nr) const {
   std::vector<autodiff::Edge> roots;
   TensorList root_grads;
   for (size_t s = 0; s < steps_.size(); ++s) {
@@ -454,16 +453,18 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
       root_grads.push_back(grad_outputs[slot]);
     }
   }
-  // The sub-tape's nodes are referenced by `replayed` only; the engine frees saved values as it goes.
   autodiff::EngineResult result = autodiff::backward_subtape(std::move(roots), std::move(root_grads), first_sequence_nr);
   replayed.clear();
-  device.synchronize();
-  const auto backward_end = Clock::now();
+  return result;
+}
 
+// One more recomputation in the counters, the region's record and its profile.
+void Region::record_recomputation(std::chrono::steady_clock::time_point recompute_start,
+                                  std::chrono::steady_clock::time_point backward_start,
+                                  std::chrono::steady_clock::time_point backward_end, size_t recomputed_saved) {
   auto& rc = region_counters();
   ++rc.recomputed;
   ++rc.run_in_backward;
-  const size_t recomputed_saved = saved_after > saved_before ? saved_after - saved_before : 0;
   if (record_index_ < rc.records.size()) {
     auto& rec = rc.records[record_index_];
     ++rec.recomputations;
@@ -477,7 +478,11 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
     profile_->saved_bytes = recomputed_saved;
     profile_->backward_done = true;
   }
+}
 
+// The gradients that left the sub-tape, per edge of the node: the fresh leaves' to their
+// externals' edges, the captured edges' to theirs (Note [finding captured tensors]).
+std::vector<TensorList> Region::route_input_grads(const TensorList& leaves, const autodiff::EngineResult& result) const {
   std::vector<TensorList> input_grads(next_edges.size());
   std::unordered_map<const autodiff::Node*, size_t> leaf_slots;
   for (size_t i = 0; i < leaves.size(); ++i) {
@@ -495,6 +500,39 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
                                    "function must be deterministic"));
       });
   return input_grads;
+}
+
+std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
+  using Clock = std::chrono::steady_clock;
+  REMAT_CHECK(closed_ && !open_, "checkpoint region '", label_,
+              "': the backward pass reached it while its forward pass was still running");
+  // The clock and the counters are those of the device the region's values live on; a device
+  // that runs kernels asynchronously is synchronised before each clock reading.
+  Backend& device = backend(device_);
+  auto saved_live = [&device] { return device.allocator().stats().live(memory::Tag::saved); };
+  device.synchronize();
+  const auto recompute_start = Clock::now();
+  if (profile_) {
+    const memory::Stats s = device.allocator().stats();
+    profile_->saved_live_at_backward = s.live(memory::Tag::saved);
+    profile_->saved_peak_at_backward = s.peak(memory::Tag::saved);
+  }
+  read_versions_.check("checkpoint region '" + label_ + "'");
+  const TensorList leaves = fresh_leaves();
+  const uint64_t first_sequence_nr = autodiff::next_sequence_nr();
+  const size_t saved_before = saved_live();
+  std::vector<TensorList> replayed = replay_steps(leaves);
+  const size_t saved_after = saved_live();
+  device.synchronize();
+  const auto backward_start = Clock::now();
+
+  const autodiff::EngineResult result = backward_replayed(std::move(replayed), grad_outputs, first_sequence_nr);
+  device.synchronize();
+  const auto backward_end = Clock::now();
+
+  record_recomputation(recompute_start, backward_start, backward_end,
+                       saved_after > saved_before ? saved_after - saved_before : 0);
+  return route_input_grads(leaves, result);
 }
 
 }  // namespace remat::detail

@@ -123,6 +123,16 @@ class Region final : public autodiff::Node {
   TensorList replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested);
   void strip_outputs();
   void check_recomputed(size_t step, const TensorList& outputs) const;
+  // the backward pass (apply_contributions), in order
+  TensorList fresh_leaves() const;
+  void check_replayed_shapes(size_t step, const TensorList& outputs) const;
+  std::vector<TensorList> replay_steps(const TensorList& leaves);
+  autodiff::EngineResult backward_replayed(std::vector<TensorList> replayed, const TensorList& grad_outputs,
+                                           uint64_t first_sequence_nr) const;
+  void record_recomputation(std::chrono::steady_clock::time_point recompute_start,
+                            std::chrono::steady_clock::time_point backward_start,
+                            std::chrono::steady_clock::time_point backward_end, size_t recomputed_saved);
+  std::vector<TensorList> route_input_grads(const TensorList& leaves, const autodiff::EngineResult& result) const;
 
   Kind kind_;
   Policy policy_;

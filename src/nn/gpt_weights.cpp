@@ -147,41 +147,34 @@ struct Expected {
   Shape shape;       // remat's orientation
 };
 
-}  // namespace
-
-GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, int64_t heads, GPTWeightNames layout,
-                                  const std::string& source) {
-  auto file_name = [&](const std::string& name) { return "\"" + gpt_weight_name(name, layout) + "\""; };
-  auto shape_of = [&](const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); };
-  // shapes as the file has them: Hugging Face's Conv1D weights [in, out] (2-d ones were transposed)
-  auto in_file = [&](const std::string& name, Shape shape) {
-    if (layout == GPTWeightNames::hf_gpt2 && is_conv1d_weight_remat(name) && shape.size() == 2) std::swap(shape[0], shape[1]);
+// Names and shapes as the file has them, for errors.
+struct FileNames {
+  GPTWeightNames layout;
+  std::string name(const std::string& remat_name) const {
+    return detail::concat("\"", gpt_weight_name(remat_name, layout), "\"");
+  }
+  // Hugging Face's Conv1D weights are [in, out] in the file (2-d ones were transposed)
+  std::string shape(const std::string& remat_name, Shape shape) const {
+    if (layout == GPTWeightNames::hf_gpt2 && is_conv1d_weight_remat(remat_name) && shape.size() == 2)
+      std::swap(shape[0], shape[1]);
     return shape_str(shape);
-  };
-  const std::string what = detail::concat(source, ": cannot read the GPT architecture from the tensors' shapes: ");
-  // wte.weight [vocab, width] and wpe.weight [seq, width] give the sizes
-  auto embedding = [&](const char* name, const char* rows) -> const Tensor& {
-    auto it = tensors.find(name);
-    REMAT_CHECK(it != tensors.end(), what, "there is no ", file_name(name), " (expected [", rows, ", width])");
-    REMAT_CHECK(it->second.defined() && it->second.dim() == 2 && it->second.size(0) > 0 && it->second.size(1) > 0, what,
-                file_name(name), " is ", shape_of(it->second), ", expected [", rows, ", width] with both sizes > 0");
-    return it->second;
-  };
-  const Tensor& wte = embedding("wte.weight", "vocab");
-  const Tensor& wpe = embedding("wpe.weight", "seq");
-  GPTConfig c;
-  c.vocab = wte.size(0);
-  c.width = wte.size(1);
-  c.seq = wpe.size(0);
-  c.heads = heads;
-  c.tie_embeddings = tensors.count("lm_head.weight") == 0;  // saved once, as wte.weight
-  REMAT_CHECK(wpe.size(1) == c.width, what, file_name("wpe.weight"), " is ", shape_of(wpe), ", expected [", c.seq, ", ",
-              c.width, "] (the width ", c.width, " of ", file_name("wte.weight"), " ", shape_of(wte), ")");
-  REMAT_CHECK(heads > 0 && c.width % heads == 0, source, ": the width ", c.width, " (from ", file_name("wte.weight"),
-              ") is not a multiple of ", heads, " heads; the number of heads cannot be read from the weights' shapes ",
-              "and must be given");
+  }
+};
 
-  // the blocks: numbers 0 .. layers-1, every one present
+std::string shape_of(const Tensor& t) { return t.defined() ? shape_str(t.shape()) : std::string("undefined"); }
+
+// wte.weight [vocab, width] or wpe.weight [seq, width]: present, 2-d, both sizes > 0.
+const Tensor& embedding(const std::map<std::string, Tensor>& tensors, const char* name, const char* rows,
+                        const std::string& what, const FileNames& files) {
+  auto it = tensors.find(name);
+  REMAT_CHECK(it != tensors.end(), what, "there is no ", files.name(name), " (expected [", rows, ", width])");
+  REMAT_CHECK(it->second.defined() && it->second.dim() == 2 && it->second.size(0) > 0 && it->second.size(1) > 0, what,
+              files.name(name), " is ", shape_of(it->second), ", expected [", rows, ", width] with both sizes > 0");
+  return it->second;
+}
+
+// The number of blocks: numbers 0 .. layers-1, every one present.
+int64_t count_blocks(const std::map<std::string, Tensor>& tensors, const std::string& what, const FileNames& files) {
   std::set<int64_t> blocks;
   for (const auto& [name, t] : tensors) {
     if (!std::string_view(name).starts_with("blocks.")) continue;
@@ -192,15 +185,18 @@ GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, 
     for (char ch : number) digits = digits && ch >= '0' && ch <= '9';
     if (digits) blocks.insert(std::stoll(number));  // at most 9 digits: no overflow
   }
-  c.layers = static_cast<int64_t>(blocks.size());
-  if (!blocks.empty() && *blocks.rbegin() != c.layers - 1) {
+  const int64_t layers = static_cast<int64_t>(blocks.size());
+  if (!blocks.empty() && *blocks.rbegin() != layers - 1) {
     int64_t gap = 0;
     while (blocks.count(gap) != 0) ++gap;
     throw Error(detail::concat(what, "block ", *blocks.rbegin(), " is there but block ", gap, " is not (no tensor ",
-                               file_name(detail::concat("blocks.", gap, ".ln1.weight")), " or any other of its)"));
+                               files.name(detail::concat("blocks.", gap, ".ln1.weight")), " or any other of its)"));
   }
+  return layers;
+}
 
-  // every tensor of that model, with its shape, and nothing else
+// Every tensor of the model `c`, with its shape.
+std::vector<Expected> expected_tensors(const GPTConfig& c) {
   const int64_t v = c.vocab, w = c.width, t = c.seq;
   std::vector<Expected> expected = {{"wte.weight", {v, w}}, {"wpe.weight", {t, w}}};
   for (int64_t b = 0; b < c.layers; ++b) {
@@ -214,35 +210,66 @@ GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, 
   }
   expected.push_back({"ln_f.weight", {w}});
   expected.push_back({"ln_f.bias", {w}});
-  if (tensors.count("lm_head.weight") != 0) expected.push_back({"lm_head.weight", {v, w}});
+  if (!c.tie_embeddings) expected.push_back({"lm_head.weight", {v, w}});
+  return expected;
+}
+
+// The tensors must be exactly those expected, with their shapes: else one error listing the
+// first problems.
+void check_tensors(const std::map<std::string, Tensor>& tensors, const std::vector<Expected>& expected,
+                   const GPTConfig& c, const FileNames& files, const std::string& source) {
   std::vector<std::string> problems;
   std::set<std::string> known;
   for (const Expected& e : expected) {
     known.insert(e.name);
     auto it = tensors.find(e.name);
     if (it == tensors.end())
-      problems.push_back(detail::concat("missing ", file_name(e.name), " (expected ", in_file(e.name, e.shape), ")"));
+      problems.push_back(detail::concat("missing ", files.name(e.name), " (expected ", files.shape(e.name, e.shape), ")"));
     else if (!it->second.defined() || it->second.shape() != e.shape)
-      problems.push_back(detail::concat(file_name(e.name), " is ",
-                                        it->second.defined() ? in_file(e.name, it->second.shape()) : "undefined",
-                                        ", expected ", in_file(e.name, e.shape),
-                                        layout == GPTWeightNames::hf_gpt2 && is_conv1d_weight_remat(e.name)
+      problems.push_back(detail::concat(files.name(e.name), " is ",
+                                        it->second.defined() ? files.shape(e.name, it->second.shape()) : "undefined",
+                                        ", expected ", files.shape(e.name, e.shape),
+                                        files.layout == GPTWeightNames::hf_gpt2 && is_conv1d_weight_remat(e.name)
                                             ? " (Hugging Face's Conv1D layout [in, out], as the file's other weights)"
                                             : ""));
   }
   for (const auto& [name, tensor] : tensors)
     if (known.count(name) == 0)
-      problems.push_back(detail::concat("unknown tensor ", file_name(name), " (", shape_of(tensor), ")"));
-  if (!problems.empty()) {
-    constexpr size_t kShown = 10;
-    std::ostringstream out;
-    out << source << ": the tensors do not form one GPT (vocab " << v << ", width " << w << " from "
-        << file_name("wte.weight") << ", seq " << t << " from " << file_name("wpe.weight") << ", " << c.layers
-        << " blocks): " << problems.size() << (problems.size() == 1 ? " problem" : " problems") << ":";
-    for (size_t i = 0; i < problems.size() && i < kShown; ++i) out << "\n  " << problems[i];
-    if (problems.size() > kShown) out << "\n  ... and " << problems.size() - kShown << " more";
-    throw Error(out.str());
-  }
+      problems.push_back(detail::concat("unknown tensor ", files.name(name), " (", shape_of(tensor), ")"));
+  if (problems.empty()) return;
+  constexpr size_t kShown = 10;
+  std::ostringstream out;
+  out << source << ": the tensors do not form one GPT (vocab " << c.vocab << ", width " << c.width << " from "
+      << files.name("wte.weight") << ", seq " << c.seq << " from " << files.name("wpe.weight") << ", " << c.layers
+      << " blocks): " << problems.size() << (problems.size() == 1 ? " problem" : " problems") << ":";
+  for (size_t i = 0; i < problems.size() && i < kShown; ++i) out << "\n  " << problems[i];
+  if (problems.size() > kShown) out << "\n  ... and " << problems.size() - kShown << " more";
+  throw Error(out.str());
+}
+
+}  // namespace
+
+GPTConfig gpt_config_from_weights(const std::map<std::string, Tensor>& tensors, int64_t heads, GPTWeightNames layout,
+                                  const std::string& source) {
+  const FileNames files{layout};
+  const std::string what = detail::concat(source, ": cannot read the GPT architecture from the tensors' shapes: ");
+  // wte.weight [vocab, width] and wpe.weight [seq, width] give the sizes
+  const Tensor& wte = embedding(tensors, "wte.weight", "vocab", what, files);
+  const Tensor& wpe = embedding(tensors, "wpe.weight", "seq", what, files);
+  GPTConfig c;
+  c.vocab = wte.size(0);
+  c.width = wte.size(1);
+  c.seq = wpe.size(0);
+  c.heads = heads;
+  c.tie_embeddings = tensors.count("lm_head.weight") == 0;  // saved once, as wte.weight
+  REMAT_CHECK(wpe.size(1) == c.width, what, files.name("wpe.weight"), " is ", shape_of(wpe), ", expected [", c.seq, ", ",
+              c.width, "] (the width ", c.width, " of ", files.name("wte.weight"), " ", shape_of(wte), ")");
+  REMAT_CHECK(heads > 0 && c.width % heads == 0, source, ": the width ", c.width, " (from ", files.name("wte.weight"),
+              ") is not a multiple of ", heads, " heads; the number of heads cannot be read from the weights' shapes ",
+              "and must be given");
+  c.layers = count_blocks(tensors, what, files);
+  // every tensor of that model, with its shape, and nothing else
+  check_tensors(tensors, expected_tensors(c), c, files, source);
   return c;
 }
 

@@ -22,34 +22,96 @@ std::string byte_text(unsigned char c) {
   else std::snprintf(buffer, sizeof buffer, "0x%02X", c);
   return buffer;
 }
-}  // namespace
-
-int run_sample(const SampleOptions& o) {
-  if (o.threads > 0) set_num_threads(o.threads);
-  const Device device = select_device("sample --device", o.device);
+void check_sample_options(const SampleOptions& o) {
   REMAT_USAGE_CHECK(!o.load.empty(), "sample: --load FILE is required (weights saved by `remat train --save FILE`)");
   REMAT_USAGE_CHECK(o.tokens >= 1, "sample: --tokens must be at least 1, got ", o.tokens);
   REMAT_USAGE_CHECK(o.tokens <= kMaxSampleTokens, "sample: --tokens must be at most ", kMaxSampleTokens, ", got ", o.tokens);
   REMAT_USAGE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
                     "sample: --temperature must be a finite number >= 0 (0: greedy), got ", o.temperature);
   REMAT_USAGE_CHECK(o.top_p > 0 && o.top_p <= 1, "sample: --top-p must be in (0, 1], got ", o.top_p);
+}
+
+// The file's vocabulary, or for a file without remat's metadata (a nanoGPT state_dict) the
+// characters of --data.
+CharTokenizer sample_vocabulary(const SampleOptions& o, const CharGPTFile& weights) {
+  if (weights.has_metadata) return weights.tokenizer;
+  const std::string data_path = o.data.empty() ? kDefaultCorpus : o.data;
+  Corpus corpus;
+  try {
+    corpus = load_corpus(data_path);
+  } catch (const Error& e) {
+    throw Error(detail::concat("sample: ", o.load, " has no vocabulary in its metadata (it was not written by remat "
+                               "train), so its characters come from --data (default ", kDefaultCorpus, "): ", e.what()));
+  }
+  return vocabulary_from_text(weights, o.load, corpus.text, data_path, "sample");
+}
+
+// Every byte of the prompt must be a character of the vocabulary.
+void check_prompt(const SampleOptions& o, const std::string& prompt, const CharTokenizer& tokenizer) {
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(prompt[i]);
+    REMAT_USAGE_CHECK(tokenizer.contains(c), "sample --prompt: byte ", i, " (", byte_text(c), ") is not in the vocabulary of ",
+                      o.load, ", which has ", tokenizer.vocab_size(), " characters");
+  }
+}
+
+// Character i of the sample, drawn from the last position's logits z: the seed's i-th uniform
+// number over the sampling weights.
+int64_t draw_token(std::vector<double> z, const SampleOptions& o, int64_t i, int64_t vocab) {
+  for (double v : z)
+    REMAT_CHECK(std::isfinite(v), "sample: the model of ", o.load, " gives non-finite logits (", v,
+                "): its weights hold NaN or infinite values");
+  z = sampling_weights(z, o.temperature, o.top_k, o.top_p);
+  double total = 0;
+  for (double v : z) total += v;
+  double u = uniform_double(philox_word({o.seed, 0}, static_cast<uint64_t>(i))) * total;
+  int64_t next = vocab - 1;
+  for (int64_t k = 0; k < vocab; ++k) {
+    if (z[static_cast<size_t>(k)] == 0) continue;  // excluded
+    next = k;
+    u -= z[static_cast<size_t>(k)];
+    if (u <= 0) {
+      next = k;
+      break;
+    }
+  }
+  return next;
+}
+
+// Up to --tokens characters after `context`, the last config.seq tokens as the window; stops
+// after the fortune separator when asked.
+std::string generate(nn::GPT& model, const nn::GPTConfig& config, const CharTokenizer& tokenizer,
+                     std::vector<int64_t> context, const SampleOptions& o, Device device) {
+  std::string out;
+  NoGradGuard no_grad;
+  for (int64_t i = 0; i < o.tokens; ++i) {
+    int64_t start = std::max<int64_t>(0, static_cast<int64_t>(context.size()) - config.seq);
+    std::vector<int64_t> window(context.begin() + start, context.end());
+    Tensor ids = from_indices(window, {1, static_cast<int64_t>(window.size())}, device);
+    Tensor logits = model.forward(ids);  // [1, T, V]
+    Tensor last = logits.slice(1, -1, logits.size(1)).reshape({config.vocab});
+    const int64_t next = draw_token(last.to(kCpu).to_vector(), o, i, config.vocab);
+    context.push_back(next);
+    out += tokenizer.decode({next});
+    if (o.stop_at_separator && out.size() >= 3 && out.compare(out.size() - 3, 3, "\n%\n") == 0) {
+      out.resize(out.size() - 2);
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_sample(const SampleOptions& o) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  const Device device = select_device("sample --device", o.device);
+  check_sample_options(o);
   CharGPTFile weights = read_char_gpt(o.load, "sample", o.heads);
   REMAT_USAGE_CHECK(!weights.heads_known || !o.heads_given || o.heads == weights.config.heads, "sample: --heads ",
                     o.heads, " disagrees with the model of ", o.load, " (heads ", weights.config.heads,
                     "); the architecture comes from the weight file: drop the flag or pass the file's value");
-  CharTokenizer tokenizer = weights.tokenizer;
-  if (!weights.has_metadata) {
-    // a file without remat's metadata (a nanoGPT state_dict): the characters of --data
-    const std::string data_path = o.data.empty() ? kDefaultCorpus : o.data;
-    Corpus corpus;
-    try {
-      corpus = load_corpus(data_path);
-    } catch (const Error& e) {
-      throw Error(detail::concat("sample: ", o.load, " has no vocabulary in its metadata (it was not written by remat "
-                                 "train), so its characters come from --data (default ", kDefaultCorpus, "): ", e.what()));
-    }
-    tokenizer = vocabulary_from_text(weights, o.load, corpus.text, data_path, "sample");
-  }
+  const CharTokenizer tokenizer = sample_vocabulary(o, weights);
   nn::GPTConfig config = weights.config;
   config.dropout = 0.0;
   check_footprint(config, 1, Use::sample,
@@ -62,46 +124,8 @@ int run_sample(const SampleOptions& o) {
   model.eval();
 
   std::string prompt = o.prompt.empty() ? std::string("\n") : o.prompt;
-  std::vector<int64_t> context;
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(prompt[i]);
-    REMAT_USAGE_CHECK(tokenizer.contains(c), "sample --prompt: byte ", i, " (", byte_text(c), ") is not in the vocabulary of ",
-                      o.load, ", which has ", tokenizer.vocab_size(), " characters");
-  }
-  context = tokenizer.encode(prompt);
-  std::string out;
-  NoGradGuard no_grad;
-  for (int64_t i = 0; i < o.tokens; ++i) {
-    int64_t start = std::max<int64_t>(0, static_cast<int64_t>(context.size()) - config.seq);
-    std::vector<int64_t> window(context.begin() + start, context.end());
-    Tensor ids = from_indices(window, {1, static_cast<int64_t>(window.size())}, device);
-    Tensor logits = model.forward(ids);  // [1, T, V]
-    Tensor last = logits.slice(1, -1, logits.size(1)).reshape({config.vocab});
-    std::vector<double> z = last.to(kCpu).to_vector();
-    for (double v : z)
-      REMAT_CHECK(std::isfinite(v), "sample: the model of ", o.load, " gives non-finite logits (", v,
-                  "): its weights hold NaN or infinite values");
-    z = sampling_weights(z, o.temperature, o.top_k, o.top_p);
-    double total = 0;
-    for (double v : z) total += v;
-    double u = uniform_double(philox_word({o.seed, 0}, static_cast<uint64_t>(i))) * total;
-    int64_t next = config.vocab - 1;
-    for (int64_t k = 0; k < config.vocab; ++k) {
-      if (z[static_cast<size_t>(k)] == 0) continue;  // excluded
-      next = k;
-      u -= z[static_cast<size_t>(k)];
-      if (u <= 0) {
-        next = k;
-        break;
-      }
-    }
-    context.push_back(next);
-    out += tokenizer.decode({next});
-    if (o.stop_at_separator && out.size() >= 3 && out.compare(out.size() - 3, 3, "\n%\n") == 0) {
-      out.resize(out.size() - 2);
-      break;
-    }
-  }
+  check_prompt(o, prompt, tokenizer);
+  const std::string out = generate(model, config, tokenizer, tokenizer.encode(prompt), o, device);
   const std::string text = o.prompt + out;
   const std::string shown = o.raw ? text : utf8_escaped(text);
   std::fwrite(shown.data(), 1, shown.size(), stdout);

@@ -336,112 +336,142 @@ size_t backward_workspace(const Problem<T>& pb) {
                              pb.tqp * pb.dvp + pb.tqp + 6 * B * B + B * pb.dp + B * pb.dvp);
 }
 
+// The backward's workspace, carved out of `ws` (backward_workspace's layout).
 template <class T>
-REMAT_INLINE void attention_backward_one(const Problem<T>& pb, int64_t bh, T* ws) {
-  constexpr int64_t B = kBlock<T>;
-  const int64_t b = bh / pb.heads, h = bh % pb.heads;
+struct BackwardWorkspace {
+  T *kt, *vt, *kp, *qp, *dq, *dop, *drow, *p, *at, *dpd, *ds, *dst, *z, *dkacc, *dvacc;
+  REMAT_INLINE BackwardWorkspace(const Problem<T>& pb, T* ws) {
+    constexpr int64_t B = kBlock<T>;
+    const int64_t d = pb.d, dv = pb.dv, tkp = pb.tkp, dp = pb.dp, dvp = pb.dvp;
+    kt = ws;                    // [d][tkp]
+    vt = kt + d * tkp;          // [dv][tkp]
+    kp = vt + dv * tkp;         // [tkp][dp]
+    qp = kp + tkp * dp;         // [tqp][dp]
+    dq = qp + pb.tqp * dp;      // [tqp][dp]
+    dop = dq + pb.tqp * dp;     // [tqp][dvp]
+    drow = dop + pb.tqp * dvp;  // [tqp]
+    p = drow + pb.tqp;          // [B][B]
+    at = p + B * B;             // [B][B] (P o Z)^T
+    dpd = at + B * B;           // [B][B]
+    ds = dpd + B * B;           // [B][B]
+    dst = ds + B * B;           // [B][B]
+    z = dst + B * B;            // [B][B]
+    dkacc = z + B * B;          // [B][dp]
+    dvacc = dkacc + B * dp;     // [B][dvp]
+  }
+};
+
+// Rows 0..n-1 of `src` (stride st, `width` columns) as columns of dst [width][np], zero past n.
+template <class T>
+REMAT_INLINE void pack_transposed(const T* src, int64_t st, int64_t n, int64_t width, int64_t np, T* dstp) {
+  for (int64_t e = 0; e < width; ++e) {
+    T* row = dstp + e * np;
+    for (int64_t j = 0; j < n; ++j) row[j] = src[j * st + e];
+    for (int64_t j = n; j < np; ++j) row[j] = T(0);
+  }
+}
+
+// Rows 0..n-1 of `src` (stride st, `width` columns) into dst [np][wp], zero padded.
+template <class T>
+REMAT_INLINE void pack_rows(const T* src, int64_t st, int64_t n, int64_t width, int64_t np, int64_t wp, T* dstp) {
+  for (int64_t j = 0; j < np; ++j) {
+    T* row = dstp + j * wp;
+    int64_t x = 0;
+    if (j < n)
+      for (; x < width; ++x) row[x] = src[j * st + x];
+    for (; x < wp; ++x) row[x] = T(0);
+  }
+}
+
+// The operands of (b, h) packed into the workspace, dQ zeroed, and drow[i] = dO[i] . O[i].
+template <class T>
+REMAT_INLINE void pack_backward_operands(const Problem<T>& pb, int64_t b, int64_t h, const BackwardWorkspace<T>& w) {
   const T* q = pb.q.at(b, h);
   const T* k = pb.k.at(b, h);
   const T* v = pb.v.at(b, h);
   const T* o = pb.out.at(b, h);
   const T* go = pb.gout.at(b, h);
-  const T* lse = pb.lse + bh * pb.tq;
   const int64_t d = pb.d, dv = pb.dv, tq = pb.tq, tk = pb.tk, tkp = pb.tkp, dp = pb.dp, dvp = pb.dvp;
-  const bool dropout = pb.dropout_p > 0.0;
-
-  T* kt = ws;                    // [d][tkp]
-  T* vt = kt + d * tkp;          // [dv][tkp]
-  T* kp = vt + dv * tkp;         // [tkp][dp]
-  T* qp = kp + tkp * dp;         // [tqp][dp]
-  T* dq = qp + pb.tqp * dp;      // [tqp][dp]
-  T* dop = dq + pb.tqp * dp;     // [tqp][dvp]
-  T* drow = dop + pb.tqp * dvp;  // [tqp]
-  T* p = drow + pb.tqp;          // [B][B]
-  T* at = p + B * B;             // [B][B] (P o Z)^T
-  T* dpd = at + B * B;           // [B][B]
-  T* ds = dpd + B * B;           // [B][B]
-  T* dst = ds + B * B;           // [B][B]
-  T* z = dst + B * B;            // [B][B]
-  T* dkacc = z + B * B;          // [B][dp]
-  T* dvacc = dkacc + B * dp;     // [B][dvp]
-
-  auto pack_transposed = [](const T* src, int64_t st, int64_t n, int64_t width, int64_t np, T* dstp) {
-    for (int64_t e = 0; e < width; ++e) {
-      T* row = dstp + e * np;
-      for (int64_t j = 0; j < n; ++j) row[j] = src[j * st + e];
-      for (int64_t j = n; j < np; ++j) row[j] = T(0);
-    }
-  };
-  auto pack_rows = [](const T* src, int64_t st, int64_t n, int64_t width, int64_t np, int64_t wp, T* dstp) {
-    for (int64_t j = 0; j < np; ++j) {
-      T* row = dstp + j * wp;
-      int64_t x = 0;
-      if (j < n)
-        for (; x < width; ++x) row[x] = src[j * st + x];
-      for (; x < wp; ++x) row[x] = T(0);
-    }
-  };
-  pack_transposed(k, pb.k.st, tk, d, tkp, kt);
-  pack_transposed(v, pb.v.st, tk, dv, tkp, vt);
-  pack_rows(k, pb.k.st, tk, d, tkp, dp, kp);
-  pack_rows(q, pb.q.st, tq, d, pb.tqp, dp, qp);
-  pack_rows(go, pb.gout.st, tq, dv, pb.tqp, dvp, dop);
-  std::fill(dq, dq + pb.tqp * dp, T(0));
+  pack_transposed(k, pb.k.st, tk, d, tkp, w.kt);
+  pack_transposed(v, pb.v.st, tk, dv, tkp, w.vt);
+  pack_rows(k, pb.k.st, tk, d, tkp, dp, w.kp);
+  pack_rows(q, pb.q.st, tq, d, pb.tqp, dp, w.qp);
+  pack_rows(go, pb.gout.st, tq, dv, pb.tqp, dvp, w.dop);
+  std::fill(w.dq, w.dq + pb.tqp * dp, T(0));
   for (int64_t i = 0; i < tq; ++i) {
     Acc<T> sum = 0;
     const T* orow = o + i * pb.out.st;
-    const T* grow = dop + i * dvp;
+    const T* grow = w.dop + i * dvp;
     for (int64_t x = 0; x < dv; ++x) sum += static_cast<Acc<T>>(grow[x]) * static_cast<Acc<T>>(orow[x]);
-    drow[i] = static_cast<T>(sum);
+    w.drow[i] = static_cast<T>(sum);
   }
+}
 
+// One tile: query rows i0.. (rows) against key columns j0.. (cols). Recomputes the probabilities,
+// adds to dV and dK of the key block (dvacc, dkacc) and to dQ.
+template <class T>
+REMAT_INLINE void backward_tile(const Problem<T>& pb, int64_t bh, const BackwardWorkspace<T>& w, int64_t i0,
+                                int64_t rows, int64_t j0, int64_t cols) {
+  constexpr int64_t B = kBlock<T>;
+  const T* lse = pb.lse + bh * pb.tq;
+  const int64_t d = pb.d, dv = pb.dv, tkp = pb.tkp, dp = pb.dp, dvp = pb.dvp;
+  const bool dropout = pb.dropout_p > 0.0;
+  T *p = w.p, *at = w.at, *z = w.z;
+  tile_dots<T>(w.qp + i0 * dp, dp, rows, d, w.kt + j0, tkp, p);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* pr = p + r * B;
+    const int64_t valid = visible_keys(pb.causal, i0 + r, j0, cols);
+    scale_mask_max(pr, pb.scale, valid, T(0));
+    exp_shifted_sum(pr, lse[i0 + r]);
+    if (dropout) dropout_factors(pb, bh, i0 + r, j0, cols, z + r * B);
+    for (int64_t c = 0; c < cols; ++c) at[c * B + r] = dropout ? pr[c] * z[r * B + c] : pr[c];
+  }
+  // dV[c] += sum_r (P o Z)[r][c] * dO[r]
+  tile_accumulate<T>(w.dvacc, dvp, at, B, cols, rows, w.dop + i0 * dvp, dvp, dvp);
+  // dP~[r][c] = dO[r] . V[c]
+  tile_dots<T>(w.dop + i0 * dvp, dvp, rows, dv, w.vt + j0, tkp, w.dpd);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* pr = p + r * B;
+    const T* gr = w.dpd + r * B;
+    const T* zr = z + r * B;
+    T* dsr = w.ds + r * B;
+    const T dr = w.drow[i0 + r];
+    const T scale = pb.scale;
+    for (int64_t c = 0; c < cols; ++c) {
+      const T dp_rc = dropout ? gr[c] * zr[c] : gr[c];
+      const T value = pr[c] * (dp_rc - dr) * scale;
+      dsr[c] = value;
+      w.dst[c * B + r] = value;
+    }
+  }
+  // dQ[r] += sum_c dS[r][c] * K[c];  dK[c] += sum_r dS[r][c] * Q[r]
+  tile_accumulate<T>(w.dq + i0 * dp, dp, w.ds, B, rows, cols, w.kp + j0 * dp, dp, dp);
+  tile_accumulate<T>(w.dkacc, dp, w.dst, B, cols, rows, w.qp + i0 * dp, dp, dp);
+}
+
+template <class T>
+REMAT_INLINE void attention_backward_one(const Problem<T>& pb, int64_t bh, T* ws) {
+  constexpr int64_t B = kBlock<T>;
+  const int64_t b = bh / pb.heads, h = bh % pb.heads;
+  const int64_t d = pb.d, dv = pb.dv, tq = pb.tq, tk = pb.tk, dp = pb.dp, dvp = pb.dvp;
+  const BackwardWorkspace<T> w(pb, ws);
+  pack_backward_operands(pb, b, h, w);
   for (int64_t j0 = 0; j0 < tk; j0 += B) {
     const int64_t cols = std::min(B, tk - j0);
-    std::fill(dkacc, dkacc + cols * dp, T(0));
-    std::fill(dvacc, dvacc + cols * dvp, T(0));
+    std::fill(w.dkacc, w.dkacc + cols * dp, T(0));
+    std::fill(w.dvacc, w.dvacc + cols * dvp, T(0));
     // under the causal mask, queries before j0 see no key of this block
-    for (int64_t i0 = pb.causal ? j0 / B * B : 0; i0 < tq; i0 += B) {
-      const int64_t rows = std::min(B, tq - i0);
-      tile_dots<T>(qp + i0 * dp, dp, rows, d, kt + j0, tkp, p);
-      for (int64_t r = 0; r < rows; ++r) {
-        T* pr = p + r * B;
-        const int64_t valid = visible_keys(pb.causal, i0 + r, j0, cols);
-        scale_mask_max(pr, pb.scale, valid, T(0));
-        exp_shifted_sum(pr, lse[i0 + r]);
-        if (dropout) dropout_factors(pb, bh, i0 + r, j0, cols, z + r * B);
-        for (int64_t c = 0; c < cols; ++c) at[c * B + r] = dropout ? pr[c] * z[r * B + c] : pr[c];
-      }
-      // dV[c] += sum_r (P o Z)[r][c] * dO[r]
-      tile_accumulate<T>(dvacc, dvp, at, B, cols, rows, dop + i0 * dvp, dvp, dvp);
-      // dP~[r][c] = dO[r] . V[c]
-      tile_dots<T>(dop + i0 * dvp, dvp, rows, dv, vt + j0, tkp, dpd);
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* pr = p + r * B;
-        const T* gr = dpd + r * B;
-        const T* zr = z + r * B;
-        T* dsr = ds + r * B;
-        const T dr = drow[i0 + r];
-        const T scale = pb.scale;
-        for (int64_t c = 0; c < cols; ++c) {
-          const T dp_rc = dropout ? gr[c] * zr[c] : gr[c];
-          const T value = pr[c] * (dp_rc - dr) * scale;
-          dsr[c] = value;
-          dst[c * B + r] = value;
-        }
-      }
-      // dQ[r] += sum_c dS[r][c] * K[c];  dK[c] += sum_r dS[r][c] * Q[r]
-      tile_accumulate<T>(dq + i0 * dp, dp, ds, B, rows, cols, kp + j0 * dp, dp, dp);
-      tile_accumulate<T>(dkacc, dp, dst, B, cols, rows, qp + i0 * dp, dp, dp);
-    }
+    for (int64_t i0 = pb.causal ? j0 / B * B : 0; i0 < tq; i0 += B)
+      backward_tile(pb, bh, w, i0, std::min(B, tq - i0), j0, cols);
     T* gk = pb.gk.at(b, h);
     T* gv = pb.gv.at(b, h);
     for (int64_t c = 0; c < cols; ++c) {
-      std::memcpy(gk + (j0 + c) * pb.gk.st, dkacc + c * dp, static_cast<size_t>(d) * sizeof(T));
-      std::memcpy(gv + (j0 + c) * pb.gv.st, dvacc + c * dvp, static_cast<size_t>(dv) * sizeof(T));
+      std::memcpy(gk + (j0 + c) * pb.gk.st, w.dkacc + c * dp, static_cast<size_t>(d) * sizeof(T));
+      std::memcpy(gv + (j0 + c) * pb.gv.st, w.dvacc + c * dvp, static_cast<size_t>(dv) * sizeof(T));
     }
   }
   T* gq = pb.gq.at(b, h);
-  for (int64_t i = 0; i < tq; ++i) std::memcpy(gq + i * pb.gq.st, dq + i * dp, static_cast<size_t>(d) * sizeof(T));
+  for (int64_t i = 0; i < tq; ++i) std::memcpy(gq + i * pb.gq.st, w.dq + i * dp, static_cast<size_t>(d) * sizeof(T));
 }
 
 // The per-(b, h) workers, compiled for AVX2 + FMA and for baseline x86-64.

@@ -1,0 +1,22 @@
+// `remat plan`'s options (cli.h); the command is plan.cpp.
+#include "cli.h"
+
+namespace remat::tools {
+
+Subcommand add_plan(CLI::App& app) {
+  auto* p = app.add_subcommand("plan", "show the schedule a budget:BYTES policy runs, against uniform segments and every-layer");
+  auto command = std::make_shared<Parsed<PlanOptions>>(p);
+  PlanOptions& plan = command->options;
+  p->add_option("--budget", plan.budget, "memory budget for saved bytes, e.g. 64MiB")->required();
+  p->add_option("--costs", plan.costs, "JSON file of per-stage costs instead of profiling a model");
+  p->add_option("--data", plan.train.data, "text file or folder (for the vocabulary)");
+  add_model_options(command->numbers, plan.train);
+  p->add_flag("--json", plan.train.json, "print one JSON object");
+  return {p, [command] {
+            command->numbers.convert();
+            note_architecture(command->options.train);
+            return run_plan(command->options);
+          }};
+}
+
+}  // namespace remat::tools

@@ -1,0 +1,76 @@
+// `remat train`'s options (cli.h); the command is train.cpp.
+#include "cli.h"
+
+namespace remat::tools {
+
+namespace {
+
+struct TrainCommand : Parsed<TrainOptions> {
+  using Parsed::Parsed;
+  bool quiet = false;  // --quiet: options.progress = false
+};
+
+// The options after the model's: the run, the optimizer, the weights, the output.
+void add_run_options(CLI::App* t, Numbers& n, TrainOptions& train) {
+  n.add<int64_t>("--steps", train.steps, 1, kMaxSteps, "optimizer steps");
+  n.add<int64_t>("--eval-every", train.eval_every, 0, kMaxSteps,
+                 "validation loss every N steps, and after the last (0: about 10 times a run)");
+  n.add_real("--lr", train.lr, "peak learning rate, > 0 (warm-up then cosine decay)");
+  n.add<int64_t>("--accumulate", train.accumulate, 1, kMaxAccumulate,
+                 "micro-batches of --batch summed per step (and per rank under mpirun)");
+  t->add_option("--reduce", train.reduce, "gradient sum over MPI ranks: ordered (rank order, exact) | native")
+      ->capture_default_str();
+  t->add_option("--policy", train.policy,
+                "save-all | every-layer | every-k:K | selective:OPS | budget:BYTES | dynamic:BYTES | "
+                "offload:DIR[,threshold=BYTES][,ram=BYTES]")->capture_default_str();
+  t->add_flag("--shard-optimizer", train.shard_optimizer,
+              "under mpirun: each rank keeps and updates the AdamW state of 1/N of the parameters (ZeRO-1)");
+  t->add_option("--bucket-bytes", train.bucket_bytes,
+                "under mpirun: gradients are all-reduced in buckets of this size while the backward runs "
+                "(0: all at once after it)")->capture_default_str();
+  n.add_real("--clip", train.clip, "clip the global gradient norm to this, >= 0 (0: no clipping)");
+  t->add_flag("--fuse-optimizer", train.fuse_optimizer,
+              "update each parameter as soon as its gradient is final, inside the backward, and free the gradient "
+              "(needs --clip 0; one process)");
+}
+
+void add_weight_and_output_options(CLI::App* t, TrainOptions& train, bool& quiet) {
+  t->add_option("--save", train.save, "write the weights here (a safetensors file; for --format hf-gpt2 a directory)");
+  t->add_option("--load", train.load, "start from these weights (architecture from the file; remat, nanoGPT or Hugging Face GPT-2 "
+                "layout; a file without remat metadata takes --heads and the vocabulary of --data)");
+  t->add_option("--format", train.format, "names and layout of --save: remat | nanogpt | hf-gpt2 (a directory Transformers loads)")->capture_default_str();
+  t->add_flag("--tie-embeddings", train.tie_embeddings,
+              "the output layer shares the token embedding's weight (one parameter, as in nanoGPT and GPT-2; "
+              "with --load the file decides: tied when it has no lm_head.weight)");
+  t->add_flag("--allow-nonfinite", train.allow_nonfinite,
+              "keep training when the loss or the gradient norm is NaN or infinite (default: stop with an error)");
+  t->add_flag("--json", train.json,
+              "JSON lines on stdout: one per validation, then the results (human output stays on stderr)");
+  t->add_flag("--eval-only", train.eval_only,
+              "with --load: print the validation loss of the weights on --data, and train nothing");
+  t->add_flag("--explain", train.explain,
+              "print, per checkpoint region of one step, what it kept, what its re-run saved, its times and re-runs");
+  t->add_flag("--quiet", quiet, "print nothing but errors (and the JSON lines with --json)");
+}
+
+}  // namespace
+
+Subcommand add_train(CLI::App& app) {
+  auto* t = app.add_subcommand("train", "train a character-level GPT on a text corpus (default: Debian's fortunes)");
+  auto command = std::make_shared<TrainCommand>(t);
+  TrainOptions& train = command->options;
+  t->add_option("--data", train.data, "text file or folder of text files (default: /usr/share/games/fortunes)");
+  t->add_option("--device", train.device, "where the model, batches and evaluation run: cpu | cuda | cuda:N")
+      ->capture_default_str();
+  add_model_options(command->numbers, train);
+  add_run_options(t, command->numbers, train);
+  add_weight_and_output_options(t, train, command->quiet);
+  return {t, [command] {
+            command->numbers.convert();
+            note_architecture(command->options);
+            command->options.progress = !command->quiet;
+            return run_train(command->options);
+          }};
+}
+
+}  // namespace remat::tools
