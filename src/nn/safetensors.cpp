@@ -18,6 +18,7 @@
 #include <set>
 
 #include "remat/backend.h"
+#include "strict_json.h"
 
 namespace remat::nn {
 
@@ -166,38 +167,24 @@ Entry parse_entry(const std::string& where, const std::string& name, const nlohm
   return e;
 }
 
-// Parses the header text as JSON, refusing, as soon as the parser reaches them, values nested
-// deeper than kMaxDepth (an object of objects holding flat arrays) and repeated keys. The depth
-// bound comes first, so no deep structure is ever built or walked.
+// Parses the header text as JSON, refusing values nested deeper than kMaxDepth (an object of
+// objects holding flat arrays) and repeated keys before anything is built (Note [strict JSON]).
 nlohmann::json parse_header_json(const std::string& where, const std::string& text) {
-  std::vector<std::set<std::string>> keys;  // the keys seen in each open object
-  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using Event = nlohmann::json::parse_event_t;
-    switch (event) {
-      case Event::object_start:
-      case Event::array_start:
-        if (depth >= kMaxDepth)
-          fail(where, "the header nests values more than ", kMaxDepth, " levels deep (a safetensors header is an "
-                     "object of objects whose values are strings or flat arrays of integers)");
-        if (event == Event::object_start) keys.emplace_back();
-        break;
-      case Event::object_end:
-        keys.pop_back();
-        break;
-      case Event::key:
-        if (!keys.back().insert(parsed.get<std::string>()).second)
-          fail(where, "the header has the key \"", parsed.get<std::string>(), "\" twice in one object");
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    return nlohmann::json::parse(text, callback);
-  } catch (const nlohmann::json::exception& e) {
-    fail(where, "the header is not valid JSON: ", e.what());
+  using strict_json::Problem;
+  const Problem p = strict_json::check(text, {.max_depth = kMaxDepth});
+  switch (p.kind) {
+    case Problem::none:
+      return nlohmann::json::parse(text);
+    case Problem::too_deep:
+      fail(where, "the header nests values more than ", kMaxDepth, " levels deep (a safetensors header is an "
+                 "object of objects whose values are strings or flat arrays of integers)");
+    case Problem::repeated_key:
+      fail(where, "the header has the key \"", p.detail, "\" twice in one object");
+    case Problem::too_many_objects:
+    case Problem::invalid:
+      break;
   }
+  fail(where, "the header is not valid JSON: ", p.detail);
 }
 
 // Reads the header of a safetensors file of `file_bytes` bytes. Returns the metadata and the validated entries (no tensor storage yet).

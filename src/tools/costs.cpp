@@ -3,10 +3,10 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 #include <vector>
 
+#include "nn/strict_json.h"
 #include "remat/error.h"
 
 namespace remat::tools {
@@ -31,31 +31,25 @@ std::string brief(const nlohmann::json& value) {
   return text;
 }
 
-// JSON nested at most kMaxDepth levels, each key once per object, at most kMaxStages stages:
-// checked as the parser reads, so that a hostile file is refused without being read to its end.
-// Every object below the top level is a stage (a stage can hold no object within kMaxDepth).
+// JSON nested at most kMaxDepth levels, each key once per object, at most kMaxStages stages
+// (every object below the top level is a stage: a stage can hold no object within kMaxDepth),
+// checked before anything is built (Note [strict JSON]).
 nlohmann::json parse_json(std::string_view text, const std::string& name) {
-  std::vector<std::set<std::string>> keys;
-  size_t stages = 0;
-  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using Event = nlohmann::json::parse_event_t;
-    if (event == Event::object_start || event == Event::array_start) {
-      if (depth >= kMaxDepth) fail(name, "values are nested more than ", kMaxDepth, " levels deep");
-      if (event == Event::object_start) keys.emplace_back();
-      if (event == Event::object_start && depth >= 1 && ++stages > kMaxStages)
-        fail(name, "the chain has more than ", kMaxStages, " stages; remat plan reads at most ", kMaxStages);
-    } else if (event == Event::object_end) {
-      keys.pop_back();
-    } else if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second) {
-      fail(name, "the key \"", parsed.get<std::string>(), "\" appears twice in one object");
-    }
-    return true;
-  };
-  try {
-    return nlohmann::json::parse(text, callback);
-  } catch (const nlohmann::json::exception& e) {
-    fail(name, "not valid JSON: ", e.what());
+  using nn::strict_json::Problem;
+  const Problem p = nn::strict_json::check(text, {.max_depth = kMaxDepth, .max_objects = kMaxStages});
+  switch (p.kind) {
+    case Problem::none:
+      return nlohmann::json::parse(text);
+    case Problem::too_deep:
+      fail(name, "values are nested more than ", kMaxDepth, " levels deep");
+    case Problem::repeated_key:
+      fail(name, "the key \"", p.detail, "\" appears twice in one object");
+    case Problem::too_many_objects:
+      fail(name, "the chain has more than ", kMaxStages, " stages; remat plan reads at most ", kMaxStages);
+    case Problem::invalid:
+      break;
   }
+  fail(name, "not valid JSON: ", p.detail);
 }
 
 double seconds(const std::string& name, const std::string& where, const nlohmann::json& v) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "footprint.h"
+#include "nn/strict_json.h"
 #include "numbers.h"
 #include "usage.h"
 
@@ -49,13 +50,14 @@ Unstated read_hf_gpt2_config(const std::string& path, const std::string& command
   REMAT_CHECK(!ec && bytes <= (1u << 20), command, ": cannot read ", path, ec ? ": " + ec.message() : " (over 1 MiB)");
   std::ifstream in(path, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  constexpr int kMaxDepth = 8;  // GPT2Config nests 3 deep; refused before anything deeper is built
-  bool too_deep = false;
-  const nlohmann::json j = nlohmann::json::parse(
-      text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) { return !(too_deep |= depth > kMaxDepth); },
-      /*allow_exceptions=*/false);
-  REMAT_CHECK(!too_deep && !j.is_discarded() && j.is_object(), command, ": ", path, " is not a JSON object",
-              too_deep ? " (nested too deeply)" : "");
+  using nn::strict_json::Problem;
+  // GPT2Config nests 3 deep; refused before anything deeper is built (Note [strict JSON])
+  const Problem p = nn::strict_json::check(text, {.max_depth = 8});
+  REMAT_CHECK(p.kind != Problem::repeated_key, command, ": ", path, " has the key \"", p.detail, "\" twice in one object");
+  REMAT_CHECK(p.kind == Problem::none, command, ": ", path, " is not a JSON object",
+              p.kind == Problem::too_deep ? " (nested too deeply)" : "");
+  const nlohmann::json j = nlohmann::json::parse(text);
+  REMAT_CHECK(j.is_object(), command, ": ", path, " is not a JSON object");
   const std::string where = detail::concat(command, ": ", path, ": ");
   auto key = [&](const char* name, const nlohmann::json& fallback) {
     const nlohmann::json& v = j.contains(name) ? j.at(name) : fallback;
