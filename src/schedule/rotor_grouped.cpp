@@ -504,6 +504,14 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
   const bool exact = options.method == RotorMethod::exact ||
                      (options.method == RotorMethod::automatic && (work <= options.exact_max_work || stages < 2));
   if (!exact && costs.num_stages() < 2) throw Error("plan_chain: the grouped planner needs at least 2 stages");
+  if (!exact && options.method == RotorMethod::automatic) {
+    // Save-all, when it fits, is the fastest plan (every forward runs once): the exact optimum.
+    Plan save_all = plan_save_all(costs);
+    if (save_all.predicted_peak_bytes <= memory_limit) {
+      if (options.progress) options.progress(1.0);
+      return ChainPlan{std::move(save_all), RotorMethod::exact, 0};
+    }
+  }
   if (exact) {
     ChainPlan result;
     result.plan = plan_rotor(costs, memory_limit, options.slots);
@@ -511,6 +519,14 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
     return result;
   }
   return plan_grouped(costs, memory_limit, options);
+}
+
+size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions& options) {
+  try {
+    return plan_chain(costs, 0, options).plan.predicted_peak_bytes;  // a chain of empty values fits in 0 bytes
+  } catch (const InfeasibleError& e) {
+    return e.min_feasible_bytes;
+  }
 }
 
 }  // namespace remat::schedule

@@ -578,6 +578,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   REMAT_USAGE_CHECK(o.device == "cpu" || checked.policy.kind != Policy::Kind::offload, "train: --policy ", o.policy,
                     " keeps saved values of host memory only; it does not run with --device ", o.device, " yet");
   Loaded l = load(o, select_device("train --device", o.device));
+  if (o.progress) l.model->planner()->set_options({.progress = planning_progress("remat train: planning the budget")});
   if (o.eval_only) return evaluate_only(o, l);
   if (dp.world > 1) check_ranks_agree(o, l.tokens, *l.model);
   Optimization opt(o, dp, *l.model);
