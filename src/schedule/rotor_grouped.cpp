@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -482,6 +483,14 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   return result;
 }
 
+// Whether plan_chain runs the exact programme for this chain.
+bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options) {
+  const double stages = costs.num_stages();
+  const double work = stages * stages * stages * (options.slots + 1.0) / 6;
+  return options.method == RotorMethod::exact ||
+         (options.method == RotorMethod::automatic && (work <= options.exact_max_work || stages < 2));
+}
+
 }  // namespace
 
 std::string ChainPlan::describe() const {
@@ -499,10 +508,7 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
     throw Error("plan_chain: top_parts must be from 2 to 1000, got " + std::to_string(options.top_parts));
   if (options.group_slots < 8 || options.group_slots > 100000)
     throw Error("plan_chain: group_slots must be from 8 to 100000, got " + std::to_string(options.group_slots));
-  const double stages = costs.num_stages();
-  const double work = stages * stages * stages * (options.slots + 1.0) / 6;
-  const bool exact = options.method == RotorMethod::exact ||
-                     (options.method == RotorMethod::automatic && (work <= options.exact_max_work || stages < 2));
+  const bool exact = runs_exact(costs, options);
   if (!exact && costs.num_stages() < 2) throw Error("plan_chain: the grouped planner needs at least 2 stages");
   if (!exact && options.method == RotorMethod::automatic) {
     // Save-all, when it fits, is the fastest plan (every forward runs once): the exact optimum.
@@ -521,12 +527,34 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
   return plan_grouped(costs, memory_limit, options);
 }
 
+// Note [least limit of plan_chain]. The exact programme accepts every limit from
+// min_feasible_memory up. The grouped one accepts every limit from the least peak of its
+// fixed-scale programme (the value its InfeasibleError carries) up, but can also plan a slightly
+// smaller limit, whose finer units reach plans the fixed scale does not. So from that least peak m
+// (accepted), the byte below is tried: while it is planned, m becomes the planned peak when that
+// is accepted itself (else m - 1), so the value returned is accepted and the byte below it
+// refused (checked, up to 32 steps down; each is one planning).
 size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions& options) {
+  const auto planned_peak = [&](size_t limit) -> std::optional<size_t> {
+    try {
+      return plan_chain(costs, limit, options).plan.predicted_peak_bytes;
+    } catch (const InfeasibleError&) {
+      return std::nullopt;
+    }
+  };
+  size_t least = 0;
   try {
     return plan_chain(costs, 0, options).plan.predicted_peak_bytes;  // a chain of empty values fits in 0 bytes
   } catch (const InfeasibleError& e) {
-    return e.min_feasible_bytes;
+    least = e.min_feasible_bytes;
   }
+  if (runs_exact(costs, options)) return least;
+  for (int step = 0; step < 32 && least > 0; ++step) {
+    const std::optional<size_t> below = planned_peak(least - 1);
+    if (!below) break;
+    least = planned_peak(*below) ? *below : least - 1;
+  }
+  return least;
 }
 
 }  // namespace remat::schedule
