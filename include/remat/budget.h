@@ -75,8 +75,9 @@ class BudgetPlanner {
     double profiled_chain_seconds = 0;  // the chain's forward + re-run + backward on the profiling step
     std::string planner;             // which planner made the plan (schedule::ChainPlan::describe)
   };
-  // What budgets a profiled model can run under: the smallest the planner accepts and save-all's
-  // predicted peak (a budget at or above it recomputes nothing), outside bytes included.
+  // What budgets a profiled model can run under: the smallest from which the planner plans
+  // (schedule::chain_min_feasible_memory) and save-all's predicted peak (a budget at or above it
+  // recomputes nothing), outside bytes included.
   struct FeasibleRange {
     size_t smallest_budget_bytes = 0;
     size_t save_all_peak_bytes = 0;

@@ -527,34 +527,12 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
   return plan_grouped(costs, memory_limit, options);
 }
 
-// Note [least limit of plan_chain]. The exact programme accepts every limit from
-// min_feasible_memory up. The grouped one accepts every limit from the least peak of its
-// fixed-scale programme (the value its InfeasibleError carries) up, but can also plan a slightly
-// smaller limit, whose finer units reach plans the fixed scale does not. So from that least peak m
-// (accepted), the byte below is tried: while it is planned, m becomes the planned peak when that
-// is accepted itself (else m - 1), so the value returned is accepted and the byte below it
-// refused (checked, up to 32 steps down; each is one planning).
 size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions& options) {
-  const auto planned_peak = [&](size_t limit) -> std::optional<size_t> {
-    try {
-      return plan_chain(costs, limit, options).plan.predicted_peak_bytes;
-    } catch (const InfeasibleError&) {
-      return std::nullopt;
-    }
-  };
-  size_t least = 0;
   try {
     return plan_chain(costs, 0, options).plan.predicted_peak_bytes;  // a chain of empty values fits in 0 bytes
   } catch (const InfeasibleError& e) {
-    least = e.min_feasible_bytes;
+    return e.min_feasible_bytes;
   }
-  if (runs_exact(costs, options)) return least;
-  for (int step = 0; step < 32 && least > 0; ++step) {
-    const std::optional<size_t> below = planned_peak(least - 1);
-    if (!below) break;
-    least = planned_peak(*below) ? *below : least - 1;
-  }
-  return least;
 }
 
 }  // namespace remat::schedule
