@@ -531,6 +531,7 @@ size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions
   try {
     return plan_chain(costs, 0, options).plan.predicted_peak_bytes;  // a chain of empty values fits in 0 bytes
   } catch (const InfeasibleError& e) {
+    if (options.progress) options.progress(1.0);  // done: the grouped planner's infeasible path reports no end
     return e.min_feasible_bytes;
   }
 }

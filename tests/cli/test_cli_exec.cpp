@@ -372,6 +372,21 @@ TEST_F(Cli, PlanPrintsTheFeasibleRange) {
   EXPECT_EQ(j["feasible"]["budget"]["smallest_bytes"], schedule::min_feasible_memory(costs)) << r.output;
   EXPECT_EQ(j["feasible"]["budget"]["save_all_peak_bytes"], schedule::plan_save_all(costs).predicted_peak_bytes);
   EXPECT_FALSE(j["feasible"].contains("dynamic")) << r.output;
+  // the per-stage report at the smallest budget: some stage recomputed, at its forward time per re-run
+  const size_t smallest = j["feasible"]["budget"]["smallest_bytes"];
+  r = run("plan --json --budget " + std::to_string(smallest) + " --costs " + path("range.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json tight = nlohmann::json::parse(lines_of(r.output).back());
+  ASSERT_EQ(tight["stages"].size(), 3u) << r.output;
+  int recomputed = 0;
+  for (const auto& stage : tight["stages"]) {
+    const int runs = stage["forward_runs"];
+    EXPECT_EQ(stage["decision"], runs > 1 ? "recompute" : "keep") << stage;
+    EXPECT_EQ(stage["recompute_seconds"], static_cast<double>(runs - 1)) << stage;  // forward_seconds 1
+    EXPECT_EQ(stage["saved_bytes"], 64u);
+    recomputed += runs > 1;
+  }
+  EXPECT_GT(recomputed, 0) << r.output;
 
   const std::string train = "train --threads 2 --json --policy ";
   r = run(train + "dynamic:" + std::to_string(dynamic_min) + " --steps 1");
