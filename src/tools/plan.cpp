@@ -210,7 +210,7 @@ int run_plan(const PlanOptions& o) {
                         {"planner", planner},
                         {"plan", plan_json("budget", best, outside, budget)},
                         {"actions", rs::format_actions(best.actions)},
-                        {"stages", decisions_json(stage_decisions(costs, best), profile.labels)},
+                        {"plan_stages", decisions_json(stage_decisions(costs, best), profile.labels)},
                         {"uniform_segments", plan_json("uniform:" + std::to_string(uniform_segments), *uniform, outside, budget)},
                         {"every_layer", plan_json("every-layer", every_layer, outside, budget)},
                         {"save_all", plan_json("save-all", save_all, outside, budget)},

@@ -377,9 +377,9 @@ TEST_F(Cli, PlanPrintsTheFeasibleRange) {
   r = run("plan --json --budget " + std::to_string(smallest) + " --costs " + path("range.json"));
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json tight = nlohmann::json::parse(lines_of(r.output).back());
-  ASSERT_EQ(tight["stages"].size(), 3u) << r.output;
+  ASSERT_EQ(tight["plan_stages"].size(), 3u) << r.output;
   int recomputed = 0;
-  for (const auto& stage : tight["stages"]) {
+  for (const auto& stage : tight["plan_stages"]) {
     const int runs = stage["forward_runs"];
     EXPECT_EQ(stage["decision"], runs > 1 ? "recompute" : "keep") << stage;
     EXPECT_EQ(stage["recompute_seconds"], static_cast<double>(runs - 1)) << stage;  // forward_seconds 1
