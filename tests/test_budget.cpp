@@ -103,3 +103,72 @@ TEST(Budget, InfeasibleBudgetNamesTheSmallestFeasibleOne) {
   }
   EXPECT_EQ(memory::stats().live_total, live_before);
 }
+
+// A chain too long for the exact programme is planned by the grouped one: the plan it runs keeps
+// the measured peak within the budget, the gradients equal save-all's, and the planner reports
+// its progress through the options' callback.
+TEST(Budget, LongChainsArePlannedByTheGroupedPlanner) {
+  TanhChain model(300, 8, DType::f32, 5);
+  Tensor x = randn({4, 8}, DType::f32, RngState{1, 0});
+  TensorList reference, got;
+  const size_t save_all = step_peak_saved(model, x, Policy::save_all(), &reference);
+  const size_t every_layer = step_peak_saved(model, x, Policy::every_layer());
+  for (size_t budget : {every_layer, (every_layer + save_all) / 2}) {
+    SCOPED_TRACE(budget);
+    const Policy policy = Policy::budget(budget);
+    auto planner = std::make_shared<BudgetPlanner>();
+    std::vector<double> progress;
+    schedule::ChainPlanOptions options;
+    options.progress = [&](double fraction) { progress.push_back(fraction); };
+    planner->set_options(options);
+    model.chain.set_planner(planner);
+    for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, policy);
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_LE(step_peak_saved(model, x, policy, &got), budget) << "step " << step;
+      ASSERT_EQ(got.size(), reference.size());
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
+    }
+    auto report = planner->report();
+    ASSERT_TRUE(report.has_value());
+    EXPECT_EQ(report->costs.num_stages(), 300);
+    EXPECT_NE(report->planner.find("grouped"), std::string::npos) << report->planner;
+    ASSERT_FALSE(progress.empty());
+    EXPECT_EQ(progress.back(), 1.0);
+  }
+}
+
+// feasible_range() before any plan: the smallest budget it names runs within itself, one byte
+// less is the planner's error naming that smallest budget (or, under the grouped planner, a plan
+// within it); save-all's peak recomputes nothing.
+TEST(Budget, FeasibleRangeIsTheSmallestBudgetThatRuns) {
+  for (int blocks : {12, 200}) {  // the exact programme, the grouped one
+    SCOPED_TRACE(blocks);
+    TanhChain model(blocks, 16, DType::f32, 5);
+    Tensor x = randn({8, 16}, DType::f32, RngState{1, 0});
+    TensorList reference, got;
+    step_peak_saved(model, x, Policy::save_all(), &reference);
+    model.chain.set_planner(std::make_shared<BudgetPlanner>());
+    EXPECT_FALSE(model.chain.planner()->feasible_range().has_value());
+    for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, Policy::budget(size_t(1) << 40));
+    const auto range = model.chain.planner()->feasible_range();
+    ASSERT_TRUE(range.has_value());
+    ASSERT_LT(range->smallest_budget_bytes, range->save_all_peak_bytes);
+    // the exact programme refuses one byte less; the grouped one may plan it with finer units
+    try {
+      const size_t peak = step_peak_saved(model, x, Policy::budget(range->smallest_budget_bytes - 1));
+      EXPECT_GT(blocks, 100) << "the exact programme planned a budget below the feasible range";
+      EXPECT_LE(peak, range->smallest_budget_bytes - 1);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(range->smallest_budget_bytes) + " bytes"), std::string::npos)
+          << e.what();
+    }
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_LE(step_peak_saved(model, x, Policy::budget(range->smallest_budget_bytes), &got),
+                range->smallest_budget_bytes);
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
+    }
+    reset_counters();
+    step_peak_saved(model, x, Policy::budget(range->save_all_peak_bytes));
+    EXPECT_EQ(counters().ops.recomputed_ops, 0u);
+  }
+}

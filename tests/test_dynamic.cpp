@@ -642,3 +642,47 @@ TEST(Offload, AYieldedCoreChangesNoResult) {
   set_num_threads(before);
   expect_same(yielded, full, "yielded core");
 }
+
+// dynamic_feasible_range on random programs: the smallest budget it names runs the step within
+// itself with save-all's gradients, one byte less fails with an error naming the measured
+// smallest, and at save-all's peak nothing is evicted.
+TEST(Dynamic, FeasibleRangeIsTheSmallestBudgetThatRuns) {
+  int below_first_need = 0;
+  for (int c = 0; c < 30; ++c) {
+    const std::string what = "case " + std::to_string(c);
+    Program program(7000 + static_cast<uint64_t>(c));
+    Tensor x = randn({program.batch, program.width}, program.dtype, RngState{static_cast<uint64_t>(c), 9}).requires_grad_();
+    TensorList wrt = program.params;
+    wrt.push_back(x);
+    const TensorList reference = program.grads(x, Policy::save_all());
+    auto step = [&] {
+      manual_seed(program.seed + 11);
+      remat::grad([&](const TensorList&) { return program.run(x); }, wrt, GradOptions{});
+    };
+    const DynamicRange range = dynamic_feasible_range(step);
+    EXPECT_FALSE(detail::dynamic_running());
+    ASSERT_GE(range.smallest_budget_bytes, 1u) << what;
+    ASSERT_LE(range.smallest_budget_bytes, range.save_all_peak_bytes) << what;
+    EXPECT_GE(range.runs, 2) << what;
+    if (range.runs > 3) ++below_first_need;
+    size_t peak = 0;
+    expect_same(program.grads(x, Policy::dynamic(range.smallest_budget_bytes), &peak), reference, what);
+    EXPECT_LE(peak, range.smallest_budget_bytes) << what;
+    if (range.smallest_budget_bytes > 1) {
+      try {
+        program.grads(x, Policy::dynamic(range.smallest_budget_bytes - 1));
+        ADD_FAILURE() << what << ": one byte below the smallest budget ran";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("of the whole step, measured by dynamic_feasible_range, is " +
+                         std::to_string(range.smallest_budget_bytes) + " bytes"),
+                  std::string::npos)
+            << m;
+      }
+    }
+    reset_counters();
+    program.grads(x, Policy::dynamic(range.save_all_peak_bytes));
+    EXPECT_EQ(counters().dynamic.evictions, 0u) << what;
+  }
+  RecordProperty("cases_past_the_first_need", below_first_need);
+}

@@ -430,22 +430,26 @@ TEST_F(Hostile, ScanWithTooManySteps) {
   EXPECT_EQ(calls, 0) << "refused before running a step";
 }
 
-TEST_F(Hostile, BudgetChainTooLongToPlan) {
+// plan_rotor refuses 1000 stages (above); the budget policy plans them with the grouped planner.
+TEST_F(Hostile, BudgetChainTooLongForTheExactPlanner) {
   Chain chain;
   for (int i = 0; i < 1000; ++i) chain.add([](const Tensor& h) { return tanh(h); });
   Tensor input = from_vector(Values{0.1, 0.2}, {1, 2}, DType::f64);
   Tensor scale = from_vector(Values{1.0, 2.0}, {2}, DType::f64).requires_grad_();
-  ScopedPolicy scope(Policy::parse("budget:1GiB"));
-  // the profiling steps run; the step that plans must fail with a remat::Error
-  for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) sum(chain.forward(mul(input, scale))).backward();
-  try {
-    sum(chain.forward(mul(input, scale))).backward();
-    ADD_FAILURE() << "a 1000-stage chain was planned";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("1000 stages"), std::string::npos) << e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << typeid(e).name() << ": " << e.what();
-  }
+  auto step = [&](const Policy& policy) {
+    scale.zero_grad();
+    backward([&] { return sum(chain.forward(mul(input, scale))); }, GradOptions{policy});
+    return scale.grad().clone();
+  };
+  const Tensor reference = step(Policy::save_all());
+  for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step(Policy::parse("budget:1GiB"));
+  const auto range = chain.planner()->feasible_range();  // a budget between them: not save-all
+  ASSERT_TRUE(range.has_value());
+  const Tensor planned = step(Policy::budget((range->smallest_budget_bytes + range->save_all_peak_bytes) / 2));
+  ASSERT_TRUE(chain.planner()->report().has_value());
+  EXPECT_EQ(chain.planner()->report()->costs.num_stages(), 1000);
+  EXPECT_NE(chain.planner()->report()->planner.find("grouped"), std::string::npos);
+  EXPECT_EQ(planned.to_vector(), reference.to_vector());  // exact doubles
 }
 
 // ============================================================================================

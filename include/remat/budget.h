@@ -1,6 +1,6 @@
 // remat/budget.h - the budget:BYTES policy: the layer calls of a model (or the children of a
-// Chain) profiled once, planned by the rotor dynamic programme (remat/schedule.h), executed as
-// nested checkpoint regions.
+// Chain) profiled once, planned by the rotor dynamic programme (remat/schedule.h; the grouped
+// planner for chains too long for it), executed as nested checkpoint regions.
 //
 //   auto model = std::make_shared<MyModel>();          // any nn::Module, or a remat::Chain
 //   remat::ScopedPolicy policy(remat::Policy::parse("budget:64MiB"));
@@ -9,6 +9,7 @@
 //     loss.backward();
 //   }
 //   model->planner()->report();               // the plan, its predicted peak and time
+//   model->planner()->feasible_range();       // the smallest feasible budget, save-all's peak
 //
 // What is planned. The plan scope is the outermost call under the budget (the model's forward,
 // or a Chain / container with its own budget policy). Its layer calls (remat/call.h), in the
@@ -72,11 +73,28 @@ class BudgetPlanner {
     size_t predicted_peak_bytes = 0; // plan peak + outside bytes
     double predicted_seconds = 0;    // forward + recomputation + backward of the chain
     double profiled_chain_seconds = 0;  // the chain's forward + re-run + backward on the profiling step
+    std::string planner;             // which planner made the plan (schedule::ChainPlan::describe)
+  };
+  // What budgets a profiled model can run under: the smallest from which the planner plans
+  // (schedule::chain_min_feasible_memory) and save-all's predicted peak (a budget at or above it
+  // recomputes nothing), outside bytes included.
+  struct FeasibleRange {
+    size_t smallest_budget_bytes = 0;
+    size_t save_all_peak_bytes = 0;
   };
   // The plan in force for the last input shape, if planned yet.
   std::optional<Report> report() const;
   // The measured costs of the last profiled shape, once its backward finished.
   std::optional<schedule::ChainCosts> costs() const;
+  // The feasible budgets of the last profiled shape, once its backward finished (as costs());
+  // plans once, so it takes as long as planning (progress goes to the options' callback).
+  std::optional<FeasibleRange> feasible_range() const;
+
+  // How plans are made (schedule::plan_chain: exact rotor for short chains, the grouped planner
+  // for long ones). `progress`, if set, is called while a long chain is planned, e.g. to show it
+  // on a terminal; the library prints nothing itself. Takes effect at the next plan.
+  void set_options(schedule::ChainPlanOptions options);
+  const schedule::ChainPlanOptions& options() const;
 
   // Steps run under every-layer to profile a new input shape; the last one is measured (the
   // first run of a shape also pays for one-time work such as JIT-compiled GEMM kernels).

@@ -31,8 +31,9 @@
 // state, so gradients are bitwise equal to save-all on the CPU. The unit of eviction is the
 // storage: views share their base's. Regions compose: their kept inputs are saved values too.
 // A budget that no eviction can meet (the values an op needs at once exceed it) is a remat::Error
-// naming the smallest feasible budget seen so far in bytes and MiB; the op fails, nothing else
-// changes. counters().dynamic.smallest_feasible_bytes reports the smallest budget the steps run
+// naming the smallest feasible budget seen so far in bytes and MiB (a lower bound: the rest of the
+// step may need more) and, once dynamic_feasible_range measured one on this thread, the smallest
+// budget of the whole step; the op fails, nothing else changes. counters().dynamic.smallest_feasible_bytes reports the smallest budget the steps run
 // so far needed (the largest of those needs).
 // Requirement on ops: an op's forward must be a pure function of its inputs and of what it
 // captured, apart from a declared side effect, which a rematerialization skips (docs/design.md,
@@ -58,6 +59,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -69,6 +71,7 @@ struct DynamicCounters {
   double remat_flops = 0;
   double remat_seconds = 0;
   size_t smallest_feasible_bytes = 0;  // dynamic: the largest need seen (a lower bound of any feasible budget)
+  size_t peak_held_bytes = 0;          // dynamic: the most saved bytes held at once (what the budget bounds)
   uint64_t offloaded = 0;              // offload: values written to disk
   size_t bytes_offloaded = 0;
   size_t bytes_prefetched = 0;         // read back ahead of need
@@ -117,6 +120,30 @@ class OffloadScope {
 
 // Closes the files that ended offload scopes kept for the next ones (see offload:DIR above).
 void release_offload_files();
+
+// The budgets dynamic: can run one step of a program under, measured by running it.
+//
+//   auto step = [&] { model.zero_grad(); backward([&] { return model.loss(x, y); }); };
+//   remat::DynamicRange r = remat::dynamic_feasible_range(step);
+//   // dynamic:<r.smallest_budget_bytes> runs the step; dynamic:<r.smallest_budget_bytes - 1> fails
+//
+// `step` runs one forward and backward under the thread's policy (no GradOptions::policy); it is
+// run several times, each under a ScopedPolicy of dynamic:B, and must do the same work each time
+// (same shapes and ops; eviction depends on them, not on values). The first run, with no budget to
+// speak of, measures save-all's peak (the most saved bytes held at once: at or above it nothing is
+// evicted) and the largest need; then runs raise the budget to the need each failed run reports
+// (as a user reading the errors would), and the byte below the budget found is run too: when it
+// fails, that budget is the smallest; when it does not (eviction order can make feasibility
+// non-monotone), the smallest is bisected between the last failed budget and it. counters().dynamic
+// is left as it was (but for peak_held_bytes); the other counters count the runs. The result is remembered on this thread: a later infeasible dynamic:
+// budget's error names it beside the need the failing run saw. An error of the step other than an
+// infeasible budget is rethrown.
+struct DynamicRange {
+  size_t smallest_budget_bytes = 0;  // runs the step; one byte less fails (or it is 1)
+  size_t save_all_peak_bytes = 0;    // held with nothing evicted
+  int runs = 0;                      // of `step`
+};
+DynamicRange dynamic_feasible_range(const std::function<void()>& step);
 
 namespace detail {
 bool dynamic_running();  // a DynamicScope is alive on this thread

@@ -240,6 +240,11 @@ struct ChainPlan {
   std::string describe() const;             // e.g. "exact rotor" or "grouped rotor, 3 levels of <= 16"
 };
 ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options = {});
+// The least memory_limit from which plan_chain plans with these options: min_feasible_memory(costs)
+// when it runs the exact programme (one byte less is refused), else the least peak of the grouped
+// planner's fixed-scale programme, which it plans once to find (progress as plan_chain reports
+// it). Every limit from it up is planned; a slightly smaller one may be too (finer units).
+size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions& options = {});
 
 // Fixed plans.
 Plan plan_save_all(const ChainCosts& costs);      // every stage F_all

@@ -13,6 +13,27 @@ BudgetPlanner::~BudgetPlanner() = default;
 
 std::optional<BudgetPlanner::Report> BudgetPlanner::report() const { return state_->report; }
 std::optional<schedule::ChainCosts> BudgetPlanner::costs() const { return state_->costs; }
+void BudgetPlanner::set_options(schedule::ChainPlanOptions options) { state_->options = std::move(options); }
+const schedule::ChainPlanOptions& BudgetPlanner::options() const { return state_->options; }
+
+std::optional<BudgetPlanner::FeasibleRange> BudgetPlanner::feasible_range() const {
+  const State& st = *state_;
+  schedule::ChainCosts measured;
+  size_t outside = 0;
+  if (st.profile_complete() && st.profile_runs >= kProfilingSteps) {
+    measured = st.measured_costs();
+    outside = st.measured_outside_bytes();
+  } else if (st.report) {
+    measured = st.report->costs;
+    outside = st.report->outside_bytes;
+  } else {
+    return std::nullopt;
+  }
+  FeasibleRange range;
+  range.smallest_budget_bytes = schedule::chain_min_feasible_memory(measured, st.options) + outside;
+  range.save_all_peak_bytes = schedule::plan_save_all(measured).predicted_peak_bytes + outside;
+  return range;
+}
 
 bool BudgetPlanner::State::profile_complete() const {
   if (!profiling || profiles.empty()) return false;
@@ -88,7 +109,9 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   std::string inputs;
   for (const auto& s : shapes) inputs += (inputs.empty() ? "" : ", ") + shape_str(s);
   try {
-    r.plan = schedule::plan_rotor(measured, limit);
+    schedule::ChainPlan chosen = schedule::plan_chain(measured, limit, options);
+    r.plan = std::move(chosen.plan);
+    r.planner = chosen.describe();
   } catch (const schedule::InfeasibleError& e) {
     const size_t smallest = e.min_feasible_bytes + outside;
     throw Error(detail::concat("budget policy: ", budget.to_string(), " (",

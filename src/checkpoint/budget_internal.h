@@ -22,6 +22,7 @@ struct BudgetPlanner::State {
   // the plan for report->signature
   std::optional<Report> report;
   std::optional<schedule::ChainCosts> costs;
+  schedule::ChainPlanOptions options;  // how plans are made (BudgetPlanner::set_options)
   bool stale = false;  // the last planned run met a different number of layer calls: profile again
 
   bool profile_complete() const;

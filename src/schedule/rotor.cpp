@@ -259,6 +259,9 @@ Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
            "fewer slots";
     throw Error(out.str());
   }
+  // Save-all, when it fits, is the fastest plan (every forward runs once), whatever the rounding.
+  Plan save_all = plan_save_all(costs);
+  if (save_all.predicted_peak_bytes <= memory_limit) return save_all;
   const MinPeak least(costs);
   const size_t minimal = costs.boundary_bytes[0] + least.top_peak();
   if (memory_limit < minimal) {

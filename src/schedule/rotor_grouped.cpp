@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -482,6 +483,14 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   return result;
 }
 
+// Whether plan_chain runs the exact programme for this chain.
+bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options) {
+  const double stages = costs.num_stages();
+  const double work = stages * stages * stages * (options.slots + 1.0) / 6;
+  return options.method == RotorMethod::exact ||
+         (options.method == RotorMethod::automatic && (work <= options.exact_max_work || stages < 2));
+}
+
 }  // namespace
 
 std::string ChainPlan::describe() const {
@@ -499,11 +508,16 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
     throw Error("plan_chain: top_parts must be from 2 to 1000, got " + std::to_string(options.top_parts));
   if (options.group_slots < 8 || options.group_slots > 100000)
     throw Error("plan_chain: group_slots must be from 8 to 100000, got " + std::to_string(options.group_slots));
-  const double stages = costs.num_stages();
-  const double work = stages * stages * stages * (options.slots + 1.0) / 6;
-  const bool exact = options.method == RotorMethod::exact ||
-                     (options.method == RotorMethod::automatic && (work <= options.exact_max_work || stages < 2));
+  const bool exact = runs_exact(costs, options);
   if (!exact && costs.num_stages() < 2) throw Error("plan_chain: the grouped planner needs at least 2 stages");
+  if (!exact && options.method == RotorMethod::automatic) {
+    // Save-all, when it fits, is the fastest plan (every forward runs once): the exact optimum.
+    Plan save_all = plan_save_all(costs);
+    if (save_all.predicted_peak_bytes <= memory_limit) {
+      if (options.progress) options.progress(1.0);
+      return ChainPlan{std::move(save_all), RotorMethod::exact, 0};
+    }
+  }
   if (exact) {
     ChainPlan result;
     result.plan = plan_rotor(costs, memory_limit, options.slots);
@@ -511,6 +525,15 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
     return result;
   }
   return plan_grouped(costs, memory_limit, options);
+}
+
+size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions& options) {
+  try {
+    return plan_chain(costs, 0, options).plan.predicted_peak_bytes;  // a chain of empty values fits in 0 bytes
+  } catch (const InfeasibleError& e) {
+    if (options.progress) options.progress(1.0);  // done: the grouped planner's infeasible path reports no end
+    return e.min_feasible_bytes;
+  }
 }
 
 }  // namespace remat::schedule

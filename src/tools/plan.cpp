@@ -1,6 +1,5 @@
 // `remat plan`: the schedule the budget policy would run, with its predicted peak and time, next
 // to uniform segments and every-layer at the same memory.
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -13,6 +12,10 @@
 #include "corpus.h"
 #include "costs.h"
 #include "footprint.h"
+#include "plan_report.h"
+#include "progress.h"
+#include "remat/budget.h"
+#include "remat/dynamic.h"
 #include "remat/nn.h"
 #include "remat/remat.h"
 #include "remat/schedule.h"
@@ -23,9 +26,19 @@ namespace rs = remat::schedule;
 
 namespace {
 
-// Profiles the GPT of `remat train` with these options: the costs of its blocks and the saved
-// bytes outside them.
-std::pair<rs::ChainCosts, size_t> profile_model(const PlanOptions& o) {
+// What profiling a model gives: the costs of its blocks, the saved bytes outside them, and the
+// feasible budgets of budget: and dynamic:.
+struct ModelProfile {
+  rs::ChainCosts costs;
+  size_t outside = 0;
+  std::optional<BudgetPlanner::FeasibleRange> budget_range;
+  std::optional<DynamicRange> dynamic_range;
+  std::vector<std::string> labels;  // the layer call of each stage (a model)
+};
+
+// Profiles the GPT of `remat train` with these options, as its steps run (a forward and backward
+// on one batch): under budget: for the costs, then under dynamic: budgets for that range.
+ModelProfile profile_model(const PlanOptions& o) {
   REMAT_CHECK(o.train.width % o.train.heads == 0, "plan: --width ", o.train.width, " is not a multiple of --heads ",
               o.train.heads);
   REMAT_CHECK(o.train.dropout >= 0 && o.train.dropout < 1, "plan: --dropout must be in [0, 1), got ", o.train.dropout);
@@ -39,6 +52,9 @@ std::pair<rs::ChainCosts, size_t> profile_model(const PlanOptions& o) {
                   detail::concat("plan --layers ", o.train.layers, " --width ", o.train.width, " --heads ", o.train.heads,
                                  " --seq ", o.train.seq, " --batch ", o.train.batch));
   nn::GPT model(config);
+  rs::ChainPlanOptions options;
+  options.progress = planning_progress("remat plan: planning " + std::to_string(o.train.layers) + " layers (profile)");
+  model.planner()->set_options(options);
   Batch batch = sample_batch(tokens, o.train.batch, config.seq, o.train.seed, 0);
   Policy probe = Policy::budget(size_t(1) << 50);  // any budget: we only want the measured costs
   for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) {
@@ -52,7 +68,19 @@ std::pair<rs::ChainCosts, size_t> profile_model(const PlanOptions& o) {
   }
   auto report = model.planner()->report();
   REMAT_CHECK(report.has_value(), "plan: profiling the model produced no costs");
-  return {report->costs, report->outside_bytes};
+  ModelProfile profile{report->costs, report->outside_bytes, model.planner()->feasible_range(), std::nullopt,
+                       report->stage_labels};
+  profile.dynamic_range = dynamic_feasible_range([&] {
+    model.zero_grad();
+    manual_seed(o.train.seed);
+    backward([&] { return model.loss(batch.inputs, batch.targets); }, GradOptions{});
+  });
+  model.zero_grad();
+  return profile;
+}
+
+std::string bytes_both(size_t bytes) {
+  return std::to_string(bytes) + " bytes (" + memory::format_bytes(static_cast<double>(bytes)) + ")";
 }
 
 std::string describe(const std::vector<rs::PlanNode>& tree) {
@@ -78,24 +106,31 @@ nlohmann::json plan_json(const std::string& name, const rs::Plan& plan, size_t o
           {"fits_budget", plan.predicted_peak_bytes + outside <= budget}};
 }
 
-// Prints the planner's progress to stderr once it has run for a second; progress(-1) ends the line.
-std::function<void(double)> progress_printer(int stages) {
-  struct State {
-    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-    bool printed = false;
-  };
-  auto state = std::make_shared<State>();
-  return [state, stages](double fraction) {
-    if (fraction < 0) {
-      if (state->printed) std::fprintf(stderr, "\n");
-      state->printed = false;
-      return;
-    }
-    if (std::chrono::steady_clock::now() - state->start < std::chrono::seconds(1)) return;
-    std::fprintf(stderr, "\rremat plan: planning %d stages: %3.0f%%", stages, 100 * fraction);
-    std::fflush(stderr);
-    state->printed = true;
-  };
+// The feasible budgets, e.g. "feasible budgets: budget: from ... to ... (save-all's peak)".
+std::string feasible_text(const ModelProfile& p) {
+  std::string text = "feasible budgets (smallest that runs; save-all's peak, at or above which nothing is recomputed):\n";
+  if (p.budget_range)
+    text += "  budget:  from " + bytes_both(p.budget_range->smallest_budget_bytes) + ", save-all's peak " +
+            bytes_both(p.budget_range->save_all_peak_bytes) + "\n";
+  if (p.dynamic_range)
+    text += "  dynamic: from " + bytes_both(p.dynamic_range->smallest_budget_bytes) + ", save-all's peak " +
+            bytes_both(p.dynamic_range->save_all_peak_bytes) + " (" + std::to_string(p.dynamic_range->runs) +
+            " profiling runs)\n";
+  else
+    text += "  dynamic: needs a model to run (not --costs)\n";
+  return text;
+}
+
+nlohmann::json feasible_json(const ModelProfile& p) {
+  nlohmann::json j = nlohmann::json::object();
+  if (p.budget_range)
+    j["budget"] = {{"smallest_bytes", p.budget_range->smallest_budget_bytes},
+                   {"save_all_peak_bytes", p.budget_range->save_all_peak_bytes}};
+  if (p.dynamic_range)
+    j["dynamic"] = {{"smallest_bytes", p.dynamic_range->smallest_budget_bytes},
+                    {"save_all_peak_bytes", p.dynamic_range->save_all_peak_bytes},
+                    {"profiling_runs", p.dynamic_range->runs}};
+  return j;
 }
 
 // The segment counts to compare: all of them for short chains, about 200 spread ones for long.
@@ -117,17 +152,24 @@ int run_plan(const PlanOptions& o) {
   REMAT_USAGE_CHECK(o.costs.empty() || !o.train.architecture_given, "plan: --layers, --width, --heads and --seq describe a "
               "model to profile; they cannot be combined with --costs");
   const size_t budget = parse_bytes_option("plan --budget", o.budget);
-  rs::ChainCosts costs;
-  size_t outside = 0;
-  if (!o.costs.empty())
-    costs = read_costs(o.costs);
-  else
-    std::tie(costs, outside) = profile_model(o);
+  ModelProfile profile;
+  if (!o.costs.empty()) {
+    profile.costs = read_costs(o.costs);
+    rs::ChainPlanOptions least;
+    least.progress = planning_progress("remat plan: the smallest feasible budget of " +
+                                       std::to_string(profile.costs.num_stages()) + " stages");
+    profile.budget_range = BudgetPlanner::FeasibleRange{rs::chain_min_feasible_memory(profile.costs, least),
+                                                        rs::plan_save_all(profile.costs).predicted_peak_bytes};
+  } else {
+    profile = profile_model(o);
+  }
+  const rs::ChainCosts& costs = profile.costs;
+  const size_t outside = profile.outside;
   const int stages = costs.num_stages();
   const size_t limit = budget > outside ? budget - outside : 0;
   rs::Plan best, every_layer, save_all;
   rs::ChainPlanOptions planner_options;
-  planner_options.progress = progress_printer(stages);
+  planner_options.progress = planning_progress("remat plan: planning " + std::to_string(stages) + " stages");
   rs::RotorMethod method = rs::RotorMethod::exact;
   std::string planner;
   try {
@@ -168,9 +210,11 @@ int run_plan(const PlanOptions& o) {
                         {"planner", planner},
                         {"plan", plan_json("budget", best, outside, budget)},
                         {"actions", rs::format_actions(best.actions)},
+                        {"plan_stages", decisions_json(stage_decisions(costs, best), profile.labels)},
                         {"uniform_segments", plan_json("uniform:" + std::to_string(uniform_segments), *uniform, outside, budget)},
                         {"every_layer", plan_json("every-layer", every_layer, outside, budget)},
                         {"save_all", plan_json("save-all", save_all, outside, budget)},
+                        {"feasible", feasible_json(profile)},
                         {"predicted_peak_bytes", best.predicted_peak_bytes + outside},
                         {"predicted_seconds", best.predicted_time}};
     std::printf("%s\n", j.dump().c_str());
@@ -178,6 +222,7 @@ int run_plan(const PlanOptions& o) {
   }
   std::printf("remat plan: %d stages, budget %s%s\n", stages, memory::format_bytes(static_cast<double>(budget)).c_str(),
               outside ? (", of which " + memory::format_bytes(static_cast<double>(outside)) + " is saved outside the chain").c_str() : "");
+  std::printf("%s", feasible_text(profile).c_str());
   for (int i = 0; i < stages; ++i)
     std::printf("  stage %2d: forward %.4f s, backward %.4f s, input %s, saves %s\n", i, costs.forward_time[i],
                 costs.backward_time[i], memory::format_bytes(static_cast<double>(costs.boundary_bytes[i])).c_str(),
@@ -187,6 +232,9 @@ int run_plan(const PlanOptions& o) {
   std::printf("plan (S = stage run with recording, R[a..b](...) = region re-run in the backward pass):\n  %s\n",
               rs::format_tree(best.tree).c_str());
   std::printf("%s", describe(best.tree).c_str());
+  std::printf("per stage: its input boundary kept or recomputed, its record kept or recomputed, and the forward "
+              "time recomputing costs:\n%s",
+              decisions_text(stage_decisions(costs, best), profile.labels).c_str());
   std::printf("actions (Fn i / Fa i = stage i's forward without / with recording, L = the loss, B i = stage i's "
               "backward, D i = free boundary value i):\n  %s\n",
               rs::format_actions(best.actions).c_str());

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 
 #include "numbers.h"
 #include "remat/error.h"
@@ -125,6 +126,32 @@ void Progress::note(const std::string& text) {
 void Progress::finish() {
   if (enabled_ && terminal_ && drawn_) std::fprintf(stderr, "\n");
   drawn_ = false;
+}
+
+std::function<void(double)> planning_progress(const std::string& what) {
+  struct State {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    bool terminal = isatty(STDERR_FILENO) != 0;
+    bool open = false;  // a line is drawn and not ended (terminal)
+    int tenth = -1;     // the last tenth printed (not a terminal)
+  };
+  auto state = std::make_shared<State>();
+  return [state, what](double fraction) {
+    if (fraction < 0) {
+      if (state->open) std::fprintf(stderr, "\n");
+      state->open = false;
+      return;
+    }
+    if (std::chrono::steady_clock::now() - state->start < std::chrono::seconds(1)) return;
+    const int tenth = static_cast<int>(10 * fraction);
+    if (!state->terminal && tenth == state->tenth) return;
+    state->tenth = tenth;
+    const bool done = fraction >= 1;
+    std::fprintf(stderr, "%s%s: %3.0f%%%s", state->terminal ? "\r" : "", what.c_str(), 100 * fraction,
+                 state->terminal && !done ? "" : "\n");
+    std::fflush(stderr);
+    state->open = state->terminal && !done;
+  };
 }
 
 std::string human_count(double value) {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,12 @@ class Progress {
 // `columns` - 1 characters; 0: no limit) by dropping whole fields as above.
 std::string progress_line(const std::string& label, int64_t done, int64_t total, const std::vector<ProgressField>& fields,
                           double elapsed, bool bar, int columns);
+
+// A planner's progress callback (schedule::ChainPlanOptions::progress) that prints "WHAT: 42%"
+// (e.g. WHAT = "remat plan: planning 10000 stages") on stderr once the planning has run for a
+// second: redrawn in place on a terminal, a line per tenth otherwise. A fraction of 1 (done) or
+// below 0 (given up) ends the line if one was drawn.
+std::function<void(double fraction)> planning_progress(const std::string& what);
 
 std::string human_count(double value);  // 12345 -> "12.3k"
 std::string human_duration(double seconds);  // 95 -> "1m35s"

@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "data_parallel.h"
 #include "device_option.h"
+#include "progress.h"
 #include "train_load.h"
 #include "train_report.h"
 #include "train_steps.h"
@@ -136,6 +137,7 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   REMAT_USAGE_CHECK(o.device == "cpu" || dp.micro_batches() == 1, "train: --device ", o.device,
                     " runs one micro-batch per step in one process (--accumulate and mpirun add gradients on the host)");
   Loaded l = load(o, select_device("train --device", o.device));
+  if (o.progress) l.model->planner()->set_options({.progress = planning_progress("remat train: planning the budget")});
   if (o.eval_only) return evaluate_only(o, l);
   if (dp.world > 1) check_ranks_agree(o, l.tokens, *l.model);
   Optimization opt(o, dp, *l.model);

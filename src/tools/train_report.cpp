@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "plan_report.h"
 #include "progress.h"
 
 namespace remat::tools {
@@ -49,6 +50,9 @@ void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m,
     say("  predicted: peak saved %s, step %.1f ms; measured: peak saved %s, step %.1f ms (median of the run %.1f ms)\n",
         bytes_text(s.plan->predicted_peak_bytes).c_str(), s.predicted_step_seconds * 1e3,
         bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, s.step_median * 1e3);
+    if (o.explain)
+      say("  per layer call of the plan (%s): input boundary kept or recomputed, record kept or recomputed:\n%s",
+          s.plan->planner.c_str(), decisions_text(stage_decisions(s.plan->costs, s.plan->plan), s.plan->stage_labels).c_str());
   }
 }
 
@@ -150,6 +154,9 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"predicted_peak_saved_bytes", s.plan ? s.plan->predicted_peak_bytes : 0},
                       {"predicted_step_seconds", s.predicted_step_seconds},
                       {"plan", s.plan ? s.plan->tree : ""},
+                      {"planner", s.plan ? s.plan->planner : ""},
+                      {"plan_stages", s.plan ? decisions_json(stage_decisions(s.plan->costs, s.plan->plan), s.plan->stage_labels)
+                                             : nlohmann::json::array()},
                       {"layer_calls", chosen.counters.layer_calls},
                       {"regions_created", chosen.counters.regions_created},
                       {"regions", regions_json(chosen.counters)},

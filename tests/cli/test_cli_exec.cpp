@@ -2,6 +2,7 @@
 // and a message "remat: error: ..." naming what was wrong, never a crash, a hang, an uncaught
 // std:: exception or a silent success. Tiny models and one or a few steps keep this fast.
 #include "cli_harness.h"
+#include "remat/budget.h"
 
 TEST_F(Cli, GoodInputSucceeds) {
   Result r = run(train_args({{"--steps", "2"}}) + " --json");
@@ -341,6 +342,67 @@ TEST_F(Cli, PlanExplainsItsNotation) {
       << r.output;
   // everything fits: every stage recorded; boundary 1 freed once stage 1's backward is done
   EXPECT_NE(r.output.find("\n  Fa0 Fa1 L B1 D1 B0\n"), std::string::npos) << r.output;
+}
+
+// `remat plan` prints the feasible budgets of the default GPT; `remat train` runs one step at the
+// printed smallest dynamic: budget and fails, naming that smallest, one byte below it; the same
+// for budget: at its printed smallest (the step after the profiling steps plans).
+TEST_F(Cli, PlanPrintsTheFeasibleRange) {
+  Result r = run("plan --threads 2 --budget 1GiB");
+  ASSERT_EQ(r.code, 0) << r.output;
+  // "  budget:  from N bytes (...), save-all's peak M bytes (...)": {N, M}
+  auto range_of = [&](const std::string& key) -> std::pair<size_t, size_t> {
+    const size_t at = r.output.find(key), top = r.output.find("save-all's peak ", at);
+    if (at == std::string::npos || top == std::string::npos) return {0, 0};
+    return {std::stoull(r.output.substr(at + key.size())), std::stoull(r.output.substr(top + 16))};
+  };
+  const auto [budget_min, budget_top] = range_of("\n  budget:  from ");
+  const auto [dynamic_min, dynamic_top] = range_of("\n  dynamic: from ");
+  ASSERT_GT(budget_min, 0u) << r.output;
+  ASSERT_GT(dynamic_min, 0u) << r.output;
+  EXPECT_LT(budget_min, budget_top) << r.output;
+  EXPECT_LT(dynamic_min, dynamic_top) << r.output;
+  // --json: the budget: range of a --costs chain is the planner's least peak and save-all's
+  const std::string stage = R"({"forward_seconds": 1, "backward_seconds": 2, "boundary_bytes": 16, "saved_bytes": 64})";
+  std::ofstream(path("range.json")) << "[" << stage << "," << stage << "," << stage << "]";
+  r = run("plan --budget 1KiB --json --costs " + path("range.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(lines_of(r.output).back());
+  const schedule::ChainCosts costs = schedule::ChainCosts::uniform(3, 1, 2, 16, 64);
+  EXPECT_EQ(j["feasible"]["budget"]["smallest_bytes"], schedule::min_feasible_memory(costs)) << r.output;
+  EXPECT_EQ(j["feasible"]["budget"]["save_all_peak_bytes"], schedule::plan_save_all(costs).predicted_peak_bytes);
+  EXPECT_FALSE(j["feasible"].contains("dynamic")) << r.output;
+  // the per-stage report at the smallest budget: some stage recomputed, at its forward time per re-run
+  const size_t smallest = j["feasible"]["budget"]["smallest_bytes"];
+  r = run("plan --json --budget " + std::to_string(smallest) + " --costs " + path("range.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json tight = nlohmann::json::parse(lines_of(r.output).back());
+  ASSERT_EQ(tight["plan_stages"].size(), 3u) << r.output;
+  int recomputed = 0;
+  for (const auto& stage : tight["plan_stages"]) {
+    const int runs = stage["forward_runs"];
+    EXPECT_EQ(stage["decision"], runs > 1 ? "recompute" : "keep") << stage;
+    EXPECT_EQ(stage["recompute_seconds"], static_cast<double>(runs - 1)) << stage;  // forward_seconds 1
+    EXPECT_EQ(stage["saved_bytes"], 64u);
+    recomputed += runs > 1;
+  }
+  EXPECT_GT(recomputed, 0) << r.output;
+
+  const std::string train = "train --threads 2 --json --policy ";
+  r = run(train + "dynamic:" + std::to_string(dynamic_min) + " --steps 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = run(train + "dynamic:" + std::to_string(dynamic_min - 1) + " --steps 1");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("smallest feasible budget"), std::string::npos) << r.output;
+  const std::string planned = " --steps " + std::to_string(BudgetPlanner::kProfilingSteps + 1);
+  r = run(train + "budget:" + std::to_string(budget_min) + planned);
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = run(train + "budget:" + std::to_string(budget_min - 1) + planned);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("smallest feasible budget for the model with input [32, 64]: " + std::to_string(budget_min) +
+                          " bytes"),
+            std::string::npos)
+      << r.output;
 }
 
 // --fuse-optimizer: refused with clipping (it needs every gradient first) and under a bad
