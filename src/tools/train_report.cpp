@@ -142,6 +142,8 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"bytes_mapped", dynamic.bytes_mapped},
                       {"stall_seconds", dynamic.stall_seconds},
                       {"grad_digest", m.digest},
+                      {"grad_digest_step", m.digest_step},
+                      {"grad_digest_under_plan", m.digest_under_plan},
                       {"probe_step_seconds", chosen.seconds},
                       {"probe_peak_saved_bytes", chosen.peak_saved},
                       {"save_all_step_seconds", save_all.seconds},

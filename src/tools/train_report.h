@@ -58,6 +58,8 @@ struct RunMeasure {
   double recomputed_flops = 0;
   DynamicCounters dynamic;  // dynamic: and offload: policies, summed over the run
   std::string digest;       // of the gradients of step min(kProfilingSteps, steps - 1) + 1
+  int64_t digest_step = 0;  // that step, counted from 1
+  bool digest_under_plan = false;  // budget: whether that step ran the plan
   double communication_seconds = 0, hidden_seconds = 0;
   size_t optimizer_state_bytes = 0;  // allocated by the first step (AdamW's moments)
   double train_seconds = 0;

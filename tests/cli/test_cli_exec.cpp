@@ -344,11 +344,13 @@ TEST_F(Cli, PlanExplainsItsNotation) {
   EXPECT_NE(r.output.find("\n  Fa0 Fa1 L B1 D1 B0\n"), std::string::npos) << r.output;
 }
 
-// `remat plan` prints the feasible budgets of the default GPT; `remat train` runs one step at the
+// `remat plan` prints the feasible budgets of a GPT; `remat train` runs one step at the
 // printed smallest dynamic: budget and fails, naming that smallest, one byte below it; the same
 // for budget: at its printed smallest (the step after the profiling steps plans).
 TEST_F(Cli, PlanPrintsTheFeasibleRange) {
-  Result r = run("plan --threads 2 --budget 1GiB");
+  // a small GPT (the default one takes about a minute here, and several under the sanitizers)
+  const std::string model = " --layers 2 --width 32 --heads 2 --seq 16 --batch 4";
+  Result r = run("plan --threads 2 --budget 1GiB" + model);
   ASSERT_EQ(r.code, 0) << r.output;
   // "  budget:  from N bytes (...), save-all's peak M bytes (...)": {N, M}
   auto range_of = [&](const std::string& key) -> std::pair<size_t, size_t> {
@@ -388,7 +390,7 @@ TEST_F(Cli, PlanPrintsTheFeasibleRange) {
   }
   EXPECT_GT(recomputed, 0) << r.output;
 
-  const std::string train = "train --threads 2 --json --policy ";
+  const std::string train = "train --threads 2 --json" + model + " --policy ";
   r = run(train + "dynamic:" + std::to_string(dynamic_min) + " --steps 1");
   EXPECT_EQ(r.code, 0) << r.output;
   r = run(train + "dynamic:" + std::to_string(dynamic_min - 1) + " --steps 1");
@@ -399,10 +401,43 @@ TEST_F(Cli, PlanPrintsTheFeasibleRange) {
   EXPECT_EQ(r.code, 0) << r.output;
   r = run(train + "budget:" + std::to_string(budget_min - 1) + planned);
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_NE(r.output.find("smallest feasible budget for the model with input [32, 64]: " + std::to_string(budget_min) +
+  EXPECT_NE(r.output.find("smallest feasible budget for the model with input [4, 16]: " + std::to_string(budget_min) +
                           " bytes"),
             std::string::npos)
       << r.output;
+}
+
+// grad_digest hashes the first step that runs a budget policy's plan (the profiling steps before
+// it run as every-layer), so it checks the plan: under a budget below save-all's peak, that step
+// ran the plan and its digest is save-all's; a run too short to plan says its step did not.
+TEST_F(Cli, GradDigestHashesAStepThatRanThePlan) {
+  auto field = [](const std::string& out, const std::string& name) {
+    const size_t at = out.rfind("\"" + name + "\":");
+    return at == std::string::npos ? std::string() : out.substr(at + name.size() + 3, out.find_first_of(",}", at) - at - name.size() - 3);
+  };
+  const std::string planned = std::to_string(BudgetPlanner::kProfilingSteps + 1);
+  auto with = [&](const std::string& policy, const std::string& steps) {
+    return run(train_args({{"--policy", policy}, {"--steps", steps}, {"--layers", "3"}}) + " --json");
+  };
+  const Result all = with("save-all", planned);
+  ASSERT_EQ(all.code, 0) << all.output;
+  const size_t top = std::stoull(field(all.output, "save_all_peak_saved_bytes"));
+  // the smallest feasible budget of this model, from `remat plan`
+  const Result range = run("plan --budget 1GiB --json --threads 1 --data " + path("corpus.txt") +
+                           " --layers 3 --width 8 --heads 2 --seq 8 --batch 2");
+  ASSERT_EQ(range.code, 0) << range.output;
+  const std::string smallest =
+      nlohmann::json::parse(lines_of(range.output).back())["feasible"]["budget"]["smallest_bytes"].dump();
+  const Result tight = with("budget:" + smallest, planned);
+  ASSERT_EQ(tight.code, 0) << tight.output;
+  EXPECT_EQ(field(tight.output, "grad_digest_step"), planned);
+  EXPECT_EQ(field(tight.output, "grad_digest_under_plan"), "true");
+  EXPECT_LT(std::stoull(field(tight.output, "predicted_peak_saved_bytes")), top) << tight.output;  // it recomputes
+  EXPECT_EQ(field(tight.output, "grad_digest"), field(all.output, "grad_digest"));
+  const Result short_run = with("budget:" + smallest, std::to_string(BudgetPlanner::kProfilingSteps));
+  ASSERT_EQ(short_run.code, 0) << short_run.output;
+  EXPECT_EQ(field(short_run.output, "grad_digest_step"), std::to_string(BudgetPlanner::kProfilingSteps));
+  EXPECT_EQ(field(short_run.output, "grad_digest_under_plan"), "false");
 }
 
 // --fuse-optimizer: refused with clipping (it needs every gradient first) and under a bad
