@@ -4,7 +4,7 @@
 //   build/bench/bench_step [--layers 4] [--width 128] [--heads 4] [--seq 64] [--batch 12]
 //                          [--vocab 65] [--policy save-all] [--steps 10] [--warmup 2]
 //                          [--threads 2] [--optimizer sgd|adamw] [--fuse-optimizer] [--json]
-//                          [--no-peak] [--attention fused|explicit]
+//                          [--no-peak] [--attention fused|explicit] [--no-recompute-check]
 //
 // Defaults are nanoGPT's CPU configuration (shakespeare_char: 4 layers, 4 heads, width 128,
 // context 64, batch 12, vocabulary 65). A step is: drop the gradients, forward, loss, backward,
@@ -42,6 +42,7 @@ struct Options {
   std::string policy = "save-all", optimizer = "sgd";
   int steps = 10, warmup = 2, threads = 2;
   bool fuse_optimizer = false, json = false, measure_peak = true;
+  bool recompute_check = true;  // --no-recompute-check: remat::set_recomputation_check(false)
 };
 
 std::vector<int64_t> tokens(size_t n, int64_t vocab, uint64_t seed) {
@@ -101,7 +102,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: bench_step [--layers N] [--width C] [--heads H] [--seq T] [--batch B] [--vocab V] "
                "[--policy P] [--steps N] [--warmup N] [--threads N] [--optimizer sgd|adamw] [--fuse-optimizer] "
-               "[--json] [--no-peak] [--attention fused|explicit]\n");
+               "[--json] [--no-peak] [--attention fused|explicit] [--no-recompute-check]\n");
 }
 
 }  // namespace
@@ -131,6 +132,7 @@ int main(int argc, char** argv) {
     else if (a == "--fuse-optimizer") o.fuse_optimizer = true;
     else if (a == "--json") o.json = true;
     else if (a == "--no-peak") o.measure_peak = false;
+    else if (a == "--no-recompute-check") o.recompute_check = false;
     else if (a == "--attention") {
       const std::string v = value();
       REMAT_CHECK(v == "fused" || v == "explicit", "bench_step: --attention fused|explicit, got ", v);
@@ -143,6 +145,7 @@ int main(int argc, char** argv) {
   }
   try {
     set_num_threads(o.threads);
+    set_recomputation_check(o.recompute_check);
     const Policy policy = Policy::parse(o.policy);
     nn::GPT model(o.config);
     const size_t n = static_cast<size_t>(o.batch * o.config.seq);

@@ -19,7 +19,7 @@ struct TrainOptions {
   std::string device = "cpu";  // --device: cpu, cuda or cuda:N (device_option.h)
   // the defaults are the demo's (scripts/demo): measured on the fortunes corpus to reach the lowest
   // validation loss in about 4 minutes on 2 cores (docs/cli.md, "The demo's defaults")
-  int64_t layers = 2, width = 128, heads = 4, seq = 64, batch = 16, steps = 5500;
+  int64_t layers = 2, width = 128, heads = 4, seq = 64, batch = 16, steps = 3800;
   double lr = 5e-3;
   uint64_t seed = 1;
   std::string policy = "every-layer";
