@@ -235,6 +235,8 @@ TEST_F(Cli, HuggingFaceDirectory) {
   expect_error(eval + bare, {"is not a JSON object (nested too deeply)"});
   std::ofstream(bare + "/config.json") << "{\"n_head\": ";
   expect_error(eval + bare, {bare + "/config.json is not a JSON object"});
+  std::ofstream(bare + "/config.json") << R"({"n_head": 2, "n_head": 3})";
+  expect_error(eval + bare, {bare + "/config.json has the key \"n_head\" twice in one object"});
 
   // a --save that is a file; a directory without the weights
   expect_usage_error(train_args({{"--save", own}, {"--format", "hf-gpt2"}}), {own, "is a file", "writes a directory"});
