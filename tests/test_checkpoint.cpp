@@ -223,6 +223,53 @@ TEST(Policy, ParsePrintRoundTrip) {
   EXPECT_EQ(Policy::parse(" every-layer ").kind, Policy::Kind::every_layer);
 }
 
+// The keep axis and where kept values live, composed: every form prints back as parsed, and the
+// offload directory may hold a '+' (only the first one splits).
+TEST(Policy, CompositionsParseAndPrintBack) {
+  for (const char* text : {"every-layer+offload:/tmp/a,threshold=1024", "every-k:2+offload:/tmp,threshold=0,ram=4096",
+                           "selective:matmul,tanh+offload:/tmp,threshold=1", "budget:2048+offload:/tmp,threshold=1024",
+                           "budget:auto+offload:/tmp,threshold=1024", "budget:auto", "budget:auto,limit=1073741824",
+                           "offload:/tmp/x+y,threshold=1048576", "every-layer+offload:/tmp/x+y,threshold=1048576"}) {
+    EXPECT_EQ(Policy::parse(text).to_string(), text);
+  }
+  const Policy p = Policy::parse("every-layer + offload:/scratch,threshold=1MiB");
+  EXPECT_EQ(p.kind, Policy::Kind::every_layer);
+  ASSERT_TRUE(p.offload_to.has_value());
+  EXPECT_EQ(p.offload_to->directory, "/scratch");
+  EXPECT_EQ(p.offload_to->threshold_bytes, 1u << 20);
+  EXPECT_EQ(p.keep(), Policy::every_layer());
+  EXPECT_TRUE(p.makes_regions());
+  // save-all+offload is offload alone, and prints as such
+  EXPECT_EQ(Policy::parse("save-all+offload:/tmp"), Policy::parse("offload:/tmp"));
+  EXPECT_EQ(Policy::parse("save-all+offload:/tmp").to_string(), "offload:/tmp,threshold=1048576");
+  EXPECT_FALSE(Policy::parse("offload:/tmp").recomputes());
+  const Policy automatic = Policy::parse("budget:auto,limit=2GiB");
+  EXPECT_TRUE(automatic.budget_auto);
+  EXPECT_EQ(automatic.memory_limit_bytes, size_t{2} << 30);
+  EXPECT_EQ(automatic.budget_bytes, 0u);
+}
+
+TEST(Policy, BadCompositionsSayWhatIsWrong) {
+  auto error_of = [](const std::string& text) {
+    try {
+      Policy::parse(text);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error_of("dynamic:1MiB+offload:/tmp").find("dynamic: does not compose with offload:"), std::string::npos);
+  EXPECT_NE(error_of("every-layer+every-k:2").find("after '+' comes where kept values live"), std::string::npos);
+  EXPECT_NE(error_of("every-layer+").find("after '+' comes where kept values live"), std::string::npos);
+  EXPECT_NE(error_of("every-layer+offload:").find("the directory is empty"), std::string::npos);
+  EXPECT_NE(error_of("every-layer+offload:/tmp,bogus=1").find("unknown offload option 'bogus=1'"), std::string::npos);
+  EXPECT_NE(error_of("bogus+offload:/tmp").find("cannot parse policy 'bogus+offload:/tmp'"), std::string::npos);
+  EXPECT_NE(error_of("budget:auto,limit=0").find("the memory limit must be positive"), std::string::npos);
+  EXPECT_NE(error_of("budget:auto,limit=lots").find("limit:"), std::string::npos);
+  EXPECT_NE(error_of("budget:auto,max=1GiB").find("unknown budget:auto option 'max=1GiB'"), std::string::npos);
+  EXPECT_THROW(Policy::dynamic(1024).with_offload({"/tmp", 0, 0}), Error);
+}
+
 TEST(Policy, MalformedStringsListTheValidForms) {
   for (const char* text : {"", "everylayer", "every-k", "every-k:0", "every-k:x", "every-k:2x", "selective:",
                            "selective:matmul,,tanh", "budget:", "budget:12parsecs", "save-all:3", "budget:0"}) {

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <optional>
 #include <random>
 
 #include "module_models.h"
@@ -525,4 +526,63 @@ TEST(ModuleProperty, EveryCaseUnderEveryPolicyMatchesSaveAllGradientsAndErrors) 
   EXPECT_GT(raising, 0);
   EXPECT_GT(planned, cases);
   EXPECT_GT(rematerializations, 0u) << "dynamic: never recomputed; the budgets prove nothing";
+}
+
+// The two axes composed: every keep form (save-all, every-layer, every-k, selective, a budget
+// between every-layer's peak and save-all's, budget:auto) with its kept values in memory and in
+// files (every value, and those of 256 bytes and more). Gradients bitwise equal to save-all's;
+// where save-all raises, every composition raises.
+TEST(ModuleProperty, EveryCompositionOfKeepAndOffloadMatchesSaveAll) {
+  const int cases = 16;
+  uint64_t offloaded = 0, offloaded_by_regions = 0;  // values written; those under policies that make regions
+  int compared = 0;
+  for (int c = 0; c < cases; ++c) {
+    Builder builder(7000 + static_cast<uint64_t>(c));
+    std::vector<ModulePtr> layers;
+    for (int i = 0, n = 2 + builder.pick(3); i < n; ++i) layers.push_back(builder.block(2));
+    Root model(layers, builder.pick(3) == 0 ? 0.0 : 0.15);
+    model.reset_parameters(static_cast<uint64_t>(c));
+    const bool bad_input = c % 5 == 4;
+    Tensor x = randn({1 + builder.pick(3), builder.width + (bad_input ? 1 : 0)}, builder.dtype,
+                     RngState{static_cast<uint64_t>(c), 9})
+                   .requires_grad_();
+    const uint64_t seed = 70 + static_cast<uint64_t>(c);
+    const std::string what = "case " + std::to_string(c) + "; model: " + builder.trace;
+    TensorList reference;
+    const std::string reference_error = grads_or_error(model, x, Policy::save_all(), seed, reference);
+    ASSERT_EQ(reference_error.empty(), !bad_input) << what << ": " << reference_error;
+
+    std::vector<Policy> keeps;
+    for (const char* p : {"save-all", "every-layer", "every-k:2", "selective:matmul", "budget:auto"})
+      keeps.push_back(Policy::parse(p));
+    if (!bad_input) {
+      const size_t save_all_peak = measure_step(model, x, Policy::save_all(), seed).peak_saved;
+      const size_t every_layer_peak = measure_step(model, x, Policy::every_layer(), seed).peak_saved;
+      keeps.push_back(Policy::budget(std::max<size_t>((every_layer_peak + save_all_peak) / 2, 1)));
+    }
+    for (const Policy& keep : keeps) {
+      for (const std::optional<size_t> threshold : {std::optional<size_t>{}, std::optional<size_t>{0}, std::optional<size_t>{256}}) {
+        const Policy policy = threshold ? keep.with_offload({::testing::TempDir(), *threshold, 0}) : keep;
+        ASSERT_EQ(Policy::parse(policy.to_string()), policy) << policy.to_string();
+        TensorList got;
+        reset_counters();
+        const std::string error = grads_or_error(model, x, policy, seed, got);
+        offloaded += counters().dynamic.offloaded;
+        if (policy.makes_regions() && !policy.budget_auto) offloaded_by_regions += counters().dynamic.offloaded;
+        const std::string under = what + " under " + policy.to_string();
+        if (policy.kind == Policy::Kind::budget && error.find("smallest feasible budget") != std::string::npos) continue;
+        if (bad_input) {
+          EXPECT_FALSE(error.empty()) << under << ": save-all raised '" << reference_error << "', this did not";
+          continue;
+        }
+        ASSERT_EQ(error, "") << under;
+        ASSERT_EQ(got.size(), reference.size()) << under;
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(bitwise_equal(got[i], reference[i])) << under << ": gradient " << i;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(offloaded, 0u) << "no composition wrote a value: the offload axis proves nothing";
+  EXPECT_GT(offloaded_by_regions, 0u) << "no region policy wrote its kept boundaries: the compositions prove nothing";
+  EXPECT_GE(compared, 12 * 6 * 3 * 3 / 4);
 }

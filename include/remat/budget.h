@@ -34,6 +34,13 @@
 // and by ops after it up to the loss, measured on the profiling step). The profiling steps run
 // under every-layer and may exceed a budget below every-layer's peak. A budget below the smallest
 // feasible one is an error naming that smallest budget in bytes and in human units.
+//
+// budget:auto (remat/policy.h) derives the budget when the plan is made, once per profile: the
+// memory the run may use (the memory limit if given and smaller, else the device's free memory
+// plus what remat holds and caches there; on the CPU the host's available memory or the cgroup's
+// room, the smaller) less what the profiled step held besides saved values. When save-all's peak
+// fits, the plan is save-all and recomputes nothing; the report says which case it was. A run
+// that holds more besides saved values than it may use is a remat::Error naming both.
 #pragma once
 
 #include <memory>
@@ -55,6 +62,7 @@ struct RegionProfile {
   size_t saved_bytes = 0;        // what the re-run's ops kept (allocator-measured)
   size_t saved_live_at_backward = 0;  // live saved bytes when its backward started
   size_t saved_peak_at_backward = 0;  // and the allocator's saved peak at that moment
+  size_t held_peak_at_backward_end = 0;  // the sum of the per-tag peaks but saved, when its backward ended
   bool backward_done = false;
 };
 
@@ -64,7 +72,16 @@ class BudgetPlanner {
     Shape input_shape;                 // the plan scope's first input
     std::vector<Shape> signature;      // all its inputs' shapes
     std::vector<std::string> stage_labels;  // the layer call of each stage
-    size_t budget_bytes = 0;
+    std::string policy;                // the keep axis planned for, e.g. "budget:auto"
+    size_t budget_bytes = 0;           // for budget:auto, the budget derived (see below)
+    // budget:auto: the memory the run may use, what limited it, and what the run holds besides
+    // saved values (the sum of the allocator's per-tag peaks but saved, when the profiled step's
+    // backward left the chain: parameters, gradients, optimizer state, temporaries); the budget
+    // is their difference.
+    bool automatic = false;
+    size_t memory_capacity_bytes = 0;
+    std::string capacity_source;      // e.g. "the memory limit", "the host's available memory"
+    size_t held_besides_saved_bytes = 0;
     size_t outside_bytes = 0;        // saved bytes outside the chain (before + after it)
     size_t chain_limit_bytes = 0;    // what the chain was planned within
     schedule::ChainCosts costs;

@@ -49,10 +49,14 @@ void use_device(Device device);
 std::string describe_device(Device device);
 
 // The device's memory as its driver sees it: free and total bytes (for CUDA cudaMemGetInfo, other
-// processes' use included; for the CPU the host's available and physical memory). The device must
-// be usable. remat's own counters for a device are remat::memory_stats(device).
+// processes' use included; for the CPU the host's available memory (MemAvailable: free plus what
+// the kernel can reclaim) and physical memory, each bounded by the process's cgroup, v2 or v1,
+// when it has a memory limit: its room, limit minus usage, and the limit). `limited_by` says which
+// bound the free bytes are. The device must be usable. remat's own counters for a device are
+// remat::memory_stats(device).
 struct DeviceMemory {
   size_t free_bytes = 0, total_bytes = 0;
+  std::string limited_by;  // "the device's free memory", "the host's available memory", "the cgroup's memory limit"
 };
 DeviceMemory device_memory(Device device);
 

@@ -3,7 +3,10 @@
 
 #include "budget_internal.h"
 
+#include <algorithm>
+
 #include "remat/backend.h"
+#include "remat/devices.h"
 #include "remat/memory.h"
 
 namespace remat {
@@ -72,8 +75,8 @@ size_t BudgetPlanner::State::measured_outside_bytes() const {
 
 namespace remat {
 
-bool BudgetPlanner::State::planned_for(const std::vector<Shape>& shapes, size_t budget_bytes) const {
-  return !stale && report && report->signature == shapes && report->budget_bytes == budget_bytes;
+bool BudgetPlanner::State::planned_for(const std::vector<Shape>& shapes, const Policy& budget) const {
+  return !stale && report && report->signature == shapes && report->policy == budget.keep().to_string();
 }
 
 bool BudgetPlanner::State::can_plan(const std::vector<Shape>& shapes) const {
@@ -85,6 +88,7 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Dev
   profiling = true;
   stale = false;
   signature = shapes;
+  this->device = device;
   report.reset();
   profiles.clear();
   stage_labels.clear();
@@ -94,15 +98,40 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Dev
   saved_peak_at_entry = s.peak(memory::Tag::saved);
 }
 
+// budget:auto: the memory the run may use, less what it held besides saved values (the profiled
+// step's per-tag peaks when its backward left the chain; the first stage's backward ends last).
+void BudgetPlanner::State::derive_budget(const Policy& budget, Report& r) const {
+  const DeviceMemory device_memory_now = device_memory(device);
+  const memory::Stats stats = memory_stats(device);
+  r.automatic = true;
+  r.memory_capacity_bytes = device_memory_now.free_bytes + stats.live_total + stats.cached_bytes;
+  r.capacity_source = device_memory_now.limited_by + " plus what remat holds";
+  if (budget.memory_limit_bytes > 0 && budget.memory_limit_bytes < r.memory_capacity_bytes) {
+    r.memory_capacity_bytes = budget.memory_limit_bytes;
+    r.capacity_source = "the memory limit";
+  }
+  for (const auto& p : profiles) r.held_besides_saved_bytes = std::max(r.held_besides_saved_bytes, p->held_peak_at_backward_end);
+  REMAT_CHECK(r.memory_capacity_bytes > r.held_besides_saved_bytes, "budget policy: ", budget.to_string(),
+              ": the run holds ", r.held_besides_saved_bytes, " bytes (",
+              memory::format_bytes(static_cast<double>(r.held_besides_saved_bytes)),
+              ") besides saved values (parameters, gradients, optimizer state and temporaries at their peaks) but may "
+              "use only ", r.memory_capacity_bytes, " bytes (",
+              memory::format_bytes(static_cast<double>(r.memory_capacity_bytes)), ", ", r.capacity_source,
+              "): no budget is left for saved values");
+  r.budget_bytes = r.memory_capacity_bytes - r.held_besides_saved_bytes;
+}
+
 void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {
   schedule::ChainCosts measured = measured_costs();
   const size_t outside = measured_outside_bytes();
-  const size_t limit = budget.budget_bytes > outside ? budget.budget_bytes - outside : 0;
   Report r;
+  r.policy = budget.keep().to_string();
+  r.budget_bytes = budget.budget_bytes;
+  if (budget.budget_auto) derive_budget(budget, r);
+  const size_t limit = r.budget_bytes > outside ? r.budget_bytes - outside : 0;
   r.input_shape = shapes.empty() ? Shape{} : shapes[0];
   r.signature = shapes;
   r.stage_labels = stage_labels;
-  r.budget_bytes = budget.budget_bytes;
   r.outside_bytes = outside;
   r.chain_limit_bytes = limit;
   r.costs = measured;
@@ -115,7 +144,8 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   } catch (const schedule::InfeasibleError& e) {
     const size_t smallest = e.min_feasible_bytes + outside;
     throw Error(detail::concat("budget policy: ", budget.to_string(), " (",
-                               memory::format_bytes(static_cast<double>(budget.budget_bytes)),
+                               budget.budget_auto ? "derived: " : "",
+                               memory::format_bytes(static_cast<double>(r.budget_bytes)),
                                ") is below the smallest feasible budget for ", scope, " with input ", inputs, ": ",
                                smallest, " bytes (", memory::format_bytes(static_cast<double>(smallest)), "; its ",
                                measured.num_stages(), " layer calls need ", e.min_feasible_bytes, " bytes and ", outside,

@@ -16,6 +16,7 @@ struct BudgetPlanner::State {
   bool profiling = false;
   int profile_runs = 0;  // profiling steps run for `signature` (the first one warms up caches and JIT kernels)
   std::vector<Shape> signature;
+  Device device = kCpu;  // where the profiled values live
   std::vector<std::shared_ptr<RegionProfile>> profiles;  // one per stage (layer call), in order
   std::vector<std::string> stage_labels;
   size_t saved_live_at_entry = 0, saved_peak_at_entry = 0;
@@ -30,12 +31,14 @@ struct BudgetPlanner::State {
   size_t measured_outside_bytes() const;
 
   // Is the plan in force for these input shapes and this budget?
-  bool planned_for(const std::vector<Shape>& shapes, size_t budget_bytes) const;
+  bool planned_for(const std::vector<Shape>& shapes, const Policy& budget) const;
   // Is a finished profile of these shapes kept, so that a plan can be made now?
   bool can_plan(const std::vector<Shape>& shapes) const;
   // Makes the plan from the kept profile; a budget below the smallest feasible one is a
   // remat::Error naming that budget. `scope` names the plan scope in messages.
   void make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope);
+  // budget:auto: fills the report's budget and what it was derived from (remat/budget.h).
+  void derive_budget(const Policy& budget, Report& r) const;
   // Starts (or continues) profiling these shapes: the next layer calls are measured stages.
   void start_profiling(const std::vector<Shape>& shapes, Device device);
 };

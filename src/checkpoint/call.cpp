@@ -149,9 +149,9 @@ std::unique_ptr<PlanScope> begin_plan(const CallSite& site, const Policy& budget
   std::vector<Shape> shapes;
   for (const auto& t : inputs) shapes.push_back(t.defined() ? t.shape() : Shape{});
   BudgetPlanner::State& st = *ps->state;
-  if (!st.stale && !st.planned_for(shapes, budget.budget_bytes) && st.can_plan(shapes))
+  if (!st.stale && !st.planned_for(shapes, budget) && st.can_plan(shapes))
     st.make_plan(budget, shapes, ps->label);
-  if (st.planned_for(shapes, budget.budget_bytes)) {
+  if (st.planned_for(shapes, budget)) {
     ps->plan = &st.report->plan.tree;
     ps->stages = st.report->costs.num_stages();
   } else {

@@ -6,7 +6,10 @@
 // saved references, dropping the in-memory copy of a written value) happens on the thread that
 // owns the scope; the worker only copies bytes between host buffers and the file. A job holds the
 // buffer it works on, so a value whose SavedTensors are gone while its job runs is simply
-// discarded. A value smaller than the threshold stays where it is; a larger one is written, and
+// discarded. A value smaller than the threshold stays where it is, and so does one saved while a
+// checkpoint region is re-run in the backward pass (under KEEP+offload:, whose regions keep their
+// boundaries in the file: the region's own backward reads the re-run's values right away, and
+// writing them would only add a round trip to disk); a larger one is written, and
 // its memory copy dropped once the write is done (collect()). The backward pass gets it back from
 // the file's mapped pages when they are resident, else from a read job started a few nodes ahead
 // by prefetch(), else from a read of its own (Note [offload files]).
@@ -19,6 +22,7 @@
 #include <thread>
 
 #include "dynamic_internal.h"
+#include "remat/autodiff.h"
 #include "offload_file.h"
 #include "tensor/allocate.h"
 #include "remat/backend.h"
@@ -119,7 +123,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     entry->numel = whole.numel();
     entry->bytes = whole.nbytes();
     entry->home = whole.device();
-    if (entry->bytes < options_.threshold_bytes) {  // small: stays where it is
+    // small, or saved by a region's re-run in the backward pass (read at once): stays where it is
+    if (entry->bytes < options_.threshold_bytes || autodiff::recompute_depth() > 0) {
       entry->ram.hold(whole);
       return entry;
     }

@@ -17,8 +17,9 @@ thread_local std::optional<Policy> scoped_policy;
 
 const char* kValidForms =
     "valid forms: save-all, every-layer, every-k:K (K >= 1), selective:OP[,OP...] (e.g. selective:matmul), "
-    "budget:BYTES (e.g. budget:64MiB), dynamic:BYTES (e.g. dynamic:64MiB), "
-    "offload:DIR[,threshold=BYTES][,ram=BYTES] (e.g. offload:/tmp,threshold=1MiB)";
+    "budget:BYTES (e.g. budget:64MiB), budget:auto[,limit=BYTES], dynamic:BYTES (e.g. dynamic:64MiB), "
+    "offload:DIR[,threshold=BYTES][,ram=BYTES] (e.g. offload:/tmp,threshold=1MiB), and KEEP+offload:DIR[,...] "
+    "for any of the first five (e.g. every-layer+offload:/tmp)";
 
 std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
@@ -62,6 +63,14 @@ Policy Policy::budget(size_t bytes) {
   return p;
 }
 
+Policy Policy::budget_from_memory(size_t memory_limit_bytes) {
+  Policy p = every_layer();
+  p.kind = Kind::budget;
+  p.budget_auto = true;
+  p.memory_limit_bytes = memory_limit_bytes;
+  return p;
+}
+
 Policy Policy::dynamic(size_t bytes) {
   REMAT_CHECK(bytes > 0, "policy dynamic: the budget must be positive");
   Policy p = every_layer();
@@ -71,115 +80,187 @@ Policy Policy::dynamic(size_t bytes) {
 }
 
 Policy Policy::offload(std::string directory, size_t threshold_bytes, size_t ram_bytes) {
-  REMAT_CHECK(!directory.empty(), "policy offload: the directory is empty");
-  REMAT_CHECK(directory.find('\0') == std::string::npos, "policy offload: the directory contains a NUL byte");
-  Policy p = every_layer();
-  p.kind = Kind::offload;
-  p.directory = std::move(directory);
-  p.threshold_bytes = threshold_bytes;
-  p.ram_bytes = ram_bytes;
+  return save_all().with_offload(OffloadTarget{std::move(directory), threshold_bytes, ram_bytes});
+}
+
+Policy Policy::with_offload(OffloadTarget target) const {
+  REMAT_CHECK(!target.directory.empty(), "policy offload: the directory is empty");
+  REMAT_CHECK(target.directory.find('\0') == std::string::npos, "policy offload: the directory contains a NUL byte");
+  REMAT_CHECK(kind != Kind::dynamic, "policy ", keep().to_string(), "+", target.to_string(),
+              ": dynamic: does not compose with offload: (dynamic: drops the values it evicts and recomputes them; it "
+              "does not write them to files); use dynamic:BYTES alone, or offload with a region policy (e.g. "
+              "every-layer+", target.to_string(), ")");
+  Policy p = *this;
+  p.offload_to = std::move(target);
   return p;
 }
 
-Policy Policy::parse(const std::string& raw) {
-  std::string text = trim(raw);
+Policy Policy::keep() const {
+  Policy p = *this;
+  p.offload_to.reset();
+  return p;
+}
+
+namespace {
+
+// "DIR[,threshold=BYTES][,ram=BYTES]" (the part after "offload:"); `raw` is the whole policy text.
+OffloadTarget parse_offload_target(const std::string& arg, const std::string& raw) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    size_t comma = arg.find(',', start);
+    parts.push_back(trim(arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  REMAT_CHECK(!parts[0].empty(), "cannot parse policy '", raw, "': the directory is empty; ", kValidForms);
+  OffloadTarget target;
+  target.directory = parts[0];
+  bool seen_threshold = false, seen_ram = false;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const size_t eq = parts[i].find('=');
+    const std::string key = eq == std::string::npos ? parts[i] : parts[i].substr(0, eq);
+    REMAT_CHECK(eq != std::string::npos && (key == "threshold" || key == "ram"), "cannot parse policy '", raw,
+                "': unknown offload option '", parts[i], "' (threshold=BYTES or ram=BYTES); ", kValidForms);
+    bool& seen = key == "threshold" ? seen_threshold : seen_ram;
+    REMAT_CHECK(!seen, "cannot parse policy '", raw, "': the offload option ", key, " is given twice; ", kValidForms);
+    seen = true;
+    try {
+      (key == "threshold" ? target.threshold_bytes : target.ram_bytes) = memory::parse_bytes(parts[i].substr(eq + 1));
+    } catch (const Error& e) {
+      throw Error(detail::concat("cannot parse policy '", raw, "': ", key, ": ", e.what(), "; ", kValidForms));
+    }
+  }
+  return target;
+}
+
+size_t parse_budget_bytes(const std::string& arg, const std::string& raw) {
+  size_t bytes = 0;
+  try {
+    bytes = memory::parse_bytes(arg);
+  } catch (const Error& e) {
+    throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what(), "; ", kValidForms));
+  }
+  REMAT_CHECK(bytes > 0, "cannot parse policy '", raw, "': the budget must be positive; ", kValidForms);
+  return bytes;
+}
+
+// "auto" or "auto,limit=BYTES" (the part after "budget:").
+Policy parse_auto_budget(const std::string& arg, const std::string& raw) {
+  if (arg == "auto") return Policy::budget_from_memory();
+  const std::string prefix = "auto,";
+  const std::string option = trim(arg.substr(prefix.size()));
+  REMAT_CHECK(option.rfind("limit=", 0) == 0, "cannot parse policy '", raw, "': unknown budget:auto option '", option,
+              "' (limit=BYTES); ", kValidForms);
+  size_t limit = 0;
+  try {
+    limit = memory::parse_bytes(option.substr(6));
+  } catch (const Error& e) {
+    throw Error(detail::concat("cannot parse policy '", raw, "': limit: ", e.what(), "; ", kValidForms));
+  }
+  REMAT_CHECK(limit > 0, "cannot parse policy '", raw, "': the memory limit must be positive; ", kValidForms);
+  return Policy::budget_from_memory(limit);
+}
+
+std::vector<std::string> parse_op_list(const std::string& arg, const std::string& raw) {
+  std::vector<std::string> ops;
+  size_t start = 0;
+  while (start <= arg.size()) {
+    size_t comma = arg.find(',', start);
+    std::string op = trim(arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    REMAT_CHECK(!op.empty(), "cannot parse policy '", raw, "': empty op name; ", kValidForms);
+    ops.push_back(op);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return ops;
+}
+
+int parse_k(const std::string& arg, const std::string& raw) {
+  // digits only (no sign, no spaces inside), and a value that fits in int
+  int k = 0;
+  const char* end = arg.data() + arg.size();
+  auto [ptr, ec] = std::from_chars(arg.data(), end, k);
+  REMAT_CHECK(!arg.empty() && std::isdigit(static_cast<unsigned char>(arg[0])) && ec != std::errc::result_out_of_range,
+              "cannot parse policy '", raw, "': K must be a positive integer of at most ",
+              std::numeric_limits<int>::max(), "; ", kValidForms);
+  REMAT_CHECK(ec == std::errc() && ptr == end && k >= 1, "cannot parse policy '", raw, "': K must be a positive integer; ",
+              kValidForms);
+  return k;
+}
+
+// One form of the keep axis (no "+"), or offload:... alone; `raw` is the whole policy text.
+Policy parse_one(const std::string& text, const std::string& raw) {
   auto colon = text.find(':');
-  std::string head = text.substr(0, colon);
+  std::string head = trim(text.substr(0, colon));
   std::string arg = colon == std::string::npos ? "" : trim(text.substr(colon + 1));
   bool has_arg = colon != std::string::npos;
-  if (head == "save-all" && !has_arg) return save_all();
-  if (head == "every-layer" && !has_arg) return every_layer();
-  if (head == "every-k" && has_arg) {
-    // digits only (no sign, no spaces inside), and a value that fits in int
-    int k = 0;
-    const char* end = arg.data() + arg.size();
-    auto [ptr, ec] = std::from_chars(arg.data(), end, k);
-    REMAT_CHECK(!arg.empty() && std::isdigit(static_cast<unsigned char>(arg[0])) && ec != std::errc::result_out_of_range,
-                "cannot parse policy '", raw, "': K must be a positive integer of at most ",
-                std::numeric_limits<int>::max(), "; ", kValidForms);
-    REMAT_CHECK(ec == std::errc() && ptr == end && k >= 1, "cannot parse policy '", raw,
-                "': K must be a positive integer; ", kValidForms);
-    return every_k(k);
-  }
+  if (head == "save-all" && !has_arg) return Policy::save_all();
+  if (head == "every-layer" && !has_arg) return Policy::every_layer();
+  if (head == "every-k" && has_arg) return Policy::every_k(parse_k(arg, raw));
   if (head == "selective" && has_arg) {
-    std::vector<std::string> ops;
-    size_t start = 0;
-    while (start <= arg.size()) {
-      size_t comma = arg.find(',', start);
-      std::string op = trim(arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-      REMAT_CHECK(!op.empty(), "cannot parse policy '", raw, "': empty op name; ", kValidForms);
-      ops.push_back(op);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
+    std::vector<std::string> ops = parse_op_list(arg, raw);
     try {
-      return selective(ops);
+      return Policy::selective(ops);
     } catch (const Error& e) {
       throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what()));
     }
   }
-  if ((head == "budget" || head == "dynamic") && has_arg) {
-    size_t bytes = 0;
-    try {
-      bytes = memory::parse_bytes(arg);
-    } catch (const Error& e) {
-      throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what(), "; ", kValidForms));
-    }
-    REMAT_CHECK(bytes > 0, "cannot parse policy '", raw, "': the budget must be positive; ", kValidForms);
-    return head == "budget" ? budget(bytes) : dynamic(bytes);
-  }
-  if (head == "offload" && has_arg) {
-    std::vector<std::string> parts;
-    size_t start = 0;
-    while (true) {
-      size_t comma = arg.find(',', start);
-      parts.push_back(trim(arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    REMAT_CHECK(!parts[0].empty(), "cannot parse policy '", raw, "': the directory is empty; ", kValidForms);
-    size_t threshold = size_t{1} << 20, ram = 0;
-    bool seen_threshold = false, seen_ram = false;
-    for (size_t i = 1; i < parts.size(); ++i) {
-      const size_t eq = parts[i].find('=');
-      const std::string key = eq == std::string::npos ? parts[i] : parts[i].substr(0, eq);
-      REMAT_CHECK(eq != std::string::npos && (key == "threshold" || key == "ram"), "cannot parse policy '", raw,
-                  "': unknown offload option '", parts[i], "' (threshold=BYTES or ram=BYTES); ", kValidForms);
-      bool& seen = key == "threshold" ? seen_threshold : seen_ram;
-      REMAT_CHECK(!seen, "cannot parse policy '", raw, "': the offload option ", key, " is given twice; ", kValidForms);
-      seen = true;
-      size_t bytes = 0;
-      try {
-        bytes = memory::parse_bytes(parts[i].substr(eq + 1));
-      } catch (const Error& e) {
-        throw Error(detail::concat("cannot parse policy '", raw, "': ", key, ": ", e.what(), "; ", kValidForms));
-      }
-      (key == "threshold" ? threshold : ram) = bytes;
-    }
-    return offload(parts[0], threshold, ram);
-  }
+  if (head == "budget" && has_arg && (arg == "auto" || arg.rfind("auto,", 0) == 0)) return parse_auto_budget(arg, raw);
+  if (head == "budget" && has_arg) return Policy::budget(parse_budget_bytes(arg, raw));
+  if (head == "dynamic" && has_arg) return Policy::dynamic(parse_budget_bytes(arg, raw));
+  if (head == "offload" && has_arg) return Policy::save_all().with_offload(parse_offload_target(arg, raw));
   throw Error(detail::concat("cannot parse policy '", raw, "'; ", kValidForms));
 }
 
-std::string Policy::to_string() const {
-  switch (kind) {
-    case Kind::save_all: return "save-all";
-    case Kind::every_layer: return "every-layer";
-    case Kind::every_k: return "every-k:" + std::to_string(k);
-    case Kind::selective: {
-      std::string s = "selective:";
-      for (size_t i = 0; i < ops.size(); ++i) s += (i ? "," : "") + ops[i];
-      return s;
-    }
-    case Kind::budget: return "budget:" + std::to_string(budget_bytes);
-    case Kind::dynamic: return "dynamic:" + std::to_string(budget_bytes);
-    case Kind::offload: {
-      std::string s = "offload:" + directory + ",threshold=" + std::to_string(threshold_bytes);
-      if (ram_bytes > 0) s += ",ram=" + std::to_string(ram_bytes);
-      return s;
-    }
+}  // namespace
+
+// KEEP or KEEP+offload:...: the keep axis never contains '+', the offload directory may, so the
+// text splits at its first '+' (offload:DIR alone is read whole).
+Policy Policy::parse(const std::string& raw) {
+  const std::string text = trim(raw);
+  const size_t plus = text.find('+');
+  if (text.rfind("offload:", 0) == 0 || plus == std::string::npos) return parse_one(text, raw);
+  Policy keep = parse_one(text.substr(0, plus), raw);
+  const std::string placement = trim(text.substr(plus + 1));
+  REMAT_CHECK(placement.rfind("offload:", 0) == 0, "cannot parse policy '", raw,
+              "': after '+' comes where kept values live, offload:DIR[,...], got '", placement, "'; ", kValidForms);
+  try {
+    return keep.with_offload(parse_offload_target(trim(placement.substr(8)), raw));
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.rfind("cannot parse policy", 0) == 0) throw;
+    throw Error(detail::concat("cannot parse policy '", raw, "': ", what));
   }
-  return "?";
+}
+
+std::string OffloadTarget::to_string() const {
+  std::string s = "offload:" + directory + ",threshold=" + std::to_string(threshold_bytes);
+  if (ram_bytes > 0) s += ",ram=" + std::to_string(ram_bytes);
+  return s;
+}
+
+std::string Policy::to_string() const {
+  std::string keep;
+  switch (kind) {
+    case Kind::save_all: keep = "save-all"; break;
+    case Kind::every_layer: keep = "every-layer"; break;
+    case Kind::every_k: keep = "every-k:" + std::to_string(k); break;
+    case Kind::selective:
+      keep = "selective:";
+      for (size_t i = 0; i < ops.size(); ++i) keep += (i ? "," : "") + ops[i];
+      break;
+    case Kind::budget:
+      if (!budget_auto)
+        keep = "budget:" + std::to_string(budget_bytes);
+      else
+        keep = memory_limit_bytes ? "budget:auto,limit=" + std::to_string(memory_limit_bytes) : "budget:auto";
+      break;
+    case Kind::dynamic: keep = "dynamic:" + std::to_string(budget_bytes); break;
+  }
+  if (!offload_to) return keep;
+  if (kind == Kind::save_all) return offload_to->to_string();
+  return keep + "+" + offload_to->to_string();
 }
 
 bool Policy::keeps_op(const std::string& op) const {
@@ -194,20 +275,26 @@ namespace {
 thread_local std::optional<std::string> runtime_policy;
 }  // namespace
 
+// The runtime a policy starts, as text: its dynamic: budget or its offload target.
+static std::string runtime_text(const Policy& policy) {
+  return policy.kind == Policy::Kind::dynamic ? "dynamic:" + std::to_string(policy.budget_bytes)
+                                              : policy.offload_to->to_string();
+}
+
 ScopedPolicy::ScopedPolicy(Policy policy) : previous_(scoped_policy) {
-  if (policy.kind == Policy::Kind::dynamic || policy.kind == Policy::Kind::offload) {
-    const std::string text = policy.to_string();
+  if (policy.has_runtime()) {
+    const std::string text = runtime_text(policy);
     if (detail::dynamic_running() || detail::offload_running()) {
-      REMAT_CHECK(runtime_policy == text, "policy ", text, ": cannot start inside ",
+      REMAT_CHECK(runtime_policy == text, "policy ", policy.to_string(), ": cannot start inside ",
                   runtime_policy ? "policy " + *runtime_policy : std::string("a DynamicScope or OffloadScope"),
                   ", which is running on this thread (one dynamic: or offload: runtime at a time); end it first");
     } else if (policy.kind == Policy::Kind::dynamic) {
       runtime_ = std::make_shared<DynamicScope>(policy.budget_bytes);
     } else {
       OffloadOptions options;
-      options.directory = policy.directory;
-      options.threshold_bytes = policy.threshold_bytes;
-      options.ram_bytes = policy.ram_bytes;
+      options.directory = policy.offload_to->directory;
+      options.threshold_bytes = policy.offload_to->threshold_bytes;
+      options.ram_bytes = policy.offload_to->ram_bytes;
       runtime_ = std::make_shared<OffloadScope>(options);
     }
     if (runtime_) runtime_policy = text;

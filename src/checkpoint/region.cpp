@@ -87,7 +87,7 @@ bool inside_first_run() { return dynamic_cast<FirstRunObserver*>(autodiff::recor
 
 Region::Region(Kind kind, Policy policy, std::string label, std::shared_ptr<RegionProfile> profile,
                std::vector<schedule::PlanNode> sub_plan)
-    : kind_(kind), policy_(std::move(policy)), label_(std::move(label)), profile_(std::move(profile)),
+    : kind_(kind), policy_(policy.keep()), label_(std::move(label)), profile_(std::move(profile)),
       sub_plan_(std::move(sub_plan)) {}
 
 Region::~Region() {
@@ -476,6 +476,9 @@ void Region::record_recomputation(std::chrono::steady_clock::time_point recomput
     profile_->recompute_seconds = seconds_between(recompute_start, backward_start);
     profile_->backward_seconds = seconds_between(backward_start, backward_end);
     profile_->saved_bytes = recomputed_saved;
+    const memory::Stats s = backend(device_).allocator().stats();
+    profile_->held_peak_at_backward_end =
+        s.peak(memory::Tag::parameter) + s.peak(memory::Tag::gradient) + s.peak(memory::Tag::other);
     profile_->backward_done = true;
   }
 }

@@ -135,7 +135,7 @@ class Region final : public autodiff::Node {
   std::vector<TensorList> route_input_grads(const TensorList& leaves, const autodiff::EngineResult& result) const;
 
   Kind kind_;
-  Policy policy_;
+  Policy policy_;  // its keep axis only: a replay runs under it and never starts an offload runtime
   std::string label_;
   std::shared_ptr<RegionProfile> profile_;
   std::vector<schedule::PlanNode> sub_plan_;

@@ -5,7 +5,12 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <mutex>
 
 #include "remat/backend.h"
@@ -26,6 +31,55 @@ std::mutex& registration_mutex() {
   return m;
 }
 #endif
+
+// The first number in `path` (a /proc or /sys file), if it has one ("max" and unreadable files: none).
+std::optional<size_t> read_number(const char* path, const char* key = nullptr) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (key != nullptr && line.rfind(key, 0) != 0) continue;
+    const size_t digit = line.find_first_of("0123456789");
+    if (digit == std::string::npos) return std::nullopt;
+    size_t value = 0;
+    const char* first = line.data() + digit;
+    const auto [end, ec] = std::from_chars(first, line.data() + line.size(), value);
+    if (ec != std::errc()) return std::nullopt;
+    if (key != nullptr && std::string_view(end, line.data() + line.size()).find("kB") != std::string_view::npos)
+      value = value > SIZE_MAX / 1024 ? SIZE_MAX : value * 1024;
+    return value;
+  }
+  return std::nullopt;
+}
+
+// The host's memory: MemAvailable and physical memory, bounded by the limit and room of the cgroup
+// mounted at /sys/fs/cgroup (a container's own).
+DeviceMemory host_memory() {
+  DeviceMemory m;
+  const long page = sysconf(_SC_PAGESIZE), physical = sysconf(_SC_PHYS_PAGES), free_pages = sysconf(_SC_AVPHYS_PAGES);
+  if (page > 0 && physical >= 0) m.total_bytes = static_cast<size_t>(physical) * static_cast<size_t>(page);
+  const std::optional<size_t> available = read_number("/proc/meminfo", "MemAvailable:");
+  if (available)
+    m.free_bytes = *available;
+  else if (page > 0 && free_pages >= 0)
+    m.free_bytes = static_cast<size_t>(free_pages) * static_cast<size_t>(page);
+  m.limited_by = "the host's available memory";
+  // cgroup v2, else v1 (whose "no limit" is a huge number, above physical memory)
+  std::optional<size_t> limit = read_number("/sys/fs/cgroup/memory.max");
+  std::optional<size_t> usage = read_number("/sys/fs/cgroup/memory.current");
+  if (!limit) {
+    limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    usage = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+  }
+  if (limit && *limit < m.total_bytes) {
+    m.total_bytes = *limit;
+    const size_t room = usage && *usage < *limit ? *limit - *usage : 0;
+    if (room < m.free_bytes) {
+      m.free_bytes = room;
+      m.limited_by = "the cgroup's memory limit";
+    }
+  }
+  return m;
+}
 
 // A CUDA device that exists: else a remat::Error saying why not.
 void check_cuda_index(int index) {
@@ -133,17 +187,12 @@ std::string describe_device(Device device) {
 }
 
 DeviceMemory device_memory(Device device) {
-  if (device.type == DeviceType::cpu) {
-    const long page = sysconf(_SC_PAGESIZE), available = sysconf(_SC_AVPHYS_PAGES), physical = sysconf(_SC_PHYS_PAGES);
-    if (page <= 0 || available < 0 || physical < 0) return {};
-    return {static_cast<size_t>(available) * static_cast<size_t>(page),
-            static_cast<size_t>(physical) * static_cast<size_t>(page)};
-  }
+  if (device.type == DeviceType::cpu) return host_memory();
   check_usable("device_memory", device);
 #if REMAT_WITH_CUDA
   if (device.type == DeviceType::cuda) {
     const cuda::MemoryInfo m = cuda::device_memory(device.index);
-    return {m.free_bytes, m.total_bytes};
+    return {m.free_bytes, m.total_bytes, "the device's free memory"};
   }
 #endif
   return {};

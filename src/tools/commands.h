@@ -23,6 +23,7 @@ struct TrainOptions {
   double lr = 5e-3;
   uint64_t seed = 1;
   std::string policy = "every-layer";
+  std::string memory_limit;  // --memory-limit: caps budget:auto's memory (empty: the device's)
   double dropout = 0.0;
   int threads = 0;  // 0: all cores
   std::string save, load;

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "remat/error.h"
 #include "remat/memory.h"
 
 namespace remat::tools {
@@ -60,6 +61,32 @@ nlohmann::json decisions_json(const std::vector<StageDecision>& decisions, const
                     {"forward_runs", d.forward_runs},
                     {"recompute_seconds", d.recompute_seconds}});
   return rows;
+}
+
+namespace {
+size_t save_all_peak(const BudgetPlanner::Report& report) {
+  return schedule::plan_save_all(report.costs).predicted_peak_bytes + report.outside_bytes;
+}
+}  // namespace
+
+std::string auto_budget_text(const BudgetPlanner::Report& report) {
+  auto bytes = [](size_t b) { return memory::format_bytes(static_cast<double>(b)); };
+  const size_t save_all = save_all_peak(report);
+  const bool fits = save_all <= report.budget_bytes;
+  return detail::concat(report.policy, ": the run may use ", bytes(report.memory_capacity_bytes), " (",
+                        report.capacity_source, ") and holds ", bytes(report.held_besides_saved_bytes),
+                        " besides saved values: budget ", bytes(report.budget_bytes), "; save-all's peak, ", bytes(save_all),
+                        fits ? ", fits: save-all, no recomputation" : ", does not fit: the least recomputation that fits");
+}
+
+nlohmann::json auto_budget_json(const BudgetPlanner::Report& report) {
+  const size_t save_all = save_all_peak(report);
+  return {{"memory_capacity_bytes", report.memory_capacity_bytes},
+          {"capacity_source", report.capacity_source},
+          {"held_besides_saved_bytes", report.held_besides_saved_bytes},
+          {"budget_bytes", report.budget_bytes},
+          {"save_all_peak_bytes", save_all},
+          {"save_all_fits", save_all <= report.budget_bytes}};
 }
 
 }  // namespace remat::tools

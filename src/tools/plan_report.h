@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "remat/budget.h"
 #include "remat/schedule.h"
 
 namespace remat::tools {
@@ -34,5 +35,11 @@ std::vector<StageDecision> stage_decisions(const schedule::ChainCosts& costs, co
 // `labels` may be empty.
 std::string decisions_text(const std::vector<StageDecision>& decisions, const std::vector<std::string>& labels);
 nlohmann::json decisions_json(const std::vector<StageDecision>& decisions, const std::vector<std::string>& labels);
+
+// budget:auto: what the budget was derived from and which case the plan is, e.g. "budget:auto:
+// the run may use 21.9 GiB (the host's available memory plus what remat holds) and holds 3.1 MiB
+// besides saved values: budget 21.9 GiB; save-all's peak, 1.1 MiB, fits: save-all, no recomputation".
+std::string auto_budget_text(const BudgetPlanner::Report& report);
+nlohmann::json auto_budget_json(const BudgetPlanner::Report& report);
 
 }  // namespace remat::tools

@@ -21,8 +21,12 @@ void add_run_options(CLI::App* t, Numbers& n, TrainOptions& train) {
   t->add_option("--reduce", train.reduce, "gradient sum over MPI ranks: ordered (rank order, exact) | native")
       ->capture_default_str();
   t->add_option("--policy", train.policy,
-                "save-all | every-layer | every-k:K | selective:OPS | budget:BYTES | dynamic:BYTES | "
-                "offload:DIR[,threshold=BYTES][,ram=BYTES]")->capture_default_str();
+                "what is kept: save-all | every-layer | every-k:K | selective:OPS | budget:BYTES | budget:auto | "
+                "dynamic:BYTES; and where: +offload:DIR[,threshold=BYTES][,ram=BYTES] after any but dynamic: (e.g. "
+                "every-layer+offload:/scratch); offload:DIR alone is save-all+offload:DIR")->capture_default_str();
+  t->add_option("--memory-limit", train.memory_limit,
+                "with --policy budget:auto: the most memory the run may use, e.g. 2GiB (default: the device's free "
+                "memory; on the CPU the host's available memory or the cgroup's limit)");
   t->add_flag("--shard-optimizer", train.shard_optimizer,
               "under mpirun: each rank keeps and updates the AdamW state of 1/N of the parameters (ZeRO-1)");
   t->add_option("--bucket-bytes", train.bucket_bytes,

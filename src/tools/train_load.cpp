@@ -59,6 +59,14 @@ CheckedOptions check_options(const TrainOptions& o, const DataParallel& dp) {
   } catch (const Error& e) {
     throw UsageError(detail::concat("train --policy: ", e.what()));
   }
+  if (!o.memory_limit.empty()) {
+    REMAT_USAGE_CHECK(checked.policy.budget_auto, "train: --memory-limit caps the memory of --policy budget:auto, "
+                      "and the policy is ", o.policy, "; pass --policy budget:auto (a fixed budget: budget:BYTES)");
+    REMAT_USAGE_CHECK(checked.policy.memory_limit_bytes == 0, "train: --memory-limit ", o.memory_limit,
+                      " and the policy's limit= (", o.policy, ") both cap the memory; give one of them");
+    checked.policy.memory_limit_bytes = parse_bytes_option("train --memory-limit", o.memory_limit);
+    REMAT_USAGE_CHECK(checked.policy.memory_limit_bytes > 0, "train: --memory-limit must be positive, got ", o.memory_limit);
+  }
   REMAT_USAGE_CHECK(o.steps >= 1 && o.steps <= kMaxSteps, "train: --steps must be from 1 to ", kMaxSteps, ", got ", o.steps);
   REMAT_USAGE_CHECK(o.batch >= 1 && o.seq >= 2, "train: --batch must be >= 1 and --seq >= 2");
   REMAT_USAGE_CHECK(std::isfinite(o.lr) && o.lr > 0, "train: --lr must be a finite number > 0, got ", o.lr);

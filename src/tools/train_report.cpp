@@ -46,6 +46,7 @@ void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m,
       static_cast<double>(chosen.peak_saved) / static_cast<double>(std::max<size_t>(1, s.save_all.peak_saved)),
       chosen.seconds / s.save_all.seconds, o.policy.c_str());
   if (s.plan) {
+    if (s.plan->automatic) say("  %s\n", auto_budget_text(*s.plan).c_str());
     say("  budget plan %s\n", s.plan->tree.c_str());
     say("  predicted: peak saved %s, step %.1f ms; measured: peak saved %s, step %.1f ms (median of the run %.1f ms)\n",
         bytes_text(s.plan->predicted_peak_bytes).c_str(), s.predicted_step_seconds * 1e3,
@@ -67,7 +68,7 @@ void print_policy_counters(const Human& say, const TrainOptions& o, const Policy
         human_count(dynamic.remat_flops).c_str(), dynamic.remat_seconds,
         bytes_text(dynamic.smallest_feasible_bytes).c_str());
   }
-  if (policy.kind == Policy::Kind::offload) {
+  if (policy.offload_to) {
     say("  offload: %llu values (%s) written, %s read ahead, %s read on demand (%s of those read as the file's "
         "mapped pages, without a copy), %.3f s stalled over the run\n",
         static_cast<unsigned long long>(dynamic.offloaded), bytes_text(dynamic.bytes_offloaded).c_str(),
@@ -152,7 +153,8 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                                                 static_cast<double>(std::max<size_t>(1, save_all.peak_saved))},
                       {"step_time_ratio", chosen.seconds / save_all.seconds},
                       {"parameters", s.parameters},
-                      {"budget_bytes", policy.kind == Policy::Kind::budget ? policy.budget_bytes : 0},
+                      {"budget_bytes", s.plan ? s.plan->budget_bytes : policy.kind == Policy::Kind::budget ? policy.budget_bytes : 0},
+                      {"budget_auto", s.plan && s.plan->automatic ? auto_budget_json(*s.plan) : nlohmann::json(nullptr)},
                       {"predicted_peak_saved_bytes", s.plan ? s.plan->predicted_peak_bytes : 0},
                       {"predicted_step_seconds", s.predicted_step_seconds},
                       {"plan", s.plan ? s.plan->tree : ""},

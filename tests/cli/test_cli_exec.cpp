@@ -440,6 +440,55 @@ TEST_F(Cli, GradDigestHashesAStepThatRanThePlan) {
   EXPECT_EQ(field(short_run.output, "grad_digest_under_plan"), "false");
 }
 
+// The two axes of --policy composed, and budget:auto: every-layer with its kept boundaries in
+// files, and a budget from the machine (save-all when it fits) or from --memory-limit (a plan that
+// recomputes), all with save-all's gradients; bad combinations are errors that say why.
+TEST_F(Cli, ComposedPoliciesAndTheAutomaticBudget) {
+  auto field = [](const std::string& out, const std::string& name) {
+    const size_t at = out.rfind("\"" + name + "\":");
+    return at == std::string::npos ? std::string() : out.substr(at + name.size() + 3, out.find_first_of(",}", at) - at - name.size() - 3);
+  };
+  const std::string steps = std::to_string(BudgetPlanner::kProfilingSteps + 1);
+  auto with = [&](const std::string& policy, const std::string& extra = "") {
+    return run(train_args({{"--policy", policy}, {"--steps", steps}, {"--layers", "3"}}) + " --json" + extra);
+  };
+  const Result all = with("save-all");
+  ASSERT_EQ(all.code, 0) << all.output;
+  const std::string digest = field(all.output, "grad_digest");
+
+  const Result offloaded = with("every-layer+offload:" + path("") + ",threshold=0");
+  ASSERT_EQ(offloaded.code, 0) << offloaded.output;
+  EXPECT_NE(field(offloaded.output, "values_offloaded"), "0") << offloaded.output;
+  EXPECT_GT(std::stoull(field(offloaded.output, "regions_created")), 0u) << offloaded.output;
+  EXPECT_EQ(field(offloaded.output, "grad_digest"), digest);
+
+  const Result fits = with("budget:auto");
+  ASSERT_EQ(fits.code, 0) << fits.output;
+  EXPECT_EQ(field(fits.output, "save_all_fits"), "true") << fits.output;
+  EXPECT_EQ(field(fits.output, "plan").find("R["), std::string::npos) << fits.output;  // recomputes nothing
+  EXPECT_EQ(field(fits.output, "grad_digest"), digest);
+
+  // a limit that leaves half of save-all's peak for saved values: the plan recomputes, within it
+  const size_t held = std::stoull(field(fits.output, "held_besides_saved_bytes"));
+  const size_t top = std::stoull(field(fits.output, "save_all_peak_bytes"));
+  const Result tight = with("budget:auto", " --memory-limit " + std::to_string(held + top / 2));
+  ASSERT_EQ(tight.code, 0) << tight.output;
+  EXPECT_EQ(field(tight.output, "save_all_fits"), "false") << tight.output;
+  EXPECT_EQ(field(tight.output, "capacity_source"), "\"the memory limit\"") << tight.output;
+  EXPECT_NE(field(tight.output, "plan").find("R["), std::string::npos) << tight.output;
+  EXPECT_LE(std::stoull(field(tight.output, "predicted_peak_saved_bytes")), top / 2) << tight.output;
+  EXPECT_EQ(field(tight.output, "grad_digest"), digest);
+
+  expect_error(train_args({{"--policy", "budget:auto"}, {"--steps", steps}, {"--memory-limit", "1KiB"}}),
+               {"budget:auto", "besides saved values", "may use only 1024 bytes", "the memory limit"});
+  expect_error(train_args({{"--policy", "every-layer"}, {"--memory-limit", "1GiB"}}),
+               {"--memory-limit caps the memory of --policy budget:auto"}, 2);
+  expect_error(train_args({{"--policy", "budget:auto,limit=1GiB"}, {"--memory-limit", "1GiB"}}),
+               {"give one of them"}, 2);
+  expect_error(train_args({{"--policy", "dynamic:1MiB+offload:/tmp"}}), {"dynamic: does not compose with offload:"}, 2);
+  expect_error(train_args({{"--policy", "every-layer+every-k:2"}}), {"after '+' comes where kept values live"}, 2);
+}
+
 // --fuse-optimizer: refused with clipping (it needs every gradient first) and under a bad
 // combination; with --clip 0 it saves the weights of the unfused run byte for byte, prints its
 // grad_digest, and its peak total bytes are lower (the gradients are freed one by one).
