@@ -147,39 +147,30 @@ std::vector<int> segment_counts(int stages) {
 
 }  // namespace
 
-int run_plan(const PlanOptions& o) {
-  if (o.train.threads > 0) set_num_threads(o.train.threads);
-  REMAT_USAGE_CHECK(o.costs.empty() || !o.train.architecture_given, "plan: --layers, --width, --heads and --seq describe a "
-              "model to profile; they cannot be combined with --costs");
-  const size_t budget = parse_bytes_option("plan --budget", o.budget);
-  ModelProfile profile;
-  if (!o.costs.empty()) {
-    profile.costs = read_costs(o.costs);
-    rs::ChainPlanOptions least;
-    least.progress = planning_progress("remat plan: the smallest feasible budget of " +
-                                       std::to_string(profile.costs.num_stages()) + " stages");
-    profile.budget_range = BudgetPlanner::FeasibleRange{rs::chain_min_feasible_memory(profile.costs, least),
-                                                        rs::plan_save_all(profile.costs).predicted_peak_bytes};
-  } else {
-    profile = profile_model(o);
-  }
-  const rs::ChainCosts& costs = profile.costs;
-  const size_t outside = profile.outside;
-  const int stages = costs.num_stages();
-  const size_t limit = budget > outside ? budget - outside : 0;
-  rs::Plan best, every_layer, save_all;
-  rs::ChainPlanOptions planner_options;
-  planner_options.progress = planning_progress("remat plan: planning " + std::to_string(stages) + " stages");
+namespace {
+
+// The plans `remat plan` compares at one budget.
+struct Plans {
+  rs::Plan best, every_layer, save_all, uniform;
+  int uniform_segments = 0;
   rs::RotorMethod method = rs::RotorMethod::exact;
   std::string planner;
+};
+
+Plans make_plans(const rs::ChainCosts& costs, size_t outside, size_t budget) {
+  const int stages = costs.num_stages();
+  const size_t limit = budget > outside ? budget - outside : 0;
+  Plans plans;
+  rs::ChainPlanOptions planner_options;
+  planner_options.progress = planning_progress("remat plan: planning " + std::to_string(stages) + " stages");
   try {
     rs::ChainPlan chosen = rs::plan_chain(costs, limit, planner_options);
     planner_options.progress(-1);  // ends the progress line, if one was printed
-    best = std::move(chosen.plan);
-    method = chosen.method;
-    planner = chosen.describe();
-    every_layer = rs::plan_every_layer(costs);
-    save_all = rs::plan_save_all(costs);
+    plans.best = std::move(chosen.plan);
+    plans.method = chosen.method;
+    plans.planner = chosen.describe();
+    plans.every_layer = rs::plan_every_layer(costs);
+    plans.save_all = rs::plan_save_all(costs);
   } catch (const rs::InfeasibleError& e) {
     planner_options.progress(-1);
     size_t smallest = e.min_feasible_bytes + outside;
@@ -191,7 +182,6 @@ int run_plan(const PlanOptions& o) {
   }
   // uniform segments: the fastest segment count that fits, else the one with the least peak
   std::optional<rs::Plan> uniform;
-  int uniform_segments = 0;
   for (int k : segment_counts(stages)) {
     rs::Plan p = rs::plan_uniform_segments(costs, k);
     bool fits = p.predicted_peak_bytes <= limit;
@@ -199,55 +189,107 @@ int run_plan(const PlanOptions& o) {
                   (!fits && uniform->predicted_peak_bytes > limit && p.predicted_peak_bytes < uniform->predicted_peak_bytes);
     if (better) {
       uniform = p;
-      uniform_segments = k;
+      plans.uniform_segments = k;
     }
   }
-  if (o.train.json) {
-    nlohmann::json j = {{"version", REMAT_VERSION},
-                        {"budget_bytes", budget},
-                        {"outside_bytes", outside},
-                        {"stages", stages},
-                        {"planner", planner},
-                        {"plan", plan_json("budget", best, outside, budget)},
-                        {"actions", rs::format_actions(best.actions)},
-                        {"plan_stages", decisions_json(stage_decisions(costs, best), profile.labels)},
-                        {"uniform_segments", plan_json("uniform:" + std::to_string(uniform_segments), *uniform, outside, budget)},
-                        {"every_layer", plan_json("every-layer", every_layer, outside, budget)},
-                        {"save_all", plan_json("save-all", save_all, outside, budget)},
-                        {"feasible", feasible_json(profile)},
-                        {"predicted_peak_bytes", best.predicted_peak_bytes + outside},
-                        {"predicted_seconds", best.predicted_time}};
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
-  }
-  std::printf("remat plan: %d stages, budget %s%s\n", stages, memory::format_bytes(static_cast<double>(budget)).c_str(),
-              outside ? (", of which " + memory::format_bytes(static_cast<double>(outside)) + " is saved outside the chain").c_str() : "");
+  plans.uniform = *uniform;
+  return plans;
+}
+
+void print_plans_json(const ModelProfile& profile, const Plans& plans, size_t budget) {
+  const size_t outside = profile.outside;
+  nlohmann::json j = {{"version", REMAT_VERSION},
+                      {"budget_bytes", budget},
+                      {"outside_bytes", outside},
+                      {"stages", profile.costs.num_stages()},
+                      {"planner", plans.planner},
+                      {"plan", plan_json("budget", plans.best, outside, budget)},
+                      {"actions", rs::format_actions(plans.best.actions)},
+                      {"plan_stages", decisions_json(stage_decisions(profile.costs, plans.best), profile.labels)},
+                      {"uniform_segments", plan_json("uniform:" + std::to_string(plans.uniform_segments), plans.uniform,
+                                                     outside, budget)},
+                      {"every_layer", plan_json("every-layer", plans.every_layer, outside, budget)},
+                      {"save_all", plan_json("save-all", plans.save_all, outside, budget)},
+                      {"feasible", feasible_json(profile)},
+                      {"predicted_peak_bytes", plans.best.predicted_peak_bytes + outside},
+                      {"predicted_seconds", plans.best.predicted_time}};
+  std::printf("%s\n", j.dump().c_str());
+}
+
+// The header, the feasible range and the stages' costs (all `remat plan` prints without --budget).
+void print_profile_text(const ModelProfile& profile, std::optional<size_t> budget) {
+  const rs::ChainCosts& costs = profile.costs;
+  const size_t outside = profile.outside;
+  std::printf("remat plan: %d stages%s%s%s\n", costs.num_stages(), budget ? ", budget " : "",
+              budget ? memory::format_bytes(static_cast<double>(*budget)).c_str() : "",
+              outside ? (", " + memory::format_bytes(static_cast<double>(outside)) + " saved outside the chain").c_str() : "");
   std::printf("%s", feasible_text(profile).c_str());
-  for (int i = 0; i < stages; ++i)
+  for (int i = 0; i < costs.num_stages(); ++i)
     std::printf("  stage %2d: forward %.4f s, backward %.4f s, input %s, saves %s\n", i, costs.forward_time[i],
                 costs.backward_time[i], memory::format_bytes(static_cast<double>(costs.boundary_bytes[i])).c_str(),
                 memory::format_bytes(static_cast<double>(costs.saved_bytes[i])).c_str());
-  std::printf("planner: %s%s\n", planner.c_str(),
-              method == rs::RotorMethod::grouped ? " (the exact programme is too slow for this chain; docs/planners.md)" : "");
+}
+
+void print_plans_text(const ModelProfile& profile, const Plans& plans, size_t budget) {
+  print_profile_text(profile, budget);
+  const rs::Plan& best = plans.best;
+  std::printf("planner: %s%s\n", plans.planner.c_str(),
+              plans.method == rs::RotorMethod::grouped ? " (the exact programme is too slow for this chain; docs/planners.md)" : "");
   std::printf("plan (S = stage run with recording, R[a..b](...) = region re-run in the backward pass):\n  %s\n",
               rs::format_tree(best.tree).c_str());
   std::printf("%s", describe(best.tree).c_str());
   std::printf("per stage: its input boundary kept or recomputed, its record kept or recomputed, and the forward "
               "time recomputing costs:\n%s",
-              decisions_text(stage_decisions(costs, best), profile.labels).c_str());
+              decisions_text(stage_decisions(profile.costs, best), profile.labels).c_str());
   std::printf("actions (Fn i / Fa i = stage i's forward without / with recording, L = the loss, B i = stage i's "
               "backward, D i = free boundary value i):\n  %s\n",
               rs::format_actions(best.actions).c_str());
   std::printf("\n%-22s %20s %14s %6s\n", "plan", "predicted peak", "predicted s", "fits");
   auto row = [&](const std::string& name, const rs::Plan& p) {
-    size_t peak = p.predicted_peak_bytes + outside;
+    size_t peak = p.predicted_peak_bytes + profile.outside;
     std::printf("%-22s %20s %14.4f %6s\n", name.c_str(), memory::format_bytes(static_cast<double>(peak)).c_str(),
                 p.predicted_time, peak <= budget ? "yes" : "no");
   };
   row("budget (rotor)", best);
-  row("uniform, " + std::to_string(uniform_segments) + " segments", *uniform);
-  row("every-layer", every_layer);
-  row("save-all", save_all);
+  row("uniform, " + std::to_string(plans.uniform_segments) + " segments", plans.uniform);
+  row("every-layer", plans.every_layer);
+  row("save-all", plans.save_all);
+}
+
+}  // namespace
+
+int run_plan(const PlanOptions& o) {
+  if (o.train.threads > 0) set_num_threads(o.train.threads);
+  REMAT_USAGE_CHECK(o.costs.empty() || !o.train.architecture_given, "plan: --layers, --width, --heads and --seq describe a "
+              "model to profile; they cannot be combined with --costs");
+  std::optional<size_t> budget;  // checked before anything is profiled
+  if (!o.budget.empty()) budget = parse_bytes_option("plan --budget", o.budget);
+  ModelProfile profile;
+  if (!o.costs.empty()) {
+    profile.costs = read_costs(o.costs);
+    rs::ChainPlanOptions least;
+    least.progress = planning_progress("remat plan: the smallest feasible budget of " +
+                                       std::to_string(profile.costs.num_stages()) + " stages");
+    profile.budget_range = BudgetPlanner::FeasibleRange{rs::chain_min_feasible_memory(profile.costs, least),
+                                                        rs::plan_save_all(profile.costs).predicted_peak_bytes};
+  } else {
+    profile = profile_model(o);
+  }
+  if (!budget) {  // the feasible range alone
+    if (o.train.json)
+      std::printf("%s\n", nlohmann::json{{"version", REMAT_VERSION},
+                                         {"stages", profile.costs.num_stages()},
+                                         {"outside_bytes", profile.outside},
+                                         {"feasible", feasible_json(profile)}}.dump().c_str());
+    else
+      print_profile_text(profile, std::nullopt);
+    return 0;
+  }
+  const Plans plans = make_plans(profile.costs, profile.outside, *budget);
+  if (o.train.json)
+    print_plans_json(profile, plans, *budget);
+  else
+    print_plans_text(profile, plans, *budget);
   return 0;
 }
 

@@ -4,10 +4,11 @@
 namespace remat::tools {
 
 Subcommand add_plan(CLI::App& app) {
-  auto* p = app.add_subcommand("plan", "show the schedule a budget:BYTES policy runs, against uniform segments and every-layer");
+  auto* p = app.add_subcommand("plan", "show the budgets a model can run under (budget: and dynamic:) and, with --budget, the "
+                               "schedule budget:BYTES runs, against uniform segments and every-layer");
   auto command = std::make_shared<Parsed<PlanOptions>>(p);
   PlanOptions& plan = command->options;
-  p->add_option("--budget", plan.budget, "memory budget for saved bytes, e.g. 64MiB")->required();
+  p->add_option("--budget", plan.budget, "memory budget for saved bytes, e.g. 64MiB (without it: the feasible range alone)");
   p->add_option("--costs", plan.costs, "JSON file of per-stage costs instead of profiling a model");
   p->add_option("--data", plan.train.data, "text file or folder (for the vocabulary)");
   add_model_options(command->numbers, plan.train);

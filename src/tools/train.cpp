@@ -89,6 +89,29 @@ void print_banner(const Human& say, const TrainOptions& o, const DataParallel& d
   say("device: %s\n", device_summary(l.device).c_str());
 }
 
+// A dynamic: budget too small for a step fails at the first op that cannot fit, whose error can
+// only name what the step needed up to there. Measures the whole step's smallest budget
+// (dynamic_feasible_range, on a batch of the same shape) and names it. One process only: the
+// probing steps run no collectives.
+[[noreturn]] void rethrow_with_dynamic_minimum(const Error& e, const TrainOptions& o, const DataParallel& dp,
+                                                const Policy& policy, Loaded& l) {
+  if (policy.kind != Policy::Kind::dynamic || dp.world > 1 || counters().dynamic.smallest_feasible_bytes <= policy.budget_bytes)
+    throw;
+  const Batch batch = sample_batch(l.split.train, o.batch, l.config.seq, o.seed, 0, l.device);
+  const DynamicRange range = dynamic_feasible_range([&] {
+    l.model->zero_grad();
+    manual_seed(o.seed);
+    backward([&] { return l.model->loss(batch.inputs, batch.targets); }, GradOptions{});
+  });
+  l.model->zero_grad();
+  const size_t smallest = range.smallest_budget_bytes;
+  throw Error(detail::concat("train --policy ", o.policy, ": the budget is below the smallest feasible dynamic: budget of "
+                             "a step of this model, ", smallest, " bytes (", memory::format_bytes(static_cast<double>(smallest)),
+                             "; measured over a whole step in ", range.runs, " runs; save-all's peak is ",
+                             range.save_all_peak_bytes, " bytes): pass --policy dynamic:", smallest,
+                             " or more. The op that failed said: ", e.what()));
+}
+
 // ---- after the loop: the probe, the saved weights, the per-rank figures (RunSummary)
 
 RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const CheckedOptions& checked, bool sharded, Loaded& l,
@@ -145,7 +168,12 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   const Human say{o.progress};
   print_banner(say, o, dp, l);
   StepLoop loop(o, dp, checked.policy, checked.bucket_bytes, l, opt);
-  const RunMeasure m = loop.run();
+  RunMeasure m;
+  try {
+    m = loop.run();
+  } catch (const Error& e) {
+    rethrow_with_dynamic_minimum(e, o, dp, checked.policy, l);
+  }
   const RunSummary s = finish_run(o, dp, checked, opt.sharded, l, m);
   print_report(say, o, dp, checked.policy, m, s);
   if (o.json) emit_run_json(o, dp, checked.policy, m, s);

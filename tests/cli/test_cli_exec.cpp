@@ -364,6 +364,12 @@ TEST_F(Cli, PlanPrintsTheFeasibleRange) {
   ASSERT_GT(dynamic_min, 0u) << r.output;
   EXPECT_LT(budget_min, budget_top) << r.output;
   EXPECT_LT(dynamic_min, dynamic_top) << r.output;
+  // without --budget: the same range, and no plan
+  const Result alone = run("plan --threads 2" + model);
+  ASSERT_EQ(alone.code, 0) << alone.output;
+  EXPECT_NE(alone.output.find("\n  budget:  from " + std::to_string(budget_min) + " bytes"), std::string::npos) << alone.output;
+  EXPECT_NE(alone.output.find("\n  dynamic: from "), std::string::npos) << alone.output;
+  EXPECT_EQ(alone.output.find("planner:"), std::string::npos) << alone.output;
   // --json: the budget: range of a --costs chain is the planner's least peak and save-all's
   const std::string stage = R"({"forward_seconds": 1, "backward_seconds": 2, "boundary_bytes": 16, "saved_bytes": 64})";
   std::ofstream(path("range.json")) << "[" << stage << "," << stage << "," << stage << "]";
@@ -395,7 +401,11 @@ TEST_F(Cli, PlanPrintsTheFeasibleRange) {
   EXPECT_EQ(r.code, 0) << r.output;
   r = run(train + "dynamic:" + std::to_string(dynamic_min - 1) + " --steps 1");
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_NE(r.output.find("smallest feasible budget"), std::string::npos) << r.output;
+  // the error names the whole step's minimum, the one `remat plan` printed, not the part seen so far
+  EXPECT_NE(r.output.find("the smallest feasible dynamic: budget of a step of this model, " + std::to_string(dynamic_min) +
+                          " bytes"),
+            std::string::npos)
+      << r.output;
   const std::string planned = " --steps " + std::to_string(BudgetPlanner::kProfilingSteps + 1);
   r = run(train + "budget:" + std::to_string(budget_min) + planned);
   EXPECT_EQ(r.code, 0) << r.output;
