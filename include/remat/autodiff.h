@@ -337,4 +337,11 @@ struct CustomOp {
   TensorList operator()(const TensorList& inputs) const;
 };
 
+// The recomputation check (on by default, for every thread): a region's recomputed outputs, and
+// a value dynamic: rematerializes, are compared bit for bit with a digest of the first run's; a
+// difference is a remat::Error naming the layer (or op) and the usual causes. Host values only.
+// It costs one read of each checked value per pass. Off: such a difference goes unnoticed.
+void set_recomputation_check(bool enabled);
+bool recomputation_check();
+
 }  // namespace remat

@@ -67,12 +67,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 // True while a region's function is being re-run by the backward pass.
 bool is_recomputing();
 
-// The recomputation check (on by default, for every thread): a region's recomputed outputs, and
-// a value dynamic: rematerializes, are compared bit for bit with a digest of the first run's; a
-// difference is a remat::Error naming the layer (or op) and the usual causes. Host values only.
-// It costs one read of each checked value per pass. Off: such a difference goes unnoticed.
-void set_recomputation_check(bool enabled);
-bool recomputation_check();
+// set_recomputation_check / recomputation_check: remat/autodiff.h (every form of recomputation).
 
 // ---- per-call policy ("backend option"): the forward runs under `policy`, then the backward.
 struct GradOptions {

@@ -54,7 +54,7 @@
 // values handed back while the backward pass uses them, not the kernel's page cache. Values read
 // back from the file's mapped pages share the fate of any mapped file: a disk that fails to read
 // them gives SIGBUS. How (the nameless mapped file, read-back, lending a core to the writer, device
-// values): the Notes of src/checkpoint/offload.cpp and offload_file.cpp.
+// values): the Notes of src/saved/offload.cpp and offload_file.cpp.
 #pragma once
 
 #include <cstddef>

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "dynamic_internal.h"
+#include "saved/dynamic_internal.h"
 #include "region.h"
 #include "remat/memory.h"
 

@@ -26,8 +26,8 @@
 #include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
-#include "digest.h"
-#include "replay.h"
+#include "autodiff/digest.h"
+#include "autodiff/replay.h"
 
 namespace remat::detail {
 

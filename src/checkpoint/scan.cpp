@@ -19,7 +19,7 @@
 #include "remat/ops.h"
 #include "remat/random.h"
 #include "remat/schedule.h"
-#include "replay.h"
+#include "autodiff/replay.h"
 #include "versions.h"
 
 namespace remat {

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#include "remat/checkpoint.h"
+#include "remat/autodiff.h"
 
 namespace remat {
 

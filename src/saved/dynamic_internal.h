@@ -1,6 +1,8 @@
-// Internal: the dynamic rematerialization runtime's pieces shared with the policy and counters.
+// Internal: the dynamic rematerialization runtime's pieces shared with the policy, the counters
+// and dynamic_feasible_range (src/checkpoint).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include "remat/dynamic.h"
@@ -20,5 +22,8 @@ struct SavedHandle {
 };
 
 DynamicCounters& dynamic_counters();
+// The smallest budget dynamic_feasible_range measured on this thread (0: none yet), which an
+// infeasible budget's error names.
+size_t& measured_smallest_budget();
 
 }  // namespace remat::detail
