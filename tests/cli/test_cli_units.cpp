@@ -151,7 +151,7 @@ TEST(CliCosts, BadFilesAreErrorsNamingTheFileAndStage) {
   };
   for (const auto& [text, fragment] : cases) {
     SCOPED_TRACE(text.substr(0, 80));
-    expect_error([&] { parse_costs(text, "bad.json"); }, {"plan: --costs bad.json: ", fragment});
+    expect_error([&text = text] { parse_costs(text, "bad.json"); }, {"plan: --costs bad.json: ", fragment});
   }
   expect_error([] { read_costs("/nonexistent/costs.json"); }, {"cannot read the --costs file /nonexistent/costs.json"});
 }
