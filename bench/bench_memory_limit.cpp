@@ -417,7 +417,10 @@ void bench_model(const Options& o, const std::string& name, const std::string& d
   for (const auto& p : run.instances[0].parameters()) param_bytes += p.nbytes();
   run.foreign = static_cast<size_t>(count - 1) * param_bytes;
   size_t s = 0, h = 0;
+  std::fprintf(stderr, "bench_memory_limit: %s: first steps, gradients checked against save-all's\n", name.c_str());
   std::vector<Config> configs = first_steps(run, m, dir, s, h);
+  std::fprintf(stderr, "bench_memory_limit: %s: timing %zu policies, %d rounds after one of warm-up\n", name.c_str(),
+               configs.size(), o.steps);
   run.time_round_robin(configs);
   const Config& sa = configs[0];
   const Config& au = configs[1];
