@@ -17,7 +17,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (p.kind == remat::Policy::Kind::every_k && p.k < 1) std::abort();
-  if (p.kind == remat::Policy::Kind::budget && p.budget_bytes == 0) std::abort();
+  // a budget is positive, unless budget:auto derives it when planning (then a limit, if any, is)
+  if (p.kind == remat::Policy::Kind::budget && !p.budget_auto && p.budget_bytes == 0) std::abort();
+  if (p.budget_auto && (p.kind != remat::Policy::Kind::budget || p.budget_bytes != 0)) std::abort();
+  if (p.offload_to && (p.offload_to->directory.empty() || p.kind == remat::Policy::Kind::dynamic)) std::abort();
   if (p.kind == remat::Policy::Kind::selective && p.ops.empty()) std::abort();
   remat::Policy again;
   try {
