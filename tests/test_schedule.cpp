@@ -375,6 +375,108 @@ TEST(ChainPlan, RotorEqualsExhaustiveSearchEightStages) {
   check_rotor_against_exhaustive_search(random_costs(rng, 8, 20, false), rng);
 }
 
+// (peak, time) of every tree with every subset of its top-level nodes offloaded (but a region
+// whose input is a_0), each run through the simulator.
+std::vector<Outcome> all_outcomes_with_offload(const ChainCosts& costs) {
+  std::vector<Outcome> outcomes;
+  const int stages = costs.num_stages();
+  std::vector<PlanNode> current;
+  enumerate_sequences(0, stages - 1, false, current, 0, [&](const std::vector<PlanNode>& tree) {
+    std::vector<size_t> may;
+    for (size_t k = 0; k < tree.size(); ++k)
+      if (tree[k].kind == PlanNode::Kind::stage || tree[k].first > 0) may.push_back(k);
+    for (size_t mask = 0; mask < (size_t{1} << may.size()); ++mask) {
+      std::vector<PlanNode> variant = tree;
+      for (size_t j = 0; j < may.size(); ++j)
+        if (mask >> j & 1) variant[may[j]].offload();
+      const rs::SimResult result = rs::simulate_actions(costs, rs::plan_actions(variant, stages));
+      outcomes.push_back({result.peak_bytes, result.total_time});
+    }
+  });
+  return outcomes;
+}
+
+TEST(ChainPlan, RotorWithOffloadEqualsExhaustiveSearch) {
+  // Offload costs per byte that are exact in binary (times and sizes are small integers), from
+  // free to dearer than any recomputation.
+  const std::vector<double> per_byte = {0.0, 0.25, 0.5, 2.0};
+  const int largest = kSanitized ? 4 : 5;
+  std::mt19937 rng(2026);
+  for (int stages = 1; stages <= largest; ++stages)
+    for (int instance = 0; instance < 8; ++instance) {
+      ChainCosts costs = random_costs(rng, stages, 20, instance % 4 == 3);
+      costs.offload_seconds_per_byte = per_byte[static_cast<size_t>(instance) % per_byte.size()];
+      SCOPED_TRACE(std::to_string(stages) + " stages, instance " + std::to_string(instance));
+      const std::vector<Outcome> outcomes = all_outcomes_with_offload(costs);
+      const size_t minimal = least_peak(outcomes);
+      ASSERT_EQ(rs::min_feasible_memory(costs), minimal);
+      ASSERT_EQ(rs::plan_min_memory(costs).predicted_peak_bytes, minimal);
+      const size_t most = rs::plan_save_all(costs).predicted_peak_bytes;
+      for (size_t limit = minimal; limit <= most; ++limit) {
+        const Plan plan = rs::plan_rotor(costs, limit);  // sizes <= 20: the unit is one byte
+        const rs::SimResult simulated = rs::simulate(costs, plan);
+        ASSERT_LE(simulated.peak_bytes, limit);
+        ASSERT_EQ(simulated.total_time, plan.predicted_time);
+        ASSERT_EQ(plan.predicted_time, best_time_within(outcomes, static_cast<double>(limit)))
+            << "limit " << limit << ", plan " << rs::format_tree(plan.tree);
+      }
+      if (minimal > costs.boundary_bytes[0]) EXPECT_THROW(rs::plan_rotor(costs, minimal - 1), rs::InfeasibleError);
+    }
+}
+
+TEST(ChainPlan, OffloadCheaperThanRecomputingMakesFasterPlansAndIsPrintedAndSimulated) {
+  // Four equal stages: every record is 100 bytes, boundaries 10; a limit halfway to save-all's.
+  ChainCosts costs = ChainCosts::uniform(4, 1.0, 2.0, 10, 100);
+  const size_t limit = (rs::min_feasible_memory(costs) + rs::plan_save_all(costs).predicted_peak_bytes) / 2;
+  const Plan recomputing = rs::plan_rotor(costs, limit);
+  EXPECT_GT(rs::simulate(costs, recomputing).recomputed_forwards, 0);
+  costs.offload_seconds_per_byte = 0.001;  // 0.1 s per record: cheaper than recomputing one (1 s)
+  const Plan plan = rs::plan_rotor(costs, limit);
+  EXPECT_LT(plan.predicted_time, recomputing.predicted_time);
+  EXPECT_LE(plan.predicted_peak_bytes, limit);
+  EXPECT_NE(rs::format_tree(plan.tree).find("+o"), std::string::npos) << rs::format_tree(plan.tree);
+  EXPECT_GT(rs::simulate(costs, plan).offloaded_bytes, 0u);
+  costs.offload_seconds_per_byte = 10.0;  // dearer than recomputing: the same plan as without
+  EXPECT_EQ(rs::plan_rotor(costs, limit).tree, recomputing.tree);
+  costs.offload_seconds_per_byte = 0.001;
+  // Fa0 O0 (record 0 leaves), ... I0 B0 (back before its backward): 210 bytes at Fa0, then 10.
+  const std::vector<PlanNode> tree = {PlanNode::stage(0).offload(), PlanNode::stage(1), PlanNode::stage(2),
+                                      PlanNode::stage(3)};
+  EXPECT_EQ(rs::format_tree(tree), "S0+o S1 S2 S3");
+  const std::vector<Action> actions = rs::plan_actions(tree, 4);
+  EXPECT_EQ(rs::format_actions(actions), "Fa0 O0 Fa1 Fa2 Fa3 L B3 D3 B2 D2 B1 D1 I0 B0");
+  const rs::SimResult offloaded = rs::simulate_actions(costs, actions);
+  const rs::SimResult kept = rs::simulate(costs, rs::plan_save_all(costs));
+  EXPECT_EQ(offloaded.peak_bytes, kept.peak_bytes - 100);
+  EXPECT_DOUBLE_EQ(offloaded.total_time, kept.total_time + 0.1);
+  EXPECT_EQ(offloaded.offloaded_bytes, 100u);
+  // Offloading what is not there, twice, inside a region, a_0, or with no target, is refused.
+  const auto refuses = [&](const std::vector<Action>& bad, const char* why) {
+    try {
+      rs::simulate_actions(costs, bad);
+      ADD_FAILURE() << "accepted " << rs::format_actions(bad);
+    } catch (const remat::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refuses({{ActionKind::forward_save_all, 0}, {ActionKind::offload, 0}, {ActionKind::offload, 0}}, "offloaded already");
+  refuses({{ActionKind::forward_save_all, 0}, {ActionKind::fetch, 0}}, "is not offloaded");
+  refuses({{ActionKind::forward_no_save, 0}, {ActionKind::offload, 0}}, "a_0 is the caller's");
+  refuses({{ActionKind::forward_no_save, 0}, {ActionKind::forward_no_save, 1}, {ActionKind::offload, 1},
+           {ActionKind::forward_no_save, 1}},
+          "offloaded (not fetched)");
+  EXPECT_THROW(rs::validate_tree({PlanNode::region(0, 1, {PlanNode::stage(0).offload(), PlanNode::stage(1)}),
+                                  PlanNode::stage(2), PlanNode::stage(3)}, 4),
+               remat::Error);
+  EXPECT_THROW(rs::validate_tree({PlanNode::region(0, 1, {PlanNode::stage(0), PlanNode::stage(1)}).offload(),
+                                  PlanNode::stage(2), PlanNode::stage(3)}, 4),
+               remat::Error);
+  costs.offload_seconds_per_byte = -1;
+  EXPECT_THROW(rs::simulate_actions(costs, actions), remat::Error);
+  costs.offload_seconds_per_byte = std::nan("");
+  EXPECT_THROW(costs.validate(), remat::Error);
+}
+
 TEST(ChainPlan, DiscretisationNeverExceedsTheLimitAndMeetsItsBound) {
   std::mt19937 rng(777);
   for (int instance = 0; instance < 40; ++instance) {

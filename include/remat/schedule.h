@@ -141,10 +141,14 @@ struct ChainCosts {
   std::vector<double> backward_time;   // ub[i], i = 0..L-1
   std::vector<size_t> boundary_bytes;  // x[i], i = 0..L (x[0]: chain input, x[L]: chain output)
   std::vector<size_t> saved_bytes;     // xbar[i], i = 0..L-1 (excluding the input boundary)
+  // What writing a kept byte out and reading it back costs (seconds per byte), when kept values
+  // may be offloaded; negative: there is no offload target, and no plan offloads.
+  double offload_seconds_per_byte = -1;
+  bool can_offload() const { return offload_seconds_per_byte >= 0; }
 
   int num_stages() const { return static_cast<int>(forward_time.size()); }
   // Throws remat::Error on mismatched lengths, no stage, negative or non-finite
-  // times, or sizes whose sum could overflow.
+  // times (the offload cost included, when not negative), or sizes whose sum could overflow.
   void validate() const;
   static ChainCosts uniform(int stages, double forward_time, double backward_time, size_t boundary_bytes,
                             size_t saved_bytes);
@@ -152,8 +156,10 @@ struct ChainCosts {
 
 // forward_no_save(i) / forward_save_all(i): a_i -> a_{i+1} without / with stage i's record;
 // backward(i): d_{i+1} -> d_i (needs the record and a_i); drop(j): frees boundary a_j; loss: the
-// turn at the chain's end (docs/planners.md: what each needs, allocates and frees).
-enum class ActionKind { forward_no_save, forward_save_all, backward, drop, loss };
+// turn at the chain's end; offload(i): stage i's record, if it holds one, else boundary a_i
+// (i >= 1), leaves memory for the offload target; fetch(i): it comes back (docs/planners.md: what
+// each needs, allocates and frees).
+enum class ActionKind { forward_no_save, forward_save_all, backward, drop, loss, offload, fetch };
 struct Action {
   ActionKind kind;
   int index;  // stage (forwards, backward), boundary (drop), L (loss)
@@ -162,14 +168,21 @@ struct Action {
 
 // A plan as a tree: stage i runs recorded; region [first, last] runs without recording, keeping
 // only its input, and in the backward pass re-runs `children` (a plan for its stages; not a single
-// region over the same stages) and back-propagates through them.
+// region over the same stages) and back-propagates through them. An offloaded node (top level
+// only) sends what it keeps (a stage its record, a region its input boundary, which must not be
+// a_0) to the offload target after its forward and fetches it back before its backward.
 struct PlanNode {
   enum class Kind { stage, region } kind;
   int first, last;                  // stage: first == last
   std::vector<PlanNode> children;   // region: the plan for stages first..last
+  bool offloaded = false;
   static PlanNode stage(int index) { return {Kind::stage, index, index, {}}; }
   static PlanNode region(int first, int last, std::vector<PlanNode> children) {
     return {Kind::region, first, last, std::move(children)};
+  }
+  PlanNode& offload() {
+    offloaded = true;
+    return *this;
   }
   bool operator==(const PlanNode&) const = default;
 };
@@ -186,6 +199,7 @@ struct SimResult {
   double total_time = 0;
   int forward_evaluations = 0;  // forward actions
   int recomputed_forwards = 0;  // forward_evaluations - L
+  size_t offloaded_bytes = 0;   // written to the offload target (and read back)
 };
 
 // Checks a tree covers stages 0..num_stages-1 in order with valid regions; throws
@@ -205,6 +219,8 @@ Plan make_plan(const ChainCosts& costs, std::vector<PlanNode> tree);
 // rounded up to units of about memory_limit / slots bytes (slots >= 1). The plan never exceeds
 // memory_limit, and is exactly optimal when the unit is one byte (docs/planners.md, "rotor": the
 // bound otherwise, and the cost, O(L^2 * slots) memory and O(L^3 * slots) time).
+// When costs.can_offload(), each top-level node may also be offloaded, at its kept bytes times
+// the offload cost ("Offload" in docs/planners.md); the least peak then counts offloading too.
 // Throws InfeasibleError if memory_limit < min_feasible_memory(costs).
 Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots = 500);
 // The least peak (exact bytes, a_0 included) of any plan, and a plan that attains it (least
@@ -218,7 +234,8 @@ Plan plan_min_memory(const ChainCosts& costs);
 // bytes kept, peaks) from a rotor-like programme over its parts, and the top-level programme
 // chooses among them under the limit (docs/planners.md, "Long chains": the algorithm,
 // O(L * group^2 * group_slots) time, and its measured cost in optimality). Both return a plan
-// that simulate() keeps within memory_limit.
+// that simulate() keeps within memory_limit. Only the exact programme offloads: the grouped
+// planner plans as if there were no offload target.
 // The grouped planner throws InfeasibleError only when memory_limit is below the least peak it
 // can reach (carried in the error; at least min_feasible_memory, and above it on some chains).
 enum class RotorMethod { automatic, exact, grouped };
@@ -255,7 +272,8 @@ Plan plan_every_k(const ChainCosts& costs, int k);  // regions of k stages (the 
 // recording. 1 <= segments <= L.
 Plan plan_uniform_segments(const ChainCosts& costs, int segments);
 
-// Printable forms: tree "R[0..2](S0 S1 S2) S3"; actions "Fa0 Fn1 D1 L B1 ...".
+// Printable forms: tree "R[0..2](S0 S1 S2) S3" ("+o" after an offloaded node: "S3+o");
+// actions "Fa0 Fn1 D1 L B1 ..." (offload O, fetch I: "Fa3 O3 ... I3 B3").
 std::string format_tree(const std::vector<PlanNode>& tree);
 std::string format_actions(const std::vector<Action>& actions);
 

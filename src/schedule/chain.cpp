@@ -49,6 +49,9 @@ void validate_sequence(const std::vector<PlanNode>& sequence, int first, int las
         invalid(where, node_name(node) + " has a single child region over the same stages");
       validate_sequence(node.children, node.first, node.last, true);
     }
+    if (node.offloaded && in_region) invalid(where, node_name(node) + " is offloaded inside a region (only top-level nodes are)");
+    if (node.offloaded && node.kind == PlanNode::Kind::region && node.first == 0)
+      invalid(where, node_name(node) + " is offloaded, but its input is the chain input a_0, which the caller holds");
     expected = node.last + 1;
   }
   if (expected != last + 1)
@@ -68,11 +71,13 @@ void append_sequence(const std::vector<PlanNode>& sequence, int last, bool top, 
         out.push_back({ActionKind::drop, j});
       }
     }
+    if (node.offloaded) out.push_back({ActionKind::offload, node.first});
   }
   out.push_back(top ? Action{ActionKind::loss, last + 1} : Action{ActionKind::drop, last + 1});
   for (size_t k = sequence.size(); k-- > 0;) {
     const PlanNode& node = sequence[k];
     if (k + 1 < sequence.size()) out.push_back({ActionKind::drop, node.last + 1});
+    if (node.offloaded) out.push_back({ActionKind::fetch, node.first});
     if (node.kind == PlanNode::Kind::stage)
       out.push_back({ActionKind::backward, node.first});
     else
@@ -92,6 +97,11 @@ void ChainCosts::validate() const {
     out << "sizes differ: forward_time " << stages << ", backward_time " << backward_time.size()
         << ", saved_bytes " << saved_bytes.size() << " (all L), boundary_bytes " << boundary_bytes.size()
         << " (L + 1)";
+    invalid(function, out.str());
+  }
+  if (std::isnan(offload_seconds_per_byte) || std::isinf(offload_seconds_per_byte)) {
+    std::ostringstream out;
+    out << "offload_seconds_per_byte is " << offload_seconds_per_byte << "; it must be finite (negative: no offload)";
     invalid(function, out.str());
   }
   for (size_t i = 0; i < stages; ++i) {
@@ -143,6 +153,9 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   const auto& xbar = costs.saved_bytes;
   std::vector<bool> boundary_live(static_cast<size_t>(stages) + 1, false);
   std::vector<bool> record_live(static_cast<size_t>(stages), false);
+  // offloaded (live, but not in memory) until fetched
+  std::vector<bool> boundary_away(static_cast<size_t>(stages) + 1, false);
+  std::vector<bool> record_away(static_cast<size_t>(stages), false);
   boundary_live[0] = true;
   size_t live = x[0];
   int gradient = -1;  // index j of the live gradient d_j; -1 before the loss
@@ -166,6 +179,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         stage_ok();
         const size_t at = static_cast<size_t>(i);
         if (!boundary_live[at]) fail("its input boundary " + std::to_string(i) + " is not live");
+        if (boundary_away[at]) fail("its input boundary " + std::to_string(i) + " is offloaded (not fetched)");
         if (boundary_live[at + 1]) fail("its output boundary " + std::to_string(i + 1) + " is already live");
         if (finished(i)) fail("stage " + std::to_string(i) + " already ran its backward");
         const bool record = action.kind == ActionKind::forward_save_all;
@@ -180,6 +194,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
       case ActionKind::drop:
         if (i <= 0 || i > stages) fail("boundary outside 1.." + std::to_string(stages) + " (a_0 is the caller's)");
         if (!boundary_live[static_cast<size_t>(i)]) fail("boundary " + std::to_string(i) + " is not live");
+        if (boundary_away[static_cast<size_t>(i)]) fail("boundary " + std::to_string(i) + " is offloaded (not fetched)");
         boundary_live[static_cast<size_t>(i)] = false;
         live -= x[static_cast<size_t>(i)];
         break;
@@ -199,13 +214,37 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (gradient != i + 1)
           fail(gradient < 0 ? "the loss has not run" : "the live gradient is d_" + std::to_string(gradient));
         if (!record_live[at]) fail("stage " + std::to_string(i) + " has no record");
-        if (!boundary_live[at]) fail("its input boundary " + std::to_string(i) + " is not live");
+        if (record_away[at]) fail("stage " + std::to_string(i) + "'s record is offloaded (not fetched)");
+        if (!boundary_live[at] || boundary_away[at]) fail("its input boundary " + std::to_string(i) + " is not in memory");
         live += x[at];
         result.peak_bytes = std::max(result.peak_bytes, live);
         live -= x[at + 1] + xbar[at];
         record_live[at] = false;
         gradient = i;
         result.total_time += costs.backward_time[at];
+        break;
+      }
+      case ActionKind::offload:
+      case ActionKind::fetch: {
+        if (!costs.can_offload()) fail("the costs have no offload target (offload_seconds_per_byte < 0)");
+        if (i < 0 || i >= stages) fail("stage or boundary outside 0.." + std::to_string(stages - 1));
+        const size_t at = static_cast<size_t>(i);
+        const bool record = record_live[at];  // else boundary a_i
+        if (!record && (i == 0 || !boundary_live[at]))
+          fail(i == 0 ? "stage 0 holds no record, and a_0 is the caller's" : "neither a record of stage " +
+                        std::to_string(i) + " nor boundary " + std::to_string(i) + " is live");
+        std::vector<bool>::reference away = record ? record_away[at] : boundary_away[at];
+        const size_t bytes = record ? xbar[at] : x[at];
+        const bool out = action.kind == ActionKind::offload;
+        if (away == out) fail(out ? "it is offloaded already" : "it is not offloaded");
+        away = out;
+        if (out) {
+          live -= bytes;
+          result.offloaded_bytes += bytes;
+          result.total_time += costs.offload_seconds_per_byte * static_cast<double>(bytes);
+        } else {
+          live += bytes;
+        }
         break;
       }
       default:
@@ -294,6 +333,7 @@ std::string format_tree(const std::vector<PlanNode>& tree) {
     else
       out += "R[" + std::to_string(node.first) + ".." + std::to_string(node.last) + "](" +
              format_tree(node.children) + ")";
+    if (node.offloaded) out += "+o";
   }
   return out;
 }
@@ -308,6 +348,8 @@ std::string format_actions(const std::vector<Action>& actions) {
       case ActionKind::backward: out += "B"; break;
       case ActionKind::drop: out += "D"; break;
       case ActionKind::loss: out += "L"; break;
+      case ActionKind::offload: out += "O"; break;
+      case ActionKind::fetch: out += "I"; break;
       default: out += "?"; break;
     }
     if (action.kind != ActionKind::loss) out += std::to_string(action.index);

@@ -23,20 +23,25 @@ size_t pair_index(int a, int b) { return static_cast<size_t>(b) * (static_cast<s
 // Sizes in whole memory units (rounded up) and the budget in units (rounded down).
 struct UnitCosts {
   std::vector<int64_t> x, xbar;
+  std::vector<int64_t> x_down;  // boundaries rounded down: what offloading one frees, at least
   int64_t budget = 0;
 };
 
 UnitCosts to_units(const ChainCosts& costs, size_t available, size_t unit) {
   UnitCosts units;
   const auto round_up = [unit](size_t bytes) { return static_cast<int64_t>(bytes / unit + (bytes % unit != 0)); };
-  for (size_t bytes : costs.boundary_bytes) units.x.push_back(round_up(bytes));
+  for (size_t bytes : costs.boundary_bytes) {
+    units.x.push_back(round_up(bytes));
+    units.x_down.push_back(static_cast<int64_t>(bytes / unit));
+  }
   for (size_t bytes : costs.saved_bytes) units.xbar.push_back(round_up(bytes));
   units.budget = static_cast<int64_t>(available / unit);
   return units;
 }
 
 // C(a, b, m) for re-run sub-chains (all a <= b) and for the top-level suffixes [a, L-1].
-// choice: -1 infeasible, 0 = stage a with recording first, k >= 1 = region [a, a+k-1] first.
+// choice: -1 infeasible, 0 = stage a with recording first, k >= 1 = region [a, a+k-1] first;
+// top-level entries also say whether that first node is offloaded (Note [offload in the plan]).
 class RotorTable {
  public:
   RotorTable(const ChainCosts& costs, const UnitCosts& units)
@@ -46,6 +51,7 @@ class RotorTable {
     rerun_choice_.assign(pairs * width_, -1);
     top_cost_.assign(static_cast<size_t>(stages_) * width_, kInfinite);
     top_choice_.assign(static_cast<size_t>(stages_) * width_, -1);
+    top_offloaded_.assign(costs.can_offload() ? static_cast<size_t>(stages_) * width_ : 0, 0);
     for (int length = 1; length <= stages_; ++length)
       for (int a = 0; a + length <= stages_; ++a) fill(a, a + length - 1, false);
     for (int a = stages_ - 1; a >= 0; --a) fill(a, stages_ - 1, true);
@@ -66,16 +72,18 @@ class RotorTable {
       const int pick = choice(a, b, m, top);
       if (pick < 0) throw Error("plan_rotor: reconstruction reached an infeasible entry (internal error)");
       const size_t at = static_cast<size_t>(a);
+      const bool out = top && !top_offloaded_.empty() && top_offloaded_[row(a, b, true) + static_cast<size_t>(m)];
       if (pick == 0) {
         sequence.push_back(PlanNode::stage(a));
-        m -= units_.x[at + 1] + units_.xbar[at];
+        m -= units_.x[at + 1] + (out ? 0 : units_.xbar[at]);
         a += 1;
       } else {
         const int c = a + pick;
         sequence.push_back(PlanNode::region(a, c - 1, build(a, c - 1, m, false)));
-        m -= units_.x[static_cast<size_t>(c)];
+        m = out ? freed(m, c, a) : m - units_.x[static_cast<size_t>(c)];
         a = c;
       }
+      if (out) sequence.back().offload();
     }
     return sequence;
   }
@@ -85,9 +93,17 @@ class RotorTable {
     return (top ? static_cast<size_t>(a) : pair_index(a, b)) * width_;
   }
 
+  // The memory left to the suffix from c when the region [a, c-1] before it is offloaded: a_a
+  // leaves memory (rounded down), a_c stays; at most the budget (a larger m gains nothing).
+  int64_t freed(int64_t m, int c, int a) const {
+    return std::min(units_.budget, m - units_.x[static_cast<size_t>(c)] + units_.x_down[static_cast<size_t>(a)]);
+  }
+
   void fill(int a, int b, bool top) {
     double* best = (top ? top_cost_.data() : rerun_cost_.data()) + row(a, b, top);
     int16_t* pick = (top ? top_choice_.data() : rerun_choice_.data()) + row(a, b, top);
+    uint8_t* out = top && costs_.can_offload() ? top_offloaded_.data() + row(a, b, true) : nullptr;
+    const double per_byte = costs_.offload_seconds_per_byte;
     const int64_t budget = units_.budget;
     const auto& x = units_.x;
     const auto& xbar = units_.xbar;
@@ -98,6 +114,15 @@ class RotorTable {
       for (int64_t m = std::max<int64_t>(need, 0); m <= budget; ++m) {
         best[m] = uf + ub;
         pick[m] = 0;
+      }
+      if (out) {  // the last stage's record offloaded while the loss runs
+        const int64_t lower = std::max(xbar[at] + x[at + 1] + x[at], 2 * x[at + 1]);
+        const double total = uf + per_byte * static_cast<double>(costs_.saved_bytes[at]) + ub;
+        for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, budget + 1); ++m) {
+          best[m] = total;
+          pick[m] = 0;
+          out[m] = 1;
+        }
       }
       return;
     }
@@ -111,6 +136,17 @@ class RotorTable {
       if (total < best[m]) {
         best[m] = total;
         pick[m] = 0;
+      }
+    }
+    if (out) {  // its record offloaded: only its output is held while [a+1, b] runs
+      const double transfer = per_byte * static_cast<double>(costs_.saved_bytes[at]);
+      for (int64_t m = need; m <= budget; ++m) {
+        const double total = uf + transfer + after_stage[m - x[at + 1]] + ub;
+        if (total < best[m]) {
+          best[m] = total;
+          pick[m] = 0;
+          out[m] = 1;
+        }
       }
     }
     // Region [a, c-1], then [c, b] holding a_c, then the region's re-run.
@@ -129,6 +165,18 @@ class RotorTable {
         if (total < best[m]) {
           best[m] = total;
           pick[m] = static_cast<int16_t>(c - a);
+          if (out) out[m] = 0;
+        }
+      }
+      if (out && a > 0) {  // its input a_a offloaded while [c, b] runs
+        const double transfer = per_byte * static_cast<double>(costs_.boundary_bytes[at]);
+        for (int64_t m = std::max(sweep_peak, keep); m <= budget; ++m) {
+          const double total = sweep_time + transfer + after_region[freed(m, c, a)] + region[m];
+          if (total < best[m]) {
+            best[m] = total;
+            pick[m] = static_cast<int16_t>(c - a);
+            out[m] = 1;
+          }
         }
       }
     }
@@ -144,6 +192,7 @@ class RotorTable {
   size_t width_;
   std::vector<double> rerun_cost_, top_cost_;
   std::vector<int16_t> rerun_choice_, top_choice_;  // c - a < L <= 17320 under kMaxTableEntries
+  std::vector<uint8_t> top_offloaded_;              // 1: the top-level choice offloads its node
 };
 
 // The least-peak plan, exact bytes; among least-peak choices the least time (per subproblem).
@@ -162,14 +211,14 @@ class MinPeak {
   std::vector<PlanNode> build(int a, int b, bool top) const {
     std::vector<PlanNode> sequence;
     while (a <= b) {
-      const int pick = entry(a, b, top).choice;
-      if (pick == 0) {
+      const Entry& e = entry(a, b, top);
+      if (e.choice == 0) {
         sequence.push_back(PlanNode::stage(a));
-        a += 1;
       } else {
-        sequence.push_back(PlanNode::region(a, a + pick - 1, build(a, a + pick - 1, false)));
-        a += pick;
+        sequence.push_back(PlanNode::region(a, a + e.choice - 1, build(a, a + e.choice - 1, false)));
       }
+      if (e.offloaded) sequence.back().offload();
+      a += e.choice == 0 ? 1 : e.choice;
     }
     return sequence;
   }
@@ -179,6 +228,7 @@ class MinPeak {
     size_t peak = std::numeric_limits<size_t>::max();
     double time = kInfinite;
     int choice = -1;
+    bool offloaded = false;  // top level: the first node is offloaded
     bool better_than(const Entry& other) const {
       return peak < other.peak || (peak == other.peak && time < other.time);
     }
@@ -194,16 +244,34 @@ class MinPeak {
     const size_t at = static_cast<size_t>(a);
     const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
     Entry best;
+    const bool offload = top && costs_.can_offload();
+    const double per_byte = costs_.offload_seconds_per_byte;
     if (a == b) {
       best.peak = xbar[at] + x[at + 1] + std::max(x[at + 1], x[at]);
       best.time = uf + ub;
       best.choice = 0;
+      if (offload) {  // the last stage's record offloaded while the loss runs
+        Entry candidate;
+        candidate.peak = std::max(xbar[at] + x[at + 1] + x[at], 2 * x[at + 1]);
+        candidate.time = uf + per_byte * static_cast<double>(xbar[at]) + ub;
+        candidate.choice = 0;
+        candidate.offloaded = true;
+        if (candidate.peak < best.peak) best = candidate;
+      }
       return best;
     }
     const Entry& rest = entry(a + 1, b, top);
     best.peak = std::max(x[at + 1] + xbar[at] + rest.peak, xbar[at] + x[at + 1] + x[at]);
     best.time = uf + rest.time + ub;
     best.choice = 0;
+    if (offload) {  // its record offloaded while [a+1, b] runs
+      Entry candidate;
+      candidate.peak = std::max(x[at + 1] + rest.peak, xbar[at] + x[at + 1] + x[at]);
+      candidate.time = uf + per_byte * static_cast<double>(xbar[at]) + rest.time + ub;
+      candidate.choice = 0;
+      candidate.offloaded = true;
+      if (candidate.better_than(best)) best = candidate;
+    }
     const size_t gradient = top ? 0 : x[static_cast<size_t>(b) + 1];
     size_t sweep_peak = 0;
     double sweep_time = 0;
@@ -218,6 +286,13 @@ class MinPeak {
       candidate.time = sweep_time + after.time + sub.time;
       candidate.choice = c - a;
       if (candidate.better_than(best)) best = candidate;
+      if (offload && a > 0) {  // its input a_a offloaded while [c, b] runs
+        const size_t during = x[static_cast<size_t>(c)] + after.peak;
+        candidate.peak = std::max({sweep_peak, during > x[at] ? during - x[at] : 0, sub.peak});
+        candidate.time += per_byte * static_cast<double>(x[at]);
+        candidate.offloaded = true;
+        if (candidate.better_than(best)) best = candidate;
+      }
     }
     return best;
   }
