@@ -4,6 +4,8 @@
 
 #include "checkpoint_models.h"
 #include "remat/budget.h"
+#include "remat/dynamic.h"
+#include "temp_dir.h"
 
 using namespace remat;
 using remat::testing::bitwise_equal;
@@ -171,4 +173,46 @@ TEST(Budget, FeasibleRangeIsTheSmallestBudgetThatRuns) {
     step_peak_saved(model, x, Policy::budget(range->save_all_peak_bytes));
     EXPECT_EQ(counters().ops.recomputed_ops, 0u);
   }
+}
+
+// budget:B+offload:DIR. A plan offloads only the nodes it chose (the rest of the chain keeps its
+// saved values in memory), stays within B, and its gradients are bitwise save-all's. The cost per
+// offloaded byte is set, so that the choice does not depend on the machine's speed.
+TEST(Budget, OffloadIsAPlanChoiceWithinTheBudget) {
+  TanhChain model(8, 64, DType::f32, 5);
+  Tensor x = randn({32, 64}, DType::f32, RngState{1, 0});
+  TensorList reference, got;
+  const size_t save_all = step_peak_saved(model, x, Policy::save_all(), &reference);
+  const size_t every_layer = step_peak_saved(model, x, Policy::every_layer());
+  const size_t budget = every_layer + (save_all - every_layer) / 3;
+  const std::string dir = remat::testing::fresh_dir("budget-offload");
+  const Policy policy = Policy::budget(budget).with_offload(OffloadTarget{dir, 1024, 0});
+  const auto run = [&](double seconds_per_byte) {
+    model.chain.set_planner(std::make_shared<BudgetPlanner>());
+    schedule::ChainPlanOptions options;
+    options.offload_seconds_per_byte = seconds_per_byte;
+    model.chain.planner()->set_options(options);
+    ScopedPolicy scope(policy);  // the offload runtime for the whole run, as remat train has it
+    for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, policy);
+    reset_counters();
+    const size_t peak = step_peak_saved(model, x, policy, &got);
+    EXPECT_LE(peak, budget);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
+    return *model.chain.planner()->report();
+  };
+  // Free offload: the plan offloads instead of recomputing.
+  const BudgetPlanner::Report cheap = run(0.0);
+  EXPECT_NE(cheap.tree.find("+o"), std::string::npos) << cheap.tree;
+  EXPECT_EQ(counters().ops.recomputed_ops, 0u) << cheap.tree;
+  EXPECT_GT(counters().dynamic.bytes_offloaded, 0u);
+  EXPECT_GT(cheap.predicted_offloaded_bytes, 0u);
+  EXPECT_EQ(cheap.offload_target, policy.offload_to->to_string());
+  EXPECT_GT(cheap.offload_write_bytes_per_second, 0.0);
+  // Dear offload: the plan recomputes instead, and nothing in the chain is written (its values,
+  // above the threshold, stay in memory: only offloaded nodes open the gate).
+  const BudgetPlanner::Report dear = run(1.0);
+  EXPECT_EQ(dear.tree.find("+o"), std::string::npos) << dear.tree;
+  EXPECT_GT(counters().ops.recomputed_ops, 0u);
+  EXPECT_EQ(counters().dynamic.bytes_offloaded, 0u);
+  EXPECT_EQ(dear.predicted_offloaded_bytes, 0u);
 }

@@ -35,6 +35,14 @@
 // under every-layer and may exceed a budget below every-layer's peak. A budget below the smallest
 // feasible one is an error naming that smallest budget in bytes and in human units.
 //
+// With an offload target (budget:BYTES+offload:DIR, budget:auto+offload:DIR), the plan may also
+// offload a top-level node instead of keeping it in memory or recomputing it: a stage's record or
+// a region's input goes to the target after the node's forward and comes back before its
+// backward, charged at the directory's measured write and read bandwidth (remat/dynamic.h,
+// offload_bandwidth). Only those nodes' values are written; the rest of the plan scope keeps its
+// saved values in memory, and values saved outside the scope follow the offload rule of
+// remat/dynamic.h. The profiling steps keep the scope's values in memory.
+//
 // budget:auto (remat/policy.h) derives the budget when the plan is made, once per profile: the
 // memory the run may use (the memory limit if given and smaller, else the device's free memory
 // plus what remat holds and caches there; on the CPU the host's available memory or the cgroup's
@@ -82,6 +90,12 @@ class BudgetPlanner {
     size_t memory_capacity_bytes = 0;
     std::string capacity_source;      // e.g. "the memory limit", "the host's available memory"
     size_t held_besides_saved_bytes = 0;
+    // KEEP+offload:DIR: where offloaded nodes go (else empty), the directory's measured bandwidth
+    // (remat::offload_bandwidth, which costs.offload_seconds_per_byte is drawn from) and what the
+    // plan offloads per step.
+    std::string offload_target;
+    double offload_write_bytes_per_second = 0, offload_read_bytes_per_second = 0;
+    size_t predicted_offloaded_bytes = 0;
     size_t outside_bytes = 0;        // saved bytes outside the chain (before + after it)
     size_t chain_limit_bytes = 0;    // what the chain was planned within
     schedule::ChainCosts costs;

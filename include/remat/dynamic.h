@@ -121,6 +121,17 @@ class OffloadScope {
 // Closes the files that ended offload scopes kept for the next ones (see offload:DIR above).
 void release_offload_files();
 
+// How fast a directory takes saved values and gives them back: 32 MiB written in 1 MiB pieces to
+// a nameless file there (twice; the second pass, onto pages the file has, is timed) and read back
+// (what a budget plan with an offload target charges per byte it offloads). Measured once per directory and process; a directory that cannot be
+// written is a remat::Error naming it.
+struct OffloadBandwidth {
+  double write_bytes_per_second = 0;
+  double read_bytes_per_second = 0;
+  double seconds_per_byte() const { return 1.0 / write_bytes_per_second + 1.0 / read_bytes_per_second; }
+};
+OffloadBandwidth offload_bandwidth(const std::string& directory);
+
 // The budgets dynamic: can run one step of a program under, measured by running it.
 //
 //   auto step = [&] { model.zero_grad(); backward([&] { return model.loss(x, y); }); };
@@ -148,6 +159,18 @@ DynamicRange dynamic_feasible_range(const std::function<void()>& step);
 namespace detail {
 bool dynamic_running();  // a DynamicScope is alive on this thread
 bool offload_running();  // an OffloadScope is alive on this thread
+// While a gate that does not allow it is alive on this thread, an offload store keeps the values
+// saved in memory (a budget plan offloads only the nodes it chose; call.cpp); gates nest.
+class OffloadGate {
+ public:
+  explicit OffloadGate(bool allowed);
+  ~OffloadGate();
+  OffloadGate(const OffloadGate&) = delete;
+  OffloadGate& operator=(const OffloadGate&) = delete;
+
+ private:
+  bool previous_;
+};
 }  // namespace detail
 
 }  // namespace remat

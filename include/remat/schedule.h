@@ -249,6 +249,9 @@ struct ChainPlanOptions {
   // Called with the fraction done (0 to 1), at most about 100 times, by the grouped planner;
   // the library prints nothing itself.
   std::function<void(double fraction)> progress;
+  // For a budget plan with an offload target (remat/budget.h): >= 0, the cost per offloaded byte
+  // to plan with instead of the target's measured bandwidth (a known target, or a test).
+  double offload_seconds_per_byte = -1;
 };
 struct ChainPlan {
   Plan plan;

@@ -7,6 +7,7 @@
 
 #include "remat/backend.h"
 #include "remat/devices.h"
+#include "remat/dynamic.h"
 #include "remat/memory.h"
 
 namespace remat {
@@ -76,7 +77,9 @@ size_t BudgetPlanner::State::measured_outside_bytes() const {
 namespace remat {
 
 bool BudgetPlanner::State::planned_for(const std::vector<Shape>& shapes, const Policy& budget) const {
-  return !stale && report && report->signature == shapes && report->policy == budget.keep().to_string();
+  const std::string target = budget.offload_to ? budget.offload_to->to_string() : "";
+  return !stale && report && report->signature == shapes && report->policy == budget.keep().to_string() &&
+         report->offload_target == target;
 }
 
 bool BudgetPlanner::State::can_plan(const std::vector<Shape>& shapes) const {
@@ -128,6 +131,14 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   r.policy = budget.keep().to_string();
   r.budget_bytes = budget.budget_bytes;
   if (budget.budget_auto) derive_budget(budget, r);
+  if (budget.offload_to) {
+    const OffloadBandwidth bandwidth = offload_bandwidth(budget.offload_to->directory);
+    r.offload_target = budget.offload_to->to_string();
+    r.offload_write_bytes_per_second = bandwidth.write_bytes_per_second;
+    r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
+    measured.offload_seconds_per_byte =
+        options.offload_seconds_per_byte >= 0 ? options.offload_seconds_per_byte : bandwidth.seconds_per_byte();
+  }
   const size_t limit = r.budget_bytes > outside ? r.budget_bytes - outside : 0;
   r.input_shape = shapes.empty() ? Shape{} : shapes[0];
   r.signature = shapes;
@@ -157,6 +168,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   r.tree = schedule::format_tree(r.plan.tree);
   r.predicted_peak_bytes = r.plan.predicted_peak_bytes + outside;
   r.predicted_seconds = r.plan.predicted_time;
+  r.predicted_offloaded_bytes = schedule::simulate(measured, r.plan).offloaded_bytes;
   for (const auto& p : profiles) r.profiled_chain_seconds += p->forward_seconds + p->recompute_seconds + p->backward_seconds;
   costs = measured;
   report = std::move(r);  // the profile is kept: another budget re-plans from it

@@ -10,6 +10,7 @@
 
 #include "budget_internal.h"
 #include "region.h"
+#include "remat/dynamic.h"
 #include "remat/memory.h"
 
 namespace remat {
@@ -170,9 +171,11 @@ TensorList run_transparent(const RegionFn& fn, const TensorList& inputs, const C
   std::optional<ScopedPolicy> scope;
   if (site.policy) scope.emplace(*site.policy);
   const Policy effective = current_policy();
+  std::optional<detail::OffloadGate> gate;  // in a plan scope, only the nodes the plan offloads are written
   if (frame.plan == nullptr && effective.kind == Policy::Kind::budget && grad_enabled()) {
     frame.own_plan = begin_plan(site, effective, inputs);
     frame.plan = frame.own_plan.get();
+    if (effective.offload_to) gate.emplace(false);
   }
   FrameGuard guard(frame);
   return fn(inputs);
@@ -195,6 +198,8 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
   for (const auto& n : *ps.plan)
     if (n.first <= position && position <= n.last) node = &n;
   REMAT_ASSERT(node != nullptr, "budget plan has no node for layer call ", position);
+  std::optional<detail::OffloadGate> gate;
+  if (node->offloaded) gate.emplace(true);  // what it keeps goes to the offload target
   if (node->kind == schedule::PlanNode::Kind::stage) return run_plain(fn, inputs, site, /*record_all=*/true);
   if (!ps.segment) {
     if (position != node->first) {  // entered mid-region: the calls changed since the plan was made

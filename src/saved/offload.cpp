@@ -9,7 +9,9 @@
 // discarded. A value smaller than the threshold stays where it is, and so does one saved while a
 // checkpoint region is re-run in the backward pass (under KEEP+offload:, whose regions keep their
 // boundaries in the file: the region's own backward reads the re-run's values right away, and
-// writing them would only add a round trip to disk); a larger one is written, and
+// writing them would only add a round trip to disk), one saved behind a closed OffloadGate (a
+// budget plan writes only the nodes it chose to offload), and a parameter's or gradient's storage
+// (the model holds it, so writing it would free nothing); any other is written, and
 // its memory copy dropped once the write is done (collect()). The backward pass gets it back from
 // the file's mapped pages when they are resident, else from a read job started a few nodes ahead
 // by prefetch(), else from a read of its own (Note [offload files]).
@@ -37,12 +39,16 @@ namespace detail {
 namespace {
 
 thread_local int offload_scopes = 0;
+thread_local bool offload_allowed = true;  // OffloadGate
 
 Tensor fresh_like(DType dtype, int64_t numel) { return Tensor::empty({numel}, dtype); }
 
 }  // namespace
 
 bool offload_running() { return offload_scopes > 0; }
+
+OffloadGate::OffloadGate(bool allowed) : previous_(offload_allowed) { offload_allowed = allowed; }
+OffloadGate::~OffloadGate() { offload_allowed = previous_; }
 
 class OffloadStore;
 
@@ -123,8 +129,12 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     entry->numel = whole.numel();
     entry->bytes = whole.nbytes();
     entry->home = whole.device();
-    // small, or saved by a region's re-run in the backward pass (read at once): stays where it is
-    if (entry->bytes < options_.threshold_bytes || autodiff::recompute_depth() > 0) {
+    // small, saved by a region's re-run in the backward pass (read at once), behind a closed gate
+    // (a budget plan keeps it in memory), or a parameter's or gradient's (writing it would free
+    // nothing: the model holds it): stays where it is
+    const memory::Tag tag = whole.storage()->tag();
+    if (entry->bytes < options_.threshold_bytes || autodiff::recompute_depth() > 0 || !offload_allowed ||
+        tag == memory::Tag::parameter || tag == memory::Tag::gradient) {
       entry->ram.hold(whole);
       return entry;
     }

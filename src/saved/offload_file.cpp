@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -190,6 +191,46 @@ void release_offload_files() {
     std::lock_guard<std::mutex> lock(detail::pool_mutex);
     closing.swap(detail::file_pool());
   }
+}
+
+}  // namespace remat
+
+namespace remat {
+
+// What a plan charges per offloaded byte: one write of the value and one read back, through a
+// file of the same kind the store uses, timed once per directory. The store overlaps its writes
+// with the forward pass and hands back resident pages without a copy, so the charge is an upper
+// bound of what offloading adds to a step; the plan report sets predicted against measured time.
+OffloadBandwidth offload_bandwidth(const std::string& directory) {
+  static std::mutex mutex;
+  static std::map<std::string, OffloadBandwidth> measured;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = measured.find(directory); it != measured.end()) return it->second;
+  constexpr size_t kPiece = size_t{1} << 20, kPieces = 32;
+  detail::SlotFile file(directory);
+  std::vector<char> buffer(kPiece);
+  for (size_t i = 0; i < kPiece; ++i) buffer[i] = static_cast<char>(i * 131);
+  std::string error;
+  // the second pass over the file is timed: a store's file is reused from scope to scope, so its
+  // writes land on pages the file already has
+  const auto timed = [&](bool write) {
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t k = 0; k < kPieces; ++k) {
+      const off_t at = static_cast<off_t>(k * kPiece);
+      const bool ok = write ? detail::write_all(file.fd(), buffer.data(), kPiece, at, error)
+                            : detail::read_all(file.fd(), buffer.data(), kPiece, at, error);
+      REMAT_CHECK(ok, "offload bandwidth: ", write ? "writing to" : "reading from", " a file in '", directory,
+                  "' failed: ", error);
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return static_cast<double>(kPiece * kPieces) / std::max(seconds, 1e-9);
+  };
+  OffloadBandwidth bandwidth;
+  timed(true);
+  bandwidth.write_bytes_per_second = timed(true);
+  bandwidth.read_bytes_per_second = timed(false);
+  measured[directory] = bandwidth;
+  return bandwidth;
 }
 
 }  // namespace remat

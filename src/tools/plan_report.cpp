@@ -1,5 +1,6 @@
 #include "plan_report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "remat/error.h"
@@ -19,8 +20,16 @@ std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs
     d.saved_bytes = costs.saved_bytes[static_cast<size_t>(i)];
   }
   for (const rs::PlanNode& node : plan.tree) {
-    out[static_cast<size_t>(node.first)].input_kept = true;
-    if (node.kind == rs::PlanNode::Kind::stage) out[static_cast<size_t>(node.first)].keep = true;
+    StageDecision& d = out[static_cast<size_t>(node.first)];
+    d.input_kept = true;
+    const bool stage = node.kind == rs::PlanNode::Kind::stage;
+    d.keep = stage && !node.offloaded;
+    d.offload = stage && node.offloaded;
+    d.input_offloaded = !stage && node.offloaded;
+    if (node.offloaded) {
+      d.transfer_bytes = stage ? d.saved_bytes : d.input_bytes;
+      d.transfer_seconds = static_cast<double>(d.transfer_bytes) * std::max(0.0, costs.offload_seconds_per_byte);
+    }
   }
   for (const rs::Action& a : plan.actions)
     if (a.kind == rs::ActionKind::forward_no_save || a.kind == rs::ActionKind::forward_save_all)
@@ -30,6 +39,10 @@ std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs
   return out;
 }
 
+namespace {
+const char* record_decision(const StageDecision& d) { return d.offload ? "offload" : d.keep ? "keep" : "recompute"; }
+}  // namespace
+
 std::string decisions_text(const std::vector<StageDecision>& decisions, const std::vector<std::string>& labels) {
   std::string text;
   char line[512];
@@ -37,9 +50,14 @@ std::string decisions_text(const std::vector<StageDecision>& decisions, const st
     const std::string label = static_cast<size_t>(d.stage) < labels.size() ? labels[static_cast<size_t>(d.stage)] : "";
     std::snprintf(line, sizeof line, "  stage %3d %-12s input %10s %-10s record %10s %s", d.stage, label.c_str(),
                   memory::format_bytes(static_cast<double>(d.input_bytes)).c_str(),
-                  d.input_kept ? "kept" : "recomputed", memory::format_bytes(static_cast<double>(d.saved_bytes)).c_str(),
-                  d.keep ? "keep" : "recompute");
+                  d.input_offloaded ? "offloaded" : d.input_kept ? "kept" : "recomputed",
+                  memory::format_bytes(static_cast<double>(d.saved_bytes)).c_str(), record_decision(d));
     text += line;
+    if (d.transfer_bytes > 0) {
+      std::snprintf(line, sizeof line, " (transfer %s, +%.4f s)",
+                    memory::format_bytes(static_cast<double>(d.transfer_bytes)).c_str(), d.transfer_seconds);
+      text += line;
+    }
     if (d.forward_runs > 1) {
       std::snprintf(line, sizeof line, " (forward x%d, +%.4f s)", d.forward_runs, d.recompute_seconds);
       text += line;
@@ -56,10 +74,13 @@ nlohmann::json decisions_json(const std::vector<StageDecision>& decisions, const
                     {"label", static_cast<size_t>(d.stage) < labels.size() ? labels[static_cast<size_t>(d.stage)] : ""},
                     {"input_bytes", d.input_bytes},
                     {"input_kept", d.input_kept},
+                    {"input_offloaded", d.input_offloaded},
                     {"saved_bytes", d.saved_bytes},
-                    {"decision", d.keep ? "keep" : "recompute"},
+                    {"decision", record_decision(d)},
                     {"forward_runs", d.forward_runs},
-                    {"recompute_seconds", d.recompute_seconds}});
+                    {"recompute_seconds", d.recompute_seconds},
+                    {"transfer_bytes", d.transfer_bytes},
+                    {"transfer_seconds", d.transfer_seconds}});
   return rows;
 }
 

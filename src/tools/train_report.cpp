@@ -48,11 +48,17 @@ void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m,
   if (s.plan) {
     if (s.plan->automatic) say("  %s\n", auto_budget_text(*s.plan).c_str());
     say("  budget plan %s\n", s.plan->tree.c_str());
+    if (!s.plan->offload_target.empty())
+      say("  offload target %s: measured write %s/s, read %s/s; the plan offloads %s a step (+o nodes)\n",
+          s.plan->offload_target.c_str(), bytes_text(static_cast<size_t>(s.plan->offload_write_bytes_per_second)).c_str(),
+          bytes_text(static_cast<size_t>(s.plan->offload_read_bytes_per_second)).c_str(),
+          bytes_text(s.plan->predicted_offloaded_bytes).c_str());
     say("  predicted: peak saved %s, step %.1f ms; measured: peak saved %s, step %.1f ms (median of the run %.1f ms)\n",
         bytes_text(s.plan->predicted_peak_bytes).c_str(), s.predicted_step_seconds * 1e3,
         bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, s.step_median * 1e3);
     if (o.explain)
-      say("  per layer call of the plan (%s): input boundary kept or recomputed, record kept or recomputed:\n%s",
+      say("  per layer call of the plan (%s): input boundary kept, offloaded or recomputed, record kept, offloaded or "
+          "recomputed:\n%s",
           s.plan->planner.c_str(), decisions_text(stage_decisions(s.plan->costs, s.plan->plan), s.plan->stage_labels).c_str());
   }
 }
@@ -159,6 +165,12 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"predicted_step_seconds", s.predicted_step_seconds},
                       {"plan", s.plan ? s.plan->tree : ""},
                       {"planner", s.plan ? s.plan->planner : ""},
+                      {"plan_offload", s.plan && !s.plan->offload_target.empty()
+                                           ? nlohmann::json{{"target", s.plan->offload_target},
+                                                            {"write_bytes_per_second", s.plan->offload_write_bytes_per_second},
+                                                            {"read_bytes_per_second", s.plan->offload_read_bytes_per_second},
+                                                            {"predicted_offloaded_bytes", s.plan->predicted_offloaded_bytes}}
+                                           : nlohmann::json(nullptr)},
                       {"plan_stages", s.plan ? decisions_json(stage_decisions(s.plan->costs, s.plan->plan), s.plan->stage_labels)
                                              : nlohmann::json::array()},
                       {"layer_calls", chosen.counters.layer_calls},
