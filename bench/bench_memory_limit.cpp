@@ -12,14 +12,16 @@
 //      Its report gives H, what the run holds besides saved values (the sum of the allocator's
 //      per-tag peaks but saved, on the profiling step: parameters, gradients, temporaries).
 //   3. For each fraction f (--fractions): the saved-bytes allowance A = f * S and the memory
-//      limit L = H + A. Under L: budget:auto,limit=L and budget:A (planned), every-layer,
+//      limit L = H + A. Under L: budget:auto,limit=L, budget:A and
+//      budget:auto,limit=L+offload:DIR (planned; the last may offload nodes), every-layer,
 //      every-k:2..4, offload:DIR (save-all + offload) and every-layer+offload:DIR (DIR a temporary
 //      directory, removed at exit; the threshold is per model, printed in the header: below the
 //      1 MiB default where the model's saved values are smaller than that, else they would all
 //      stay in memory). Each row: peak saved, peak total, median step time, fits (peak total <= L
 //      and peak saved <= A), and for planned rows the predicted peak saved and its error
-//      (measured - predicted) / predicted. The summary line: budget:auto,limit=L's step time over
-//      the fastest other policy that fits, and whether its peak total stayed within L.
+//      (measured - predicted) / predicted. The summary lines: each budget:auto,limit=L policy's
+//      step time over the fastest other (not planned by budget:auto) policy that fits, and whether
+//      its peak total stayed within L.
 //   4. Before timing, every policy's gradients (a budget policy's on its first planned step) are
 //      compared bitwise with save-all's; any difference aborts (exit 1).
 // The fixed policies do not depend on L and are measured once per model, then judged against
@@ -347,31 +349,33 @@ void report_fraction(const Options& o, const std::string& model, std::vector<Con
               bytes_text(l).c_str());
   std::printf("| policy | peak saved B | peak total B | median step s | vs save-all | fits | pred. peak saved B | "
               "meas-pred |\n|---|---:|---:|---:|---:|---|---:|---:|\n");
-  const Config* limited = nullptr;
+  std::vector<const Config*> planned;  // budget:auto,limit=L, and with +offload:DIR
   const Config* best = nullptr;
   std::vector<const Config*> rows;
   for (auto& c : configs) {
     if (c.fraction != f && !(c.fraction < 0 && c.label != "save-all" && c.label != "budget:auto")) continue;
     rows.push_back(&c);
     print_row(c, a, l, save_all_s);
-    if (c.label.rfind("budget:auto,limit=", 0) == 0) limited = &c;
+    if (c.label.rfind("budget:auto,limit=", 0) == 0) planned.push_back(&c);
     else if (fits(c, a, l) && (!best || median(c.times) < median(best->times))) best = &c;
   }
   if (o.json)
     for (const Config* c : rows) print_json(model, *c, a, l, f);
-  if (!limited || !limited->error.empty()) {
-    std::printf("=> budget:auto,limit=%zu: not run (its error is in the table)\n", l);
-    return;
+  for (const Config* limited : planned) {
+    if (!limited->error.empty()) {
+      std::printf("=> %s: not run (its error is in the table)\n", limited->label.c_str());
+      continue;
+    }
+    print_auto(*limited, foreign);
+    const double ratio = best ? median(limited->times) / median(best->times) : 0;
+    std::printf("=> %s: %.3fx the fastest other that fits (%s); its peak total %s L\n", limited->label.c_str(), ratio,
+                best ? best->label.c_str() : "none fits", limited->peak_total <= l ? "<=" : "EXCEEDS");
+    if (o.json)
+      std::printf("{\"model\": \"%s\", \"policy\": %s, \"fraction\": %g, \"limit_bytes\": %zu, "
+                  "\"auto_vs_best_fitting\": %.4f, \"best_fitting\": %s, \"auto_within_limit\": %s}\n",
+                  model.c_str(), json_string(limited->label).c_str(), f, l, ratio,
+                  best ? json_string(best->label).c_str() : "null", limited->peak_total <= l ? "true" : "false");
   }
-  print_auto(*limited, foreign);
-  const double ratio = best ? median(limited->times) / median(best->times) : 0;
-  std::printf("=> %s: %.3fx the fastest other that fits (%s); its peak total %s L\n", limited->label.c_str(), ratio,
-              best ? best->label.c_str() : "none fits", limited->peak_total <= l ? "<=" : "EXCEEDS");
-  if (o.json)
-    std::printf("{\"model\": \"%s\", \"fraction\": %g, \"limit_bytes\": %zu, \"auto_vs_best_fitting\": %.4f, "
-                "\"best_fitting\": %s, \"auto_within_limit\": %s}\n",
-                model.c_str(), f, l, ratio, best ? json_string(best->label).c_str() : "null",
-                limited->peak_total <= l ? "true" : "false");
 }
 
 // The configurations of one model, in the order of their first steps: save-all (the gradient
@@ -401,9 +405,11 @@ std::vector<Config> first_steps(Run& run, const ModelSpec& m, const std::string&
   for (size_t i = 0; i < run.o.fractions.size(); ++i) {
     const double f = run.o.fractions[i];
     const size_t a = static_cast<size_t>(f * static_cast<double>(s)), l = h + a;
-    const int inst = 2 + 2 * static_cast<int>(i);
+    const int inst = 2 + 3 * static_cast<int>(i);
     add("budget:auto,limit=" + std::to_string(l), Policy::budget_from_memory(l + run.foreign), inst, f);
     add("budget:" + std::to_string(a), Policy::budget(a), inst + 1, f);
+    add("budget:auto,limit=" + std::to_string(l) + "+offload:DIR",
+        Policy::budget_from_memory(l + run.foreign).with_offload(Policy::parse(target).offload_to.value()), inst + 2, f);
   }
   return configs;
 }
@@ -411,7 +417,7 @@ std::vector<Config> first_steps(Run& run, const ModelSpec& m, const std::string&
 void bench_model(const Options& o, const std::string& name, const std::string& dir) {
   const ModelSpec m = spec(name);
   Run run{o, {}, 0, {}};
-  const int count = 2 + 2 * static_cast<int>(o.fractions.size());
+  const int count = 2 + 3 * static_cast<int>(o.fractions.size());
   for (int i = 0; i < count; ++i) run.instances.push_back(m.make());
   size_t param_bytes = 0;
   for (const auto& p : run.instances[0].parameters()) param_bytes += p.nbytes();

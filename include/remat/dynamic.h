@@ -159,17 +159,19 @@ DynamicRange dynamic_feasible_range(const std::function<void()>& step);
 namespace detail {
 bool dynamic_running();  // a DynamicScope is alive on this thread
 bool offload_running();  // an OffloadScope is alive on this thread
-// While a gate that does not allow it is alive on this thread, an offload store keeps the values
-// saved in memory (a budget plan offloads only the nodes it chose; call.cpp); gates nest.
+// Which values an offload store writes while a gate is alive on this thread (gates nest): none
+// (closed), those of at least the threshold (the default, with no gate), or every one (a node a
+// budget plan offloads: the plan counts all of its bytes as gone; call.cpp).
 class OffloadGate {
  public:
-  explicit OffloadGate(bool allowed);
+  enum class Mode { closed, threshold, every_value };
+  explicit OffloadGate(Mode mode);
   ~OffloadGate();
   OffloadGate(const OffloadGate&) = delete;
   OffloadGate& operator=(const OffloadGate&) = delete;
 
  private:
-  bool previous_;
+  Mode previous_;
 };
 }  // namespace detail
 

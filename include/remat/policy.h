@@ -25,7 +25,8 @@
 //                   least `threshold` bytes are written to files in DIR and read back for the
 //                   backward pass (remat/dynamic.h). Under every-layer those are the layer
 //                   boundaries; values a region saves while it is re-run in the backward pass
-//                   stay in memory (its backward reads them at once).
+//                   stay in memory (its backward reads them at once). Under budget: the plan
+//                   chooses which layer calls' kept values are written (remat/budget.h).
 //   offload:DIR[,...]  short for save-all+offload:DIR[,...]
 // dynamic: does not compose with offload: (its evictions are dropped and recomputed, not
 // written); the combination is an error that says so.

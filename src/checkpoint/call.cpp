@@ -175,7 +175,7 @@ TensorList run_transparent(const RegionFn& fn, const TensorList& inputs, const C
   if (frame.plan == nullptr && effective.kind == Policy::Kind::budget && grad_enabled()) {
     frame.own_plan = begin_plan(site, effective, inputs);
     frame.plan = frame.own_plan.get();
-    if (effective.offload_to) gate.emplace(false);
+    if (effective.offload_to) gate.emplace(detail::OffloadGate::Mode::closed);
   }
   FrameGuard guard(frame);
   return fn(inputs);
@@ -199,7 +199,7 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
     if (n.first <= position && position <= n.last) node = &n;
   REMAT_ASSERT(node != nullptr, "budget plan has no node for layer call ", position);
   std::optional<detail::OffloadGate> gate;
-  if (node->offloaded) gate.emplace(true);  // what it keeps goes to the offload target
+  if (node->offloaded) gate.emplace(detail::OffloadGate::Mode::every_value);  // all it keeps goes to the target
   if (node->kind == schedule::PlanNode::Kind::stage) return run_plain(fn, inputs, site, /*record_all=*/true);
   if (!ps.segment) {
     if (position != node->first) {  // entered mid-region: the calls changed since the plan was made

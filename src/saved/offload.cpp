@@ -6,8 +6,9 @@
 // saved references, dropping the in-memory copy of a written value) happens on the thread that
 // owns the scope; the worker only copies bytes between host buffers and the file. A job holds the
 // buffer it works on, so a value whose SavedTensors are gone while its job runs is simply
-// discarded. A value smaller than the threshold stays where it is, and so does one saved while a
-// checkpoint region is re-run in the backward pass (under KEEP+offload:, whose regions keep their
+// discarded. A value smaller than the threshold stays where it is (unless an OffloadGate wants
+// every value), and so does one saved while a checkpoint region is re-run in the backward pass
+// (under KEEP+offload:, whose regions keep their
 // boundaries in the file: the region's own backward reads the re-run's values right away, and
 // writing them would only add a round trip to disk), one saved behind a closed OffloadGate (a
 // budget plan writes only the nodes it chose to offload), and a parameter's or gradient's storage
@@ -39,7 +40,7 @@ namespace detail {
 namespace {
 
 thread_local int offload_scopes = 0;
-thread_local bool offload_allowed = true;  // OffloadGate
+thread_local OffloadGate::Mode offload_gate = OffloadGate::Mode::threshold;
 
 Tensor fresh_like(DType dtype, int64_t numel) { return Tensor::empty({numel}, dtype); }
 
@@ -47,8 +48,8 @@ Tensor fresh_like(DType dtype, int64_t numel) { return Tensor::empty({numel}, dt
 
 bool offload_running() { return offload_scopes > 0; }
 
-OffloadGate::OffloadGate(bool allowed) : previous_(offload_allowed) { offload_allowed = allowed; }
-OffloadGate::~OffloadGate() { offload_allowed = previous_; }
+OffloadGate::OffloadGate(Mode mode) : previous_(offload_gate) { offload_gate = mode; }
+OffloadGate::~OffloadGate() { offload_gate = previous_; }
 
 class OffloadStore;
 
@@ -129,11 +130,13 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     entry->numel = whole.numel();
     entry->bytes = whole.nbytes();
     entry->home = whole.device();
-    // small, saved by a region's re-run in the backward pass (read at once), behind a closed gate
-    // (a budget plan keeps it in memory), or a parameter's or gradient's (writing it would free
-    // nothing: the model holds it): stays where it is
+    // small (unless the gate wants every value), saved by a region's re-run in the backward pass
+    // (read at once), behind a closed gate (a budget plan keeps it in memory), or a parameter's or
+    // gradient's (writing it would free nothing: the model holds it): stays where it is
     const memory::Tag tag = whole.storage()->tag();
-    if (entry->bytes < options_.threshold_bytes || autodiff::recompute_depth() > 0 || !offload_allowed ||
+    const OffloadGate::Mode gate = offload_gate;
+    const bool small = entry->bytes < options_.threshold_bytes && gate != OffloadGate::Mode::every_value;
+    if (small || autodiff::recompute_depth() > 0 || gate == OffloadGate::Mode::closed ||
         tag == memory::Tag::parameter || tag == memory::Tag::gradient) {
       entry->ram.hold(whole);
       return entry;
