@@ -398,7 +398,7 @@ std::vector<Outcome> all_outcomes_with_offload(const ChainCosts& costs) {
 
 TEST(ChainPlan, RotorWithOffloadEqualsExhaustiveSearch) {
   // Offload costs per byte that are exact in binary (times and sizes are small integers), from
-  // free to dearer than any recomputation.
+  // free to dearer than any recomputation; with and without the gradient buffers counted.
   const std::vector<double> per_byte = {0.0, 0.25, 0.5, 2.0};
   const int largest = kSanitized ? 4 : 5;
   std::mt19937 rng(2026);
@@ -406,6 +406,7 @@ TEST(ChainPlan, RotorWithOffloadEqualsExhaustiveSearch) {
     for (int instance = 0; instance < 8; ++instance) {
       ChainCosts costs = random_costs(rng, stages, 20, instance % 4 == 3);
       costs.offload_seconds_per_byte = per_byte[static_cast<size_t>(instance) % per_byte.size()];
+      costs.gradients_counted = instance < 4;  // the second half: peaks of boundaries and records only
       SCOPED_TRACE(std::to_string(stages) + " stages, instance " + std::to_string(instance));
       const std::vector<Outcome> outcomes = all_outcomes_with_offload(costs);
       const size_t minimal = least_peak(outcomes);

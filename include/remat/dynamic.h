@@ -159,6 +159,10 @@ DynamicRange dynamic_feasible_range(const std::function<void()>& step);
 namespace detail {
 bool dynamic_running();  // a DynamicScope is alive on this thread
 bool offload_running();  // an OffloadScope is alive on this thread
+// Blocks until every write of this thread's offload store started so far is done, and its memory
+// copies dropped (nothing without a store); rethrows a failed write. A budget plan calls it after
+// an offloaded node's forward, so that the node's values are gone before the next node runs.
+void offload_wait_for_writes();
 // Which values an offload store writes while a gate is alive on this thread (gates nest): none
 // (closed), those of at least the threshold (the default, with no gate), or every one (a node a
 // budget plan offloads: the plan counts all of its bytes as gone; call.cpp).

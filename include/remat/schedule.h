@@ -145,6 +145,11 @@ struct ChainCosts {
   // may be offloaded; negative: there is no offload target, and no plan offloads.
   double offload_seconds_per_byte = -1;
   bool can_offload() const { return offload_seconds_per_byte >= 0; }
+  // Whether peaks count the backward pass's gradient buffers d_j (x[j] bytes each), as the rotor
+  // paper's model does; false: boundaries and records only, what an allocator counts as saved
+  // (the budget: policy, whose budget bounds saved bytes).
+  bool gradients_counted = true;
+  size_t gradient_bytes(size_t j) const { return gradients_counted ? boundary_bytes[j] : 0; }
 
   int num_stages() const { return static_cast<int>(forward_time.size()); }
   // Throws remat::Error on mismatched lengths, no stage, negative or non-finite

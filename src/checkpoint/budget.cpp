@@ -55,6 +55,7 @@ schedule::ChainCosts BudgetPlanner::State::measured_costs() const {
     c.saved_bytes.push_back(p->saved_bytes);
   }
   c.boundary_bytes.push_back(profiles.back()->output_bytes);
+  c.gradients_counted = false;  // the budget bounds saved bytes; gradient buffers are not saved values
   return c;
 }
 

@@ -200,7 +200,11 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
   REMAT_ASSERT(node != nullptr, "budget plan has no node for layer call ", position);
   std::optional<detail::OffloadGate> gate;
   if (node->offloaded) gate.emplace(detail::OffloadGate::Mode::every_value);  // all it keeps goes to the target
-  if (node->kind == schedule::PlanNode::Kind::stage) return run_plain(fn, inputs, site, /*record_all=*/true);
+  if (node->kind == schedule::PlanNode::Kind::stage) {
+    TensorList outputs = run_plain(fn, inputs, site, /*record_all=*/true);
+    if (node->offloaded) detail::offload_wait_for_writes();  // its record is gone before the next node
+    return outputs;
+  }
   if (!ps.segment) {
     if (position != node->first) {  // entered mid-region: the calls changed since the plan was made
       st.stale = true;
@@ -217,6 +221,7 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
     std::shared_ptr<Region> s = std::move(ps.segment);
     ps.segment.reset();
     s->close();
+    if (node->offloaded) detail::offload_wait_for_writes();  // its input is gone before the next node
   }
   return outputs;
 }

@@ -52,6 +52,7 @@ OffloadGate::OffloadGate(Mode mode) : previous_(offload_gate) { offload_gate = m
 OffloadGate::~OffloadGate() { offload_gate = previous_; }
 
 class OffloadStore;
+thread_local OffloadStore* running_store = nullptr;  // the store of this thread's scope, if any
 
 // What the worker reports about one job (guarded by the store's mutex); shared by the entry and
 // the job, so that the worker never holds an entry (whose end belongs to the scope's thread).
@@ -493,12 +494,18 @@ OffloadScope::OffloadScope(const OffloadOptions& options) : state_(std::make_uni
   };
   state_->hooks = std::make_unique<ScopedSavedTensorHooks>(std::move(hooks));
   ++detail::offload_scopes;
+  detail::running_store = state_->store.get();
 }
 
 void OffloadScope::wait_for_writes() { state_->store->wait_for_writes(); }
 
+void detail::offload_wait_for_writes() {
+  if (running_store != nullptr) running_store->wait_for_writes();
+}
+
 OffloadScope::~OffloadScope() {
   --detail::offload_scopes;
+  if (detail::running_store == state_->store.get()) detail::running_store = nullptr;
   state_->hooks.reset();
   if (state_->store) state_->store->close_scope();
 }

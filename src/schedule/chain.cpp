@@ -202,9 +202,9 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (i != stages) fail("the loss index must be L = " + std::to_string(stages));
         if (gradient >= 0) fail("the loss already ran");
         if (!boundary_live[static_cast<size_t>(stages)]) fail("the chain output is not live");
-        live += x[static_cast<size_t>(stages)];
+        live += costs.gradient_bytes(static_cast<size_t>(stages));
         result.peak_bytes = std::max(result.peak_bytes, live);
-        live -= x[static_cast<size_t>(stages)];  // a_L freed, d_L (same size) stays
+        live -= x[static_cast<size_t>(stages)];  // a_L freed, d_L stays
         boundary_live[static_cast<size_t>(stages)] = false;
         gradient = stages;
         break;
@@ -216,9 +216,9 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (!record_live[at]) fail("stage " + std::to_string(i) + " has no record");
         if (record_away[at]) fail("stage " + std::to_string(i) + "'s record is offloaded (not fetched)");
         if (!boundary_live[at] || boundary_away[at]) fail("its input boundary " + std::to_string(i) + " is not in memory");
-        live += x[at];
+        live += costs.gradient_bytes(at);
         result.peak_bytes = std::max(result.peak_bytes, live);
-        live -= x[at + 1] + xbar[at];
+        live -= costs.gradient_bytes(at + 1) + xbar[at];
         record_live[at] = false;
         gradient = i;
         result.total_time += costs.backward_time[at];

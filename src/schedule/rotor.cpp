@@ -23,6 +23,7 @@ size_t pair_index(int a, int b) { return static_cast<size_t>(b) * (static_cast<s
 // Sizes in whole memory units (rounded up) and the budget in units (rounded down).
 struct UnitCosts {
   std::vector<int64_t> x, xbar;
+  std::vector<int64_t> g;       // gradient buffers d_j (x, or 0 when not counted)
   std::vector<int64_t> x_down;  // boundaries rounded down: what offloading one frees, at least
   int64_t budget = 0;
 };
@@ -32,6 +33,7 @@ UnitCosts to_units(const ChainCosts& costs, size_t available, size_t unit) {
   const auto round_up = [unit](size_t bytes) { return static_cast<int64_t>(bytes / unit + (bytes % unit != 0)); };
   for (size_t bytes : costs.boundary_bytes) {
     units.x.push_back(round_up(bytes));
+    units.g.push_back(costs.gradients_counted ? units.x.back() : 0);
     units.x_down.push_back(static_cast<int64_t>(bytes / unit));
   }
   for (size_t bytes : costs.saved_bytes) units.xbar.push_back(round_up(bytes));
@@ -107,16 +109,17 @@ class RotorTable {
     const int64_t budget = units_.budget;
     const auto& x = units_.x;
     const auto& xbar = units_.xbar;
+    const auto& g = units_.g;
     const size_t at = static_cast<size_t>(a);
     const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
     if (a == b) {
-      const int64_t need = xbar[at] + x[at + 1] + std::max(x[at + 1], x[at]);
+      const int64_t need = xbar[at] + g[at + 1] + std::max(x[at + 1], g[at]);
       for (int64_t m = std::max<int64_t>(need, 0); m <= budget; ++m) {
         best[m] = uf + ub;
         pick[m] = 0;
       }
       if (out) {  // the last stage's record offloaded while the loss runs
-        const int64_t lower = std::max(xbar[at] + x[at + 1] + x[at], 2 * x[at + 1]);
+        const int64_t lower = std::max({x[at + 1] + xbar[at], xbar[at] + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
         const double total = uf + per_byte * static_cast<double>(costs_.saved_bytes[at]) + ub;
         for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, budget + 1); ++m) {
           best[m] = total;
@@ -129,7 +132,7 @@ class RotorTable {
     // Stage a with recording, then [a+1, b] with its record and output held. (An infinite
     // entry stays infinite through the sums and never wins a comparison.)
     const int64_t held = x[at + 1] + xbar[at];
-    const int64_t need = std::max(xbar[at] + x[at + 1] + x[at], held);
+    const int64_t need = std::max(xbar[at] + g[at + 1] + g[at], held);
     const double* after_stage = row_data(a + 1, b, top);
     for (int64_t m = need; m <= budget; ++m) {
       const double total = uf + after_stage[m - held] + ub;
@@ -150,7 +153,7 @@ class RotorTable {
       }
     }
     // Region [a, c-1], then [c, b] holding a_c, then the region's re-run.
-    const int64_t gradient = top ? 0 : x[static_cast<size_t>(b) + 1];
+    const int64_t gradient = top ? 0 : g[static_cast<size_t>(b) + 1];
     int64_t sweep_peak = 0;
     double sweep_time = 0;
     for (int c = a + 1; c <= b; ++c) {
@@ -246,13 +249,14 @@ class MinPeak {
     Entry best;
     const bool offload = top && costs_.can_offload();
     const double per_byte = costs_.offload_seconds_per_byte;
+    const auto g = [this](size_t j) { return costs_.gradient_bytes(j); };
     if (a == b) {
-      best.peak = xbar[at] + x[at + 1] + std::max(x[at + 1], x[at]);
+      best.peak = xbar[at] + g(at + 1) + std::max(x[at + 1], g(at));
       best.time = uf + ub;
       best.choice = 0;
       if (offload) {  // the last stage's record offloaded while the loss runs
         Entry candidate;
-        candidate.peak = std::max(xbar[at] + x[at + 1] + x[at], 2 * x[at + 1]);
+        candidate.peak = std::max({x[at + 1] + xbar[at], xbar[at] + g(at + 1) + g(at), x[at + 1] + g(at + 1)});
         candidate.time = uf + per_byte * static_cast<double>(xbar[at]) + ub;
         candidate.choice = 0;
         candidate.offloaded = true;
@@ -261,18 +265,18 @@ class MinPeak {
       return best;
     }
     const Entry& rest = entry(a + 1, b, top);
-    best.peak = std::max(x[at + 1] + xbar[at] + rest.peak, xbar[at] + x[at + 1] + x[at]);
+    best.peak = std::max(x[at + 1] + xbar[at] + rest.peak, xbar[at] + g(at + 1) + g(at));
     best.time = uf + rest.time + ub;
     best.choice = 0;
     if (offload) {  // its record offloaded while [a+1, b] runs
       Entry candidate;
-      candidate.peak = std::max(x[at + 1] + rest.peak, xbar[at] + x[at + 1] + x[at]);
+      candidate.peak = std::max({x[at + 1] + rest.peak, x[at + 1] + xbar[at], xbar[at] + g(at + 1) + g(at)});
       candidate.time = uf + per_byte * static_cast<double>(xbar[at]) + rest.time + ub;
       candidate.choice = 0;
       candidate.offloaded = true;
       if (candidate.better_than(best)) best = candidate;
     }
-    const size_t gradient = top ? 0 : x[static_cast<size_t>(b) + 1];
+    const size_t gradient = top ? 0 : g(static_cast<size_t>(b) + 1);
     size_t sweep_peak = 0;
     double sweep_time = 0;
     for (int c = a + 1; c <= b; ++c) {

@@ -489,6 +489,14 @@ TEST_F(Cli, ComposedPoliciesAndTheAutomaticBudget) {
   EXPECT_LE(std::stoull(field(tight.output, "predicted_peak_saved_bytes")), top / 2) << tight.output;
   EXPECT_EQ(field(tight.output, "grad_digest"), digest);
 
+  // the same allowance as a budget with an offload target: the plan may offload, and says so
+  const Result planned = with("budget:" + std::to_string(top / 2) + "+offload:" + path("") + ",threshold=0");
+  ASSERT_EQ(planned.code, 0) << planned.output;
+  EXPECT_NE(planned.output.find("\"plan_offload\": {"), std::string::npos) << planned.output;
+  EXPECT_GT(std::stod(field(planned.output, "write_bytes_per_second")), 0.0) << planned.output;
+  EXPECT_NE(field(planned.output, "predicted_offloaded_bytes"), "") << planned.output;
+  EXPECT_EQ(field(planned.output, "grad_digest"), digest);
+
   expect_error(train_args({{"--policy", "budget:auto"}, {"--steps", steps}, {"--memory-limit", "1KiB"}}),
                {"budget:auto", "besides saved values", "may use only 1024 bytes", "the memory limit"});
   expect_error(train_args({{"--policy", "every-layer"}, {"--memory-limit", "1GiB"}}),
