@@ -229,7 +229,8 @@ TEST(Policy, CompositionsParseAndPrintBack) {
   for (const char* text : {"every-layer+offload:/tmp/a,threshold=1024", "every-k:2+offload:/tmp,threshold=0,ram=4096",
                            "selective:matmul,tanh+offload:/tmp,threshold=1", "budget:2048+offload:/tmp,threshold=1024",
                            "budget:auto+offload:/tmp,threshold=1024", "budget:auto", "budget:auto,limit=1073741824",
-                           "offload:/tmp/x+y,threshold=1048576", "every-layer+offload:/tmp/x+y,threshold=1048576"}) {
+                           "offload:/tmp/x+y,threshold=1048576", "every-layer+offload:/tmp/x+y,threshold=1048576",
+                           "dynamic:4096+offload:/tmp,threshold=0"}) {
     EXPECT_EQ(Policy::parse(text).to_string(), text);
   }
   const Policy p = Policy::parse("every-layer + offload:/scratch,threshold=1MiB");
@@ -258,7 +259,8 @@ TEST(Policy, BadCompositionsSayWhatIsWrong) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(error_of("dynamic:1MiB+offload:/tmp").find("dynamic: does not compose with offload:"), std::string::npos);
+  EXPECT_NE(error_of("dynamic:1MiB+offload:/tmp,ram=1MiB").find("ram= does not apply to dynamic:+offload:"),
+            std::string::npos);
   EXPECT_NE(error_of("every-layer+every-k:2").find("after '+' comes where kept values live"), std::string::npos);
   EXPECT_NE(error_of("every-layer+").find("after '+' comes where kept values live"), std::string::npos);
   EXPECT_NE(error_of("every-layer+offload:").find("the directory is empty"), std::string::npos);
@@ -267,7 +269,8 @@ TEST(Policy, BadCompositionsSayWhatIsWrong) {
   EXPECT_NE(error_of("budget:auto,limit=0").find("the memory limit must be positive"), std::string::npos);
   EXPECT_NE(error_of("budget:auto,limit=lots").find("limit:"), std::string::npos);
   EXPECT_NE(error_of("budget:auto,max=1GiB").find("unknown budget:auto option 'max=1GiB'"), std::string::npos);
-  EXPECT_THROW(Policy::dynamic(1024).with_offload({"/tmp", 0, 0}), Error);
+  EXPECT_THROW(Policy::dynamic(1024).with_offload({"/tmp", 0, 4096}), Error);
+  EXPECT_EQ(Policy::dynamic(1024).with_offload({"/tmp", 0, 0}).to_string(), "dynamic:1024+offload:/tmp,threshold=0");
 }
 
 TEST(Policy, MalformedStringsListTheValidForms) {

@@ -347,6 +347,40 @@ void expect_full_disk_error(const OffloadOptions& options, const std::function<T
 
 }  // namespace
 
+// dynamic:B+offload:DIR: at the same (smallest feasible) budget, evictions whose recomputation is
+// dearer than a round trip through the file are written and read back instead of recomputed;
+// gradients stay save-all's bits, the peak within the budget, and no file is left.
+TEST(Dynamic, EvictingToAFileReadsBackInsteadOfRecomputing) {
+  const std::string dir = fresh_dir("dynamic-offload");
+  uint64_t remats_dropping = 0, remats_writing = 0;
+  size_t written = 0, read = 0;
+  for (int c = 0; c < 40; ++c) {
+    Program program(9500 + static_cast<uint64_t>(c));
+    Tensor x = randn({program.batch, program.width}, program.dtype, RngState{static_cast<uint64_t>(c), 5}).requires_grad_();
+    size_t save_all_peak = 0, peak = 0;
+    TensorList reference = program.grads(x, Policy::save_all(), &save_all_peak);
+    reset_counters();
+    program.grads(x, Policy::dynamic(std::max<size_t>(save_all_peak, 1)));
+    const size_t budget = counters().dynamic.smallest_feasible_bytes;
+    const std::string what = "case " + std::to_string(c) + " budget " + std::to_string(budget);
+    reset_counters();
+    expect_same(program.grads(x, Policy::dynamic(budget)), reference, what);
+    remats_dropping += counters().dynamic.rematerializations;
+    reset_counters();
+    const Policy to_file = Policy::dynamic(budget).with_offload(OffloadTarget{dir, 0, 0});
+    expect_same(program.grads(x, to_file, &peak), reference, what + " +offload");
+    EXPECT_LE(peak, budget) << what;
+    remats_writing += counters().dynamic.rematerializations;
+    written += counters().dynamic.bytes_offloaded;
+    read += counters().dynamic.bytes_read_on_demand;
+    EXPECT_EQ(files_under(dir), 0u) << what;
+  }
+  EXPECT_GT(written, 0u);
+  EXPECT_GT(read, 0u);
+  EXPECT_LT(remats_writing, remats_dropping);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Offload, RoundTripsBitwiseAndRemovesItsFiles) {
   const std::string dir = fresh_dir("offload");
   size_t offloaded = 0;

@@ -544,7 +544,8 @@ TEST(ModuleProperty, EveryCaseUnderEveryPolicyMatchesSaveAllGradientsAndErrors) 
 }
 
 // The two axes composed: every keep form (save-all, every-layer, every-k, selective, a budget
-// between every-layer's peak and save-all's, budget:auto) with its kept values in memory and in
+// between every-layer's peak and save-all's, budget:auto, dynamic: between its smallest feasible
+// budget and save-all's peak) with its kept (or, for dynamic:, evicted) values in memory and in
 // files (every value, and those of 256 bytes and more). Gradients bitwise equal to save-all's;
 // where save-all raises, every composition raises.
 TEST(ModuleProperty, EveryCompositionOfKeepAndOffloadMatchesSaveAll) {
@@ -574,6 +575,10 @@ TEST(ModuleProperty, EveryCompositionOfKeepAndOffloadMatchesSaveAll) {
       const size_t save_all_peak = measure_step(model, x, Policy::save_all(), seed).peak_saved;
       const size_t every_layer_peak = measure_step(model, x, Policy::every_layer(), seed).peak_saved;
       keeps.push_back(Policy::budget(std::max<size_t>((every_layer_peak + save_all_peak) / 2, 1)));
+      // between the smallest feasible budget and save-all's peak: it evicts (to the file, too)
+      keeps.push_back(Policy::dynamic(std::max<size_t>((smallest_dynamic_budget(model, x, seed) + save_all_peak) / 2, 1)));
+    } else {
+      keeps.push_back(Policy::dynamic(size_t{1} << 20));
     }
     for (const Policy& keep : keeps) {
       for (const std::optional<size_t> threshold : {std::optional<size_t>{}, std::optional<size_t>{0}, std::optional<size_t>{256}}) {
@@ -594,5 +599,5 @@ TEST(ModuleProperty, EveryCompositionOfKeepAndOffloadMatchesSaveAll) {
   }
   EXPECT_GT(offloaded, 0u) << "no composition wrote a value: the offload axis proves nothing";
   EXPECT_GT(offloaded_by_regions, 0u) << "no region policy wrote its kept boundaries: the compositions prove nothing";
-  EXPECT_GE(compared, 12 * 6 * 3 * 3 / 4);
+  EXPECT_GE(compared, 12 * 7 * 3 * 3 / 4);
 }

@@ -40,6 +40,13 @@
 // "Side effects"). A rematerialized value that differs from the evicted one, or an input changed
 // in place since the op read it, is a remat::Error (remat::set_recomputation_check).
 //
+// dynamic:BYTES+offload:DIR[,threshold=BYTES]. As dynamic:BYTES, but an evicted value of at least
+// `threshold` bytes whose recomputation the roofline estimates dearer than writing it out and
+// reading it back (2e-10 s a byte, each way) is written to a nameless file in DIR when it is
+// evicted and read back, not recomputed, when the backward pass needs it (its digest checked);
+// the eviction score takes the cheaper way back. Only CPU values are written. The writes happen
+// in the evicting thread; `ram=` does not apply (a remat::Error). Results are the same bits.
+//
 // offload:DIR[,threshold=BYTES][,ram=BYTES]. Saved values of at least `threshold` bytes (default
 // 1 MiB) are written by a background thread to a file in DIR and dropped from memory once written;
 // smaller ones stay where they are. A value saved on a device other than the CPU is copied to host
@@ -61,7 +68,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+
+#include "remat/policy.h"
 
 namespace remat {
 
@@ -80,10 +90,12 @@ struct DynamicCounters {
   double stall_seconds = 0;            // waiting for writes (ram bound) or reads
 };
 
-// Dynamic rematerialization under `budget_bytes` for the lifetime of the scope (this thread).
+// Dynamic rematerialization under `budget_bytes` for the lifetime of the scope (this thread);
+// with `evict_to` (dynamic:BYTES+offload:DIR), evicted values are written there where that is
+// cheaper than recomputing them (see dynamic:BYTES above).
 class DynamicScope {
  public:
-  explicit DynamicScope(size_t budget_bytes);
+  explicit DynamicScope(size_t budget_bytes, std::optional<OffloadTarget> evict_to = std::nullopt);
   ~DynamicScope();
   DynamicScope(const DynamicScope&) = delete;
   DynamicScope& operator=(const DynamicScope&) = delete;

@@ -21,15 +21,15 @@
 //
 // Where kept values live is the second axis: in memory (the default), or in files:
 //   KEEP+offload:DIR[,threshold=BYTES][,ram=BYTES]     e.g. every-layer+offload:/scratch
-//                   KEEP (any form above but dynamic:) decides what is kept; kept values of at
+//                   KEEP (any form above) decides what is kept; kept values of at
 //                   least `threshold` bytes are written to files in DIR and read back for the
 //                   backward pass (remat/dynamic.h). Under every-layer those are the layer
 //                   boundaries; values a region saves while it is re-run in the backward pass
 //                   stay in memory (its backward reads them at once). Under budget: the plan
 //                   chooses which layer calls' kept values are written (remat/budget.h).
 //   offload:DIR[,...]  short for save-all+offload:DIR[,...]
-// dynamic: does not compose with offload: (its evictions are dropped and recomputed, not
-// written); the combination is an error that says so.
+// dynamic:BYTES+offload:DIR[,threshold=BYTES] writes the values it evicts to DIR where that is
+// cheaper than recomputing them, and reads them back (remat/dynamic.h); ram= does not apply to it.
 // Parsing is strict: no sign, no trailing characters, no value that does not fit.
 //
 // Three ways to set it, most specific first (the first one present wins):
@@ -79,7 +79,7 @@ struct Policy {
   // save-all, kept values offloaded (offload:DIR)
   static Policy offload(std::string directory, size_t threshold_bytes = size_t{1} << 20, size_t ram_bytes = 0);
   // This policy's keep axis with its kept values offloaded to `target` (KEEP+offload:...); a
-  // dynamic: policy is a remat::Error (see above).
+  // dynamic: policy with a ram= bound is a remat::Error (see above).
   Policy with_offload(OffloadTarget target) const;
   // The keep axis alone (kept values in memory).
   Policy keep() const;
@@ -108,7 +108,8 @@ Policy current_policy();
 // Sets the thread's default policy for its lifetime (nests; restores the previous on exit).
 // A dynamic: policy or one with an offload target also starts its runtime (remat/dynamic.h) for
 // the scope. Inside a scope whose runtime is running, a policy with the same dynamic: budget or
-// the same offload target continues it (the keep axis may differ); any other dynamic or offload
+// the same offload target continues it (the keep axis may differ; dynamic:N continues
+// dynamic:N+offload:...); any other dynamic or offload
 // policy (or one inside a DynamicScope / OffloadScope made directly) is a remat::Error.
 class ScopedPolicy {
  public:

@@ -19,7 +19,7 @@ const char* kValidForms =
     "valid forms: save-all, every-layer, every-k:K (K >= 1), selective:OP[,OP...] (e.g. selective:matmul), "
     "budget:BYTES (e.g. budget:64MiB), budget:auto[,limit=BYTES], dynamic:BYTES (e.g. dynamic:64MiB), "
     "offload:DIR[,threshold=BYTES][,ram=BYTES] (e.g. offload:/tmp,threshold=1MiB), and KEEP+offload:DIR[,...] "
-    "for any of the first five (e.g. every-layer+offload:/tmp)";
+    "for any of the first six (e.g. every-layer+offload:/tmp; dynamic: without ram=)";
 
 std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
@@ -86,10 +86,9 @@ Policy Policy::offload(std::string directory, size_t threshold_bytes, size_t ram
 Policy Policy::with_offload(OffloadTarget target) const {
   REMAT_CHECK(!target.directory.empty(), "policy offload: the directory is empty");
   REMAT_CHECK(target.directory.find('\0') == std::string::npos, "policy offload: the directory contains a NUL byte");
-  REMAT_CHECK(kind != Kind::dynamic, "policy ", keep().to_string(), "+", target.to_string(),
-              ": dynamic: does not compose with offload: (dynamic: drops the values it evicts and recomputes them; it "
-              "does not write them to files); use dynamic:BYTES alone, or offload with a region policy (e.g. "
-              "every-layer+", target.to_string(), ")");
+  REMAT_CHECK(kind != Kind::dynamic || target.ram_bytes == 0, "policy ", keep().to_string(), "+", target.to_string(),
+              ": ram= does not apply to dynamic:+offload: (its evicted values are written by the evicting thread, "
+              "none is in flight); leave it out");
   Policy p = *this;
   p.offload_to = std::move(target);
   return p;
@@ -277,19 +276,23 @@ thread_local std::optional<std::string> runtime_policy;
 
 // The runtime a policy starts, as text: its dynamic: budget or its offload target.
 static std::string runtime_text(const Policy& policy) {
-  return policy.kind == Policy::Kind::dynamic ? "dynamic:" + std::to_string(policy.budget_bytes)
-                                              : policy.offload_to->to_string();
+  const std::string target = policy.offload_to ? policy.offload_to->to_string() : "";
+  if (policy.kind != Policy::Kind::dynamic) return target;
+  return "dynamic:" + std::to_string(policy.budget_bytes) + (target.empty() ? "" : "+" + target);
 }
 
 ScopedPolicy::ScopedPolicy(Policy policy) : previous_(scoped_policy) {
   if (policy.has_runtime()) {
     const std::string text = runtime_text(policy);
     if (detail::dynamic_running() || detail::offload_running()) {
-      REMAT_CHECK(runtime_policy == text, "policy ", policy.to_string(), ": cannot start inside ",
+      // the same runtime, or dynamic:N inside dynamic:N+offload:... (the keep axis of the running one)
+      const bool same = runtime_policy && (*runtime_policy == text || (policy.kind == Policy::Kind::dynamic &&
+                                                                     runtime_policy->rfind(text + "+", 0) == 0));
+      REMAT_CHECK(same, "policy ", policy.to_string(), ": cannot start inside ",
                   runtime_policy ? "policy " + *runtime_policy : std::string("a DynamicScope or OffloadScope"),
                   ", which is running on this thread (one dynamic: or offload: runtime at a time); end it first");
     } else if (policy.kind == Policy::Kind::dynamic) {
-      runtime_ = std::make_shared<DynamicScope>(policy.budget_bytes);
+      runtime_ = std::make_shared<DynamicScope>(policy.budget_bytes, policy.offload_to);
     } else {
       OffloadOptions options;
       options.directory = policy.offload_to->directory;

@@ -21,7 +21,9 @@
 #include "autodiff/digest.h"
 #include "dynamic_internal.h"
 #include "autodiff/replay.h"
+#include "offload_file.h"
 #include "remat/autodiff.h"
+#include "remat/policy.h"
 #include "remat/memory.h"
 #include "remat/saved_hooks.h"
 
@@ -110,13 +112,27 @@ struct Cell : std::enable_shared_from_this<Cell> {
   uint64_t visit = 0;
   bool listed = false;  // in the runtime's list of held cells
   std::optional<uint64_t> digest;  // of the storage when it was evicted (Note [recomputation check])
+  std::shared_ptr<FileRange> copy;  // dynamic:+offload:, evicted to the file: its bytes there
 
   ~Cell();
 };
 
+// Note [evicting to a file]. Under dynamic:BYTES+offload:DIR an evicted value of at least the
+// target's threshold whose recomputation is estimated dearer than writing it out and reading it
+// back (the roofline's streaming rate, each way: 2e-10 s a byte; a formula, like the eviction
+// score, so that the eviction order stays reproducible) is written to a nameless file in DIR, in
+// the scope's thread, before its memory is released; the backward pass reads it back instead of
+// recomputing it (its digest is checked as a recomputation's would be). The eviction score uses
+// the cheaper of the two ways back. A value already in the file is evicted again without a
+// write. A failed write is a remat::Error before anything is released: nothing is lost.
 class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>, public autodiff::OpListener {
  public:
-  explicit DynamicRuntime(size_t budget) : budget_(budget) {}
+  DynamicRuntime(size_t budget, const std::optional<OffloadTarget>& target) : budget_(budget) {
+    if (target) {
+      file_ = std::make_shared<SlotFile>(target->directory);
+      file_threshold_ = target->threshold_bytes;
+    }
+  }
 
   // ---- lineage (autodiff::OpListener)
   void on_op(autodiff::OpEvent& event) override {
@@ -310,7 +326,9 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
         }
         if (!over) continue;
         const double staleness = static_cast<double>(std::max<uint64_t>(1, clock_ - c->last_use));
-        const double score = cost_of(*c) / (static_cast<double>(c->bytes) * staleness);
+        double way_back = cost_of(*c);
+        if (writable(*c)) way_back = std::min(way_back, transfer_seconds(c->bytes));
+        const double score = way_back / (static_cast<double>(c->bytes) * staleness);
         if (!victim || score < best) {
           victim = c;
           best = score;
@@ -334,6 +352,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
                                                      "(remat::dynamic_feasible_range measures the whole step's)")));
       }
       victim->digest = recompute_digest(whole(victim->held, victim->dtype));
+      if (writable(*victim) && !victim->copy && cost_of(*victim) > transfer_seconds(victim->bytes)) write_out(*victim);
       release(*victim);
       ++counters.evictions;
       if (held_cells_.size() > 256) prune();
@@ -368,8 +387,48 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     return view_on(storage, input.offset, input.shape, input.strides, input.dtype);
   }
 
-  // Recomputes c's storage from its op; held (and counted) when `keep`.
+  // Note [evicting to a file]
+  bool writable(const Cell& c) const {
+    return file_ != nullptr && c.bytes >= file_threshold_ && c.held && c.held->device() == kCpu;
+  }
+  static double transfer_seconds(size_t bytes) { return static_cast<double>(bytes) * 2e-10; }
+
+  void write_out(Cell& c) {
+    auto range = std::make_shared<FileRange>(file_, c.bytes);
+    std::string error;
+    REMAT_CHECK(write_all(file_->fd(), static_cast<const char*>(c.held->data()), c.bytes, range->offset, error),
+                "policy dynamic:+offload: writing an evicted value of ", memory::format_bytes(static_cast<double>(c.bytes)),
+                " to a file in '", file_->directory(), "' failed: ", error, " (the value stays in memory)");
+    c.copy = std::move(range);
+    auto& counters = dynamic_counters();
+    ++counters.offloaded;
+    counters.bytes_offloaded += c.bytes;
+  }
+
+  std::shared_ptr<Storage> read_back(const std::shared_ptr<Cell>& c, bool keep) {
+    const auto start = std::chrono::steady_clock::now();
+    Tensor buffer = Tensor::empty({static_cast<int64_t>(c->bytes / dtype_size(c->dtype))}, c->dtype);
+    std::string error;
+    REMAT_CHECK(read_all(file_->fd(), static_cast<char*>(buffer.raw_data()), c->bytes, c->copy->offset, error),
+                "policy dynamic:+offload: reading an evicted value of ", memory::format_bytes(static_cast<double>(c->bytes)),
+                " back from a file in '", file_->directory(), "' failed: ", error);
+    std::shared_ptr<Storage> storage = buffer.storage();
+    if (c->digest) {
+      const std::optional<uint64_t> now = recompute_digest(whole(storage, c->dtype));
+      REMAT_CHECK(!now || *now == *c->digest, "policy dynamic:+offload: a value read back from '", file_->directory(),
+                  "' differs from the one written (the file was changed or the disk failed)");
+    }
+    c->live = storage;
+    if (keep) hold(*c, storage);
+    auto& counters = dynamic_counters();
+    counters.bytes_read_on_demand += c->bytes;
+    counters.stall_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return storage;
+  }
+
+  // Recomputes c's storage from its op (or reads it back from the file); held (and counted) when `keep`.
   std::shared_ptr<Storage> rematerialize(const std::shared_ptr<Cell>& c, bool keep) {
+    if (c->copy) return read_back(c, keep);
     REMAT_CHECK(c->op != nullptr, "policy dynamic: a value that no op made is gone and cannot be recomputed");
     const auto start = std::chrono::steady_clock::now();
     const bool outermost = remat_depth_ == 0;
@@ -424,6 +483,8 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
   }
 
   size_t budget_;
+  std::shared_ptr<SlotFile> file_;  // dynamic:+offload: (Note [evicting to a file])
+  size_t file_threshold_ = 0;
   size_t resident_ = 0;
   uint64_t clock_ = 0, visit_stamp_ = 0;
   int replaying_ = 0;
@@ -448,7 +509,9 @@ SavedHandle::~SavedHandle() {
   }
 }
 
-std::shared_ptr<DynamicRuntime> make_dynamic_runtime(size_t budget) { return std::make_shared<DynamicRuntime>(budget); }
+std::shared_ptr<DynamicRuntime> make_dynamic_runtime(size_t budget, const std::optional<OffloadTarget>& target) {
+  return std::make_shared<DynamicRuntime>(budget, target);
+}
 
 }  // namespace detail
 
@@ -458,9 +521,9 @@ struct DynamicScope::State {
   autodiff::OpListener* previous = nullptr;
 };
 
-DynamicScope::DynamicScope(size_t budget_bytes) : state_(std::make_unique<State>()) {
+DynamicScope::DynamicScope(size_t budget_bytes, std::optional<OffloadTarget> evict_to) : state_(std::make_unique<State>()) {
   REMAT_CHECK(budget_bytes > 0, "DynamicScope: the budget must be positive");
-  state_->runtime = detail::make_dynamic_runtime(budget_bytes);
+  state_->runtime = detail::make_dynamic_runtime(budget_bytes, evict_to);
   std::shared_ptr<detail::DynamicRuntime> rt = state_->runtime;
   SavedTensorHooks hooks;
   hooks.pack = [rt](const Tensor& storage) -> PackedValue { return rt->pack(storage); };

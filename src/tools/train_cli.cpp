@@ -22,8 +22,9 @@ void add_run_options(CLI::App* t, Numbers& n, TrainOptions& train) {
       ->capture_default_str();
   t->add_option("--policy", train.policy,
                 "what is kept: save-all | every-layer | every-k:K | selective:OPS | budget:BYTES | budget:auto | "
-                "dynamic:BYTES; and where: +offload:DIR[,threshold=BYTES][,ram=BYTES] after any but dynamic: (e.g. "
-                "every-layer+offload:/scratch); offload:DIR alone is save-all+offload:DIR")->capture_default_str();
+                "dynamic:BYTES; and where: +offload:DIR[,threshold=BYTES][,ram=BYTES] after any (e.g. "
+                "every-layer+offload:/scratch; after dynamic: it takes evictions, without ram=); offload:DIR alone is "
+                "save-all+offload:DIR")->capture_default_str();
   t->add_option("--memory-limit", train.memory_limit,
                 "with --policy budget:auto: the most memory the run may use, e.g. 2GiB (default: the device's free "
                 "memory; on the CPU the host's available memory or the cgroup's limit)");

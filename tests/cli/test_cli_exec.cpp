@@ -503,7 +503,7 @@ TEST_F(Cli, ComposedPoliciesAndTheAutomaticBudget) {
                {"--memory-limit caps the memory of --policy budget:auto"}, 2);
   expect_error(train_args({{"--policy", "budget:auto,limit=1GiB"}, {"--memory-limit", "1GiB"}}),
                {"give one of them"}, 2);
-  expect_error(train_args({{"--policy", "dynamic:1MiB+offload:/tmp"}}), {"dynamic: does not compose with offload:"}, 2);
+  expect_error(train_args({{"--policy", "dynamic:1MiB+offload:/tmp,ram=1MiB"}}), {"ram= does not apply to dynamic:"}, 2);
   expect_error(train_args({{"--policy", "every-layer+every-k:2"}}), {"after '+' comes where kept values live"}, 2);
 }
 

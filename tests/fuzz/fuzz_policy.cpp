@@ -20,7 +20,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // a budget is positive, unless budget:auto derives it when planning (then a limit, if any, is)
   if (p.kind == remat::Policy::Kind::budget && !p.budget_auto && p.budget_bytes == 0) std::abort();
   if (p.budget_auto && (p.kind != remat::Policy::Kind::budget || p.budget_bytes != 0)) std::abort();
-  if (p.offload_to && (p.offload_to->directory.empty() || p.kind == remat::Policy::Kind::dynamic)) std::abort();
+  if (p.offload_to && (p.offload_to->directory.empty() ||
+                       (p.kind == remat::Policy::Kind::dynamic && p.offload_to->ram_bytes != 0)))
+    std::abort();
   if (p.kind == remat::Policy::Kind::selective && p.ops.empty()) std::abort();
   remat::Policy again;
   try {
