@@ -71,8 +71,6 @@
 #include <optional>
 #include <string>
 
-#include "remat/policy.h"
-
 namespace remat {
 
 struct DynamicCounters {
@@ -90,12 +88,20 @@ struct DynamicCounters {
   double stall_seconds = 0;            // waiting for writes (ram bound) or reads
 };
 
+struct OffloadOptions {
+  std::string directory;
+  size_t threshold_bytes = size_t{1} << 20;
+  size_t ram_bytes = 0;  // 0: no bound
+  // For tests: writes fail (as on a full disk) once this many bytes were written; 0: never.
+  size_t fail_after_bytes = 0;
+};
+
 // Dynamic rematerialization under `budget_bytes` for the lifetime of the scope (this thread);
 // with `evict_to` (dynamic:BYTES+offload:DIR), evicted values are written there where that is
 // cheaper than recomputing them (see dynamic:BYTES above).
 class DynamicScope {
  public:
-  explicit DynamicScope(size_t budget_bytes, std::optional<OffloadTarget> evict_to = std::nullopt);
+  explicit DynamicScope(size_t budget_bytes, std::optional<OffloadOptions> evict_to = std::nullopt);
   ~DynamicScope();
   DynamicScope(const DynamicScope&) = delete;
   DynamicScope& operator=(const DynamicScope&) = delete;
@@ -105,13 +111,6 @@ class DynamicScope {
   std::unique_ptr<State> state_;
 };
 
-struct OffloadOptions {
-  std::string directory;
-  size_t threshold_bytes = size_t{1} << 20;
-  size_t ram_bytes = 0;  // 0: no bound
-  // For tests: writes fail (as on a full disk) once this many bytes were written; 0: never.
-  size_t fail_after_bytes = 0;
-};
 
 // Offloading of saved values for the lifetime of the scope (this thread).
 class OffloadScope {

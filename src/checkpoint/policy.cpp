@@ -291,14 +291,18 @@ ScopedPolicy::ScopedPolicy(Policy policy) : previous_(scoped_policy) {
       REMAT_CHECK(same, "policy ", policy.to_string(), ": cannot start inside ",
                   runtime_policy ? "policy " + *runtime_policy : std::string("a DynamicScope or OffloadScope"),
                   ", which is running on this thread (one dynamic: or offload: runtime at a time); end it first");
-    } else if (policy.kind == Policy::Kind::dynamic) {
-      runtime_ = std::make_shared<DynamicScope>(policy.budget_bytes, policy.offload_to);
     } else {
-      OffloadOptions options;
-      options.directory = policy.offload_to->directory;
-      options.threshold_bytes = policy.offload_to->threshold_bytes;
-      options.ram_bytes = policy.offload_to->ram_bytes;
-      runtime_ = std::make_shared<OffloadScope>(options);
+      std::optional<OffloadOptions> options;
+      if (policy.offload_to) {
+        options.emplace();
+        options->directory = policy.offload_to->directory;
+        options->threshold_bytes = policy.offload_to->threshold_bytes;
+        options->ram_bytes = policy.offload_to->ram_bytes;
+      }
+      if (policy.kind == Policy::Kind::dynamic)
+        runtime_ = std::make_shared<DynamicScope>(policy.budget_bytes, options);
+      else
+        runtime_ = std::make_shared<OffloadScope>(*options);
     }
     if (runtime_) runtime_policy = text;
   }

@@ -23,7 +23,6 @@
 #include "autodiff/replay.h"
 #include "offload_file.h"
 #include "remat/autodiff.h"
-#include "remat/policy.h"
 #include "remat/memory.h"
 #include "remat/saved_hooks.h"
 
@@ -127,7 +126,7 @@ struct Cell : std::enable_shared_from_this<Cell> {
 // write. A failed write is a remat::Error before anything is released: nothing is lost.
 class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>, public autodiff::OpListener {
  public:
-  DynamicRuntime(size_t budget, const std::optional<OffloadTarget>& target) : budget_(budget) {
+  DynamicRuntime(size_t budget, const std::optional<OffloadOptions>& target) : budget_(budget) {
     if (target) {
       file_ = std::make_shared<SlotFile>(target->directory);
       file_threshold_ = target->threshold_bytes;
@@ -509,7 +508,7 @@ SavedHandle::~SavedHandle() {
   }
 }
 
-std::shared_ptr<DynamicRuntime> make_dynamic_runtime(size_t budget, const std::optional<OffloadTarget>& target) {
+std::shared_ptr<DynamicRuntime> make_dynamic_runtime(size_t budget, const std::optional<OffloadOptions>& target) {
   return std::make_shared<DynamicRuntime>(budget, target);
 }
 
@@ -521,7 +520,7 @@ struct DynamicScope::State {
   autodiff::OpListener* previous = nullptr;
 };
 
-DynamicScope::DynamicScope(size_t budget_bytes, std::optional<OffloadTarget> evict_to) : state_(std::make_unique<State>()) {
+DynamicScope::DynamicScope(size_t budget_bytes, std::optional<OffloadOptions> evict_to) : state_(std::make_unique<State>()) {
   REMAT_CHECK(budget_bytes > 0, "DynamicScope: the budget must be positive");
   state_->runtime = detail::make_dynamic_runtime(budget_bytes, evict_to);
   std::shared_ptr<detail::DynamicRuntime> rt = state_->runtime;

@@ -492,7 +492,7 @@ TEST_F(Cli, ComposedPoliciesAndTheAutomaticBudget) {
   // the same allowance as a budget with an offload target: the plan may offload, and says so
   const Result planned = with("budget:" + std::to_string(top / 2) + "+offload:" + path("") + ",threshold=0");
   ASSERT_EQ(planned.code, 0) << planned.output;
-  EXPECT_NE(planned.output.find("\"plan_offload\": {"), std::string::npos) << planned.output;
+  EXPECT_NE(planned.output.find("\"plan_offload\":{"), std::string::npos) << planned.output;
   EXPECT_GT(std::stod(field(planned.output, "write_bytes_per_second")), 0.0) << planned.output;
   EXPECT_NE(field(planned.output, "predicted_offloaded_bytes"), "") << planned.output;
   EXPECT_EQ(field(planned.output, "grad_digest"), digest);
