@@ -105,11 +105,13 @@ void print_banner(const Human& say, const TrainOptions& o, const DataParallel& d
   });
   l.model->zero_grad();
   const size_t smallest = range.smallest_budget_bytes;
+  const size_t plus = o.policy.find('+');  // +offload:... stays as given
+  const std::string placement = plus == std::string::npos ? "" : o.policy.substr(plus);
   throw Error(detail::concat("train --policy ", o.policy, ": the budget is below the smallest feasible dynamic: budget of "
                              "a step of this model, ", smallest, " bytes (", memory::format_bytes(static_cast<double>(smallest)),
                              "; measured over a whole step in ", range.runs, " runs; save-all's peak is ",
-                             range.save_all_peak_bytes, " bytes): pass --policy dynamic:", smallest,
-                             " or more. The op that failed said: ", e.what()));
+                             range.save_all_peak_bytes, " bytes): pass --policy dynamic:", smallest, placement,
+                             " (or a larger budget). The op that failed said: ", e.what()));
 }
 
 // ---- after the loop: the probe, the saved weights, the per-rank figures (RunSummary)

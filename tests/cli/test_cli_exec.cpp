@@ -406,6 +406,11 @@ TEST_F(Cli, PlanPrintsTheFeasibleRange) {
                           " bytes"),
             std::string::npos)
       << r.output;
+  // with evictions to a file the minimum is the same, and the advice keeps the placement
+  const std::string to_file = "+offload:" + path("") + ",threshold=0";
+  r = run(train + "dynamic:" + std::to_string(dynamic_min - 1) + to_file + " --steps 1");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("pass --policy dynamic:" + std::to_string(dynamic_min) + to_file), std::string::npos) << r.output;
   const std::string planned = " --steps " + std::to_string(BudgetPlanner::kProfilingSteps + 1);
   r = run(train + "budget:" + std::to_string(budget_min) + planned);
   EXPECT_EQ(r.code, 0) << r.output;
