@@ -101,6 +101,28 @@ class RotorTable {
     return std::min(units_.budget, m - units_.x[static_cast<size_t>(c)] + units_.x_down[static_cast<size_t>(a)]);
   }
 
+  // C(a, a, m): stage a recorded (at the top level, possibly offloaded while the loss runs).
+  void fill_single(int a, double* best, int16_t* pick, uint8_t* out) {
+    const auto& x = units_.x;
+    const auto& xbar = units_.xbar;
+    const auto& g = units_.g;
+    const size_t at = static_cast<size_t>(a);
+    const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
+    const int64_t need = xbar[at] + g[at + 1] + std::max(x[at + 1], g[at]);
+    for (int64_t m = std::max<int64_t>(need, 0); m <= units_.budget; ++m) {
+      best[m] = uf + ub;
+      pick[m] = 0;
+    }
+    if (!out) return;
+    const int64_t lower = std::max({x[at + 1] + xbar[at], xbar[at] + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
+    const double total = uf + costs_.offload_seconds_per_byte * static_cast<double>(costs_.saved_bytes[at]) + ub;
+    for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, units_.budget + 1); ++m) {
+      best[m] = total;
+      pick[m] = 0;
+      out[m] = 1;
+    }
+  }
+
   void fill(int a, int b, bool top) {
     double* best = (top ? top_cost_.data() : rerun_cost_.data()) + row(a, b, top);
     int16_t* pick = (top ? top_choice_.data() : rerun_choice_.data()) + row(a, b, top);
@@ -112,23 +134,7 @@ class RotorTable {
     const auto& g = units_.g;
     const size_t at = static_cast<size_t>(a);
     const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
-    if (a == b) {
-      const int64_t need = xbar[at] + g[at + 1] + std::max(x[at + 1], g[at]);
-      for (int64_t m = std::max<int64_t>(need, 0); m <= budget; ++m) {
-        best[m] = uf + ub;
-        pick[m] = 0;
-      }
-      if (out) {  // the last stage's record offloaded while the loss runs
-        const int64_t lower = std::max({x[at + 1] + xbar[at], xbar[at] + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
-        const double total = uf + per_byte * static_cast<double>(costs_.saved_bytes[at]) + ub;
-        for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, budget + 1); ++m) {
-          best[m] = total;
-          pick[m] = 0;
-          out[m] = 1;
-        }
-      }
-      return;
-    }
+    if (a == b) return fill_single(a, best, pick, out);
     // Stage a with recording, then [a+1, b] with its record and output held. (An infinite
     // entry stays infinite through the sums and never wins a comparison.)
     const int64_t held = x[at + 1] + xbar[at];
