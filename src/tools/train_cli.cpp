@@ -15,7 +15,7 @@ void add_run_options(CLI::App* t, Numbers& n, TrainOptions& train) {
   n.add<int64_t>("--steps", train.steps, 1, kMaxSteps, "optimizer steps");
   n.add<int64_t>("--eval-every", train.eval_every, 0, kMaxSteps,
                  "validation loss every N steps, and after the last (0: about 10 times a run)");
-  n.add_real("--lr", train.lr, "peak learning rate, > 0 (warm-up then cosine decay)");
+  n.add_real("--lr", train.lr, "peak learning rate, > 0 (warm-up, then cosine decay to 0)");
   n.add<int64_t>("--accumulate", train.accumulate, 1, kMaxAccumulate,
                  "micro-batches of --batch summed per step (and per rank under mpirun)");
   t->add_option("--reduce", train.reduce, "gradient sum over MPI ranks: ordered (rank order, exact) | native")
