@@ -313,6 +313,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     for (bool first = true;; first = false) {
       std::shared_ptr<Cell> victim;
       double best = 0;
+      bool to_file = false;  // the victim's cheaper way back is the file (Note [evicting to a file])
       size_t unevictable = 0;
       const bool over = resident_ + need > budget_;
       if (!over && !first) return;
@@ -325,12 +326,13 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
         }
         if (!over) continue;
         const double staleness = static_cast<double>(std::max<uint64_t>(1, clock_ - c->last_use));
-        double way_back = cost_of(*c);
-        if (writable(*c)) way_back = std::min(way_back, transfer_seconds(c->bytes));
-        const double score = way_back / (static_cast<double>(c->bytes) * staleness);
+        const double recompute = cost_of(*c);
+        const bool file = writable(*c) && recompute > transfer_seconds(c->bytes);
+        const double score = (file ? transfer_seconds(c->bytes) : recompute) / (static_cast<double>(c->bytes) * staleness);
         if (!victim || score < best) {
           victim = c;
           best = score;
+          to_file = file;
         }
       }
       if (first) counters.smallest_feasible_bytes = std::max(counters.smallest_feasible_bytes, unevictable + need);
@@ -351,7 +353,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
                                                      "(remat::dynamic_feasible_range measures the whole step's)")));
       }
       victim->digest = recompute_digest(whole(victim->held, victim->dtype));
-      if (writable(*victim) && !victim->copy && cost_of(*victim) > transfer_seconds(victim->bytes)) write_out(*victim);
+      if (to_file && !victim->copy) write_out(*victim);
       release(*victim);
       ++counters.evictions;
       if (held_cells_.size() > 256) prune();
