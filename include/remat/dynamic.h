@@ -94,6 +94,8 @@ struct OffloadOptions {
   size_t ram_bytes = 0;  // 0: no bound
   // For tests: writes fail (as on a full disk) once this many bytes were written; 0: never.
   size_t fail_after_bytes = 0;
+  // For tests: each write takes at least this long (a slow disk); 0: as long as it takes.
+  double write_delay_seconds = 0;
 };
 
 // Dynamic rematerialization under `budget_bytes` for the lifetime of the scope (this thread);
@@ -170,23 +172,26 @@ DynamicRange dynamic_feasible_range(const std::function<void()>& step);
 namespace detail {
 bool dynamic_running();  // a DynamicScope is alive on this thread
 bool offload_running();  // an OffloadScope is alive on this thread
-// Blocks until every write of this thread's offload store started so far is done, and its memory
-// copies dropped (nothing without a store); rethrows a failed write. A budget plan calls it after
-// an offloaded node's forward, so that the node's values are gone before the next node runs.
-void offload_wait_for_writes();
 // Which values an offload store writes while a gate is alive on this thread (gates nest): none
 // (closed), those of at least the threshold (the default, with no gate), or every one (a node a
-// budget plan offloads: the plan counts all of its bytes as gone; call.cpp).
+// budget plan offloads: the plan counts all of its bytes as gone; call.cpp). A gate may also set
+// a cap on the CPU allocator's saved bytes (0: none; the one-argument form keeps the enclosing
+// gate's): before the store keeps or writes a value that would lift the saved bytes above it,
+// it waits for its writes in flight, oldest first, until the value fits or none is left. A budget
+// plan caps its scope at its predicted peak, so that offloaded nodes' writes overlap the nodes
+// after them (Note [writes behind a plan's peak] in src/saved/offload.cpp).
 class OffloadGate {
  public:
   enum class Mode { closed, threshold, every_value };
   explicit OffloadGate(Mode mode);
+  OffloadGate(Mode mode, size_t saved_cap_bytes);
   ~OffloadGate();
   OffloadGate(const OffloadGate&) = delete;
   OffloadGate& operator=(const OffloadGate&) = delete;
 
  private:
   Mode previous_;
+  size_t previous_cap_;
 };
 }  // namespace detail
 

@@ -175,7 +175,11 @@ TensorList run_transparent(const RegionFn& fn, const TensorList& inputs, const C
   if (frame.plan == nullptr && effective.kind == Policy::Kind::budget && grad_enabled()) {
     frame.own_plan = begin_plan(site, effective, inputs);
     frame.plan = frame.own_plan.get();
-    if (effective.offload_to) gate.emplace(detail::OffloadGate::Mode::closed);
+    if (effective.offload_to) {  // writes overlap later nodes, within the plan's peak (on the CPU)
+      const bool capped = frame.own_plan->plan != nullptr && detail::device_of(inputs).type == DeviceType::cpu;
+      gate.emplace(detail::OffloadGate::Mode::closed,
+                   capped ? frame.own_plan->state->report->predicted_peak_bytes : size_t{0});
+    }
   }
   FrameGuard guard(frame);
   return fn(inputs);
@@ -201,9 +205,7 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
   std::optional<detail::OffloadGate> gate;
   if (node->offloaded) gate.emplace(detail::OffloadGate::Mode::every_value);  // all it keeps goes to the target
   if (node->kind == schedule::PlanNode::Kind::stage) {
-    TensorList outputs = run_plain(fn, inputs, site, /*record_all=*/true);
-    if (node->offloaded) detail::offload_wait_for_writes();  // its record is gone before the next node
-    return outputs;
+    return run_plain(fn, inputs, site, /*record_all=*/true);
   }
   if (!ps.segment) {
     if (position != node->first) {  // entered mid-region: the calls changed since the plan was made
@@ -221,7 +223,6 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
     std::shared_ptr<Region> s = std::move(ps.segment);
     ps.segment.reset();
     s->close();
-    if (node->offloaded) detail::offload_wait_for_writes();  // its input is gone before the next node
   }
   return outputs;
 }

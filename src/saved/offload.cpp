@@ -41,6 +41,7 @@ namespace {
 
 thread_local int offload_scopes = 0;
 thread_local OffloadGate::Mode offload_gate = OffloadGate::Mode::threshold;
+thread_local size_t offload_cap = 0;  // on the CPU allocator's saved bytes; 0: none (OffloadGate)
 
 Tensor fresh_like(DType dtype, int64_t numel) { return Tensor::empty({numel}, dtype); }
 
@@ -48,11 +49,14 @@ Tensor fresh_like(DType dtype, int64_t numel) { return Tensor::empty({numel}, dt
 
 bool offload_running() { return offload_scopes > 0; }
 
-OffloadGate::OffloadGate(Mode mode) : previous_(offload_gate) { offload_gate = mode; }
-OffloadGate::~OffloadGate() { offload_gate = previous_; }
+OffloadGate::OffloadGate(Mode mode) : previous_(offload_gate), previous_cap_(offload_cap) { offload_gate = mode; }
+OffloadGate::OffloadGate(Mode mode, size_t saved_cap_bytes) : OffloadGate(mode) { offload_cap = saved_cap_bytes; }
+OffloadGate::~OffloadGate() {
+  offload_gate = previous_;
+  offload_cap = previous_cap_;
+}
 
 class OffloadStore;
-thread_local OffloadStore* running_store = nullptr;  // the store of this thread's scope, if any
 
 // What the worker reports about one job (guarded by the store's mutex); shared by the entry and
 // the job, so that the worker never holds an entry (whose end belongs to the scope's thread).
@@ -137,8 +141,11 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     const memory::Tag tag = whole.storage()->tag();
     const OffloadGate::Mode gate = offload_gate;
     const bool small = entry->bytes < options_.threshold_bytes && gate != OffloadGate::Mode::every_value;
-    if (small || autodiff::recompute_depth() > 0 || gate == OffloadGate::Mode::closed ||
-        tag == memory::Tag::parameter || tag == memory::Tag::gradient) {
+    const bool recomputing = autodiff::recompute_depth() > 0;
+    if (!recomputing && whole.device().type == DeviceType::cpu)
+      wait_below_cap(tag == memory::Tag::saved ? 0 : entry->bytes);
+    if (small || recomputing || gate == OffloadGate::Mode::closed || tag == memory::Tag::parameter ||
+        tag == memory::Tag::gradient) {
       entry->ram.hold(whole);
       return entry;
     }
@@ -357,6 +364,34 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
+  // Note [writes behind a plan's peak]. A budget plan counts an offloaded node's bytes as gone
+  // once the node's forward is over. Waiting there for its writes would hold the next node's
+  // compute behind the disk; instead the plan's scope caps the saved bytes at the plan's
+  // predicted peak (OffloadGate), and a value about to be kept or written that would lift them
+  // above it first waits for the oldest writes in flight, whose memory copies are then dropped,
+  // until it fits or nothing is in flight (what is left is the plan's own, which the plan
+  // counted). So the writes run behind the nodes that follow, and the measured saved peak stays
+  // within the prediction whenever the plan's model holds. The cap counts host memory only: a
+  // device value's host copy does not occupy the device (Note [offload of device values]).
+  void wait_below_cap(size_t adding) {
+    const size_t cap = offload_cap;
+    if (cap == 0) return;
+    while (memory::live_bytes(memory::Tag::saved) + adding > cap) {
+      std::shared_ptr<OffloadEntry> oldest;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (const auto& weak : watched_)
+          if (auto e = weak.lock(); e && e->job && e->state == OffloadEntry::State::writing) {
+            oldest = std::move(e);
+            break;
+          }
+      }
+      if (!oldest) return;
+      wait_done(*oldest);
+      throw_pending_error();
+    }
+  }
+
   void wait_done(OffloadEntry& entry) {
     if (!entry.job) return;
     const auto start = std::chrono::steady_clock::now();
@@ -390,6 +425,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
         error = "No space left on device (injected for a test)";
       } else {
         const auto io_start = std::chrono::steady_clock::now();
+        if (job.write && options_.write_delay_seconds > 0)
+          std::this_thread::sleep_for(std::chrono::duration<double>(options_.write_delay_seconds));
         ok = job.write ? write_all(file_->fd(), static_cast<const char*>(job.buffer.raw_data()), job.bytes, job.offset, error)
                        : read_all(file_->fd(), static_cast<char*>(job.buffer.raw_data()), job.bytes, job.offset, error);
         busy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - io_start).count();
@@ -494,18 +531,12 @@ OffloadScope::OffloadScope(const OffloadOptions& options) : state_(std::make_uni
   };
   state_->hooks = std::make_unique<ScopedSavedTensorHooks>(std::move(hooks));
   ++detail::offload_scopes;
-  detail::running_store = state_->store.get();
 }
 
 void OffloadScope::wait_for_writes() { state_->store->wait_for_writes(); }
 
-void detail::offload_wait_for_writes() {
-  if (running_store != nullptr) running_store->wait_for_writes();
-}
-
 OffloadScope::~OffloadScope() {
   --detail::offload_scopes;
-  if (detail::running_store == state_->store.get()) detail::running_store = nullptr;
   state_->hooks.reset();
   if (state_->store) state_->store->close_scope();
 }
