@@ -17,13 +17,14 @@ using remat::testing::bitwise_equal;
 
 namespace {
 
-// Linear -> "scaled" (multiplies by *scale, read when the layer runs) -> tanh -> Linear.
+// Linear -> "scaled" (tanh of the input times *scale, read when the layer runs) -> Linear. The
+// tanh keeps its output for its backward, so the recomputation runs both ops (a layer whose ops
+// the backward does not read is not recomputed at all: test_dead_ops.cpp).
 std::shared_ptr<nn::Sequential> scaled_model(const double* scale) {
   manual_seed(3);
   auto m = std::make_shared<nn::Sequential>();
   m->add(std::make_shared<nn::Linear>(4, 8));
-  m->add(std::make_shared<nn::Lambda>([scale](const Tensor& h) { return mul_scalar(h, *scale); }), "scaled");
-  m->add(std::make_shared<nn::Tanh>());
+  m->add(std::make_shared<nn::Lambda>([scale](const Tensor& h) { return tanh(mul_scalar(h, *scale)); }), "scaled");
   m->add(std::make_shared<nn::Linear>(8, 2));
   return m;
 }
@@ -73,7 +74,7 @@ TEST(RecomputeCheck, APrivateGeneratorIsCaught) {
   auto model = std::make_shared<nn::Sequential>();
   model->add(std::make_shared<nn::Linear>(4, 4));
   model->add(std::make_shared<nn::Lambda>([&private_rng](const Tensor& h) {
-               return add_scalar(h, static_cast<double>(private_rng() % 1000) / 1000.0);
+               return tanh(add_scalar(h, static_cast<double>(private_rng() % 1000) / 1000.0));
              }),
              "jitter");
   model->add(std::make_shared<nn::Linear>(4, 1));

@@ -246,6 +246,10 @@ struct OpCounters {
   uint64_t recomputed_ops = 0;     // of which during recomputation
   double recomputed_flops = 0;
   uint64_t cached_ops = 0;         // op results served from a selective-policy cache
+  // ops a recomputation did not run because no backward formula reads what they produce (their
+  // values are computed if something reads them after all: then counted as recomputed too)
+  uint64_t skipped_ops = 0;
+  double skipped_flops = 0;
   uint64_t backward_nodes = 0;     // nodes executed by the engine
 };
 OpCounters op_counters();
@@ -266,6 +270,9 @@ class OpReplay {
   // rematerialization needs to bring an evicted value back).
   virtual TensorList run_forward(const TensorList& inputs) const = 0;
   virtual double flops() const = 0;  // the estimate counted for the call that made this replay
+  // Records this op's node on the tape for `inputs` and `outputs` computed elsewhere (the outputs
+  // become the node's), as the ordinary path records a call.
+  virtual void record(const TensorList& inputs, TensorList& outputs) const = 0;
 };
 
 // What an observer is told about one op call, after its forward ran (or was served by replay()).
@@ -287,6 +294,15 @@ class RecordingObserver {
   virtual ~RecordingObserver() = default;
   // Called before an op runs; may return its outputs (from a cache) instead of running it.
   virtual bool replay(const std::string& op, TensorList& outputs) = 0;
+  // Called when replay() declined: may return outputs whose values are computed only when first
+  // read (a recomputation that skips what no backward formula reads). The op is then counted as
+  // skipped and recorded with `record_as`'s definition (the same op kind, as its first run made it)
+  // in place of the one the call passed.
+  virtual bool defer(const std::string& op, const TensorList& inputs, TensorList& outputs,
+                     std::shared_ptr<const OpReplay>& record_as) {
+    (void)op, (void)inputs, (void)outputs, (void)record_as;
+    return false;
+  }
   // Called after an op's forward ran or was replayed.
   virtual void after_forward(OpEvent& event) = 0;
   // Called when the op's inputs require grad; returning true suppresses recording of a node.

@@ -92,6 +92,10 @@ struct RegionRecord {
   double recompute_seconds = 0;     // re-runs in backward passes
   double backward_seconds = 0;      // backward of the recomputed sub-tapes
   uint64_t recomputations = 0;
+  // FLOP estimates of the recomputations: run, and skipped because no backward formula reads the
+  // ops' results (a block's last projection and residual add; docs/checkpointing.md)
+  double recomputed_flops = 0;
+  double skipped_flops = 0;
 };
 struct Counters {
   autodiff::OpCounters ops;          // forward ops executed / recomputed, FLOP estimates

@@ -81,11 +81,21 @@ class Storage {
   // allocator counts `bytes` under `tag` as it counts an allocation, and `release` runs instead
   // of a free when the storage ends.
   Storage(void* data, size_t bytes, memory::Tag tag, Device device, std::function<void()> release);
+  // A block computed when it is first read (an op whose result no backward formula reads, which
+  // a checkpoint region's recomputation did not run): nothing is allocated or counted until
+  // data() calls `compute`, once, which returns the storage holding the value (counted there)
+  // and the value's byte offset in it.
+  using Compute = std::function<std::shared_ptr<Storage>(size_t& offset)>;
+  Storage(size_t bytes, memory::Tag tag, Device device, Compute compute);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return data_; }
+  void* data() const {
+    if (compute_) materialize();
+    return data_;
+  }
+  bool pending() const { return static_cast<bool>(compute_); }  // deferred and not computed yet
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   memory::Tag tag() const { return tag_; }
@@ -102,12 +112,17 @@ class Storage {
   void bump_version() { ++version_; }
 
  private:
-  void* data_ = nullptr;
+  void materialize() const;
+
+  mutable void* data_ = nullptr;
   size_t bytes_ = 0;
   memory::Tag tag_;
   Device device_;
   memory::Allocator* allocator_;  // the device's, kept so that freeing never looks up a backend
   std::function<void()> release_;  // external memory only
+  bool deferred_ = false;                      // made by the Compute constructor
+  mutable Compute compute_;                    // deferred, until data() first runs it
+  mutable std::shared_ptr<Storage> backing_;   // deferred, after: where the value lives
   int saved_references_ = 0;
   uint64_t version_ = 0;
 };

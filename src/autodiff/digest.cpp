@@ -57,6 +57,7 @@ uint64_t hash_bytes(const unsigned char* p, size_t n, uint64_t h) {
 
 std::optional<uint64_t> recompute_digest(const Tensor& t) {
   if (!recomputation_check() || !t.defined() || t.device().type != DeviceType::cpu) return std::nullopt;
+  if (t.storage()->pending()) return std::nullopt;  // a value the recomputation skipped: left unread
   const size_t item = dtype_size(t.dtype());
   const auto* base = static_cast<const unsigned char*>(t.storage()->data()) + t.offset() * static_cast<int64_t>(item);
   if (t.is_contiguous()) return hash_bytes(base, t.nbytes(), 0);

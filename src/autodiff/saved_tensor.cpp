@@ -94,6 +94,8 @@ std::shared_ptr<PackedStorage> pack_storage(const std::shared_ptr<hooks_detail::
 
 SavedTensor::SavedTensor(const Tensor& value) {
   if (!value.defined()) return;
+  // a value a recomputation deferred (Storage's deferred constructor): computed now, on this thread
+  if (value.storage()->pending()) value.storage()->data();
   if (!hooks_stack.empty() && !inside_hook) {
     const std::shared_ptr<Storage>& storage = value.storage();
     packed_ = pack_storage(hooks_stack.back(), storage, value.dtype());

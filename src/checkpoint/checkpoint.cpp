@@ -132,19 +132,24 @@ std::string memory_report(size_t save_all_peak_bytes) { return memory_report(cou
 std::string memory_report(const Counters& c, size_t save_all_peak_bytes) {
   std::ostringstream out;
   char line[320];
-  std::snprintf(line, sizeof line, "%-28s %8s %5s %12s %12s %10s %10s %10s %7s\n", "region", "kind", "calls",
-                "kept", "re-run saved", "forward", "recompute", "backward", "re-runs");
+  std::snprintf(line, sizeof line, "%-28s %8s %5s %12s %12s %10s %10s %10s %7s %11s %11s\n", "region", "kind",
+                "calls", "kept", "re-run saved", "forward", "recompute", "backward", "re-runs", "re-run FLOP",
+                "skipped");
   out << line;
   size_t kept = 0, rerun = 0, cached = 0;
-  double forward = 0, recompute = 0, backward = 0;
+  double forward = 0, recompute = 0, backward = 0, flops = 0, skipped = 0;
   uint64_t reruns = 0;
   for (const auto& r : c.regions) {
     std::string label = r.label.size() > 28 ? r.label.substr(0, 25) + "..." : r.label;
-    std::snprintf(line, sizeof line, "%-28s %8s %5zu %12s %12s %9.2fms %9.2fms %9.2fms %7llu\n", label.c_str(),
-                  r.kind.c_str(), r.calls, memory::format_bytes(static_cast<double>(r.boundary_bytes + r.cached_bytes)).c_str(),
+    std::snprintf(line, sizeof line, "%-28s %8s %5zu %12s %12s %9.2fms %9.2fms %9.2fms %7llu %11.4g %11.4g\n",
+                  label.c_str(), r.kind.c_str(), r.calls,
+                  memory::format_bytes(static_cast<double>(r.boundary_bytes + r.cached_bytes)).c_str(),
                   memory::format_bytes(static_cast<double>(r.recomputed_saved_bytes)).c_str(), r.forward_seconds * 1e3,
-                  r.recompute_seconds * 1e3, r.backward_seconds * 1e3, static_cast<unsigned long long>(r.recomputations));
+                  r.recompute_seconds * 1e3, r.backward_seconds * 1e3, static_cast<unsigned long long>(r.recomputations),
+                  r.recomputed_flops, r.skipped_flops);
     out << line;
+    flops += r.recomputed_flops;
+    skipped += r.skipped_flops;
     kept += r.boundary_bytes + r.cached_bytes;
     cached += r.cached_bytes;
     rerun += r.recomputed_saved_bytes;
@@ -153,10 +158,10 @@ std::string memory_report(const Counters& c, size_t save_all_peak_bytes) {
     backward += r.backward_seconds;
     reruns += r.recomputations;
   }
-  std::snprintf(line, sizeof line, "%-28s %8s %5llu %12s %12s %9.2fms %9.2fms %9.2fms %7llu\n", "total", "",
-                static_cast<unsigned long long>(c.layer_calls), memory::format_bytes(static_cast<double>(kept)).c_str(),
+  std::snprintf(line, sizeof line, "%-28s %8s %5llu %12s %12s %9.2fms %9.2fms %9.2fms %7llu %11.4g %11.4g\n", "total",
+                "", static_cast<unsigned long long>(c.layer_calls), memory::format_bytes(static_cast<double>(kept)).c_str(),
                 memory::format_bytes(static_cast<double>(rerun)).c_str(), forward * 1e3, recompute * 1e3, backward * 1e3,
-                static_cast<unsigned long long>(reruns));
+                static_cast<unsigned long long>(reruns), flops, skipped);
   out << line;
   out << c.regions.size() << " regions, " << c.layer_calls << " layer calls; regions keep "
       << memory::format_bytes(static_cast<double>(kept)) << " (of which selective caches "

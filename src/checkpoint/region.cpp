@@ -24,6 +24,7 @@
 #include <algorithm>
 
 #include "remat/backend.h"
+#include "remat/dynamic.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
 #include "autodiff/digest.h"
@@ -41,7 +42,12 @@ class FirstRunObserver final : public autodiff::RecordingObserver {
  public:
   FirstRunObserver(Region& region, autodiff::RecordingObserver* parent) : region_(region), parent_(parent) {}
   bool replay(const std::string& op, TensorList& outputs) override {
+    region_.on_sequence(op);
     return parent_ != nullptr && parent_->replay(op, outputs);
+  }
+  bool defer(const std::string& op, const TensorList& inputs, TensorList& outputs,
+             std::shared_ptr<const autodiff::OpReplay>& record_as) override {
+    return parent_ != nullptr && parent_->defer(op, inputs, outputs, record_as);
   }
   void after_forward(autodiff::OpEvent& event) override { region_.on_op(event); }
   bool suppress_recording(const TensorList& inputs) override {
@@ -57,13 +63,21 @@ class FirstRunObserver final : public autodiff::RecordingObserver {
 class RecomputeObserver final : public autodiff::RecordingObserver {
  public:
   explicit RecomputeObserver(Region& region) : region_(region) {}
-  bool replay(const std::string& op, TensorList& outputs) override { return region_.serve(op, cursor, outputs); }
+  bool replay(const std::string& op, TensorList& outputs) override {
+    ordinal_ = next_ordinal_++;
+    return region_.serve(op, cursor, outputs);
+  }
+  bool defer(const std::string& op, const TensorList& inputs, TensorList& outputs,
+             std::shared_ptr<const autodiff::OpReplay>& record_as) override {
+    return region_.defer(op, ordinal_, inputs, outputs, record_as);
+  }
   void after_forward(autodiff::OpEvent&) override {}
   bool suppress_recording(const TensorList&) override { return false; }
   size_t cursor = 0;
 
  private:
   Region& region_;
+  size_t next_ordinal_ = 0, ordinal_ = 0;  // Note [skipping dead ops]
 };
 
 double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -100,6 +114,7 @@ void Region::open(Device device) {
   device_ = device;
   backend(device_).synchronize();
   opened_at_ = std::chrono::steady_clock::now();
+  trace_.expect(label_);
   observer_ = std::make_unique<FirstRunObserver>(*this, autodiff::recording_observer());
   previous_observer_ = autodiff::set_recording_observer(observer_.get());
   open_ = true;
@@ -130,7 +145,11 @@ void Region::register_outputs(Step& step, TensorList& outputs, size_t count, con
                 step.is_call ? "a layer call" : step.op->op(), " is undefined");
     bool alias = out.grad_fn() != nullptr || out.requires_grad();
     for (const auto& in : inputs) alias = alias || out.same(in);
-    if (alias) out = out.detach();  // a new handle: never rewire a tensor someone else holds
+    if (alias) {  // a new handle: never rewire a tensor someone else holds
+      Tensor made = out;
+      out = out.detach();
+      trace_.alias(made, out);
+    }
     size_t slot = SIZE_MAX;
     if (is_floating(out.dtype())) {
       slot = autodiff::attach_output(out, shared_from_this());
@@ -183,14 +202,23 @@ void Region::on_op(autodiff::OpEvent& event) {
         saved_by_ops_.emplace(event.outputs[i].storage().get(), event.outputs[i].storage());
     if (policy_.keeps_op(event.op)) cache_.push_back({event.op, event.outputs, {}, false});
   }
-  if (kind_ != Kind::segment || call_depth_ > 0) return;
-  // an op between layer calls: traced as a step of the segment
-  Step step;
-  step.op = event.make_replay();
-  step.rng = rng_state();
-  for (const auto& in : event.inputs) step.inputs.push_back(ref_for_input(in));
-  register_outputs(step, event.outputs, event.visible, event.inputs);
-  steps_.push_back(std::move(step));
+  if (kind_ == Kind::segment && call_depth_ == 0) {
+    // an op between layer calls: traced as a step of the segment
+    Step step;
+    step.op = event.make_replay();
+    step.rng = rng_state();
+    for (const auto& in : event.inputs) step.inputs.push_back(ref_for_input(in));
+    register_outputs(step, event.outputs, event.visible, event.inputs);
+    steps_.push_back(std::move(step));
+  }
+  trace_.on_event(event);
+}
+
+bool Region::defer(const std::string& op, size_t ordinal, const TensorList& inputs, TensorList& outputs,
+                   std::shared_ptr<const autodiff::OpReplay>& record_as) {
+  if (dynamic_running() || !trace_.skips(ordinal, op)) return false;
+  outputs = trace_.defer(ordinal, inputs, record_as, label_);
+  return true;
 }
 
 void Region::on_recording(const TensorList& inputs) {
@@ -232,6 +260,7 @@ void Region::close() {
   backend(device_).synchronize();
   const auto closed_at = std::chrono::steady_clock::now();
   read_versions_.freeze();
+  trace_.finish();
   for (auto& entry : cache_) {
     bool keep = !entry.pending.empty();
     for (const auto& t : entry.pending) keep = keep && t.defined() && saved_by_ops_.count(t.storage().get());
@@ -524,7 +553,9 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   const TensorList leaves = fresh_leaves();
   const uint64_t first_sequence_nr = autodiff::next_sequence_nr();
   const size_t saved_before = saved_live();
+  const autodiff::OpCounters ops_before = autodiff::op_counters();
   std::vector<TensorList> replayed = replay_steps(leaves);
+  const autodiff::OpCounters ops_after = autodiff::op_counters();
   const size_t saved_after = saved_live();
   device.synchronize();
   const auto backward_start = Clock::now();
@@ -535,6 +566,11 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
 
   record_recomputation(recompute_start, backward_start, backward_end,
                        saved_after > saved_before ? saved_after - saved_before : 0);
+  if (record_index_ < region_counters().records.size()) {
+    RegionRecord& rec = region_counters().records[record_index_];
+    rec.recomputed_flops += ops_after.recomputed_flops - ops_before.recomputed_flops;
+    rec.skipped_flops += ops_after.skipped_flops - ops_before.skipped_flops;
+  }
   return route_input_grads(leaves, result);
 }
 

@@ -30,6 +30,7 @@
 
 #include "autodiff/history.h"
 #include "remat/autodiff.h"
+#include "dead_ops.h"
 #include "remat/budget.h"
 #include "remat/call.h"
 #include "remat/checkpoint.h"
@@ -88,6 +89,11 @@ class Region final : public autodiff::Node {
   void on_op(autodiff::OpEvent& event);
   void on_recording(const TensorList& inputs);
   bool serve(const std::string& op, size_t& cursor, TensorList& outputs);
+  // Numbers the ops of the region's extent (Note [skipping dead ops]): on the first run, and
+  // (next_op) on a recomputation, which may defer the op numbered `ordinal`.
+  void on_sequence(const std::string& op) { trace_.on_sequence(op); }
+  bool defer(const std::string& op, size_t ordinal, const TensorList& inputs, TensorList& outputs,
+             std::shared_ptr<const autodiff::OpReplay>& record_as);
   const Policy& policy() const { return policy_; }
 
  private:
@@ -162,6 +168,7 @@ class Region final : public autodiff::Node {
   // be taken for it.
   std::unordered_map<const Storage*, std::weak_ptr<Storage>> saved_by_ops_;
   size_t record_index_ = SIZE_MAX;
+  OpTrace trace_;  // Note [skipping dead ops]
 };
 
 // The device of the first defined tensor (the CPU if there is none).

@@ -16,4 +16,8 @@ Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::
 Tensor external_tensor(void* data, const Shape& shape, DType dtype, memory::Tag tag, Device device,
                        std::function<void()> release);
 
+// A contiguous tensor whose value is computed when its data is first read (the deferred Storage
+// constructor); shape, dtype and device are known now, the bytes only then.
+Tensor deferred_tensor(const Shape& shape, DType dtype, Device device, Storage::Compute compute);
+
 }  // namespace remat::detail

@@ -118,7 +118,36 @@ Storage::Storage(void* data, size_t bytes, memory::Tag tag, Device device, std::
   allocator_->count_external(bytes, tag);
 }
 
+Storage::Storage(size_t bytes, memory::Tag tag, Device device, Compute compute)
+    : bytes_(bytes), tag_(tag), device_(device), allocator_(&backend(device).allocator()), deferred_(true),
+      compute_(std::move(compute)) {
+  REMAT_ASSERT(compute_ != nullptr, "deferred storage without a computation");
+}
+
+// A deferred block's value: computed once, then read from the storage that holds it, which also
+// takes the block's saved references (a computation that fails is tried again at the next read).
+void Storage::materialize() const {
+  Compute compute = std::move(compute_);
+  compute_ = nullptr;
+  size_t offset = 0;
+  std::shared_ptr<Storage> backing;
+  try {
+    backing = compute(offset);
+  } catch (...) {
+    compute_ = std::move(compute);
+    throw;
+  }
+  REMAT_ASSERT(backing != nullptr && !backing->deferred_ && offset <= backing->bytes() &&
+                   bytes_ <= backing->bytes() - offset,
+               "a deferred value's computation returned ", backing ? backing->bytes() : 0, " bytes at offset ", offset,
+               " for ", bytes_);
+  for (int i = 0; i < saved_references_; ++i) backing->add_saved_reference();
+  data_ = static_cast<char*>(backing->data()) + offset;
+  backing_ = std::move(backing);
+}
+
 Storage::~Storage() {
+  if (deferred_) return;  // nothing was allocated here (a computed value lives in backing_)
   if (!release_) {
     allocator_->deallocate(data_, bytes_, tag_);
     return;
@@ -129,16 +158,30 @@ Storage::~Storage() {
 
 void Storage::set_tag(memory::Tag tag) {
   if (tag == tag_) return;
+  if (deferred_) {  // nothing counted here (the value's saved references go to backing_)
+    tag_ = tag;
+    return;
+  }
   allocator_->retag(bytes_, tag_, tag);
   tag_ = tag;
 }
 
 void Storage::add_saved_reference() {
+  if (deferred_) {  // the value's account is backing_'s
+    ++saved_references_;
+    if (backing_) backing_->add_saved_reference();
+    return;
+  }
   if (saved_references_++ == 0 && tag_ == memory::Tag::other) set_tag(memory::Tag::saved);
 }
 
 void Storage::remove_saved_reference() {
   REMAT_ASSERT(saved_references_ > 0);
+  if (deferred_) {
+    --saved_references_;
+    if (backing_) backing_->remove_saved_reference();
+    return;
+  }
   if (--saved_references_ == 0 && tag_ == memory::Tag::saved) set_tag(memory::Tag::other);
 }
 
@@ -186,6 +229,11 @@ Tensor external_tensor(void* data, const Shape& shape, DType dtype, memory::Tag 
                        std::function<void()> release) {
   const size_t bytes = checked_bytes("external_tensor", shape, dtype);
   return contiguous_over(std::make_shared<Storage>(data, bytes, tag, device, std::move(release)), shape, dtype);
+}
+
+Tensor deferred_tensor(const Shape& shape, DType dtype, Device device, Storage::Compute compute) {
+  const size_t bytes = checked_bytes("deferred_tensor", shape, dtype);
+  return contiguous_over(std::make_shared<Storage>(bytes, memory::Tag::other, device, std::move(compute)), shape, dtype);
 }
 
 }  // namespace detail

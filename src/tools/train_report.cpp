@@ -27,7 +27,9 @@ nlohmann::json regions_json(const Counters& c) {
                        {"forward_seconds", r.forward_seconds},
                        {"recompute_seconds", r.recompute_seconds},
                        {"backward_seconds", r.backward_seconds},
-                       {"recomputations", r.recomputations}});
+                       {"recomputations", r.recomputations},
+                       {"recomputed_flops", r.recomputed_flops},
+                       {"skipped_flops", r.skipped_flops}});
   return regions;
 }
 
