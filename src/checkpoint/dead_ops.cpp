@@ -49,6 +49,7 @@ struct DeferredCall {
   std::vector<uint64_t> versions;  // of the inputs' storages at the call
   std::vector<autodiff::OutputMeta> metas;
   TensorList results;
+  bool released = false;  // the recomputation ended: nothing may read the value any more
 
   std::shared_ptr<Storage> value(size_t k, size_t& offset) {
     if (results.empty()) compute();
@@ -58,6 +59,7 @@ struct DeferredCall {
   }
 
   void compute() {
+    REMAT_ASSERT(!released, "a value a recomputation skipped was read after the recomputation ended");
     const std::string& op = replay->op();
     for (size_t i = 0; i < inputs.size(); ++i)
       REMAT_CHECK(inputs[i].storage()->version() == versions[i], "checkpoint: a value of op ", op,
@@ -222,6 +224,16 @@ void OpTrace::finish() {
   }
 }
 
+void OpTrace::end_recomputation() const {
+  for (const auto& weak : deferred_)
+    if (std::shared_ptr<DeferredCall> call = std::static_pointer_cast<DeferredCall>(weak.lock())) {
+      call->inputs.clear();
+      call->replay.reset();
+      call->released = true;
+    }
+  deferred_.clear();
+}
+
 bool OpTrace::skips(size_t ordinal, const std::string& op) const {
   return ordinal < ops_.size() && ops_[ordinal].skip && ops_[ordinal].name == op;
 }
@@ -237,6 +249,7 @@ TensorList OpTrace::defer(size_t ordinal, const TensorList& inputs, std::shared_
                                             " (its recomputation reads the value, then skips the op)")));
   }
   auto call = std::make_shared<DeferredCall>();
+  deferred_.push_back(call);
   call->replay = op.first;
   call->inputs = inputs;
   for (const auto& in : inputs) call->versions.push_back(in.storage()->version());

@@ -38,6 +38,9 @@ class OpTrace {
   TensorList defer(size_t ordinal, const TensorList& inputs, std::shared_ptr<const autodiff::OpReplay>& record_as,
                    const std::string& region) const;
   size_t skipped_ops() const { return skipped_; }
+  // The recomputation is over (its sub-tape is built): the skipped ops' inputs are let go, so that
+  // the backward frees each as its last reader is done, as without skipping.
+  void end_recomputation() const;
 
  private:
   struct Producer {
@@ -69,6 +72,7 @@ class OpTrace {
   std::vector<std::string> expected_ops_;
   std::vector<std::pair<uint32_t, uint32_t>> expected_;
   bool unpredicted_ = true;
+  mutable std::vector<std::weak_ptr<void>> deferred_;  // a recomputation's deferred calls
   size_t skipped_ = 0;
 };
 

@@ -555,6 +555,7 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   const size_t saved_before = saved_live();
   const autodiff::OpCounters ops_before = autodiff::op_counters();
   std::vector<TensorList> replayed = replay_steps(leaves);
+  trace_.end_recomputation();
   const autodiff::OpCounters ops_after = autodiff::op_counters();
   const size_t saved_after = saved_live();
   device.synchronize();
