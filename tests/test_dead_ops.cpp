@@ -174,3 +174,34 @@ TEST(DeadOps, ARecomputedValueThatASkippedOpReadsIsChecked) {
     EXPECT_NE(std::string(e.what()).find("skips"), std::string::npos) << e.what();
   }
 }
+
+// Once the recomputation has built its sub-tape, a skipped op lets go of its inputs, so the
+// backward frees each value when its last reader is done, as without skipping: the GELU output,
+// which only the skipped last matmul reads, is gone when the backward reaches the op before it.
+TEST(DeadOps, ASkippedOpsInputsAreFreedWhenTheirLastReaderIsDone) {
+  Tensor w1 = randn({32, 32}, DType::f32, RngState{1, 0}, 0.0, 0.2).requires_grad_();
+  Tensor w2 = randn({32, 32}, DType::f32, RngState{2, 0}, 0.0, 0.2).requires_grad_();
+  Tensor x = randn({16, 32}, DType::f32, RngState{3, 0});
+  std::weak_ptr<Storage> gelu_output;  // the recomputation's
+  int probes = 0;
+  bool freed = false;
+  // identity whose backward looks whether the GELU output is still held
+  CustomOp probe{"probe", [](const TensorList& in, SaveContext&) { return TensorList{mul_scalar(in[0], 1.0)}; },
+                 [&](const TensorList& grads, const SavedValues&) {
+                   freed = gelu_output.expired();
+                   ++probes;
+                   return TensorList{grads[0]};
+                 }};
+  auto layer = [&](const Tensor& in) {
+    Tensor g = gelu(probe({matmul(in, w1)})[0]);
+    if (autodiff::recompute_depth() > 0) gelu_output = g.storage();
+    return add(in, matmul(g, w2));
+  };
+  ScopedPolicy scope(Policy::every_layer());
+  reset_counters();
+  Tensor loss = mean(square(checkpoint(layer, x)));
+  remat::grad(TensorList{loss}, {w1, w2});
+  EXPECT_EQ(counters().ops.skipped_ops, 2u);  // the last matmul and the add
+  EXPECT_EQ(probes, 1);
+  EXPECT_TRUE(freed);
+}
