@@ -246,8 +246,8 @@ struct OpCounters {
   uint64_t recomputed_ops = 0;     // of which during recomputation
   double recomputed_flops = 0;
   uint64_t cached_ops = 0;         // op results served from a selective-policy cache
-  // ops a recomputation did not run because no backward formula reads what they produce (their
-  // values are computed if something reads them after all: then counted as recomputed too)
+  // ops a recomputation did not run because no backward formula reads what they produce (a
+  // value something reads after all is computed then, outside these counts)
   uint64_t skipped_ops = 0;
   double skipped_flops = 0;
   uint64_t backward_nodes = 0;     // nodes executed by the engine
