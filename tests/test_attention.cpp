@@ -7,12 +7,15 @@
 #include <cmath>
 
 #include "checkpoint_models.h"
+#include "gpt_steps.h"
 #include "remat/backend.h"
 #include "remat/nn.h"
 #include "remat/remat.h"
 
 using namespace remat;
 using remat::testing::bitwise_equal;
+using remat::testing::gpt_gradients;
+using remat::testing::token_ids;
 
 namespace {
 
@@ -26,12 +29,6 @@ Qkv make_qkv(int64_t b, int64_t h, int64_t t, int64_t d, DType dtype, uint64_t s
   x.k.requires_grad_();
   x.v.requires_grad_();
   return x;
-}
-
-Tensor token_ids(int64_t batch, int64_t t, int64_t vocab, uint64_t seed) {
-  std::vector<int64_t> v;
-  for (int64_t i = 0; i < batch * t; ++i) v.push_back(static_cast<int64_t>((static_cast<uint64_t>(i) * 7 + seed * 3) % vocab));
-  return from_indices(v, {batch, t});
 }
 
 size_t saved_bytes_of_attention(int64_t b, int64_t h, int64_t t, int64_t d) {
@@ -147,15 +144,7 @@ TEST(Attention, GptGradientsBitwiseEqualAcrossPolicies) {
   nn::GPT model(config);
   Tensor ids = token_ids(2, 40, 13, 31);
   Tensor targets = token_ids(2, 40, 13, 32);
-  auto grads_under = [&](const Policy& policy) {
-    model.zero_grad();
-    manual_seed(33);
-    ScopedPolicy scope(policy);
-    model.loss(ids, targets).backward();
-    TensorList g;
-    for (auto& p : model.parameters()) g.push_back(p.grad().clone());
-    return g;
-  };
+  auto grads_under = [&](const Policy& policy) { return gpt_gradients(model, ids, targets, policy, 33); };
   TensorList reference = grads_under(Policy::save_all());
   for (const char* policy : {"every-layer", "every-k:2", "selective:scaled_dot_product_attention", "selective:matmul"}) {
     TensorList g = grads_under(Policy::parse(policy));

@@ -5,18 +5,15 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint_models.h"
+#include "gpt_steps.h"
 #include "remat/nn.h"
 
 using namespace remat;
 using remat::testing::bitwise_equal;
+using remat::testing::gpt_gradients;
+using remat::testing::token_ids;
 
 namespace {
-
-Tensor token_ids(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
-  std::vector<int64_t> v;
-  for (int64_t i = 0; i < batch * seq; ++i) v.push_back(static_cast<int64_t>((static_cast<uint64_t>(i) * 7 + seed * 3) % vocab));
-  return from_indices(v, {batch, seq});
-}
 
 // x + tanh(x W1) W2: the backward reads x, W1, tanh's output and W2, never the second matmul's
 // output or the sum's.
@@ -100,15 +97,7 @@ TEST(DeadOps, AGptBlockSkipsItsLastProjection) {
   nn::GPT model(config);
   Tensor ids = token_ids(2, 16, 13, 31);
   Tensor targets = token_ids(2, 16, 13, 32);
-  auto grads_under = [&](const Policy& policy) {
-    model.zero_grad();
-    manual_seed(33);
-    ScopedPolicy scope(policy);
-    model.loss(ids, targets).backward();
-    TensorList g;
-    for (auto& p : model.parameters()) g.push_back(p.grad().clone());
-    return g;
-  };
+  auto grads_under = [&](const Policy& policy) { return gpt_gradients(model, ids, targets, policy, 33); };
   const TensorList reference = grads_under(Policy::save_all());
   reset_counters();
   const TensorList got = grads_under(Policy::every_layer());
