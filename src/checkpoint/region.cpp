@@ -490,7 +490,8 @@ autodiff::EngineResult Region::backward_replayed(std::vector<TensorList> replaye
 // One more recomputation in the counters, the region's record and its profile.
 void Region::record_recomputation(std::chrono::steady_clock::time_point recompute_start,
                                   std::chrono::steady_clock::time_point backward_start,
-                                  std::chrono::steady_clock::time_point backward_end, size_t recomputed_saved) {
+                                  std::chrono::steady_clock::time_point backward_end, size_t recomputed_saved,
+                                  const autodiff::OpCounters& ops_before, const autodiff::OpCounters& ops_after) {
   auto& rc = region_counters();
   ++rc.recomputed;
   ++rc.run_in_backward;
@@ -500,6 +501,8 @@ void Region::record_recomputation(std::chrono::steady_clock::time_point recomput
     rec.recomputed_saved_bytes = recomputed_saved;
     rec.recompute_seconds += seconds_between(recompute_start, backward_start);
     rec.backward_seconds += seconds_between(backward_start, backward_end);
+    rec.recomputed_flops += ops_after.recomputed_flops - ops_before.recomputed_flops;
+    rec.skipped_flops += ops_after.skipped_flops - ops_before.skipped_flops;
   }
   if (profile_) {
     profile_->recompute_seconds = seconds_between(recompute_start, backward_start);
@@ -566,12 +569,7 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   const auto backward_end = Clock::now();
 
   record_recomputation(recompute_start, backward_start, backward_end,
-                       saved_after > saved_before ? saved_after - saved_before : 0);
-  if (record_index_ < region_counters().records.size()) {
-    RegionRecord& rec = region_counters().records[record_index_];
-    rec.recomputed_flops += ops_after.recomputed_flops - ops_before.recomputed_flops;
-    rec.skipped_flops += ops_after.skipped_flops - ops_before.skipped_flops;
-  }
+                       saved_after > saved_before ? saved_after - saved_before : 0, ops_before, ops_after);
   return route_input_grads(leaves, result);
 }
 

@@ -137,7 +137,8 @@ class Region final : public autodiff::Node {
                                            uint64_t first_sequence_nr) const;
   void record_recomputation(std::chrono::steady_clock::time_point recompute_start,
                             std::chrono::steady_clock::time_point backward_start,
-                            std::chrono::steady_clock::time_point backward_end, size_t recomputed_saved);
+                            std::chrono::steady_clock::time_point backward_end, size_t recomputed_saved,
+                            const autodiff::OpCounters& ops_before, const autodiff::OpCounters& ops_after);
   std::vector<TensorList> route_input_grads(const TensorList& leaves, const autodiff::EngineResult& result) const;
 
   Kind kind_;
