@@ -10,6 +10,7 @@
 #include <random>
 
 #include "checkpoint_models.h"
+#include "autodiff/digest.h"
 #include "remat/nn.h"
 
 using namespace remat;
@@ -192,4 +193,29 @@ TEST(DynamicChecks, ARematerializedValueThatDiffersIsAnErrorNamingTheOp) {
     EXPECT_NE(std::string(e.what()).find("custom:scaled"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("first run"), std::string::npos) << e.what();
   }
+}
+
+// The digest the check compares depends on the values only: a transposed view (strided, gathered
+// block by block) digests as its contiguous copy does, at one thread as at two, and one flipped
+// bit anywhere in a value of many blocks changes it.
+TEST(RecomputeDigest, DependsOnTheValuesNotOnLayoutOrThreadsAndSeesOneBit) {
+  NoGradGuard no_grad;
+  Tensor x = randn({300, 257}, DType::f32, RngState{11, 0});  // 308,400 bytes: five 64 KiB blocks
+  Tensor view = x.transpose(0, 1);
+  ASSERT_FALSE(view.is_contiguous());
+  Tensor copy = view.contiguous();
+  const uint64_t digest = detail::recompute_digest(copy).value();
+  EXPECT_EQ(detail::recompute_digest(view).value(), digest);
+  const int threads = num_threads();
+  set_num_threads(1);
+  const uint64_t one_thread = detail::recompute_digest(view).value();
+  set_num_threads(threads);
+  EXPECT_EQ(one_thread, digest);
+  for (int64_t at : {int64_t{0}, int64_t{40000}, copy.numel() - 1}) {
+    Tensor flipped = copy.clone();
+    auto* word = reinterpret_cast<uint32_t*>(flipped.data<float>() + at);
+    *word ^= 1u;  // the lowest mantissa bit
+    EXPECT_NE(detail::recompute_digest(flipped).value(), digest) << "bit flipped at element " << at;
+  }
+  EXPECT_NE(detail::recompute_digest(x).value(), digest);  // the same values in another order
 }
