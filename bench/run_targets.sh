@@ -5,7 +5,9 @@
 #      gpt-large, nanoGPT shapes), written as bench/results/peers-DATE-targets.{md,svg,json};
 #   2. model-FLOPs utilisation (build/bench/bench_step) at the default GPT, nanoGPT's shapes and
 #      gpt-large, save-all and every-layer;
-#   3. context scaling (bench/run_context.sh).
+#   3. context scaling (bench/run_context.sh);
+#   4. the row and elementwise kernels and the AdamW step against two-thread memcpy
+#      (build/bench/bench_elementwise, medians of 3).
 # Writes bench/results/targets-DATE.md: the commit, the load before each part, and the raw
 # output of parts 2 and 3 (part 1 has its own report, whose "Targets" section it points to).
 #   bench/run_targets.sh [--skip-peers]
@@ -19,7 +21,7 @@ out="bench/results/targets-$day.md"
 skip_peers=0
 [[ "${1:-}" == "--skip-peers" ]] && skip_peers=1
 
-cmake --build build --target remat bench_step >/dev/null
+cmake --build build --target remat bench_step bench_elementwise >/dev/null
 commit="$(git rev-parse --short HEAD)"
 {
   echo "# Performance targets in one run, $day"
@@ -67,4 +69,17 @@ echo "== 3. context ($(uptime))"
   echo
 } >>"$out"
 STEPS=3 bench/run_context.sh build | tee -a "$out"
+
+echo "== 4. row kernels ($(uptime))"
+{
+  echo
+  echo "## 4. Row kernels against memcpy"
+  echo
+  echo "\`build/bench/bench_elementwise --benchmark_repetitions=3 --benchmark_report_aggregates_only=true\`; load before: $(uptime | sed 's/.*load/load/')"
+  echo
+  echo '```'
+} >>"$out"
+build/bench/bench_elementwise --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 |
+  grep -E '_median|^Run on|CPU' | tee -a "$out"
+echo '```' >>"$out"
 echo "bench/run_targets.sh: wrote $out"
