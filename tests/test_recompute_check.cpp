@@ -6,6 +6,7 @@
 // turned off, and then the gradient silently differs (so the check is what catches it).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -213,8 +214,11 @@ TEST(RecomputeDigest, DependsOnTheValuesNotOnLayoutOrThreadsAndSeesOneBit) {
   EXPECT_EQ(one_thread, digest);
   for (int64_t at : {int64_t{0}, int64_t{40000}, copy.numel() - 1}) {
     Tensor flipped = copy.clone();
-    auto* word = reinterpret_cast<uint32_t*>(flipped.data<float>() + at);
-    *word ^= 1u;  // the lowest mantissa bit
+    float* value = flipped.data<float>() + at;
+    uint32_t bits;
+    std::memcpy(&bits, value, sizeof bits);
+    bits ^= 1u;  // the lowest mantissa bit
+    std::memcpy(value, &bits, sizeof bits);
     EXPECT_NE(detail::recompute_digest(flipped).value(), digest) << "bit flipped at element " << at;
   }
   EXPECT_NE(detail::recompute_digest(x).value(), digest);  // the same values in another order
