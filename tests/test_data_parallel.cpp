@@ -15,6 +15,7 @@
 #include "remat/distributed.h"
 #include "remat/grad_ready.h"
 #include "remat/ops.h"
+#include "emulated_backend.h"
 
 using namespace remat;
 namespace dist = remat::distributed;
@@ -36,32 +37,35 @@ bool same_bits(const Tensor& a, const Tensor& b) {
          std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
-Tensor parameter(const Shape& shape, double start, DType dtype = DType::f32, const std::string& name = "p") {
+Tensor parameter(const Shape& shape, double start, DType dtype = DType::f32, const std::string& name = "p",
+                 Device device = kCpu) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   std::vector<double> v(static_cast<size_t>(n));
   for (size_t i = 0; i < v.size(); ++i) v[i] = start + 0.37 * static_cast<double>(i) - 0.11 * static_cast<double>(i % 3);
-  Tensor t = from_vector(v, shape, dtype);
+  Tensor t = from_vector(v, shape, dtype).to(device);
   t.requires_grad_();
   t.set_name(name);
   return t;
 }
 
 // A tiny model: loss(index) = sum(tanh(x_index @ w + b)^2), x_index [2, 4] a function of index;
-// `unused` takes part in no loss.
+// `unused` takes part in no loss. On `device` (the CPU unless given).
 struct Tiny {
-  Tensor w = parameter({4, 3}, -0.4, DType::f32, "w");
-  Tensor b = parameter({3}, 0.2, DType::f32, "b");
-  Tensor unused = parameter({2}, 1.0, DType::f32, "unused");
+  explicit Tiny(Device device = kCpu) : device(device) {}
+  Device device;
+  Tensor w = parameter({4, 3}, -0.4, DType::f32, "w", device);
+  Tensor b = parameter({3}, 0.2, DType::f32, "b", device);
+  Tensor unused = parameter({2}, 1.0, DType::f32, "unused", device);
   std::vector<Tensor> params() const { return {w, b, unused}; }
   Tensor loss(int64_t index) const {
     std::vector<double> x(8);
     for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1 * static_cast<double>((index * 7 + static_cast<int64_t>(i) * 3) % 11) - 0.5;
-    return sum(square(tanh(add(matmul(from_vector(x, {2, 4}), w), b))));
+    return sum(square(tanh(add(matmul(from_vector(x, {2, 4}).to(device), w), b))));
   }
   // Accumulates the gradients of micro-batch `index` into the parameters; returns its loss.
   double backward_of(int64_t index) const {
-    return backward([&] { return loss(index); }, GradOptions{Policy::save_all()}).item();
+    return backward([&] { return loss(index); }, GradOptions{Policy::save_all()}).to(kCpu).item();
   }
   // The gradients of micro-batch `index` alone (fresh, contiguous copies).
   std::vector<Tensor> gradients_of(int64_t index) const {
@@ -199,6 +203,28 @@ TEST(DataParallel, StepAccumulatesInOrderAndScalesToTheMean) {
     EXPECT_FALSE(m.unused.grad().defined());  // no gradient in any micro-batch: none
     EXPECT_EQ(r.loss, loss_sum / static_cast<double>(accumulate));
     EXPECT_EQ(r.communication_seconds, 0.0);
+  }
+}
+
+// On a device (the emulated one refuses host reads of its memory, as a GPU's is out of the host's
+// reach) the step accumulates, scales and installs the gradients without reading them in place,
+// and they have the CPU's bits.
+TEST(DataParallel, StepRunsOnADevice) {
+  remat::testing::EmulatedDevice dev;
+  for (int64_t accumulate : {1, 3}) {
+    SCOPED_TRACE(accumulate);
+    Tiny host, on_device(dev.device);
+    const auto micro = [](const Tiny& m) {
+      return [&m](int64_t index, bool, const dist::HandOnFn&) { return m.backward_of(index); };
+    };
+    const dist::StepResult r_host = dist::data_parallel_step(host.params(), 1, {.accumulate = accumulate}, micro(host));
+    const dist::StepResult r_dev =
+        dist::data_parallel_step(on_device.params(), 1, {.accumulate = accumulate}, micro(on_device));
+    EXPECT_EQ(r_dev.loss, r_host.loss);
+    ASSERT_EQ(on_device.w.grad().device(), dev.device);
+    EXPECT_TRUE(same_bits(on_device.w.grad().to(kCpu), host.w.grad()));
+    EXPECT_TRUE(same_bits(on_device.b.grad().to(kCpu), host.b.grad()));
+    EXPECT_FALSE(on_device.unused.grad().defined());
   }
 }
 

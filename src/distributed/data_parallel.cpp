@@ -12,34 +12,50 @@ namespace remat::distributed {
 
 namespace {
 
+// Runs f on t's values in host memory: t itself on the CPU; on a device, a host copy that is
+// written back afterwards (the sums are the host's arithmetic on every device, so a device's
+// accumulated gradient has the bits of the CPU's).
+template <class F>
+void on_host(const Tensor& t, F&& f) {
+  if (t.device().type == DeviceType::cpu) return f(t);
+  const Tensor host = t.to(kCpu);
+  f(host);
+  Tensor(t).copy_(host);
+}
+
 // into = into + g (f32 or f64, contiguous, same shape): the accumulated sum is the left operand.
 void add_gradient(const Tensor& into, const Tensor& g) {
   REMAT_CHECK(into.dtype() == g.dtype() && into.numel() == g.numel() && into.is_contiguous() && g.is_contiguous(),
               "distributed: the gradients of one parameter differ between micro-batches");
-  const int64_t n = into.numel();
-  if (into.dtype() == DType::f32) {
-    float* a = static_cast<float*>(into.raw_data());
-    const float* b = static_cast<const float*>(g.raw_data());
-    for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
-  } else {
-    REMAT_CHECK(into.dtype() == DType::f64, "distributed: gradient accumulation supports f32 and f64, got ",
-                dtype_name(into.dtype()));
-    double* a = static_cast<double*>(into.raw_data());
-    const double* b = static_cast<const double*>(g.raw_data());
-    for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
-  }
+  REMAT_CHECK(into.dtype() == DType::f32 || into.dtype() == DType::f64,
+              "distributed: gradient accumulation supports f32 and f64, got ", dtype_name(into.dtype()));
+  const Tensor gh = g.device().type == DeviceType::cpu ? g : g.to(kCpu);
+  on_host(into, [&](const Tensor& a_t) {
+    const int64_t n = a_t.numel();
+    if (a_t.dtype() == DType::f32) {
+      float* a = static_cast<float*>(a_t.raw_data());
+      const float* b = static_cast<const float*>(gh.raw_data());
+      for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
+    } else {
+      double* a = static_cast<double*>(a_t.raw_data());
+      const double* b = static_cast<const double*>(gh.raw_data());
+      for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
+    }
+  });
 }
 
 void scale_gradient(const Tensor& g, double factor) {
-  const int64_t n = g.numel();
-  if (g.dtype() == DType::f32) {
-    float* a = static_cast<float*>(g.raw_data());
-    const float f = static_cast<float>(factor);
-    for (int64_t i = 0; i < n; ++i) a[i] *= f;
-  } else {
-    double* a = static_cast<double*>(g.raw_data());
-    for (int64_t i = 0; i < n; ++i) a[i] *= factor;
-  }
+  on_host(g, [&](const Tensor& t) {
+    const int64_t n = t.numel();
+    if (t.dtype() == DType::f32) {
+      float* a = static_cast<float*>(t.raw_data());
+      const float f = static_cast<float>(factor);
+      for (int64_t i = 0; i < n; ++i) a[i] *= f;
+    } else {
+      double* a = static_cast<double*>(t.raw_data());
+      for (int64_t i = 0; i < n; ++i) a[i] *= factor;
+    }
+  });
 }
 
 // Note: accumulating a step's gradients. Each micro-batch runs on cleared gradients, so its
@@ -92,7 +108,10 @@ class Accumulation {
   }
   // parameter i's gradient is the rank's final sum from here on
   void install(size_t i) {
-    if (sum_[i].defined() && params_[i].grad().raw_data() != sum_[i].raw_data()) {
+    // the same storage: the sum is the parameter's own gradient (compared without reading the
+    // values, which may be on a device)
+    const Tensor g = params_[i].grad();
+    if (sum_[i].defined() && (!g.defined() || g.storage() != sum_[i].storage())) {
       params_[i].zero_grad();
       params_[i].set_grad(sum_[i]);
     }
