@@ -63,6 +63,7 @@ Corpus load_corpus(const std::string& path) {
     corpus.text += s;
     if (!s.empty() && s.back() != '\n') corpus.text += '\n';
     corpus.files.push_back(f.string());
+    corpus.file_ends.push_back(corpus.text.size());
   }
   REMAT_CHECK(!corpus.text.empty(), "corpus is empty: no text found in ", path, ". ", how_to_fix(path));
   REMAT_CHECK(corpus.text.size() >= 1000, "corpus too small: ", corpus.text.size(), " bytes in ", path,
@@ -125,11 +126,22 @@ std::string CharTokenizer::decode(const std::vector<int64_t>& ids) const {
   return s;
 }
 
-TokenSplit split_tokens(const std::vector<int64_t>& tokens, double validation_fraction) {
-  size_t n_val = static_cast<size_t>(static_cast<double>(tokens.size()) * validation_fraction);
+TokenSplit split_tokens(const std::vector<int64_t>& tokens, const std::vector<size_t>& file_ends,
+                        double validation_fraction) {
+  REMAT_CHECK(validation_fraction >= 0 && validation_fraction < 1, "validation fraction must be in [0, 1), got ",
+              validation_fraction);
+  REMAT_CHECK(!file_ends.empty() && file_ends.back() == tokens.size() &&
+                  std::is_sorted(file_ends.begin(), file_ends.end()),
+              "split_tokens: the file ends must rise to the token count ", tokens.size());
   TokenSplit s;
-  s.train.assign(tokens.begin(), tokens.end() - static_cast<std::ptrdiff_t>(n_val));
-  s.validation.assign(tokens.end() - static_cast<std::ptrdiff_t>(n_val), tokens.end());
+  size_t begin = 0;
+  for (size_t end : file_ends) {
+    const size_t held_out = static_cast<size_t>(static_cast<double>(end - begin) * validation_fraction);
+    const auto at = [&](size_t i) { return tokens.begin() + static_cast<std::ptrdiff_t>(i); };
+    s.train.insert(s.train.end(), at(begin), at(end - held_out));
+    s.validation.insert(s.validation.end(), at(end - held_out), at(end));
+    begin = end;
+  }
   return s;
 }
 

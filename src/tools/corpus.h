@@ -17,6 +17,7 @@ inline constexpr const char* kDefaultCorpus = "/usr/share/games/fortunes";
 struct Corpus {
   std::string text;
   std::vector<std::string> files;  // what was read
+  std::vector<size_t> file_ends;    // where each file's text ends in `text` (rising; the last is its size)
 };
 
 // Reads `path` (a file, or every text file under a folder, sorted by name; binary files such as
@@ -42,11 +43,15 @@ class CharTokenizer {
   int index_[256];
 };
 
-// Training and validation token streams: the last 5% of the text is held out.
+// Training and validation token streams: the last 5% of each file's text is held out, so that the
+// validation text comes from every file of a folder, in the proportions of the training text (one
+// token per byte: `file_ends` are Corpus::file_ends). The validation stream is the files' tails in
+// file order; the training stream the rest.
 struct TokenSplit {
   std::vector<int64_t> train, validation;
 };
-TokenSplit split_tokens(const std::vector<int64_t>& tokens, double validation_fraction = 0.05);
+TokenSplit split_tokens(const std::vector<int64_t>& tokens, const std::vector<size_t>& file_ends,
+                        double validation_fraction = 0.05);
 
 // A batch of B windows of length T+1 from `tokens`, starting at positions drawn from (seed, step):
 // inputs [B, T] and targets [B, T] (the inputs shifted by one), on `device`.

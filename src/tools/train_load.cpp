@@ -143,7 +143,7 @@ Loaded load(const TrainOptions& o, Device device) {
   l.config.vocab = l.tokenizer.vocab_size();
   check_footprint(l.config, o.batch, Use::train, source);  // before anything of that size is built
   l.tokens = l.tokenizer.encode(l.corpus.text);
-  l.split = split_tokens(l.tokens);
+  l.split = split_tokens(l.tokens, l.corpus.file_ends);
 
   l.model = std::make_shared<nn::GPT>(l.config);
   if (weights) {

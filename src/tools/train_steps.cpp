@@ -73,7 +73,7 @@ Optimization::Optimization(const TrainOptions& o, const DataParallel& dp, nn::GP
       sharded(o.shard_optimizer && dp.world > 1),
       owners(sharded ? distributed::optimizer_owners(all_params, dp.world) : std::vector<int>{}),
       optimizer(updated_parameters(all_params, sharded, owners, dp.rank),
-                {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.01}),
+                {.lr = o.lr, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.01}),
       lr_at{.max_lr = o.lr, .min_lr = 0.0,
             .warmup_steps = std::min<int64_t>(100, std::max<int64_t>(1, o.steps / 10)), .total_steps = o.steps} {}
 

@@ -1,12 +1,16 @@
 // The command line's input checks, linked directly: strict numbers, the GPT footprint bound, the
-// --costs reader, the vocabulary of weight files, typo suggestions, the sampling helpers and the
-// progress line.
+// --costs reader, the vocabulary of weight files, the corpus's training/validation split, typo
+// suggestions, the sampling helpers and the progress line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "commands.h"
 #include "corpus.h"
@@ -100,6 +104,34 @@ TEST(CliTokenizer, VocabularyIsStrict) {
   for (const char* bad : {"", "1,,2", "1,2,", ",1", "1, 2", "1,2x", "a", "256", "-1", "0x41"})
     expect_error([&] { CharTokenizer::from_string(bad, "metadata \"vocabulary\""); }, {"metadata \"vocabulary\""});
   expect_error([] { CharTokenizer::from_string("1,2,1", "v"); }, {"v: byte 1 appears twice"});
+}
+
+// Each file of a folder gives its last 5% to the validation text, so that text comes from every
+// file in the training text's proportions (not, as a tail of the whole corpus would, from the last
+// files alone).
+TEST(CliCorpus, EachFileHoldsOutItsTail) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("remat-test-corpus-split-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/a") << std::string(999, 'a');  // 999 bytes and the newline load_corpus adds
+  std::ofstream(dir + "/b") << std::string(199, 'b') << '\n';
+  const Corpus c = load_corpus(dir);
+  EXPECT_EQ(c.file_ends, (std::vector<size_t>{1000, 1200}));
+  const CharTokenizer t = CharTokenizer::from_text(c.text);
+  const TokenSplit s = split_tokens(t.encode(c.text), c.file_ends);
+  const std::string train = t.decode(s.train), validation = t.decode(s.validation);
+  EXPECT_EQ(train, std::string(950, 'a') + std::string(190, 'b'));
+  EXPECT_EQ(validation, std::string(49, 'a') + "\n" + std::string(9, 'b') + "\n");
+  // one file: its tail, as a single text's
+  const std::vector<int64_t> ten = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const TokenSplit one = split_tokens(ten, {10}, 0.2);
+  EXPECT_EQ(one.train, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(one.validation, (std::vector<int64_t>{8, 9}));
+  expect_error([&] { split_tokens(ten, {4, 9}); }, {"file ends must rise to the token count 10"});
+  expect_error([&] { split_tokens(ten, {6, 4, 10}); }, {"file ends must rise"});
+  expect_error([&] { split_tokens(ten, {10}, 1.0); }, {"validation fraction must be in [0, 1)"});
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CliCosts, AValidFileReadsBack) {
