@@ -270,6 +270,123 @@ __global__ void dq_kernel(Problem<T> pb) {
   }
 }
 
+// The backward for equal head sizes D = d = dv known at compile time (GPT-2's 64 among them): a
+// lane owns one key (dK, dV) or one query (dQ) and keeps that row's gradient in registers; the
+// other side's rows are staged 32 at a time in shared memory, read there by every lane at once,
+// and the loops over the head are unrolled. Each gradient element is summed over the same rows
+// in the same order, with the same products, as in dkdv_kernel and dq_kernel: the same bits.
+template <class T, int D>
+__global__ void dkdv_rows_kernel(Problem<T> pb) {
+  __shared__ T ks[kTile][D + 1], vs[kTile][D + 1], qs[kTile][D], gs[kTile][D], lse_s[kTile], delta_s[kTile];
+  const int64_t bh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
+  const int lane = threadIdx.x;
+  const int64_t j = j0 + lane;
+  stage(pb.k, bh, pb.heads, j0, pb.tk, D, &ks[0][0], D + 1);
+  stage(pb.v, bh, pb.heads, j0, pb.tk, D, &vs[0][0], D + 1);
+  T dk[D], dv[D];
+#pragma unroll
+  for (int e = 0; e < D; ++e) dk[e] = T(0), dv[e] = T(0);
+  for (int64_t i0 = pb.causal ? j0 : 0; i0 < pb.tq; i0 += kTile) {
+    __syncwarp();
+    stage(pb.q, bh, pb.heads, i0, pb.tq, D, &qs[0][0], D);
+    stage(pb.gout, bh, pb.heads, i0, pb.tq, D, &gs[0][0], D);
+    lse_s[lane] = i0 + lane < pb.tq ? pb.lse[bh * pb.tq + i0 + lane] : T(0);
+    delta_s[lane] = i0 + lane < pb.tq ? pb.delta[bh * pb.tq + i0 + lane] : T(0);
+    __syncwarp();
+    const int rows = static_cast<int>(min(int64_t(kTile), pb.tq - i0));
+    for (int r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r;
+      T pz = T(0), ds = T(0);
+      if (pb.visible(i, j)) {
+        T sc = 0, dp = 0;
+#pragma unroll
+        for (int e = 0; e < D; ++e) sc += qs[r][e] * ks[lane][e];
+        const T p = exp(sc * pb.scale - lse_s[r]);
+#pragma unroll
+        for (int e = 0; e < D; ++e) dp += gs[r][e] * vs[lane][e];
+        const T z = pb.dropout_factor(bh, i, j);
+        pz = p * z, ds = p * (z * dp - delta_s[r]);
+      }
+#pragma unroll
+      for (int e = 0; e < D; ++e) {
+        dv[e] += pz * gs[r][e];
+        dk[e] += ds * qs[r][e];
+      }
+    }
+  }
+  if (j >= pb.tk) return;
+  T* gk = pb.gk.row(bh, pb.heads, j);
+  T* gv = pb.gv.row(bh, pb.heads, j);
+#pragma unroll
+  for (int e = 0; e < D; ++e) gk[e] = dk[e] * pb.scale, gv[e] = dv[e];
+}
+
+template <class T, int D>
+__global__ void dq_rows_kernel(Problem<T> pb) {
+  __shared__ T qs[kTile][D + 1], gs[kTile][D + 1], ks[kTile][D], vs[kTile][D];
+  const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
+  const int lane = threadIdx.x;
+  const int64_t i = i0 + lane;
+  stage(pb.q, bh, pb.heads, i0, pb.tq, D, &qs[0][0], D + 1);
+  stage(pb.gout, bh, pb.heads, i0, pb.tq, D, &gs[0][0], D + 1);
+  const T lse_i = i < pb.tq ? pb.lse[bh * pb.tq + i] : T(0), delta_i = i < pb.tq ? pb.delta[bh * pb.tq + i] : T(0);
+  T dq[D];
+#pragma unroll
+  for (int e = 0; e < D; ++e) dq[e] = T(0);
+  const int64_t key_end = pb.causal ? min(pb.tk, i0 + kTile) : pb.tk;
+  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
+    __syncwarp();
+    stage(pb.k, bh, pb.heads, j0, pb.tk, D, &ks[0][0], D);
+    stage(pb.v, bh, pb.heads, j0, pb.tk, D, &vs[0][0], D);
+    __syncwarp();
+    const int keys = static_cast<int>(min(int64_t(kTile), key_end - j0));
+    for (int c = 0; c < keys; ++c) {
+      const int64_t j = j0 + c;
+      T ds = T(0);
+      if (i < pb.tq && pb.visible(i, j)) {
+        T sc = 0, dp = 0;
+#pragma unroll
+        for (int e = 0; e < D; ++e) sc += qs[lane][e] * ks[c][e];
+        const T p = exp(sc * pb.scale - lse_i);
+#pragma unroll
+        for (int e = 0; e < D; ++e) dp += gs[lane][e] * vs[c][e];
+        ds = p * (pb.dropout_factor(bh, i, j) * dp - delta_i);
+      }
+#pragma unroll
+      for (int e = 0; e < D; ++e) dq[e] += ds * ks[c][e];
+    }
+  }
+  if (i >= pb.tq) return;
+  T* gq = pb.gq.row(bh, pb.heads, i);
+#pragma unroll
+  for (int e = 0; e < D; ++e) gq[e] = dq[e] * pb.scale;
+}
+
+// Runs the row kernels when the head size has an instance (registers hold 2 D values a lane, so
+// float64 stops at 32), and says whether it did.
+template <class T, int D>
+bool backward_rows_at(const Problem<T>& pb, int64_t bh, cudaStream_t stream) {
+  if (pb.d != D || pb.dv != D) return false;
+  if (pb.tk > 0) {
+    dkdv_rows_kernel<T, D><<<dim3(static_cast<unsigned>((pb.tk + kTile - 1) / kTile), static_cast<unsigned>(bh)), kTile,
+                             0, stream>>>(pb);
+    check_launch("attention_backward (dk, dv)");
+  }
+  dq_rows_kernel<T, D>
+      <<<dim3(static_cast<unsigned>((pb.tq + kTile - 1) / kTile), static_cast<unsigned>(bh)), kTile, 0, stream>>>(pb);
+  check_launch("attention_backward (dq)");
+  return true;
+}
+
+template <class T>
+bool backward_rows(const Problem<T>& pb, int64_t bh, cudaStream_t stream) {
+  if (backward_rows_at<T, 8>(pb, bh, stream) || backward_rows_at<T, 16>(pb, bh, stream) ||
+      backward_rows_at<T, 32>(pb, bh, stream))
+    return true;
+  if constexpr (sizeof(T) == 4) return backward_rows_at<T, 64>(pb, bh, stream);
+  return false;
+}
+
 void check_unit_last(const Tensor& t, const char* what) {
   REMAT_ASSERT(!t.defined() || t.numel() == 0 || t.strides().back() == 1, "attention: ", what, " of shape ",
                shape_str(t.shape()), " needs unit stride along its last axis");
@@ -358,6 +475,7 @@ void CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_in, con
     pb.delta = ptr<T>(delta);
     delta_kernel<T><<<grid_for(bh * pb.tq * 32), kThreads, 0, stream_>>>(pb, bh * pb.tq);
     check_launch("attention_backward (delta)");
+    if (backward_rows(pb, bh, stream_)) return;
     if (pb.tk > 0) {
       const size_t kv_bytes = sizeof(T) * static_cast<size_t>(kTile * (2 * pb.d + 1) + kTile * (2 * pb.dv + 1));
       const dim3 kv_grid(static_cast<unsigned>((pb.tk + kTile - 1) / kTile), static_cast<unsigned>(bh));
