@@ -273,8 +273,10 @@ __global__ void dq_kernel(Problem<T> pb) {
 // The backward for equal head sizes D = d = dv known at compile time (GPT-2's 64 among them): a
 // lane owns one key (dK, dV) or one query (dQ) and keeps that row's gradient in registers; the
 // other side's rows are staged 32 at a time in shared memory, read there by every lane at once,
-// and the loops over the head are unrolled. Each gradient element is summed over the same rows
-// in the same order, with the same products, as in dkdv_kernel and dq_kernel: the same bits.
+// and the loops over the head are unrolled. Each gradient element is summed over the rows in
+// ascending order, as in dkdv_kernel and dq_kernel, but the compiled arithmetic is not the same
+// (a training run's gradient digest differs in the last bits), so a head size always takes one
+// path: the row kernels where an instance exists, else the generic ones.
 template <class T, int D>
 __global__ void dkdv_rows_kernel(Problem<T> pb) {
   __shared__ T ks[kTile][D + 1], vs[kTile][D + 1], qs[kTile][D], gs[kTile][D], lse_s[kTile], delta_s[kTile];
