@@ -380,10 +380,13 @@ void add_attention_rows(std::vector<OpCase>& t) {
   t.push_back(attention_case("dropout_tiles", {1, 1, 34, 3}, {1, 1, 34, 3}, {1, 1, 34, 3}, true, 0.2, {99, 0}));
   t.push_back(attention_from_qkv_case(2, 5, 2, 3, 0.0, {}));
   t.push_back(attention_from_qkv_case(2, 5, 2, 3, 0.25, {2024, 12}));
-  // equal head sizes of 8 and 16 over several tiles: the CUDA backward's row kernels
+  // equal head sizes of 8 to 64 over several tiles: the CUDA forward's and backward's kernels for
+  // head sizes known at compile time
   t.push_back(attention_case("rows_d8", {1, 2, 37, 8}, {1, 2, 37, 8}, {1, 2, 37, 8}, true));
   t.push_back(attention_case("rows_d16_full", {1, 1, 19, 16}, {1, 1, 35, 16}, {1, 1, 35, 16}, false));
   t.push_back(attention_case("rows_d8_dropout", {1, 1, 34, 8}, {1, 1, 34, 8}, {1, 1, 34, 8}, true, 0.2, {99, 0}));
+  t.push_back(attention_case("rows_d32", {1, 1, 37, 32}, {1, 1, 37, 32}, {1, 1, 37, 32}, true));
+  t.push_back(attention_case("rows_d64", {1, 1, 33, 64}, {1, 1, 33, 64}, {1, 1, 33, 64}, true));
 }
 
 // Rows wider than a vector (8 floats, 4 doubles) with a tail: the hand-vectorised row and GELU

@@ -78,30 +78,33 @@ __device__ inline void stage(const Operand<const T>& src, int64_t bh, int64_t he
   }
 }
 
-template <class T>
+// D > 0: equal head sizes d = dv = D known at compile time, so the head loops unroll.
+template <class T, int D>
 __global__ void forward_kernel(Problem<T> pb) {
+  constexpr int kLanes = D > 0 ? (D + 31) / 32 : kMaxPerLane;  // output columns per lane
+  const int64_t d = D > 0 ? D : pb.d, dv = D > 0 ? D : pb.dv;
   extern __shared__ unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);  // [kTile][d + 1]
-  T* vs = ks + kTile * (pb.d + 1);     // [kTile][dv + 1]
-  T* qs = vs + kTile * (pb.dv + 1);    // [kRowsPerBlock][d]
+  T* vs = ks + kTile * (d + 1);        // [kTile][dv + 1]
+  T* qs = vs + kTile * (dv + 1);       // [kRowsPerBlock][d]
   const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kRowsPerBlock;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t x = threadIdx.x; x < kRowsPerBlock * pb.d; x += blockDim.x) {
-    const int64_t r = x / pb.d, e = x % pb.d;
+  for (int64_t x = threadIdx.x; x < kRowsPerBlock * d; x += blockDim.x) {
+    const int64_t r = x / d, e = x % d;
     qs[x] = i0 + r < pb.tq ? pb.q.row(bh, pb.heads, i0 + r)[e] : T(0);
   }
-  T m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kMaxPerLane];
+  T m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kLanes];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     m[r] = -INFINITY, l[r] = T(0);
 #pragma unroll
-    for (int t = 0; t < kMaxPerLane; ++t) acc[r][t] = T(0);
+    for (int t = 0; t < kLanes; ++t) acc[r][t] = T(0);
   }
   const int64_t key_end = pb.causal ? min(pb.tk, i0 + kRowsPerBlock) : pb.tk;
   for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
     __syncthreads();
-    stage(pb.k, bh, pb.heads, j0, pb.tk, pb.d, ks, pb.d + 1);
-    stage(pb.v, bh, pb.heads, j0, pb.tk, pb.dv, vs, pb.dv + 1);
+    stage(pb.k, bh, pb.heads, j0, pb.tk, d, ks, d + 1);
+    stage(pb.v, bh, pb.heads, j0, pb.tk, dv, vs, dv + 1);
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -112,7 +115,7 @@ __global__ void forward_kernel(Problem<T> pb) {
       T s = -INFINITY;
       if (valid) {
         T dot = 0;
-        for (int64_t e = 0; e < pb.d; ++e) dot += qs[row * pb.d + e] * ks[lane * (pb.d + 1) + e];
+        for (int64_t e = 0; e < d; ++e) dot += qs[row * d + e] * ks[lane * (d + 1) + e];
         s = dot * pb.scale;
       }
       const T mx = warp_max(s);
@@ -125,13 +128,13 @@ __global__ void forward_kernel(Problem<T> pb) {
       m[r] = m_new;
       const T pz = valid ? pj * pb.dropout_factor(bh, i, j) : T(0);
 #pragma unroll
-      for (int t = 0; t < kMaxPerLane; ++t) acc[r][t] *= alpha;
+      for (int t = 0; t < kLanes; ++t) acc[r][t] *= alpha;
       for (int jj = 0; jj < kTile; ++jj) {
         const T w = __shfl_sync(0xffffffffu, pz, jj);
 #pragma unroll
-        for (int t = 0; t < kMaxPerLane; ++t) {
+        for (int t = 0; t < kLanes; ++t) {
           const int64_t c = lane + 32 * t;
-          if (c < pb.dv) acc[r][t] += w * vs[jj * (pb.dv + 1) + c];
+          if (c < dv) acc[r][t] += w * vs[jj * (dv + 1) + c];
         }
       }
     }
@@ -143,9 +146,9 @@ __global__ void forward_kernel(Problem<T> pb) {
     const T inv = T(1) / l[r];
     T* dst = pb.o.row(bh, pb.heads, i);
 #pragma unroll
-    for (int t = 0; t < kMaxPerLane; ++t) {
+    for (int t = 0; t < kLanes; ++t) {
       const int64_t c = lane + 32 * t;
-      if (c < pb.dv) dst[c] = acc[r][t] * inv;
+      if (c < dv) dst[c] = acc[r][t] * inv;
     }
     if (lane == 0) pb.lse_out[bh * pb.tq + i] = m[r] + log(l[r]);
   }
@@ -447,7 +450,11 @@ void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor
     const size_t bytes =
         sizeof(T) * static_cast<size_t>(kTile * (pb.d + 1) + kTile * (pb.dv + 1) + kRowsPerBlock * pb.d);
     const dim3 grid(static_cast<unsigned>((pb.tq + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(bh));
-    launch(forward_kernel<T>, grid, 32 * kWarps, bytes, stream_, device_, pb, "attention");
+    const int threads = 32 * kWarps;
+    const int same = pb.d == pb.dv ? static_cast<int>(pb.d) : 0;
+    if (same == 64) launch(forward_kernel<T, 64>, grid, threads, bytes, stream_, device_, pb, "attention");
+    else if (same == 32) launch(forward_kernel<T, 32>, grid, threads, bytes, stream_, device_, pb, "attention");
+    else launch(forward_kernel<T, 0>, grid, threads, bytes, stream_, device_, pb, "attention");
   });
 }
 
