@@ -10,7 +10,9 @@
 //             dK += dS^T Q * scale in shared memory, dS = P o (Z o (dO V^T) - delta); and one warp
 //             per tile of 32 queries walks the keys in order and accumulates dQ += dS K * scale.
 //             Each gradient element is written by one thread after a fixed sequence of additions:
-//             no atomics.
+//             no atomics. For equal head sizes of 8 to 64 (32 in float64) the row kernels run
+//             instead: the same walks with each lane's gradient row in registers; the forward
+//             unrolls its head loops for head sizes 32 and 64.
 // Z is the dropout factor (keep / (1 - p) or 0) of word ((b * H + h) * Tq + i) * Tk + j of the
 // dropout stream, as on the CPU. Warp sums use butterfly shuffles, which leave the same value in
 // every lane. Head sizes D and Dv up to 256 (kMaxPerLane columns per lane).
