@@ -10,8 +10,6 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "commands.h"
 #include "corpus.h"
 #include "costs.h"
@@ -19,6 +17,7 @@
 #include "numbers.h"
 #include "progress.h"
 #include "remat/nn.h"
+#include "temp_dir.h"
 #include "usage.h"
 
 using namespace remat;
@@ -110,10 +109,7 @@ TEST(CliTokenizer, VocabularyIsStrict) {
 // file in the training text's proportions (not, as a tail of the whole corpus would, from the last
 // files alone).
 TEST(CliCorpus, EachFileHoldsOutItsTail) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("remat-test-corpus-split-" + std::to_string(::getpid()))).string();
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::string dir = remat::testing::fresh_dir("corpus-split");
   std::ofstream(dir + "/a") << std::string(999, 'a');  // 999 bytes and the newline load_corpus adds
   std::ofstream(dir + "/b") << std::string(199, 'b') << '\n';
   const Corpus c = load_corpus(dir);
@@ -261,7 +257,7 @@ TEST(CliProgress, EveryWidthKeepsWholeFieldsInPriorityOrder) {
   for (bool bar : {true, false})
     for (int columns = 20; columns <= 200; ++columns) {
       const std::string line = progress_line("train", 12, 100, kStepFields, 0.3, bar, columns);
-      SCOPED_TRACE(testing::Message() << "bar " << bar << ", " << columns << " columns: \"" << line << "\"");
+      SCOPED_TRACE(::testing::Message() << "bar " << bar << ", " << columns << " columns: \"" << line << "\"");
       EXPECT_LE(line.size(), static_cast<size_t>(columns - 1));  // the last column stays free
       // the head: [label] [bar] counter, one space apart; then whole fields, two spaces apart
       std::vector<std::string> parts = parts_of(line);
