@@ -172,24 +172,20 @@ __global__ void delta_kernel(Problem<T> pb, int64_t rows) {
   }
 }
 
-// The score, probability and dS of (i, j) for a lane: q_i . k_j from the given rows. D > 0: equal
-// head sizes known at compile time (the row kernels), so the loops unroll.
+// The score, probability and dS of (i, j) for a lane: q_i . k_j from the given rows.
 template <class T>
 struct Grad {
   T pz, ds;
 };
-template <int D = 0, class T>
+template <class T>
 __device__ inline Grad<T> grad_of(const Problem<T>& pb, int64_t bh, int64_t i, int64_t j, const T* qi, const T* kj,
                                   const T* gi, const T* vj, T lse_i, T delta_i) {
   if (!pb.visible(i, j)) return {T(0), T(0)};
-  const int64_t d = D > 0 ? D : pb.d, dv = D > 0 ? D : pb.dv;
   T s = 0;
-#pragma unroll
-  for (int64_t e = 0; e < d; ++e) s += qi[e] * kj[e];
+  for (int64_t e = 0; e < pb.d; ++e) s += qi[e] * kj[e];
   const T p = exp(s * pb.scale - lse_i);
   T dp = 0;
-#pragma unroll
-  for (int64_t e = 0; e < dv; ++e) dp += gi[e] * vj[e];
+  for (int64_t e = 0; e < pb.dv; ++e) dp += gi[e] * vj[e];
   const T z = pb.dropout_factor(bh, i, j);
   return {p * z, p * (z * dp - delta_i)};
 }
@@ -306,11 +302,22 @@ __global__ void dkdv_rows_kernel(Problem<T> pb) {
     __syncwarp();
     const int rows = static_cast<int>(min(int64_t(kTile), pb.tq - i0));
     for (int r = 0; r < rows; ++r) {
-      const Grad<T> g = grad_of<D>(pb, bh, i0 + r, j, qs[r], ks[lane], gs[r], vs[lane], lse_s[r], delta_s[r]);
+      const int64_t i = i0 + r;
+      T pz = T(0), ds = T(0);
+      if (pb.visible(i, j)) {
+        T sc = 0, dp = 0;
+#pragma unroll
+        for (int e = 0; e < D; ++e) sc += qs[r][e] * ks[lane][e];
+        const T p = exp(sc * pb.scale - lse_s[r]);
+#pragma unroll
+        for (int e = 0; e < D; ++e) dp += gs[r][e] * vs[lane][e];
+        const T z = pb.dropout_factor(bh, i, j);
+        pz = p * z, ds = p * (z * dp - delta_s[r]);
+      }
 #pragma unroll
       for (int e = 0; e < D; ++e) {
-        dv[e] += g.pz * gs[r][e];
-        dk[e] += g.ds * qs[r][e];
+        dv[e] += pz * gs[r][e];
+        dk[e] += ds * qs[r][e];
       }
     }
   }
@@ -341,10 +348,19 @@ __global__ void dq_rows_kernel(Problem<T> pb) {
     __syncwarp();
     const int keys = static_cast<int>(min(int64_t(kTile), key_end - j0));
     for (int c = 0; c < keys; ++c) {
-      Grad<T> g{T(0), T(0)};
-      if (i < pb.tq) g = grad_of<D>(pb, bh, i, j0 + c, qs[lane], ks[c], gs[lane], vs[c], lse_i, delta_i);
+      const int64_t j = j0 + c;
+      T ds = T(0);
+      if (i < pb.tq && pb.visible(i, j)) {
+        T sc = 0, dp = 0;
 #pragma unroll
-      for (int e = 0; e < D; ++e) dq[e] += g.ds * ks[c][e];
+        for (int e = 0; e < D; ++e) sc += qs[lane][e] * ks[c][e];
+        const T p = exp(sc * pb.scale - lse_i);
+#pragma unroll
+        for (int e = 0; e < D; ++e) dp += gs[lane][e] * vs[c][e];
+        ds = p * (pb.dropout_factor(bh, i, j) * dp - delta_i);
+      }
+#pragma unroll
+      for (int e = 0; e < D; ++e) dq[e] += ds * ks[c][e];
     }
   }
   if (i >= pb.tq) return;
