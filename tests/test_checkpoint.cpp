@@ -289,6 +289,50 @@ TEST(Policy, MalformedStringsListTheValidForms) {
   }
 }
 
+// "Parsing is strict" (remat/policy.h): nothing may follow a number, not even a space, wherever
+// the number stands (K, a budget, an offload option, budget:auto's limit).
+TEST(Policy, NothingMayFollowANumberNotEvenASpace) {
+  for (const char* text : {"budget:64MB ", "budget:64MB\t", "budget:64MB  ", "every-k:2 ", "dynamic:64MiB ",
+                           "budget:auto,limit=1GiB ", "every-layer+offload:/tmp,threshold=1MiB ",
+                           "offload:/tmp,ram=4096 ", "offload:/tmp,threshold=1MiB ,ram=4096", "budget:64MB +offload:/tmp",
+                           "every-k:2 +offload:/tmp"}) {
+    SCOPED_TRACE(text);
+    try {
+      Policy::parse(text);
+      FAIL() << "accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string("cannot parse policy '") + text + "'"), std::string::npos) << m;
+      EXPECT_NE(m.find("not even a space"), std::string::npos) << m;
+    }
+  }
+}
+
+// Spaces around names, ':', ',' and '+' (and before a number) are still read as before, with the
+// same meaning as the form without them.
+TEST(Policy, SpacesAroundNamesAndSeparatorsKeepTheirMeaning) {
+  const std::pair<const char*, const char*> same[] = {
+      {" every-layer ", "every-layer"},
+      {"save-all ", "save-all"},
+      {"every-k: 2", "every-k:2"},
+      {"budget: 64MB", "budget:64MB"},
+      {"budget:64 MiB", "budget:64MiB"},
+      {"dynamic:\t4096", "dynamic:4096"},
+      {"budget:auto ", "budget:auto"},
+      {"budget:auto, limit=1GiB", "budget:auto,limit=1GiB"},
+      {"selective: matmul , tanh ", "selective:matmul,tanh"},
+      {"offload: /tmp ", "offload:/tmp"},
+      {"every-layer + offload:/scratch,threshold=1MiB", "every-layer+offload:/scratch,threshold=1MiB"},
+      {"every-layer+offload:/tmp, threshold=1MiB", "every-layer+offload:/tmp,threshold=1MiB"},
+      {"budget:64MB+ offload:/tmp", "budget:64MB+offload:/tmp"},
+      {"every-k:2+offload:/tmp ", "every-k:2+offload:/tmp"},
+  };
+  for (const auto& [spaced, plain] : same) {
+    SCOPED_TRACE(spaced);
+    EXPECT_EQ(Policy::parse(spaced), Policy::parse(plain));
+  }
+}
+
 TEST(Policy, PrecedenceLayerOverCallOverScopedDefault) {
   Tensor w = randn({4, 4}, DType::f64, RngState{4, 0}).requires_grad_();
   Tensor x = randn({2, 4}, DType::f64, RngState{5, 0});

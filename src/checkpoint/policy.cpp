@@ -25,6 +25,20 @@ std::string trim(const std::string& s) {
   size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
   return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
+
+std::string trim_left(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t");
+  return a == std::string::npos ? "" : s.substr(a);
+}
+
+// The text of a number (K, a byte count): spaces before it are ignored as around any separator,
+// but nothing may follow it, not even a space (the parse is strict).
+std::string number_text(const std::string& text, const std::string& raw) {
+  const std::string number = trim_left(text);
+  REMAT_CHECK(number.empty() || (number.back() != ' ' && number.back() != '\t'), "cannot parse policy '", raw,
+              "': nothing may follow the number '", trim(number), "', not even a space; ", kValidForms);
+  return number;
+}
 }  // namespace
 
 Policy Policy::every_k(int k) {
@@ -104,11 +118,12 @@ namespace {
 
 // "DIR[,threshold=BYTES][,ram=BYTES]" (the part after "offload:"); `raw` is the whole policy text.
 OffloadTarget parse_offload_target(const std::string& arg, const std::string& raw) {
-  std::vector<std::string> parts;
+  std::vector<std::string> parts;  // the directory trimmed, each option with its trailing spaces (number_text)
   size_t start = 0;
   while (true) {
     size_t comma = arg.find(',', start);
-    parts.push_back(trim(arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+    const std::string part = arg.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    parts.push_back(parts.empty() ? trim(part) : trim_left(part));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -120,12 +135,13 @@ OffloadTarget parse_offload_target(const std::string& arg, const std::string& ra
     const size_t eq = parts[i].find('=');
     const std::string key = eq == std::string::npos ? parts[i] : parts[i].substr(0, eq);
     REMAT_CHECK(eq != std::string::npos && (key == "threshold" || key == "ram"), "cannot parse policy '", raw,
-                "': unknown offload option '", parts[i], "' (threshold=BYTES or ram=BYTES); ", kValidForms);
+                "': unknown offload option '", trim(parts[i]), "' (threshold=BYTES or ram=BYTES); ", kValidForms);
     bool& seen = key == "threshold" ? seen_threshold : seen_ram;
     REMAT_CHECK(!seen, "cannot parse policy '", raw, "': the offload option ", key, " is given twice; ", kValidForms);
     seen = true;
     try {
-      (key == "threshold" ? target.threshold_bytes : target.ram_bytes) = memory::parse_bytes(parts[i].substr(eq + 1));
+      (key == "threshold" ? target.threshold_bytes : target.ram_bytes) =
+          memory::parse_bytes(number_text(parts[i].substr(eq + 1), raw));
     } catch (const Error& e) {
       throw Error(detail::concat("cannot parse policy '", raw, "': ", key, ": ", e.what(), "; ", kValidForms));
     }
@@ -134,9 +150,10 @@ OffloadTarget parse_offload_target(const std::string& arg, const std::string& ra
 }
 
 size_t parse_budget_bytes(const std::string& arg, const std::string& raw) {
+  const std::string number = number_text(arg, raw);
   size_t bytes = 0;
   try {
-    bytes = memory::parse_bytes(arg);
+    bytes = memory::parse_bytes(number);
   } catch (const Error& e) {
     throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what(), "; ", kValidForms));
   }
@@ -146,14 +163,15 @@ size_t parse_budget_bytes(const std::string& arg, const std::string& raw) {
 
 // "auto" or "auto,limit=BYTES" (the part after "budget:").
 Policy parse_auto_budget(const std::string& arg, const std::string& raw) {
-  if (arg == "auto") return Policy::budget_from_memory();
+  if (trim(arg) == "auto") return Policy::budget_from_memory();
   const std::string prefix = "auto,";
-  const std::string option = trim(arg.substr(prefix.size()));
-  REMAT_CHECK(option.rfind("limit=", 0) == 0, "cannot parse policy '", raw, "': unknown budget:auto option '", option,
-              "' (limit=BYTES); ", kValidForms);
+  const std::string option = trim_left(trim_left(arg).substr(prefix.size()));
+  REMAT_CHECK(option.rfind("limit=", 0) == 0, "cannot parse policy '", raw, "': unknown budget:auto option '",
+              trim(option), "' (limit=BYTES); ", kValidForms);
+  const std::string number = number_text(option.substr(6), raw);
   size_t limit = 0;
   try {
-    limit = memory::parse_bytes(option.substr(6));
+    limit = memory::parse_bytes(number);
   } catch (const Error& e) {
     throw Error(detail::concat("cannot parse policy '", raw, "': limit: ", e.what(), "; ", kValidForms));
   }
@@ -188,15 +206,17 @@ int parse_k(const std::string& arg, const std::string& raw) {
   return k;
 }
 
-// One form of the keep axis (no "+"), or offload:... alone; `raw` is the whole policy text.
+// One form of the keep axis (no "+"), or offload:... alone; `raw` is the whole policy text. `text`
+// keeps its trailing spaces: a name ignores them, a number refuses them (number_text).
 Policy parse_one(const std::string& text, const std::string& raw) {
   auto colon = text.find(':');
   std::string head = trim(text.substr(0, colon));
-  std::string arg = colon == std::string::npos ? "" : trim(text.substr(colon + 1));
+  const std::string untrimmed_arg = colon == std::string::npos ? "" : text.substr(colon + 1);
+  std::string arg = trim(untrimmed_arg);
   bool has_arg = colon != std::string::npos;
   if (head == "save-all" && !has_arg) return Policy::save_all();
   if (head == "every-layer" && !has_arg) return Policy::every_layer();
-  if (head == "every-k" && has_arg) return Policy::every_k(parse_k(arg, raw));
+  if (head == "every-k" && has_arg) return Policy::every_k(parse_k(number_text(untrimmed_arg, raw), raw));
   if (head == "selective" && has_arg) {
     std::vector<std::string> ops = parse_op_list(arg, raw);
     try {
@@ -205,10 +225,11 @@ Policy parse_one(const std::string& text, const std::string& raw) {
       throw Error(detail::concat("cannot parse policy '", raw, "': ", e.what()));
     }
   }
-  if (head == "budget" && has_arg && (arg == "auto" || arg.rfind("auto,", 0) == 0)) return parse_auto_budget(arg, raw);
-  if (head == "budget" && has_arg) return Policy::budget(parse_budget_bytes(arg, raw));
-  if (head == "dynamic" && has_arg) return Policy::dynamic(parse_budget_bytes(arg, raw));
-  if (head == "offload" && has_arg) return Policy::save_all().with_offload(parse_offload_target(arg, raw));
+  if (head == "budget" && has_arg && (arg == "auto" || arg.rfind("auto,", 0) == 0))
+    return parse_auto_budget(untrimmed_arg, raw);
+  if (head == "budget" && has_arg) return Policy::budget(parse_budget_bytes(untrimmed_arg, raw));
+  if (head == "dynamic" && has_arg) return Policy::dynamic(parse_budget_bytes(untrimmed_arg, raw));
+  if (head == "offload" && has_arg) return Policy::save_all().with_offload(parse_offload_target(untrimmed_arg, raw));
   throw Error(detail::concat("cannot parse policy '", raw, "'; ", kValidForms));
 }
 
@@ -217,15 +238,16 @@ Policy parse_one(const std::string& text, const std::string& raw) {
 // KEEP or KEEP+offload:...: the keep axis never contains '+', the offload directory may, so the
 // text splits at its first '+' (offload:DIR alone is read whole).
 Policy Policy::parse(const std::string& raw) {
-  const std::string text = trim(raw);
+  const std::string text = trim_left(raw);  // trailing spaces: each part decides (parse_one)
   const size_t plus = text.find('+');
   if (text.rfind("offload:", 0) == 0 || plus == std::string::npos) return parse_one(text, raw);
   Policy keep = parse_one(text.substr(0, plus), raw);
-  const std::string placement = trim(text.substr(plus + 1));
+  const std::string placement = trim_left(text.substr(plus + 1));
   REMAT_CHECK(placement.rfind("offload:", 0) == 0, "cannot parse policy '", raw,
-              "': after '+' comes where kept values live, offload:DIR[,...], got '", placement, "'; ", kValidForms);
+              "': after '+' comes where kept values live, offload:DIR[,...], got '", trim(placement), "'; ",
+              kValidForms);
   try {
-    return keep.with_offload(parse_offload_target(trim(placement.substr(8)), raw));
+    return keep.with_offload(parse_offload_target(placement.substr(8), raw));
   } catch (const Error& e) {
     const std::string what = e.what();
     if (what.rfind("cannot parse policy", 0) == 0) throw;
