@@ -1,11 +1,16 @@
 #include "corpus.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "numbers.h"
+#include "remat/memory.h"
 #include "remat/random.h"
 
 namespace remat::tools {
@@ -14,11 +19,57 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
+const char* file_kind(mode_t mode) {
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode)) return "a directory";
+  return "not a regular file";
+}
+
+std::string too_large(const fs::path& p, size_t bytes_before, size_t max_bytes) {
+  return detail::concat("corpus too large: ", p.string(), bytes_before > 0 ? " and the text before it" : "",
+                        " come", bytes_before > 0 ? "" : "s", " to more than ", max_bytes, " bytes (",
+                        memory::format_bytes(static_cast<double>(max_bytes)), "), the most remat reads from --data");
+}
+
+// Closes the descriptor on every way out.
+struct FileDescriptor {
+  int fd;
+  ~FileDescriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// The bytes of one corpus file. Opened without blocking (a FIFO with no writer would wait forever),
+// checked on the open descriptor to be a regular file that fits in the `room` left of the limit,
+// and read no further than that room (a file that grows while it is read is refused too): nothing
+// endless or larger than the limit is ever read. `bytes_before` is the text already read.
+std::string read_corpus_file(const fs::path& p, size_t bytes_before, size_t max_bytes) {
+  const FileDescriptor file{::open(p.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)};
+  REMAT_CHECK(file.fd >= 0, "cannot open corpus file ", p.string(), ": ", std::strerror(errno));
+  struct stat st {};
+  REMAT_CHECK(::fstat(file.fd, &st) == 0, "cannot read corpus file ", p.string(), ": ", std::strerror(errno));
+  REMAT_CHECK(S_ISREG(st.st_mode), "corpus file ", p.string(), " is ", file_kind(st.st_mode),
+              ", not a regular file: remat reads text files or folders of them (--data)");
+  const size_t room = max_bytes - std::min(bytes_before, max_bytes);
+  REMAT_CHECK(static_cast<uint64_t>(st.st_size) <= room, too_large(p, bytes_before, max_bytes));
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  char more[16384];  // what a file has beyond its stated size (a /proc file says 0; a file may grow)
+  while (true) {
+    const bool beyond = got == text.size();
+    const ssize_t n = ::read(file.fd, beyond ? more : text.data() + got, beyond ? sizeof more : text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    REMAT_CHECK(n >= 0, "cannot read corpus file ", p.string(), ": ", std::strerror(errno));
+    if (n == 0) break;
+    if (beyond) text.append(more, static_cast<size_t>(n));
+    got += static_cast<size_t>(n);
+    REMAT_CHECK(got <= room, too_large(p, bytes_before, max_bytes));
+  }
+  text.resize(got);
+  return text;
 }
 
 bool looks_like_text(const std::string& s) {
@@ -40,7 +91,7 @@ std::string how_to_fix(const std::string& path) {
 
 }  // namespace
 
-Corpus load_corpus(const std::string& path) {
+Corpus load_corpus(const std::string& path, size_t max_bytes) {
   Corpus corpus;
   std::error_code ec;
   fs::path root(path);
@@ -58,7 +109,7 @@ Corpus load_corpus(const std::string& path) {
   }
   for (const auto& f : files) {
     if (f.extension() == ".dat") continue;  // fortune's binary index files
-    std::string s = read_file(f);
+    std::string s = read_corpus_file(f, corpus.text.size(), max_bytes);
     if (!looks_like_text(s)) continue;
     corpus.text += s;
     if (!s.empty() && s.back() != '\n') corpus.text += '\n';

@@ -20,10 +20,18 @@ struct Corpus {
   std::vector<size_t> file_ends;    // where each file's text ends in `text` (rising; the last is its size)
 };
 
+// The most text load_corpus reads (256 MiB: enwik8 and text8, 100 MB each, fit). Training holds
+// about 17 bytes per byte of text at once: the text, its tokens and their split, 8 bytes a token.
+inline constexpr size_t kMaxCorpusMiB = 256;
+inline constexpr size_t kMaxCorpusBytes = kMaxCorpusMiB << 20;
+
 // Reads `path` (a file, or every text file under a folder, sorted by name; binary files such as
-// the fortune .dat indexes are skipped). Throws remat::Error saying how to install the default
-// corpus or pass --data when nothing usable is found.
-Corpus load_corpus(const std::string& path);
+// the fortune .dat indexes are skipped, and so are a folder's entries that are not regular files,
+// symbolic links included). Throws remat::Error saying how to install the default corpus or pass
+// --data when nothing usable is found. A `path` that is not a regular file or a folder (/dev/zero,
+// a FIFO), or text of more than `max_bytes` in all, is a remat::Error naming the file, raised
+// before that file is read.
+Corpus load_corpus(const std::string& path, size_t max_bytes = kMaxCorpusBytes);
 
 class CharTokenizer {
  public:

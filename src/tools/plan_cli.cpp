@@ -1,5 +1,6 @@
 // `remat plan`'s options (cli.h); the command is plan.cpp.
 #include "cli.h"
+#include "corpus.h"
 
 namespace remat::tools {
 
@@ -10,7 +11,8 @@ Subcommand add_plan(CLI::App& app) {
   PlanOptions& plan = command->options;
   p->add_option("--budget", plan.budget, "memory budget for saved bytes, e.g. 64MiB (without it: the feasible range alone)");
   p->add_option("--costs", plan.costs, "JSON file of per-stage costs instead of profiling a model");
-  p->add_option("--data", plan.train.data, "text file or folder (for the vocabulary)");
+  p->add_option("--data", plan.train.data,
+                "text file or folder, at most " + std::to_string(kMaxCorpusMiB) + " MiB (for the vocabulary)");
   add_model_options(command->numbers, plan.train);
   p->add_flag("--json", plan.train.json, "print one JSON object");
   return {p, [command] {

@@ -1,5 +1,6 @@
 // `remat sample`'s options (cli.h); the command is sample.cpp.
 #include "cli.h"
+#include "corpus.h"
 
 namespace remat::tools {
 
@@ -13,7 +14,7 @@ Subcommand add_sample(CLI::App& app) {
   s->add_option("--device", sample.device, "where the model runs: cpu | cuda | cuda:N")->capture_default_str();
   s->add_option("--data", sample.data,
                 "for weights without remat metadata (e.g. nanoGPT's): the text whose bytes are the vocabulary "
-                "(default: /usr/share/games/fortunes)");
+                "(at most " + std::to_string(kMaxCorpusMiB) + " MiB; default: /usr/share/games/fortunes)");
   n.add<int64_t>("--heads", sample.heads, 1, kMaxInt,
                  "for weights without remat metadata: their attention heads (no shape gives them; default 4)",
                  &sample.heads_given);

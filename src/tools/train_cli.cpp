@@ -1,5 +1,6 @@
 // `remat train`'s options (cli.h); the command is train.cpp.
 #include "cli.h"
+#include "corpus.h"
 
 namespace remat::tools {
 
@@ -64,7 +65,9 @@ Subcommand add_train(CLI::App& app) {
   auto* t = app.add_subcommand("train", "train a character-level GPT on a text corpus (default: Debian's fortunes)");
   auto command = std::make_shared<TrainCommand>(t);
   TrainOptions& train = command->options;
-  t->add_option("--data", train.data, "text file or folder of text files (default: /usr/share/games/fortunes)");
+  t->add_option("--data", train.data,
+                "text file or folder of text files, at most " + std::to_string(kMaxCorpusMiB) +
+                    " MiB in all (default: /usr/share/games/fortunes)");
   t->add_option("--device", train.device, "where the model, batches and evaluation run: cpu | cuda | cuda:N")
       ->capture_default_str();
   add_model_options(command->numbers, train);

@@ -1,6 +1,8 @@
 // The built `remat` executable against bad input of every class: each must end with exit code 1
 // and a message "remat: error: ..." naming what was wrong, never a crash, a hang, an uncaught
 // std:: exception or a silent success. Tiny models and one or a few steps keep this fast.
+#include <sys/stat.h>
+
 #include "cli_harness.h"
 #include "remat/budget.h"
 
@@ -55,6 +57,16 @@ TEST_F(Cli, ImpossibleModelSizesAreRefusedBeforeBuilding) {
   expect_error(t + " --batch 4611686018427387904", {"--batch 4611686018427387904", "more than 2^64 bytes"});
   expect_error("plan --budget 1GiB --data " + path("corpus.txt") + " --seq 1000000",
                {"plan --layers 2 --width 128 --heads 4 --seq 1000000", "needs at least"});
+}
+
+// --data /dev/zero once read until memory ran out; it is refused at once, as is a FIFO.
+TEST_F(Cli, CorpusThatIsNotARegularFileIsRefusedAtOnce) {
+  expect_error(train_args({{"--data", "/dev/zero"}}), {"corpus file /dev/zero is a character device"});
+  expect_error("plan --budget 1GiB --threads 1 --data /dev/zero", {"corpus file /dev/zero is a character device"});
+  const std::string fifo = path("corpus.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error(train_args({{"--data", fifo}}), {"corpus file " + fifo + " is a FIFO (named pipe)"});
+  fs::remove(fifo);
 }
 
 TEST_F(Cli, NonFiniteLossStopsTraining) {

@@ -2,6 +2,7 @@
 // --costs reader, the vocabulary of weight files, the corpus's training/validation split, typo
 // suggestions, the sampling helpers and the progress line.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -127,6 +128,42 @@ TEST(CliCorpus, EachFileHoldsOutItsTail) {
   expect_error([&] { split_tokens(ten, {4, 9}); }, {"file ends must rise to the token count 10"});
   expect_error([&] { split_tokens(ten, {6, 4, 10}); }, {"file ends must rise"});
   expect_error([&] { split_tokens(ten, {10}, 1.0); }, {"validation fraction must be in [0, 1)"});
+  std::filesystem::remove_all(dir);
+}
+
+// --data that is not a regular file or a folder (/dev/zero, a FIFO with no writer) is refused on
+// the open descriptor, before a byte is read: neither endless nor blocking.
+TEST(CliCorpus, FilesThatAreNotRegularAreRefusedBeforeTheyAreRead) {
+  expect_error([] { load_corpus("/dev/zero"); }, {"corpus file /dev/zero is a character device, not a regular file"});
+  const std::string dir = remat::testing::fresh_dir("corpus-special");
+  const std::string fifo = dir + "/pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error([&] { load_corpus(fifo); }, {"corpus file " + fifo + " is a FIFO (named pipe), not a regular file"});
+  // a folder reads its regular files and skips what is not one (the FIFO, a link to /dev/zero)
+  std::ofstream(dir + "/text") << std::string(1999, 'x') << '\n';
+  std::filesystem::create_symlink("/dev/zero", dir + "/zero");
+  const Corpus c = load_corpus(dir);
+  EXPECT_EQ(c.files, (std::vector<std::string>{dir + "/text"}));
+  EXPECT_EQ(c.text.size(), 2000u);
+  std::filesystem::remove_all(dir);
+}
+
+// More text than the limit (kMaxCorpusBytes unless given) is refused before the file that passes it
+// is read, naming it; a file of exactly the room left is read.
+TEST(CliCorpus, TextBeyondTheLimitIsRefusedNamingTheFile) {
+  const std::string dir = remat::testing::fresh_dir("corpus-limit");
+  std::ofstream(dir + "/a") << std::string(2999, 'a') << '\n';
+  std::ofstream(dir + "/b") << std::string(1999, 'b') << '\n';
+  EXPECT_EQ(load_corpus(dir, 5000).text.size(), 5000u);
+  expect_error([&] { load_corpus(dir, 4999); },
+               {"corpus too large: " + dir + "/b and the text before it come to more than 4999 bytes", "--data"});
+  expect_error([&] { load_corpus(dir + "/a", 2999); },
+               {"corpus too large: " + dir + "/a comes to more than 2999 bytes"});
+  // the default limit, on a sparse file one byte past it: refused from its size, never read
+  const std::string big = dir + "/big";
+  std::ofstream(big).close();
+  std::filesystem::resize_file(big, kMaxCorpusBytes + 1);
+  expect_error([&] { load_corpus(big); }, {"corpus too large: " + big, "268435456 bytes (256.00 MiB)"});
   std::filesystem::remove_all(dir);
 }
 
