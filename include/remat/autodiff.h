@@ -7,7 +7,8 @@
 //   Tensor w = randn({3, 3}).requires_grad_();
 //   Tensor loss = (matmul(x, w).tanh()).sum();
 //   loss.backward();                      // accumulates into w.grad()
-//   auto g = remat::grad({loss2}, {w});   // returns gradients without touching w.grad()
+//   Tensor again = (matmul(x, w).tanh()).sum();
+//   TensorList g = remat::grad({again}, {w});   // returns the gradient without touching w.grad()
 //
 // The backward pass frees each node's saved values as soon as the node has run (unless
 // retain_graph is set), so memory falls as the backward proceeds.

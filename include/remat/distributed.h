@@ -10,10 +10,13 @@
 //   auto params = model.named_parameters();
 //   remat::distributed::broadcast_parameters(params);  // rank 0's values; checks every rank
 //   for (int64_t step = 0; step < steps; ++step) {
+//     optimizer.zero_grad();
 //     int64_t index = remat::distributed::micro_batch_index(step, 0, 1);  // this rank's batch
 //     remat::backward([&] { return model.loss(batch(index)); }, {policy});
 //     remat::distributed::all_reduce_gradients(model.parameters());      // sum over ranks
-//     ... scale the gradients by 1 / world_size(), optimizer step ...
+//     for (const Tensor& p : model.parameters())                           // the mean over ranks
+//       p.grad().copy_(remat::mul_scalar(p.grad(), 1.0 / remat::distributed::world_size()));
+//     optimizer.step();
 //   }
 //   remat::distributed::finalize();
 //

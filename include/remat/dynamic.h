@@ -147,7 +147,7 @@ OffloadBandwidth offload_bandwidth(const std::string& directory);
 
 // The budgets dynamic: can run one step of a program under, measured by running it.
 //
-//   auto step = [&] { model.zero_grad(); backward([&] { return model.loss(x, y); }); };
+//   auto step = [&] { model.zero_grad(); model.loss(x, y).backward(); };
 //   remat::DynamicRange r = remat::dynamic_feasible_range(step);
 //   // dynamic:<r.smallest_budget_bytes> runs the step; dynamic:<r.smallest_budget_bytes - 1> fails
 //

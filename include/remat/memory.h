@@ -3,10 +3,10 @@
 // Every block carries a tag saying what it holds. The counters are the library's honest answer to
 // "how much memory does this cost": tests and the CLI assert against them, never against RSS.
 //
-//   auto before = remat::memory::stats();
-//   ... forward and backward ...
-//   remat::memory::reset_peaks();
-//   size_t saved_peak = remat::memory::stats().peak(remat::memory::Tag::saved);
+//   remat::memory::reset_peaks();                  // the peaks start again from what is live now
+//   Tensor loss = remat::mean(model->forward(x));
+//   loss.backward();
+//   size_t saved_peak = remat::memory::stats().peak(remat::memory::Tag::saved);  // the step's peak
 //
 // Tags move with a block's role: a forward result starts as `other`; while the autodiff tape (or
 // a checkpoint region) keeps it for a backward pass it is counted as `saved`; when released it

@@ -1,4 +1,7 @@
-// remat/remat.h - everything in one include.
+// remat/remat.h - the core API in one include: tensors, ops, autodiff, checkpointing, policies,
+// devices. Loops (remat/scan.h), saved-value hooks (remat/saved_hooks.h), the planners
+// (remat/schedule.h), data parallelism (remat/distributed.h) and the layers (remat/nn.h) have
+// their own includes.
 #pragma once
 
 #include "remat/autodiff.h"

@@ -3,7 +3,7 @@
 //   // 10000 steps of an explicit PDE solver; only 16 states are kept for the backward pass
 //   auto step = [&](const Tensor& u, int64_t t) { return add(u, mul_scalar(laplacian(u), dt)); };
 //   Tensor u_final = remat::scan(step, u0, 10000, {.schedule = ScanSchedule::revolve, .snapshots = 16});
-//   remat::grad({loss(u_final)}, {u0});
+//   Tensor g = remat::grad({loss(u_final)}, {u0})[0];    // d loss / d u0
 //
 //   // a loop whose length is known only when it ends
 //   Tensor u = remat::while_loop([&](const Tensor& u, int64_t t) { return residual(u) > tol; }, step, u0,

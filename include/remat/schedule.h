@@ -21,7 +21,8 @@
 //   costs.saved_bytes    = {512, 4096, 1024};        // xbar[i]: what recording stage i keeps
 //   // min_feasible_memory(costs) = 4928, save-all peaks at 6480 bytes.
 //   rs::Plan plan = rs::plan_rotor(costs, /*memory_limit=*/5600);   // below 4928: InfeasibleError
-//   for (const rs::PlanNode& node : plan.tree) ...  // stage = run recorded; region = checkpoint region
+//   int regions = 0;                                  // stage: run recorded; region: checkpoint region
+//   for (const rs::PlanNode& node : plan.tree) regions += node.kind == rs::PlanNode::Kind::region;
 //   rs::SimResult check = rs::simulate(costs, plan);  // check.peak_bytes = 5440 <= 5600
 //   std::cout << rs::format_tree(plan.tree);          // "S0 R[1..1](S1) S2" (stage 1 recomputed)
 //   std::cout << rs::format_actions(plan.actions);    // "Fa0 Fn1 Fa2 L B2 D2 Fa1 D2 B1 D1 B0"

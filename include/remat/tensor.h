@@ -6,7 +6,7 @@
 // the storage; `contiguous()` and `clone()` copy.
 //
 //   using namespace remat;
-//   Tensor x = randn({4, 3}, DType::f32, /*seed=*/1);
+//   Tensor x = randn({4, 3}, DType::f32, RngState{1, 0});   // seed 1: the same values every run
 //   Tensor w = zeros({3, 2}).requires_grad_();
 //   Tensor y = matmul(x, w).tanh();
 //   y.sum().backward();            // w.grad() now holds dL/dw

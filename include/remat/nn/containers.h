@@ -1,7 +1,7 @@
 // remat/nn/containers.h - Sequential, Residual, Parallel and Lambda.
 //
 //   auto body = std::make_shared<remat::nn::Sequential>();
-//   for (int i = 0; i < 12; ++i) body->add(std::make_shared<remat::nn::TransformerBlock>(768, 12));
+//   for (int i = 0; i < 12; ++i) body->add(std::make_shared<remat::nn::TransformerBlock>(64, 4));
 //   Tensor y = body->forward(x);     // under every-layer (the default) each block is a region
 //
 // Sequential, Residual and Parallel are transparent (remat/nn/module.h): they only route data, so

@@ -5,7 +5,7 @@
 //   Tensor t = remat::nn::einsum("ii->", {a});                        // trace
 //   Tensor d = remat::nn::einsum("ii->i", {a});                       // diagonal (a view)
 //   Tensor z = remat::nn::einsum("...ij,...jk->...ik", {a, b});       // broadcast batch axes
-//   Tensor c = remat::nn::einsum("ab,bc,cd,de->ae", {p, q, r, u});    // contraction order chosen by cost
+//   Tensor c = remat::nn::einsum("ab,bc,cd,de->ae", {m1, m2, m3, m4});  // contraction order chosen by cost
 //   auto layer = std::make_shared<remat::nn::Einsum>("bsi,ijk,kl->bsjl", std::vector<Shape>{{8, 4, 6}, {6, 5}});
 //
 // Spec. Indices are letters (a-z, A-Z); spaces are ignored; "..." (at most once per term)

@@ -1,9 +1,9 @@
 // remat/nn/optim.h - optimizers (SGD, AdamW), gradient clipping, the warm-up + cosine schedule.
 //
 //   remat::nn::AdamW opt(model->parameters(), {.lr = 3e-4, .weight_decay = 0.1});
-//   remat::nn::WarmupCosine schedule{.max_lr = 3e-4, .min_lr = 3e-5, .warmup_steps = 100,
-//                                    .total_steps = 5000};
-//   for (int64_t step = 0; step < 5000; ++step) {
+//   remat::nn::WarmupCosine schedule{.max_lr = 3e-4, .min_lr = 3e-5, .warmup_steps = steps / 50,
+//                                    .total_steps = steps};
+//   for (int64_t step = 0; step < steps; ++step) {
 //     opt.zero_grad();
 //     Tensor loss = model->loss(ids, targets);
 //     loss.backward();
@@ -22,7 +22,7 @@
 // moment its gradient is final and the gradient is dropped at once, so that at most a few
 // gradients are alive instead of all of them:
 //
-//   for (int64_t step = 0; step < 5000; ++step) {
+//   for (int64_t step = 0; step < steps; ++step) {
 //     opt.set_lr(schedule(step));
 //     remat::nn::FusedOptimizerStep fused(opt);   // while it lives, backward() steps opt
 //     model->loss(ids, targets).backward();       // each parameter updated when its gradient is final
