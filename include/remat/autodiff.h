@@ -354,10 +354,10 @@ struct CustomOp {
   TensorList operator()(const TensorList& inputs) const;
 };
 
-// The recomputation check (on by default, for every thread): a region's recomputed outputs, and
-// a value dynamic: rematerializes, are compared bit for bit with a digest of the first run's; a
-// difference is a remat::Error naming the layer (or op) and the usual causes. Host values only.
-// It costs one read of each checked value per pass. Off: such a difference goes unnoticed.
+// The recomputation check (on by default, process-wide): what each form of recomputation compares
+// with its first run, how, on which devices and at what cost is stated once, in
+// docs/checkpointing.md ("What recomputation checks"). Off, a recomputation that differs from its
+// first run gives a gradient that differs from save-all's, silently.
 void set_recomputation_check(bool enabled);
 bool recomputation_check();
 

@@ -1,7 +1,7 @@
 // The `remat` command line.
 //   remat train [--data PATH] [--device cpu|cuda[:N]] [--layers N] ... [--policy P] [--json]
 //   remat sample --load FILE [--device D] [--prompt TEXT] [--tokens N]
-//   remat plan --budget BYTES [model options | --costs FILE] [--json]
+//   remat plan [--budget BYTES] [model options | --costs FILE] [--json]
 //   remat --version
 // Numeric options are read as text and parsed strictly (numbers.h) with a range each. Exit codes:
 // 0 success, 2 a usage error (unknown option or subcommand, with the closest valid one suggested;
