@@ -139,9 +139,9 @@ OffloadTarget parse_offload_target(const std::string& arg, const std::string& ra
     bool& seen = key == "threshold" ? seen_threshold : seen_ram;
     REMAT_CHECK(!seen, "cannot parse policy '", raw, "': the offload option ", key, " is given twice; ", kValidForms);
     seen = true;
+    const std::string number = number_text(parts[i].substr(eq + 1), raw);
     try {
-      (key == "threshold" ? target.threshold_bytes : target.ram_bytes) =
-          memory::parse_bytes(number_text(parts[i].substr(eq + 1), raw));
+      (key == "threshold" ? target.threshold_bytes : target.ram_bytes) = memory::parse_bytes(number);
     } catch (const Error& e) {
       throw Error(detail::concat("cannot parse policy '", raw, "': ", key, ": ", e.what(), "; ", kValidForms));
     }
