@@ -265,9 +265,16 @@ inline constexpr int kKernelCount = 0 REMAT_KERNELS(REMAT_KERNEL_ONE);
 #undef REMAT_KERNEL_ONE
 const char* kernel_name(Kernel kernel);
 
-// Declares every kernel of the list as an override, inside a class derived from Backend:
+// Declares every kernel of the list as an override, inside a class derived from Backend (the
+// class declares Backend's device verbs itself):
 //   class MyBackend final : public remat::Backend {
 //    public:
+//     remat::DeviceType device_type() const override;
+//     remat::memory::Allocator& allocator() override;
+//     void set_num_threads(int threads) override;
+//     int num_threads() const override;
+//     void copy_from_host(const void* host, const remat::Tensor& dst) override;
+//     void copy_to_host(const remat::Tensor& src, void* host) override;
 //     REMAT_OVERRIDE_KERNELS()   // void copy(const Tensor& src, const Tensor& dst) override; ...
 //   };
 // A kernel added to the list is then declared by every backend that uses this, and the build

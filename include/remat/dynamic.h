@@ -3,7 +3,7 @@
 //
 //   // any program of remat ops, with or without modules and regions
 //   Tensor loss = backward([&] { return solver(u0); }, {Policy::parse("dynamic:64MiB")});
-//   remat::counters().dynamic;   // evictions, rematerializations, their FLOPs and seconds
+//   remat::DynamicCounters d = remat::counters().dynamic;   // evictions, rematerializations, ...
 //
 //   // or as a scope of its own
 //   { remat::DynamicScope scope(64 << 20); Tensor l = f(x); l.backward(); }

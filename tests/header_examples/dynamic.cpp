@@ -15,6 +15,7 @@ TEST(DynamicH, PolicyAndScope) {
   };
 REMAT_EXAMPLE(include/remat/dynamic.h: // any program of remat ops)
   ASSERT_TRUE(u0.grad().defined());
+  EXPECT_EQ(d.evictions, 0u);  // 64 MiB holds this small program's values
   Tensor first = u0.grad().clone();
   u0.zero_grad();
   auto f = solver;
