@@ -181,8 +181,7 @@ int stopped(const TrainOptions& o, const DataParallel& dp, const RunMeasure& m) 
   return 128 + m.stopped_by;
 }
 
-int train(TrainOptions o, const DataParallel& dp) {
-  apply_resume(o);
+int train(const TrainOptions& o, const DataParallel& dp) {
   if (o.threads > 0) set_num_threads(o.threads);
   const CheckedOptions checked = check_options(o, dp);
   REMAT_USAGE_CHECK(o.device == "cpu" || dp.micro_batches() == 1, "train: --device ", o.device,
@@ -230,7 +229,9 @@ int train(TrainOptions o, const DataParallel& dp) {
 
 }  // namespace
 
-int run_train(const TrainOptions& o) {
+int run_train(const TrainOptions& given) {
+  TrainOptions o = given;
+  apply_resume(o);  // the run's options from its state
   DataParallel dp;
   dp.accumulate = o.accumulate;
   REMAT_CHECK(o.reduce == "ordered" || o.reduce == "native", "train --reduce: expected ordered or native, got \"",

@@ -36,9 +36,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The shortest text that reads back as v.
 std::string exact(double v) {
   char text[40];
-  std::snprintf(text, sizeof text, "%.17g", v);
+  for (int digits = 15; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, v);
+    if (std::strtod(text, nullptr) == v || std::isnan(v)) break;
+  }
   return text;
 }
 double real(const std::string& text) { return std::strtod(text.c_str(), nullptr); }
@@ -127,6 +131,19 @@ nlohmann::json parse_object(const std::string& text, const std::string& what) {
   return j;
 }
 
+// A state that cannot be loaded (damaged, or another run's): the error, with the other states
+// beside it, which the run can continue from instead.
+[[noreturn]] void throw_naming_other_states(const Error& e, const std::string& state) {
+  std::string others;
+  const fs::path dir = fs::path(state).parent_path();
+  std::error_code ec;
+  for (fs::directory_iterator it(dir.empty() ? fs::path(".") : dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path() != fs::path(state) && fs::exists(it->path() / "state.json", ec)) others += " " + it->path().string();
+  if (others.empty()) throw e;
+  throw Error(detail::concat(e.what(), "; nothing was trained. Other states:", others,
+                             " (pass one as --resume to continue from it)"));
+}
+
 std::string corpus_checksum(const Loaded& l) {
   return nn::io::xxh64_hex(nn::io::xxh64(l.corpus.text.data(), l.corpus.text.size()));
 }
@@ -141,7 +158,12 @@ void apply_resume(TrainOptions& o) {
   REMAT_USAGE_CHECK(!o.eval_only, "train: --eval-only evaluates --load weights; a state's are in ", o.resume,
                     "/step-N/model.safetensors");
   o.resume_state = state_at(o.resume);
-  const nn::TrainingState state = nn::read_training_state(o.resume_state);
+  nn::TrainingState state;
+  try {
+    state = nn::read_training_state(o.resume_state);
+  } catch (const Error& e) {
+    throw_naming_other_states(e, o.resume_state);
+  }
   const nn::Metadata& c = state.configuration;
   std::string disagree;
   for (const Kept& k : defining()) {
@@ -200,11 +222,21 @@ RunMeasure restore_state(const TrainOptions& o, const DataParallel& dp, Loaded& 
   const nn::StateShard shard = opt.sharded ? nn::StateShard{dp.rank, dp.world} : nn::StateShard{};
   const nn::Metadata expected = run_configuration(o, dp, l);
   const nn::TrainingState check = nn::read_training_state(o.resume_state);
+  auto ranks = check.configuration.find("ranks");
+  REMAT_CHECK(ranks == check.configuration.end() || ranks->second == expected.at("ranks"), "train --resume ",
+              o.resume_state, ": the state was written by ", ranks->second, " process(es) (mpirun -np ", ranks->second,
+              "), this run has ", dp.world, ": the global batch, and so the run, would differ; resume with mpirun -np ",
+              ranks->second);
   auto corpus = check.configuration.find("corpus_xxh64");
   REMAT_CHECK(corpus == check.configuration.end() || corpus->second == expected.at("corpus_xxh64"), "train --resume ",
               o.resume_state, ": the text of --data ", l.data_path, " is not the text the run was trained on (its "
               "checksum differs); pass the run's --data");
-  const nn::TrainingState s = nn::load_training_state(o.resume_state, *l.model, opt.optimizer, expected, shard);
+  nn::TrainingState s;
+  try {
+    s = nn::load_training_state(o.resume_state, *l.model, opt.optimizer, expected, shard);
+  } catch (const Error& e) {
+    throw_naming_other_states(e, o.resume_state);
+  }
   auto extra = [&](const char* key) -> std::string {
     auto it = s.extra.find(key);
     return it == s.extra.end() ? std::string() : it->second;
@@ -304,7 +336,10 @@ StateKeeper::StateKeeper(const TrainOptions& o, const DataParallel& dp, Loaded& 
       configuration_(run_configuration(o, dp, l)),
       interval_(o.state_every),
       next_(start + 1),
-      written_step_(o.resume_state.empty() ? -1 : start) {}
+      written_step_(o.resume_state.empty() ? -1 : start) {
+  // what a run killed between a state's rename and the removal of the oldest left behind
+  if (dp.rank == 0) nn::prune_training_states(o.state_dir, 2);
+}
 
 bool StateKeeper::stop_requested() const {
   const uint64_t mine = static_cast<uint64_t>(StopSignals::received());
