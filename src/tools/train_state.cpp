@@ -275,7 +275,16 @@ void check_directory(const std::string& option, const std::string& directory, bo
 }  // namespace
 
 void check_writable(const TrainOptions& o, const DataParallel& dp) {
-  if (!o.state_dir.empty()) check_directory("--state-dir", o.state_dir, true);
+  if (!o.state_dir.empty()) {
+    check_directory("--state-dir", o.state_dir, true);
+    // states are never overwritten: the directory must hold none newer than the one resumed
+    const std::string newest = nn::latest_training_state(o.state_dir);
+    std::error_code ec;
+    REMAT_USAGE_CHECK(newest.empty() || (!o.resume_state.empty() && fs::equivalent(newest, o.resume_state, ec)),
+                      "train --state-dir ", o.state_dir, ": the directory holds the states of ",
+                      o.resume_state.empty() ? "a run" : "the run past the one resumed", " (the newest: ", newest,
+                      "); continue that run with --resume ", o.state_dir, ", or pass another --state-dir");
+  }
   if (!o.save.empty() && dp.rank == 0) {
     std::error_code ec;
     const fs::path save(o.save);
