@@ -52,7 +52,8 @@ void add_weight_and_output_options(CLI::App* t, TrainOptions& train, bool& quiet
   t->add_flag("--json", train.json,
               "JSON lines on stdout: one per validation, then the results (human output stays on stderr)");
   t->add_flag("--eval-only", train.eval_only,
-              "with --load: print the validation loss of the weights on --data, and train nothing");
+              "with --load: print the validation loss of the weights on --data, and train nothing (with --save: "
+              "write them in --format, a conversion)");
   t->add_flag("--explain", train.explain,
               "print, per checkpoint region of one step, what it kept, what its re-run saved, its times and re-runs");
   t->add_flag("--quiet", quiet, "print nothing but errors (and the JSON lines with --json)");
