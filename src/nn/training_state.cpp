@@ -531,7 +531,14 @@ void prune_training_states(const std::string& directory, int keep) {
   std::map<int64_t, fs::path> states = states_under(directory);
   std::error_code ec;
   while (static_cast<int>(states.size()) > std::max(keep, 0)) {
-    fs::remove_all(states.begin()->second, ec);
+    // renamed first, so that a kill in the middle of the removal leaves a partial directory (removed
+    // below, now or by the next prune), never a state with files missing
+    const fs::path& old = states.begin()->second;
+    fs::path doomed = old;
+    doomed += kPartial;
+    fs::remove_all(doomed, ec);
+    fs::rename(old, doomed, ec);
+    fs::remove_all(ec ? old : doomed, ec);
     states.erase(states.begin());
   }
   std::vector<fs::path> partial;

@@ -77,6 +77,8 @@ CheckedOptions check_options(const TrainOptions& o, const DataParallel& dp) {
   REMAT_USAGE_CHECK(!o.eval_only || !o.load.empty(), "train: --eval-only needs --load FILE (the weights to evaluate)");
   REMAT_USAGE_CHECK(!o.eval_only || o.state_dir.empty(), "train: --eval-only trains nothing, so --state-dir has no "
                     "state to keep; drop it");
+  REMAT_USAGE_CHECK(o.given.count("--state-every") == 0 || !o.state_dir.empty(), "train: --state-every ", o.state_every,
+                    " says how often to write the training state, but there is no --state-dir to write it to");
   REMAT_USAGE_CHECK(o.accumulate >= 1 && o.accumulate <= kMaxAccumulate, "train: --accumulate must be from 1 to ",
                     kMaxAccumulate, ", got ", o.accumulate);
   REMAT_USAGE_CHECK(o.steps <= kMaxMicroBatches / dp.micro_batches(), "train: --steps ", o.steps, " x --accumulate ",

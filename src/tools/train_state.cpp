@@ -395,6 +395,8 @@ nn::Metadata run_record(const TrainOptions& o, const RunMeasure& m) {
   nlohmann::json saved = nlohmann::json::object();
   for (const Kept& k : settings()) saved[k.key] = k.get(o);
   saved["threads"] = std::to_string(num_threads());  // the count in use (0 would mean another machine's cores)
+  std::error_code ec;
+  if (!o.data.empty()) saved["data"] = fs::absolute(o.data, ec).string();  // a resume may run elsewhere
   nn::Metadata record = {{"first_loss", exact(m.first_loss)},
                          {"recent_losses", recent.dump()},
                          {"last_val_loss", exact(m.last_val_loss)},

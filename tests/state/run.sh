@@ -238,6 +238,12 @@ case $test in
     [[ "$(field resumed_from_step "$dir/finished.out")" == 12 ]] || fail "the finished run was trained again"
     run with_load "$remat" train --resume "$states" --load "$dir/x.safetensors"
     expect_rc with_load 2
+    run every_alone "$remat" train "${model[@]}" --steps 2 --state-every 1
+    expect_rc every_alone 2
+    expect_text every_alone "there is no --state-dir"
+    run other_run "$remat" train "${model[@]}" --steps 12 --state-dir "$states"
+    expect_rc other_run 2
+    expect_text other_run "holds the states of a run"
     run empty "$remat" train --resume "$dir"
     expect_rc empty 2
     expect_text empty "holds no training state"
