@@ -235,7 +235,7 @@ SCRIPT
       # every process of the job's session (mpirun gives the ranks process groups of their own)
       case $who in
         group) kill "-$signal" $(pgrep -s "$pid") 2>/dev/null ;;
-        ranks) kill "-$signal" $(pgrep -P "$pid") ;;
+        ranks) kill "-$signal" $(pgrep -s "$pid" | grep -vx "$pid") ;;  # all but mpirun
       esac
       wait "$pid"
       rc=$?
@@ -255,11 +255,11 @@ SCRIPT
       echo "   $1: resumed from step $(field resumed_from_step "$dir/$1.out"), weights_digest $(field weights_digest "$dir/$1.out") as never stopped"
     }
     for shard in "" --shard-optimizer; do
-      run "straight$shard" "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 30 $shard
+      run "straight$shard" "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 60 $shard
       expect_ok "straight$shard"
       for how in "KILL group" "TERM ranks"; do
         states=$dir/states-${how% *}$shard
-        stop_job "stopped$shard" ${how% *} ${how#* } 12 "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 30 \
+        stop_job "stopped$shard" ${how% *} ${how#* } 12 "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 60 \
           --eval-every 1 --state-dir "$states" --state-every 5 $shard
         [[ $how == TERM* ]] && ! grep -q "stopped by SIGTERM after step" "$dir/stopped$shard.out" &&
           { cat "$dir/stopped$shard.out"; fail "the job did not stop on SIGTERM"; }
