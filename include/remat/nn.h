@@ -16,4 +16,5 @@
 #include "remat/nn/optim.h"
 #include "remat/nn/resnet.h"
 #include "remat/nn/safetensors.h"
+#include "remat/nn/training_state.h"
 #include "remat/nn/transformer.h"

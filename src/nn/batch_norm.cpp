@@ -37,6 +37,16 @@ void BatchNorm::reset_running_stats() {
   batches_tracked_ = 0;
 }
 
+std::vector<std::pair<std::string, int64_t>> BatchNorm::state_counters() const {
+  return {{"num_batches_tracked", batches_tracked_}};
+}
+
+void BatchNorm::set_state_counter(const std::string& name, int64_t value) {
+  REMAT_CHECK(name == "num_batches_tracked" && value >= 0, type_name(), ": cannot set counter \"", name, "\" to ",
+              value, " (it has \"num_batches_tracked\", >= 0)");
+  batches_tracked_ = value;
+}
+
 Tensor BatchNorm::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined() && x.dim() >= min_rank_ && x.dim() <= max_rank_ && x.size(1) == features_, type_name(),
               ": expects an input ", min_rank_ == 4 ? "[N, " : "[N, ", features_,

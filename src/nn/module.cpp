@@ -413,6 +413,10 @@ Init Module::parameter_init(const std::string& dotted_name) const {
   return p->init;
 }
 
+void Module::set_state_counter(const std::string& name, int64_t value) {
+  throw Error(detail::concat(type_name(), ": has no counter \"", name, "\" to set to ", value));
+}
+
 void Module::save(const std::string& path, const Metadata& metadata) const {
   save_safetensors(path, named_parameters(), metadata);
 }

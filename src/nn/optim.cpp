@@ -1,7 +1,9 @@
 // Optimizers (PyTorch's SGD and AdamW formulas), gradient clipping and the LR schedule.
 #include "remat/nn/optim.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 #include <unordered_set>
 
@@ -31,6 +33,56 @@ Tensor grad_of(const Tensor& p, const char* optimizer) {
 }
 
 Tensor contiguous_of(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// A copy of `value` (any device) in a new state tensor like `p` (its shape, dtype and device).
+Tensor state_copy(const Tensor& p, const Tensor& value) {
+  Tensor t = Tensor::empty(p.shape(), p.dtype(), memory::Tag::other, p.device());
+  NoGradGuard no_grad;
+  t.copy_(value.detach());
+  return t;
+}
+
+// Text of a number that reads back as the same double.
+std::string exact_text(double v) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%.17g", v);
+  return text;
+}
+
+// The checks every optimizer's state shares: exactly the tensor names `tensors` (each with p's
+// shape and dtype) and counter names `counters` (each >= 0). `optimizer` and p name the state.
+void check_state_names(const char* optimizer, const Tensor& p, size_t i, const Optimizer::ParameterState& state,
+                       const std::vector<std::string>& tensors, const std::vector<std::string>& counters) {
+  const std::string who = detail::concat(optimizer, ": the state of parameter ", i, " (\"", p.name(), "\", ",
+                                         dtype_name(p.dtype()), " ", shape_str(p.shape()), ")");
+  std::vector<std::string> seen;
+  for (const auto& [name, t] : state.tensors) {
+    REMAT_CHECK(std::find(tensors.begin(), tensors.end(), name) != tensors.end(), who, " has a tensor \"", name,
+                "\", which ", optimizer, " does not keep");
+    REMAT_CHECK(std::find(seen.begin(), seen.end(), name) == seen.end(), who, " has \"", name, "\" twice");
+    seen.push_back(name);
+    REMAT_CHECK(t.defined() && t.shape() == p.shape() && t.dtype() == p.dtype(), who, ": \"", name, "\" is ",
+                t.defined() ? detail::concat(dtype_name(t.dtype()), " ", shape_str(t.shape())) : "undefined",
+                ", expected the parameter's dtype and shape");
+  }
+  REMAT_CHECK(seen.empty() || seen.size() == tensors.size(), who, " has ", seen.size(), " of the ", tensors.size(),
+              " tensors ", optimizer, " keeps together");
+  REMAT_CHECK(state.counters.size() == counters.size(), who, " has ", state.counters.size(), " counters, ", optimizer,
+              " keeps ", counters.size());
+  for (size_t k = 0; k < counters.size(); ++k) {
+    REMAT_CHECK(state.counters[k].first == counters[k], who, " has a counter \"", state.counters[k].first,
+                "\" where ", optimizer, " keeps \"", counters[k], "\"");
+    REMAT_CHECK(state.counters[k].second >= 0, who, ": counter \"", counters[k], "\" is ", state.counters[k].second,
+                ", expected >= 0");
+  }
+}
+
+// The tensor of `state` named `name`, or an undefined one.
+Tensor state_tensor(const Optimizer::ParameterState& state, const std::string& name) {
+  for (const auto& [n, t] : state.tensors)
+    if (n == name) return t;
+  return Tensor();
+}
 
 // Runs update(value) on p's values (a contiguous copy when p is a strided view, written back),
 // then marks p's storage as written, so that a value saved before the step is detected as stale.
@@ -114,6 +166,32 @@ void SGD::update(size_t i) {
   });
 }
 
+Optimizer::ParameterState SGD::parameter_state(size_t i) const {
+  ParameterState state;
+  if (momentum_.at(i).defined()) state.tensors.emplace_back("momentum_buffer", momentum_[i]);
+  return state;
+}
+
+void SGD::check_parameter_state(size_t i, const ParameterState& state) const {
+  REMAT_CHECK(i < params_.size(), "SGD: parameter index ", i, " out of range (", params_.size(), " parameters)");
+  check_state_names("SGD", params_[i], i, state,
+                    options_.momentum != 0.0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{},
+                    {});
+}
+
+void SGD::set_parameter_state(size_t i, const ParameterState& state) {
+  check_parameter_state(i, state);
+  const Tensor buffer = state_tensor(state, "momentum_buffer");
+  momentum_[i] = buffer.defined() ? state_copy(params_[i], buffer) : Tensor();
+}
+
+std::map<std::string, std::string> SGD::options_text() const {
+  return {{"momentum", exact_text(options_.momentum)},
+          {"dampening", exact_text(options_.dampening)},
+          {"weight_decay", exact_text(options_.weight_decay)},
+          {"nesterov", options_.nesterov ? "true" : "false"}};
+}
+
 // ---- AdamW
 
 AdamW::AdamW(TensorList params, const AdamWOptions& options)
@@ -143,6 +221,40 @@ void AdamW::update(size_t i) {
   in_place(p, [&](const Tensor& value) {
     backend(value.device()).adamw_step(value, contiguous_of(g), exp_avg_[i], exp_avg_sq_[i], s);
   });
+}
+
+Optimizer::ParameterState AdamW::parameter_state(size_t i) const {
+  ParameterState state;
+  if (exp_avg_.at(i).defined()) {
+    state.tensors.emplace_back("exp_avg", exp_avg_[i]);
+    state.tensors.emplace_back("exp_avg_sq", exp_avg_sq_[i]);
+  }
+  state.counters.emplace_back("step", steps_[i]);
+  return state;
+}
+
+void AdamW::check_parameter_state(size_t i, const ParameterState& state) const {
+  REMAT_CHECK(i < params_.size(), "AdamW: parameter index ", i, " out of range (", params_.size(), " parameters)");
+  check_state_names("AdamW", params_[i], i, state, {"exp_avg", "exp_avg_sq"}, {"step"});
+  // the moments exist from the first update on, and only then
+  REMAT_CHECK(state.tensors.empty() == (state.counters[0].second == 0), "AdamW: the state of parameter ", i, " (\"",
+              params_[i].name(), "\") has step ", state.counters[0].second, " and ",
+              state.tensors.empty() ? "no moments" : "moments", ", which do not go together");
+}
+
+void AdamW::set_parameter_state(size_t i, const ParameterState& state) {
+  check_parameter_state(i, state);
+  const Tensor m = state_tensor(state, "exp_avg"), v = state_tensor(state, "exp_avg_sq");
+  exp_avg_[i] = m.defined() ? state_copy(params_[i], m) : Tensor();
+  exp_avg_sq_[i] = v.defined() ? state_copy(params_[i], v) : Tensor();
+  steps_[i] = state.counters[0].second;
+}
+
+std::map<std::string, std::string> AdamW::options_text() const {
+  return {{"beta1", exact_text(options_.beta1)},
+          {"beta2", exact_text(options_.beta2)},
+          {"eps", exact_text(options_.eps)},
+          {"weight_decay", exact_text(options_.weight_decay)}};
 }
 
 // ---- the optimizer inside the backward

@@ -1,11 +1,7 @@
 // safetensors reading and writing: validate the whole header before allocating, write atomically.
 #include "remat/nn/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -18,6 +14,7 @@
 #include <set>
 
 #include "remat/backend.h"
+#include "atomic_file.h"
 #include "strict_json.h"
 
 namespace remat::nn {
@@ -88,11 +85,6 @@ Tensor host_contiguous(const Tensor& t) {
   Tensor host = Tensor::empty(d.shape(), d.dtype());
   backend(d.device()).copy(d, host);
   return host;
-}
-
-std::string temporary_name(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  return detail::concat(path, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
 }
 
 struct Entry {
@@ -321,48 +313,19 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   }
   header.append((8 - header.size() % 8) % 8, ' ');
 
-  // Write a temporary file next to the target, flush it to disk, then rename it over the target:
-  // a reader (or a crash) sees the old file or the new one, never half of one.
-  const std::string temp = temporary_name(path);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw Error(detail::concat("save_safetensors(\"", path, "\"): cannot create ", temp, ": ", std::strerror(errno)));
-  auto fail_write = [&](const std::string& what) {
-    const std::string reason = std::strerror(errno);
-    ::close(fd);
-    ::unlink(temp.c_str());
-    throw Error(detail::concat("save_safetensors(\"", path, "\"): ", what, " ", temp, " failed: ", reason));
-  };
-  auto write_all = [&](const void* data, size_t bytes) {
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd, p, bytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail_write("writing");
-      p += n;
-      bytes -= static_cast<size_t>(n);
-    }
-  };
+  // A temporary file next to the target, flushed to disk, then renamed over it (Note [atomic
+  // files]): a reader (or a crash) sees the old file or the new one, never half of one.
+  io::AtomicFile file(path, detail::concat("save_safetensors(\"", path, "\")"));
   char length[8];
   const uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  write_all(length, 8);
-  write_all(header.data(), header.size());
+  file.write(length, 8);
+  file.write(header.data(), header.size());
   for (const auto& [name, t] : tensors) {
     Tensor host = host_contiguous(t);
-    if (host.nbytes() > 0) write_all(host.raw_data(), host.nbytes());
+    if (host.nbytes() > 0) file.write(host.raw_data(), host.nbytes());
   }
-  if (::fsync(fd) != 0) fail_write("flushing");
-  if (::close(fd) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(temp.c_str());
-    throw Error(detail::concat("save_safetensors(\"", path, "\"): closing ", temp, " failed: ", reason));
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(temp.c_str());
-    throw Error(detail::concat("save_safetensors(\"", path, "\"): cannot rename ", temp, " to the target: ", reason));
-  }
+  file.commit();
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

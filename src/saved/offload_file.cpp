@@ -19,7 +19,9 @@
 // (ahead of need, with a read error reported as such), as are values when the mapping cannot be
 // had. A mapped value holds its range of the file, and the range its file, until the last tensor
 // over it is gone. The allocator counts a mapped value like memory of ours while it is in use.
-// Writes stay pwrite(): a full disk is then an error of the write, not a SIGBUS.
+// Writes stay pwrite(): a full disk is then an error of the write, not a SIGBUS. A short write
+// (the disk filled during it) is continued from where it stopped, and the next call's ENOSPC fails
+// the job; the value then stays in memory and the scope ends with an error saying so.
 #include "offload_file.h"
 
 #include <fcntl.h>
@@ -64,6 +66,10 @@ bool write_all(int fd, const char* data, size_t bytes, off_t offset, std::string
     if (n < 0) {
       if (errno == EINTR) continue;
       error = std::strerror(errno);
+      return false;
+    }
+    if (n == 0) {  // no progress: never loop forever (a full disk answers ENOSPC on the next call)
+      error = "the write made no progress";
       return false;
     }
     data += n;

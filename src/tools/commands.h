@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,14 @@ struct TrainOptions {
   std::string bucket_bytes = "1MiB";  // under mpirun: all-reduce buckets overlapped with the backward (0: after it)
   double clip = 1.0;               // global gradient-norm clipping (0: none)
   bool fuse_optimizer = false;     // AdamW inside the backward (needs --clip 0; one rank)
+  // Training states (train_state.h): --state-dir, --state-every (0: about 1 % of the run's time),
+  // --resume (a state directory, or a directory of them: the newest)
+  std::string state_dir, resume;
+  int64_t state_every = 0;
+  std::set<std::string> given;  // the options on the command line ("--steps", ...)
+  // Set by --resume from the state (not options): the state to load, its vocabulary and GELU.
+  std::string resume_state, vocabulary;
+  bool tanh_gelu = false;
 };
 int run_train(const TrainOptions& options);
 

@@ -6,7 +6,9 @@
 // stderr and the JSON line on stdout (print_report, emit_run_json: train_report.cpp). run_train
 // wraps it for mpirun.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "commands.h"
@@ -15,6 +17,7 @@
 #include "progress.h"
 #include "train_load.h"
 #include "train_report.h"
+#include "train_state.h"
 #include "train_steps.h"
 #include "usage.h"
 #include "remat/nn.h"
@@ -27,15 +30,12 @@ namespace {
 
 using namespace training;
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Under mpirun: every rank must run the same training (options that change the result or the
 // number of collectives), on the same text, with the same model: else an error on every rank.
 void check_ranks_agree(const TrainOptions& o, const std::vector<int64_t>& tokens, const nn::GPT& model) {
+  // with --load or --resume every rank must have read the same weights (a different file on one
+  // rank is an error, not silently replaced)
+  const bool loaded = !o.load.empty() || !o.resume_state.empty();
   const std::string options = detail::concat("steps ", o.steps, " batch ", o.batch, " accumulate ", o.accumulate, " lr ",
                                              o.lr, " seed ", o.seed, " dropout ", o.dropout, " reduce ", o.reduce,
                                              " allow_nonfinite ", o.allow_nonfinite, " shard_optimizer ",
@@ -44,9 +44,8 @@ void check_ranks_agree(const TrainOptions& o, const std::vector<int64_t>& tokens
                           "set of training options (--steps, --batch, --accumulate, --lr, --seed, --dropout, --reduce, "
                           "--allow-nonfinite, --shard-optimizer, --bucket-bytes, --clip)");
   distributed::check_same(fnv1a(tokens.data(), tokens.size() * sizeof(int64_t)), "corpus (--data)");
-  // names, shapes and dtypes, then rank 0's weights everywhere; with --load every rank must have
-  // read the same weights (a different file on one rank is an error, not silently replaced)
-  distributed::broadcast_parameters(model.named_parameters(), !o.load.empty());
+  // names, shapes and dtypes, then rank 0's weights everywhere
+  distributed::broadcast_parameters(model.named_parameters(), loaded);
 }
 
 // One forward + backward under `policy` (no optimizer step), measured on the batch's device.
@@ -120,14 +119,25 @@ RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const Check
                       const RunMeasure& m) {
   const Policy& policy = checked.policy;
   RunSummary r;
-  r.tail = std::min<size_t>(10, m.losses.size());
+  r.tail = std::min<size_t>(kReportedLossTail, m.losses.size());
   for (size_t i = m.losses.size() - r.tail; i < m.losses.size(); ++i) r.final_loss += m.losses[i];
-  r.final_loss /= static_cast<double>(r.tail);
+  r.final_loss /= static_cast<double>(std::max<size_t>(1, r.tail));
+  r.weights_digest = weights_digest(*l.model);
 
-  // Side by side, on one batch: the chosen policy and save-all.
+  // Side by side, on one batch: the chosen policy and save-all, in turns, the median of each.
   Batch probe = sample_batch(l.split.train, o.batch, l.config.seq, o.seed, static_cast<uint64_t>(o.steps), l.device);
-  r.chosen = measure_step(*l.model, probe, policy, o.seed);
-  r.save_all = measure_step(*l.model, probe, Policy::save_all(), o.seed);
+  std::vector<StepMeasure> chosen, save_all;
+  std::vector<double> chosen_seconds, save_all_seconds;
+  for (int i = 0; i < kProbeSteps; ++i) {
+    chosen.push_back(measure_step(*l.model, probe, policy, o.seed));
+    save_all.push_back(measure_step(*l.model, probe, Policy::save_all(), o.seed));
+    chosen_seconds.push_back(chosen.back().seconds);
+    save_all_seconds.push_back(save_all.back().seconds);
+  }
+  r.chosen = chosen.back();  // the last: a budget plan or dynamic: runtime has settled by then
+  r.save_all = save_all.back();
+  r.chosen.seconds = median(chosen_seconds);
+  r.save_all.seconds = median(save_all_seconds);
   l.model->zero_grad();
 
   if (!o.save.empty() && dp.rank == 0) {
@@ -156,26 +166,61 @@ RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const Check
 
 // ---- one run: load, loop, report, JSON
 
+// A signal stopped the run after a state was written: say where it is and how to continue.
+int stopped(const TrainOptions& o, const DataParallel& dp, const RunMeasure& m) {
+  const char* name = m.stopped_by == SIGINT ? "SIGINT" : m.stopped_by == SIGTERM ? "SIGTERM" : "a signal";
+  const int64_t done = m.start_step + static_cast<int64_t>(m.step_seconds.size());
+  if (dp.rank == 0) {
+    std::fprintf(stderr, "remat train: stopped by %s after step %lld of %lld; the training state is in %s\n"
+                 "  continue with: %s\n", name, static_cast<long long>(done), static_cast<long long>(o.steps),
+                 m.state_path.c_str(), resume_command(o).c_str());
+    if (o.json)
+      emit_json({{"version", REMAT_VERSION}, {"event", "stopped"}, {"signal", name}, {"step", done},
+                 {"steps", o.steps}, {"state", m.state_path}, {"resume", resume_command(o)}});
+  }
+  return 128 + m.stopped_by;
+}
+
 int train(const TrainOptions& o, const DataParallel& dp) {
   if (o.threads > 0) set_num_threads(o.threads);
   const CheckedOptions checked = check_options(o, dp);
   REMAT_USAGE_CHECK(o.device == "cpu" || dp.micro_batches() == 1, "train: --device ", o.device,
                     " runs one micro-batch per step in one process (--accumulate and mpirun add gradients on the host)");
+  check_writable(o, dp);
   Loaded l = load(o, select_device("train --device", o.device));
   if (o.progress) l.model->planner()->set_options({.progress = planning_progress("remat train: planning the budget")});
   if (o.eval_only) return evaluate_only(o, l);
-  if (dp.world > 1) check_ranks_agree(o, l.tokens, *l.model);
   Optimization opt(o, dp, *l.model);
+  RunMeasure restored = restore_state(o, dp, l, opt);
+  if (dp.world > 1) check_ranks_agree(o, l.tokens, *l.model);
 
   const Human say{o.progress};
   print_banner(say, o, dp, l);
-  StepLoop loop(o, dp, checked.policy, checked.bucket_bytes, l, opt);
+  if (!o.resume_state.empty())
+    say("resumed from %s: %lld of %lld steps done\n", o.resume_state.c_str(), static_cast<long long>(restored.start_step),
+        static_cast<long long>(o.steps));
+  std::optional<StopSignals> signals;
+  std::optional<StateKeeper> keeper;
+  if (!o.state_dir.empty()) {
+    signals.emplace();
+    keeper.emplace(o, dp, l, opt, restored.start_step);
+  }
+  StepLoop loop(o, dp, checked.policy, checked.bucket_bytes, l, opt, std::move(restored), keeper ? &*keeper : nullptr);
   RunMeasure m;
   try {
     m = loop.run();
   } catch (const Error& e) {
     rethrow_with_dynamic_minimum(e, o, dp, checked.policy, l);
   }
+  if (keeper) {
+    if (m.stopped_by == 0) keeper->finish(o.steps, m);  // before --save: a failed --save leaves the weights here
+    m.state_writes = keeper->writes();
+    m.state_write_seconds = keeper->write_seconds();
+    m.last_state_write_seconds = keeper->last_write_seconds();
+    m.state_path = keeper->last_path().empty() ? o.resume_state : keeper->last_path();
+    m.state_interval = keeper->interval();
+  }
+  if (m.stopped_by != 0) return stopped(o, dp, m);
   const RunSummary s = finish_run(o, dp, checked, opt.sharded, l, m);
   print_report(say, o, dp, checked.policy, m, s);
   if (o.json) emit_run_json(o, dp, checked.policy, m, s);
@@ -184,7 +229,9 @@ int train(const TrainOptions& o, const DataParallel& dp) {
 
 }  // namespace
 
-int run_train(const TrainOptions& o) {
+int run_train(const TrainOptions& given) {
+  TrainOptions o = given;
+  apply_resume(o);  // the run's options from its state
   DataParallel dp;
   dp.accumulate = o.accumulate;
   REMAT_CHECK(o.reduce == "ordered" || o.reduce == "native", "train --reduce: expected ordered or native, got \"",

@@ -53,10 +53,22 @@ void add_weight_and_output_options(CLI::App* t, TrainOptions& train, bool& quiet
   t->add_flag("--json", train.json,
               "JSON lines on stdout: one per validation, then the results (human output stays on stderr)");
   t->add_flag("--eval-only", train.eval_only,
-              "with --load: print the validation loss of the weights on --data, and train nothing");
+              "with --load: print the validation loss of the weights on --data, and train nothing (with --save: "
+              "write them in --format, a conversion)");
   t->add_flag("--explain", train.explain,
               "print, per checkpoint region of one step, what it kept, what its re-run saved, its times and re-runs");
   t->add_flag("--quiet", quiet, "print nothing but errors (and the JSON lines with --json)");
+}
+
+void add_state_options(CLI::App* t, Numbers& n, TrainOptions& train) {
+  t->add_option("--state-dir", train.state_dir,
+                "keep the training state here (weights, optimizer, schedule, random streams, data position), every "
+                "--state-every steps, at the end and when stopped by SIGINT or SIGTERM; the last two are kept");
+  n.add<int64_t>("--state-every", train.state_every, 0, kMaxSteps,
+                 "steps between training states (0: as often as costs about 1% of the run's time, measured)");
+  t->add_option("--resume", train.resume,
+                "continue the run whose state is in this directory (the newest state of a --state-dir, or one "
+                "state); its options come from the state, and options given beside it must agree");
 }
 
 }  // namespace
@@ -73,8 +85,12 @@ Subcommand add_train(CLI::App& app) {
   add_model_options(command->numbers, train);
   add_run_options(t, command->numbers, train);
   add_weight_and_output_options(t, train, command->quiet);
-  return {t, [command] {
+  add_state_options(t, command->numbers, train);
+  return {t, [command, t] {
             command->numbers.convert();
+            for (const CLI::Option* option : t->get_options())
+              if (option->count() > 0)
+                for (const std::string& name : option->get_lnames()) command->options.given.insert("--" + name);
             note_architecture(command->options);
             command->options.progress = !command->quiet;
             return run_train(command->options);

@@ -75,6 +75,10 @@ CheckedOptions check_options(const TrainOptions& o, const DataParallel& dp) {
                     "train: --format must be remat, nanogpt or hf-gpt2, got \"", o.format, "\"");
   check_save_path(o.save, o.format);
   REMAT_USAGE_CHECK(!o.eval_only || !o.load.empty(), "train: --eval-only needs --load FILE (the weights to evaluate)");
+  REMAT_USAGE_CHECK(!o.eval_only || o.state_dir.empty(), "train: --eval-only trains nothing, so --state-dir has no "
+                    "state to keep; drop it");
+  REMAT_USAGE_CHECK(o.given.count("--state-every") == 0 || !o.state_dir.empty(), "train: --state-every ", o.state_every,
+                    " says how often to write the training state, but there is no --state-dir to write it to");
   REMAT_USAGE_CHECK(o.accumulate >= 1 && o.accumulate <= kMaxAccumulate, "train: --accumulate must be from 1 to ",
                     kMaxAccumulate, ", got ", o.accumulate);
   REMAT_USAGE_CHECK(o.steps <= kMaxMicroBatches / dp.micro_batches(), "train: --steps ", o.steps, " x --accumulate ",
@@ -132,7 +136,12 @@ Loaded load(const TrainOptions& o, Device device) {
                            .tie_embeddings = o.tie_embeddings};
   std::optional<CharGPTFile> weights;
   std::string source;  // where the architecture comes from, for errors
-  if (!o.load.empty()) {
+  if (!o.resume_state.empty()) {  // the architecture and the vocabulary of the state (train_state.h)
+    l.tokenizer = CharTokenizer::from_string(o.vocabulary, "the vocabulary of the state " + o.resume_state);
+    l.config.tanh_gelu = o.tanh_gelu;
+    source = detail::concat("train --resume ", o.resume_state, " (layers ", o.layers, ", width ", o.width, ", heads ",
+                            o.heads, ", seq ", o.seq, ", batch ", o.batch, ")");
+  } else if (!o.load.empty()) {
     weights = read_char_gpt(o.load, "train", o.heads);
     source = configure_from_file(o, *weights, l);
   } else {
@@ -154,17 +163,26 @@ Loaded load(const TrainOptions& o, Device device) {
   return l;
 }
 
-// --eval-only: the validation loss of the --load weights; nothing is trained.
+// --eval-only: the validation loss of the --load weights, written to --save in --format when
+// given (a conversion); nothing is trained.
 int evaluate_only(const TrainOptions& o, Loaded& l) {
   const double val_loss = validation_loss(*l.model, l.split.validation, o.batch, l.config.seq, o.seed, l.device);
   if (o.progress)
     std::fprintf(stderr, "remat train --eval-only: %s on %s: validation loss %.4f (%d batches of %lld x %lld tokens)\n",
                  o.load.c_str(), l.data_path.c_str(), val_loss, kValidationBatches, static_cast<long long>(o.batch),
                  static_cast<long long>(l.config.seq));
+  if (!o.save.empty()) {
+    save_char_gpt(o.save, *l.model, char_gpt_metadata(l.config, l.tokenizer), o.format);
+    if (o.progress)
+      std::fprintf(stderr, "remat train --eval-only: the weights of %s written to %s (--format %s)\n", o.load.c_str(),
+                   o.save.c_str(), o.format.c_str());
+  }
   if (o.json) {
     nlohmann::json j = {{"version", REMAT_VERSION}, {"eval_only", true},          {"val_loss", val_loss},
                         {"batch", o.batch},         {"batches", kValidationBatches}, {"seq", l.config.seq},
                         {"vocab", l.config.vocab},  {"parameters", l.model->num_parameters()},
+                        {"saved", o.save.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.save)},
+                        {"format", o.format},
                         {"device", device_json(l.device)}};
     emit_json(j);
   }

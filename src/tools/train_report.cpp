@@ -38,15 +38,16 @@ void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m,
   const StepMeasure& chosen = s.chosen;
   say("\nreport (%lld steps in %s)\n", static_cast<long long>(o.steps), human_duration(m.train_seconds).c_str());
   say("  device: %s\n", s.device_text.c_str());
-  say("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", m.losses.front(), s.final_loss,
+  say("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", m.first_loss, s.final_loss,
       s.tail, m.last_val_loss);
+  say("  weights digest %s\n", s.weights_digest.c_str());
   say("  %-14s %12s %12s\n", "policy", "peak saved", "step time");
   say("  %-14s %12s %10.1f ms   (whole run: peak saved %s, median step %.1f ms)\n", o.policy.c_str(),
       bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, bytes_text(m.peak_saved).c_str(), s.step_median * 1e3);
   say("  %-14s %12s %10.1f ms\n", "save-all", bytes_text(s.save_all.peak_saved).c_str(), s.save_all.seconds * 1e3);
-  say("  %-14s %12.3f %12.3f   (%s / save-all, one step each, same batch)\n", "ratio",
+  say("  %-14s %12.3f %12.3f   (%s / save-all, median of %d steps each in turns, same batch)\n", "ratio",
       static_cast<double>(chosen.peak_saved) / static_cast<double>(std::max<size_t>(1, s.save_all.peak_saved)),
-      chosen.seconds / s.save_all.seconds, o.policy.c_str());
+      chosen.seconds / s.save_all.seconds, o.policy.c_str(), kProbeSteps);
   if (s.plan) {
     if (s.plan->automatic) say("  %s\n", auto_budget_text(*s.plan).c_str());
     say("  budget plan %s\n", s.plan->tree.c_str());
@@ -119,6 +120,12 @@ void print_report(const Human& say, const TrainOptions& o, const DataParallel& d
   print_summary(say, o, m, s);
   print_policy_counters(say, o, policy, m, s);
   if (dp.world > 1) print_data_parallel(say, dp, m, s);
+  if (m.state_writes > 0 || m.start_step > 0)
+    say("  training state: %lld written to %s (%s), %.3f s in all (the last %.3f s; median step %.3f s)%s\n",
+        static_cast<long long>(m.state_writes), o.state_dir.c_str(),
+        m.state_interval > 0 ? ("every " + std::to_string(m.state_interval) + " steps").c_str() : "every ~1% of the time",
+        m.state_write_seconds, m.last_state_write_seconds, s.step_median,
+        m.start_step > 0 ? (", resumed at step " + std::to_string(m.start_step)).c_str() : "");
   if (!o.save.empty()) say("  weights saved to %s\n", o.save.c_str());
 }
 
@@ -130,7 +137,7 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"policy", policy.to_string()},
                       {"device", s.device},
                       {"steps", o.steps},
-                      {"first_loss", m.losses.front()},
+                      {"first_loss", m.first_loss},
                       {"final_loss", s.final_loss},
                       {"val_loss", m.last_val_loss},
                       {"tokens_per_second", s.tokens_per_second},
@@ -150,9 +157,16 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"bytes_read_on_demand", dynamic.bytes_read_on_demand},
                       {"bytes_mapped", dynamic.bytes_mapped},
                       {"stall_seconds", dynamic.stall_seconds},
+                      {"weights_digest", s.weights_digest},
+                      {"resumed_from_step", m.start_step},
+                      {"state_writes", m.state_writes},
+                      {"state_write_seconds", m.state_write_seconds},
+                      {"last_state_write_seconds", m.last_state_write_seconds},
+                      {"state", m.state_path},
                       {"grad_digest", m.digest},
                       {"grad_digest_step", m.digest_step},
                       {"grad_digest_under_plan", m.digest_under_plan},
+                      {"probe_steps", kProbeSteps},
                       {"probe_step_seconds", chosen.seconds},
                       {"probe_peak_saved_bytes", chosen.peak_saved},
                       {"save_all_step_seconds", save_all.seconds},

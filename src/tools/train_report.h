@@ -49,9 +49,19 @@ struct StepMeasure {
   Counters counters;  // regions of this step
 };
 
+// The end-of-run comparison of the policy with save-all: this many steps of each, in turns.
+inline constexpr int kProbeSteps = 5;
+
+// The final loss is the mean of the last this many steps' losses.
+inline constexpr size_t kReportedLossTail = 10;
+
 // What the training steps measured.
 struct RunMeasure {
-  std::vector<double> step_seconds, losses;
+  int64_t start_step = 0;  // resumed: the steps before the state, whose measures are not here
+  double first_loss = std::nan("");
+  std::vector<double> step_seconds;  // of the steps this process ran
+  std::vector<double> losses;        // theirs, after (resumed) the last kReportedLossTail before
+  int stopped_by = 0;                // the signal that stopped the run (a state was written), or 0
   double last_val_loss = std::nan("");  // evaluated at the last step
   double profiling_step_seconds = 0;    // budget policy: the first steps profile the chain
   size_t peak_saved = 0, peak_total = 0;
@@ -65,6 +75,10 @@ struct RunMeasure {
   double train_seconds = 0;
   bool bucketed = false;  // under mpirun with --bucket-bytes > 0: the buckets' count and buffers
   size_t buckets = 0, bucket_buffer_bytes = 0;
+  // --state-dir: the states written, their time, the last one's path, the interval (0: automatic)
+  int64_t state_writes = 0, state_interval = 0;
+  double state_write_seconds = 0, last_state_write_seconds = 0;
+  std::string state_path;
 };
 
 // What the run's end adds: the probe step under the policy and under save-all, every rank's
@@ -72,7 +86,8 @@ struct RunMeasure {
 struct RunSummary {
   double final_loss = 0;  // mean of the last `tail` steps' losses
   size_t tail = 0;
-  StepMeasure chosen, save_all;  // one step each on the same batch
+  StepMeasure chosen, save_all;  // the median of kProbeSteps steps each, on the same batch, in turns
+  std::string weights_digest;    // of the final parameters (train_steps.h)
   std::vector<double> rank_peak_saved, rank_peak_total, rank_optimizer_bytes;
   double step_median = 0, tokens_per_second = 0;
   std::optional<BudgetPlanner::Report> plan;  // budget policy

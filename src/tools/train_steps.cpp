@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <cstdio>
 #include <limits>
 #include <string>
 
 #include "remat/nn.h"
+#include "train_state.h"
 
 namespace remat::tools::training {
 
@@ -59,6 +61,18 @@ TensorList updated_parameters(const TensorList& all_params, bool sharded, const 
 
 }  // namespace
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string weights_digest(const nn::Module& model) {
+  std::vector<std::optional<uint64_t>> hashes;
+  for (const auto& [name, p] : model.named_parameters()) hashes.push_back(gradient_hash(p.detach()));
+  return combine_digest(hashes);
+}
+
 uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
   const unsigned char* bytes = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) {
@@ -82,14 +96,16 @@ double tokens_per_step(const TrainOptions& o, const DataParallel& dp, const nn::
 }
 
 StepLoop::StepLoop(const TrainOptions& o, const DataParallel& dp, const Policy& policy, size_t bucket_bytes, Loaded& l,
-                   Optimization& opt)
+                   Optimization& opt, RunMeasure restored, StateKeeper* keeper)
     : o_(o),
       policy_(policy),
       l_(l),
       opt_(opt),
+      keeper_(keeper),
       progress_("train", o.steps, o.progress),
       eval_every_(o.eval_every > 0 ? o.eval_every : std::max<int64_t>(1, o.steps / 10)),
       tokens_per_step_(tokens_per_step(o, dp, l.config)),
+      m_(std::move(restored)),
       saved_base_(memory_stats(l.device).live(memory::Tag::saved)),
       total_base_(memory_stats(l.device).live_total),
       step_dp_(dp) {
@@ -101,7 +117,7 @@ StepLoop::StepLoop(const TrainOptions& o, const DataParallel& dp, const Policy& 
 
 RunMeasure StepLoop::run() {
   const auto run_start = Clock::now();
-  for (int64_t step = 0; step < o_.steps; ++step) {
+  for (int64_t step = m_.start_step; step < o_.steps; ++step) {
     l_.model->zero_grad();
     reset_peaks(l_.device);
     reset_counters();
@@ -112,6 +128,7 @@ RunMeasure StepLoop::run() {
     account(step, t0, g.loss);
     evaluate(step, g.loss, run_start);
     show(step);
+    if (keeper_ != nullptr && (m_.stopped_by = keeper_->after_step(step + 1, m_)) != 0) break;
   }
   progress_.finish();
   m_.train_seconds = seconds_since(run_start);
@@ -205,6 +222,7 @@ void StepLoop::account(int64_t step, Clock::time_point t0, double loss_value) {
   m_.step_seconds.push_back(seconds_since(t0));
   if (step == BudgetPlanner::kProfilingSteps - 1) m_.profiling_step_seconds = m_.step_seconds.back();
   m_.losses.push_back(loss_value);
+  if (step == 0) m_.first_loss = loss_value;
   const memory::Stats stats = memory_stats(l_.device);
   m_.peak_saved = std::max(m_.peak_saved, stats.peak(memory::Tag::saved) - saved_base_);
   m_.peak_total = std::max(m_.peak_total, stats.peak_total - total_base_);

@@ -24,12 +24,21 @@
 
 namespace remat::tools::training {
 
+class StateKeeper;  // train_state.h
+
 using Clock = std::chrono::steady_clock;
 
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // FNV-1a over n bytes, continued from h.
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
+
+// The median (the upper of the two middle values); 0 for none.
+double median(std::vector<double> v);
+
+// FNV-1a over the per-parameter FNV-1a hashes of the parameters' bytes, in named_parameters()
+// order, as 16 hexadecimal digits: equal for equal weights, whatever the device.
+std::string weights_digest(const nn::Module& model);
 
 // The tokens of one step's global batch (all micro-batches of all ranks).
 double tokens_per_step(const TrainOptions& o, const DataParallel& dp, const nn::GPTConfig& config);
@@ -49,9 +58,12 @@ struct Optimization {
 // The --steps steps of one run, measured.
 class StepLoop {
  public:
+  // `keeper`, when not null, writes the training states; `restored` holds the measures of the steps
+  // before a resumed state (RunMeasure::start_step is the first step to run).
   StepLoop(const TrainOptions& o, const DataParallel& dp, const Policy& policy, size_t bucket_bytes, Loaded& l,
-           Optimization& opt);
-  // Runs the --steps steps; the gradient buckets stay allocated while the loop lives.
+           Optimization& opt, RunMeasure restored = {}, StateKeeper* keeper = nullptr);
+  // Runs the steps left of --steps, or until a signal stops it (RunMeasure::stopped_by); the
+  // gradient buckets stay allocated while the loop lives.
   RunMeasure run();
 
  private:
@@ -70,6 +82,7 @@ class StepLoop {
   const Policy& policy_;
   Loaded& l_;
   Optimization& opt_;
+  StateKeeper* keeper_;
   Progress progress_;
   const int64_t eval_every_;
   const double tokens_per_step_;

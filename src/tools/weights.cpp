@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "footprint.h"
+#include "nn/atomic_file.h"
 #include "nn/strict_json.h"
 #include "numbers.h"
 #include "usage.h"
@@ -197,23 +198,6 @@ namespace remat::tools {
 
 namespace {
 
-// Writes `text` to `path` atomically (a temporary file renamed over it).
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string temp = path + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    REMAT_CHECK(out.good(), "train: cannot write ", temp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(temp, path, ec);
-  if (ec) {
-    std::filesystem::remove(temp, ec);
-    throw Error(detail::concat("train: cannot rename ", temp, " to ", path));
-  }
-}
-
 // Transformers' GPT2Config for `model` (see save_char_gpt). remat's LayerNorms (blocks and ln_f)
 // use eps 1e-5; its MLP is 4 x width; its GELU is the exact (erf) one, Transformers' "gelu", unless
 // tanh_gelu, Transformers' "gelu_new". A character vocabulary has no special tokens: the
@@ -248,6 +232,46 @@ std::string hf_gpt2_config(const nn::GPTConfig& c, const nn::Metadata& metadata)
   return config.dump(2) + "\n";
 }
 
+// GPT-2's byte-level alphabet: byte b as a printable character (its own code point for the printable
+// ones, 256 + n for the n-th of the others), so that Transformers' byte-level BPE tokenizers read
+// one token per byte.
+std::string byte_character(unsigned char b) {
+  auto printable = [](int c) { return (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255); };
+  int code = b;
+  if (!printable(b)) {
+    code = 256;
+    for (int c = 0; c < b; ++c) code += printable(c) ? 0 : 1;
+  }
+  std::string utf8;  // code < 0x800: one or two bytes
+  if (code < 0x80) {
+    utf8 += static_cast<char>(code);
+  } else {
+    utf8 += static_cast<char>(0xC0 | (code >> 6));
+    utf8 += static_cast<char>(0x80 | (code & 0x3F));
+  }
+  return utf8;
+}
+
+// The character vocabulary as a tokenizer Transformers' AutoTokenizer loads: GPT-2's byte-level BPE
+// with no merges (vocab.json, merges.txt), so every byte is its own token, with remat's ids; no
+// special tokens (the vocabulary has none).
+void write_hf_tokenizer(const std::filesystem::path& root, const nn::Metadata& metadata, int64_t seq) {
+  auto v = metadata.find("vocabulary");
+  if (v == metadata.end()) return;
+  const CharTokenizer tokenizer = CharTokenizer::from_string(v->second);
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
+  for (int b = 0; b < 256; ++b)
+    if (tokenizer.contains(static_cast<unsigned char>(b)))
+      vocab[byte_character(static_cast<unsigned char>(b))] = tokenizer.encode(std::string(1, static_cast<char>(b))).front();
+  const nlohmann::json config = {{"tokenizer_class", "GPT2Tokenizer"}, {"add_prefix_space", false},
+                                 {"bos_token", nullptr},                {"eos_token", nullptr},
+                                 {"unk_token", nullptr},                {"model_max_length", seq},
+                                 {"clean_up_tokenization_spaces", false}};
+  nn::io::write_file_atomically((root / "vocab.json").string(), vocab.dump() + "\n", "train --save");
+  nn::io::write_file_atomically((root / "merges.txt").string(), "#version: 0.2\n", "train --save");
+  nn::io::write_file_atomically((root / "tokenizer_config.json").string(), config.dump(2) + "\n", "train --save");
+}
+
 // Whether `path` can become the --format hf-gpt2 directory (nothing there yet, or a directory).
 bool directory_or_nothing(const std::string& path) {
   std::error_code ec;
@@ -269,7 +293,8 @@ void save_hf_gpt2(const std::string& dir, const std::map<std::string, Tensor>& t
   metadata["format"] = kTorchFormat;
   const std::filesystem::path root(dir);
   nn::save_safetensors((root / kWeightsName).string(), nn::NamedTensors(tensors.begin(), tensors.end()), metadata);
-  write_text_file((root / kConfigName).string(), hf_gpt2_config(config, metadata));
+  nn::io::write_file_atomically((root / kConfigName).string(), hf_gpt2_config(config, metadata), "train --save");
+  write_hf_tokenizer(root, metadata, config.seq);
 }
 
 }  // namespace

@@ -180,6 +180,29 @@ TEST_F(Cli, HuggingFaceDirectory) {
     EXPECT_GE(config.at(id).get<int64_t>(), 0) << id;
     EXPECT_LT(config.at(id).get<int64_t>(), vocab) << id;
   }
+  // the vocabulary as a byte-level GPT-2 tokenizer without merges (AutoTokenizer loads it; checked
+  // against Transformers by hand, see docs/cli.md): every byte of the text its own token, with
+  // remat's id; the byte-level alphabet maps 'a' to itself and '\n' to U+010A, ' ' to U+0120
+  std::ifstream vocab_in(dir + "/vocab.json");
+  const nlohmann::json vocab_json = nlohmann::json::parse(vocab_in);
+  const std::string vocabulary = f.metadata.at("vocabulary");
+  std::vector<int> bytes;
+  for (size_t at = 0; at < vocabulary.size();) {
+    size_t end = vocabulary.find(',', at);
+    if (end == std::string::npos) end = vocabulary.size();
+    bytes.push_back(std::stoi(vocabulary.substr(at, end - at)));
+    at = end + 1;
+  }
+  ASSERT_EQ(static_cast<int64_t>(vocab_json.size()), vocab);
+  auto id_of = [&](int byte) { return static_cast<int64_t>(std::find(bytes.begin(), bytes.end(), byte) - bytes.begin()); };
+  EXPECT_EQ(vocab_json.at("a"), id_of('a'));
+  EXPECT_EQ(vocab_json.at("\xC4\x8A"), id_of('\n'));
+  EXPECT_EQ(vocab_json.at("\xC4\xA0"), id_of(' '));
+  std::ifstream merges(dir + "/merges.txt"), tokenizer_config_in(dir + "/tokenizer_config.json");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(merges), {}), "#version: 0.2\n");
+  const nlohmann::json tokenizer_config = nlohmann::json::parse(tokenizer_config_in);
+  EXPECT_EQ(tokenizer_config.at("tokenizer_class"), "GPT2Tokenizer");
+  EXPECT_EQ(tokenizer_config.at("add_prefix_space"), false);
   // loaded back from the directory: the same text as from the remat file of the same run
   const std::string own = path("hf-dir-own.safetensors");
   ASSERT_EQ(run(train_args({{"--save", own}, {"--tie-embeddings", ""}})).code, 0);

@@ -13,6 +13,10 @@
 #                    rank holding about half the AdamW state (allocator counters)
 #   dead-rank        a rank killed during training ends the job in bounded time; a weight file
 #                    saved before is left as it was
+#   state            training states under mpirun (plain and --shard-optimizer): the job killed
+#                    (SIGKILL to every process) or stopped (SIGTERM to mpirun, which passes it on)
+#                    after a step resumes to the bits of the job never stopped; another number of
+#                    ranks is refused
 # Exit 0 on success; the failing check is printed otherwise.
 set -uo pipefail
 
@@ -213,6 +217,63 @@ SCRIPT
     grep -qiE "signal 9|killed" "$dir/dies.out" || { cat "$dir/dies.out"; fail "no message about the killed rank"; }
     grep -iE "signal 9|killed" "$dir/dies.out" | head -2
     cmp "$dir/w.safetensors" "$dir/w.before" || fail "the weight file saved before the run was changed"
+    ;;
+  state)
+    # stop_job NAME SIGNAL WHO STEP CMD...: CMD in a session of its own; after its JSON shows step
+    # STEP, SIGNAL goes to every process of the session (WHO=group: a crash of every node) or to
+    # every rank (WHO=ranks: what a scheduler does to stop a job, e.g. SLURM's scancel; mpirun
+    # itself passes a SIGTERM on only after a delay, so the job may end first)
+    stop_job() {
+      local name=$1 signal=$2 who=$3 step=$4
+      shift 4
+      setsid "$@" >"$dir/$name.out" 2>&1 &
+      local pid=$! start=$SECONDS
+      while kill -0 "$pid" 2>/dev/null && ! grep -q "\"step\":$step,\"train_loss\"" "$dir/$name.out"; do
+        ((SECONDS - start > limit)) && { kill -KILL $(pgrep -s "$pid"); fail "$name: step $step never came"; }
+        sleep 0.005
+      done
+      # every process of the job's session (mpirun gives the ranks process groups of their own)
+      case $who in
+        group) kill "-$signal" $(pgrep -s "$pid") 2>/dev/null ;;
+        ranks) kill "-$signal" $(pgrep -s "$pid" | grep -vx "$pid") ;;  # all but mpirun
+      esac
+      wait "$pid"
+      rc=$?
+      # every rank gone (mpirun may end before the ranks it signalled)
+      while [[ -n "$(pgrep -s "$pid")" ]]; do
+        ((SECONDS - start > limit)) && fail "$name: ranks still running after $limit s"
+        sleep 0.05
+      done
+      echo "-- $name: $signal to the $who after step $step: exit $rc; $(grep -o 'stopped by [A-Z]* after step [0-9]*' "$dir/$name.out" | head -1)"
+    }
+    resumed_same() {  # resumed_same NAME: the resumed job ends as the job never stopped
+      local f
+      for f in weights_digest final_loss first_loss grad_digest; do
+        [[ -n "$(field $f "$dir/$1.out")" && "$(field $f "$dir/$1.out")" == "$(field $f "$dir/straight$2.out")" ]] ||
+          fail "$1: $f $(field $f "$dir/$1.out"), the job never stopped: $(field $f "$dir/straight$2.out")"
+      done
+      echo "   $1: resumed from step $(field resumed_from_step "$dir/$1.out"), weights_digest $(field weights_digest "$dir/$1.out") as never stopped"
+    }
+    for shard in "" --shard-optimizer; do
+      run "straight$shard" "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 60 $shard
+      expect_ok "straight$shard"
+      for how in "KILL group" "TERM ranks"; do
+        states=$dir/states-${how% *}$shard
+        stop_job "stopped$shard" ${how% *} ${how#* } 12 "${mpi[@]}" -np 2 "$remat" train "${model[@]}" --steps 60 \
+          --eval-every 1 --state-dir "$states" --state-every 5 $shard
+        [[ $how == TERM* ]] && ! grep -q "stopped by SIGTERM after step" "$dir/stopped$shard.out" &&
+          { cat "$dir/stopped$shard.out"; fail "the job did not stop on SIGTERM"; }
+        run "resumed-${how% *}$shard" "${mpi[@]}" -np 2 "$remat" train --resume "$states" --json --quiet
+        ((rc == 0)) || { cat "$dir/stopped$shard.out" "$dir/resumed-${how% *}$shard.out"; fail "the resumed job exited with $rc"; }
+        resumed_same "resumed-${how% *}$shard" "$shard"
+      done
+      compgen -G "$states/step-*/optimizer-shard-1-of-2.safetensors" >/dev/null || [[ -z "$shard" ]] ||
+        fail "no optimizer shard of rank 1 in the state"
+    done
+    run one_rank "$remat" train --resume "$dir/states-KILL" --json
+    expect_error one_rank "the state was written by 2 process(es) (mpirun -np 2), this run has 1"
+    run three_ranks "${mpi[@]}" -np 3 "$remat" train --resume "$dir/states-KILL--shard-optimizer" --json
+    expect_error three_ranks "the state was written by 2 process(es)"
     ;;
   *)
     fail "unknown test"

@@ -34,6 +34,9 @@ class BatchNorm : public Module {
   std::string type_name() const override;
   int64_t num_features() const { return features_; }
   int64_t num_batches_tracked() const { return batches_tracked_; }
+  // "num_batches_tracked", for training states
+  std::vector<std::pair<std::string, int64_t>> state_counters() const override;
+  void set_state_counter(const std::string& name, int64_t value) override;
   // Running statistics back to mean 0, variance 1, and the count to 0.
   void reset_running_stats();
 

@@ -182,6 +182,11 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // The buffers (register_buffer), recursively, in the order of named_parameters(), each once.
   NamedTensors named_buffers() const;
+  // Whole-number state of this module beside its parameters and buffers (BatchNorm's count of
+  // batches), by name, which training states keep (remat/nn/training_state.h); none by default.
+  virtual std::vector<std::pair<std::string, int64_t>> state_counters() const { return {}; }
+  // Sets a counter that state_counters() lists to `value` (>= 0); anything else is a remat::Error.
+  virtual void set_state_counter(const std::string& name, int64_t value);
 
   // Drops every parameter's accumulated gradient.
   void zero_grad();

@@ -38,7 +38,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "remat/grad_ready.h"
@@ -63,6 +66,25 @@ class Optimizer {
   double lr() const { return lr_; }
   void set_lr(double lr);
   const TensorList& params() const { return params_; }
+  const char* name() const { return name_; }  // "SGD", "AdamW"
+
+  // ---- state, for training states (remat/nn/training_state.h)
+  // What the optimizer keeps for parameter i: its tensors (AdamW: "exp_avg", "exp_avg_sq"; SGD:
+  // "momentum_buffer"; none before the parameter's first update), on the parameter's device, and
+  // its counters (AdamW: "step").
+  struct ParameterState {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    std::vector<std::pair<std::string, int64_t>> counters;
+  };
+  virtual ParameterState parameter_state(size_t i) const = 0;
+  // Whether `state` could be parameter i's (the names this optimizer keeps, the parameter's shape
+  // and dtype, counters >= 0): a remat::Error naming the difference, else nothing.
+  virtual void check_parameter_state(size_t i, const ParameterState& state) const = 0;
+  // Replaces parameter i's state with copies of `state`'s tensors (any device; the copies live on
+  // the parameter's), after check_parameter_state.
+  virtual void set_parameter_state(size_t i, const ParameterState& state) = 0;
+  // The options fixed at construction (not the learning rate), as text: compared when a state is loaded.
+  virtual std::map<std::string, std::string> options_text() const = 0;
 
  protected:
   virtual void update(size_t i) = 0;
@@ -112,6 +134,10 @@ class SGD : public Optimizer {
  public:
   SGD(TensorList params, const SGDOptions& options);
   const Tensor& momentum_buffer(size_t i) const { return momentum_.at(i); }  // undefined before
+  ParameterState parameter_state(size_t i) const override;
+  void check_parameter_state(size_t i, const ParameterState& state) const override;
+  void set_parameter_state(size_t i, const ParameterState& state) override;
+  std::map<std::string, std::string> options_text() const override;
 
  protected:
   void update(size_t i) override;
@@ -139,6 +165,10 @@ class AdamW : public Optimizer {
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
   int64_t steps(size_t i) const { return steps_.at(i); }
+  ParameterState parameter_state(size_t i) const override;
+  void check_parameter_state(size_t i, const ParameterState& state) const override;
+  void set_parameter_state(size_t i, const ParameterState& state) override;
+  std::map<std::string, std::string> options_text() const override;
 
  protected:
   void update(size_t i) override;
