@@ -141,6 +141,24 @@ __device__ inline void score_tiles(const float* x, const float* g, const float* 
   }
 }
 
+// acc (16 x D, C layout) += c (the warp's 16 x 64 tile in C layout) y (64 rows of D values): P V
+// in the forward, (P o Z)^T dO and dS^T Q for dV and dK, dS K for dQ. Each acc element adds its 8
+// key blocks in order.
+template <int D>
+__device__ inline void add_product(const float (&c)[8][4], const float* y, int ld, Lane l, float (&acc)[D / 8][4]) {
+#pragma unroll
+  for (int kb = 0; kb < 8; ++kb) {
+    Split a[4];
+    a_from_c(c[kb], a);
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      Split b[2];
+      load_b_rows_k(y, ld, kb * 8, nt * 8, l, b);
+      mma3(acc[nt], a, b);
+    }
+  }
+}
+
 // ---- forward
 
 template <int D>
@@ -216,17 +234,7 @@ __global__ void __launch_bounds__(kThreadsTc) forward_tc_kernel(Problem<float> p
         const int64_t i = rows[e >> 1], j = j0 + nt * 8 + 2 * l.t + (e & 1);
         s[nt][e] = pb.p > 0.0 && p != 0.0f ? p * pb.dropout_factor(bh, i, j) : p;
       }
-#pragma unroll
-    for (int kb = 0; kb < 8; ++kb) {
-      Split a[4];
-      a_from_c(s[kb], a);
-#pragma unroll
-      for (int nt = 0; nt < kK; ++nt) {
-        Split b[2];
-        load_b_rows_k(vs, kLd, kb * 8, nt * 8, l, b);
-        mma3(o[nt], a, b);
-      }
-    }
+    add_product<D>(s, vs, kLd, l, o);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -299,20 +307,8 @@ __global__ void __launch_bounds__(kThreadsTc) dkdv_tc_kernel(Problem<float> pb) 
         st[nt][e] = pz;
         dpt[nt][e] = ds;
       }
-#pragma unroll
-    for (int kb = 0; kb < 8; ++kb) {
-      Split pa[4], sa[4];
-      a_from_c(st[kb], pa);
-      a_from_c(dpt[kb], sa);
-#pragma unroll
-      for (int nt = 0; nt < kK; ++nt) {
-        Split b[2];
-        load_b_rows_k(gs, kLd, kb * 8, nt * 8, l, b);
-        mma3(dv[nt], pa, b);
-        load_b_rows_k(qs, kLd, kb * 8, nt * 8, l, b);
-        mma3(dk[nt], sa, b);
-      }
-    }
+    add_product<D>(st, gs, kLd, l, dv);
+    add_product<D>(dpt, qs, kLd, l, dk);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -378,17 +374,7 @@ __global__ void __launch_bounds__(kThreadsTc) dq_tc_kernel(Problem<float> pb) {
         }
         s[nt][e] = ds;
       }
-#pragma unroll
-    for (int kb = 0; kb < 8; ++kb) {
-      Split a[4];
-      a_from_c(s[kb], a);
-#pragma unroll
-      for (int nt = 0; nt < kK; ++nt) {
-        Split b[2];
-        load_b_rows_k(ks, kLd, kb * 8, nt * 8, l, b);
-        mma3(dq[nt], a, b);
-      }
-    }
+    add_product<D>(s, ks, kLd, l, dq);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
