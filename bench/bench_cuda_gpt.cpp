@@ -4,20 +4,30 @@
 //
 //   build/bench/bench_cuda_gpt [--device cuda:0] [--layers 12] [--width 768] [--heads 12] [--seq 1024]
 //                              [--batch 8] [--vocab 50304] [--steps 5] [--warmup 3]
-//                              [--budget-fraction 0.5] [--tf32]
+//                              [--budget-fraction 0.5] [--tf32] [--optimizer sgd|adamw]
+//                              [--policies save-all,every-layer,budget] [--profile-steps N]
+//   build/bench/bench_cuda_gpt --list-switches     (the names REMAT_CUDA_FAST takes, one a line)
 //
 // Defaults are GPT-2 small (12 layers, width 768, 12 heads, context 1024, vocabulary padded to
 // 50304 as nanoGPT does), float32, TF32 off. A step: drop the gradients, forward, loss, backward,
-// SGD update (lr 1e-4, no momentum; as bench/peers), then the loss read back to the host, which
-// waits for the device. The budget run's B lies between every-layer's and save-all's measured peak
-// saved bytes: every-layer's + --budget-fraction x the difference. Its first steps profile
-// (BudgetPlanner::kProfilingSteps), so --warmup must cover them.
+// the update (SGD lr 1e-4, no momentum, or AdamW lr 1e-4; as bench/peers), then the loss read back
+// to the host, which waits for the device. The budget run's B lies between every-layer's and
+// save-all's measured peak saved bytes: every-layer's + --budget-fraction x the difference (it
+// needs both runs). Its first steps profile (BudgetPlanner::kProfilingSteps), so --warmup must
+// cover them.
 // Peaks are taken over the measured steps, from the device's counters (remat::memory_stats),
-// relative to what was live before the step (the parameters). One JSON line per policy on stdout.
+// relative to what was live before the step (the parameters). Each measured step also counts the
+// device's launches and host synchronisations (remat::device_activity). With --profile-steps N
+// (and REMAT_CUDA_PROFILE=1 in the environment) N more steps follow the measured ones, each with
+// its per-kernel device times (remat::take_kernel_profile), printed as a "profile" line; their
+// step times are not the measured ones. One JSON line per policy (and per profile) on stdout,
+// naming the switches on (REMAT_CUDA_FAST).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,9 +53,17 @@ struct Options {
   nn::GPTConfig config = gpt2_small();
   std::string device = "cuda:0";
   int64_t batch = 8;
-  int steps = 5, warmup = 3;
+  int steps = 5, warmup = 3, profile_steps = 0;
   double budget_fraction = 0.5;
   bool tf32 = false;
+  std::string optimizer = "sgd";
+  std::vector<std::string> policies = {"save-all", "every-layer", "budget"};
+};
+
+// One profiled step: device seconds and launches per kernel name.
+struct Profile {
+  double step_seconds = 0;
+  std::vector<KernelTime> kernels;
 };
 
 struct Result {
@@ -53,6 +71,8 @@ struct Result {
   std::vector<double> seconds, losses;
   size_t peak_saved = 0, peak_total = 0;
   uint64_t fallback_calls = 0;
+  std::vector<uint64_t> launches, kernel_calls, synchronizations;  // per measured step
+  std::vector<Profile> profiles;
   double median() const {
     std::vector<double> v = seconds;
     std::sort(v.begin(), v.end());
@@ -78,52 +98,86 @@ Result run(const Options& o, Device device, const std::string& policy_text) {
   const size_t n = static_cast<size_t>(o.batch * o.config.seq);
   const Tensor ids = from_indices(tokens(n, o.config.vocab, 1), shape, device);
   const Tensor targets = from_indices(tokens(n, o.config.vocab, 2), shape, device);
-  nn::SGD optimizer(model.parameters(), {.lr = 1e-4});
+  std::unique_ptr<nn::Optimizer> optimizer;
+  if (o.optimizer == "adamw")
+    optimizer = std::make_unique<nn::AdamW>(model.parameters(), nn::AdamWOptions{.lr = 1e-4});
+  else
+    optimizer = std::make_unique<nn::SGD>(model.parameters(), nn::SGDOptions{.lr = 1e-4});
   Backend& b = backend(device);
   const uint64_t fallback_before = device.type == DeviceType::cpu ? 0 : fallback_calls(device);
-  for (int step = 0; step < o.warmup + o.steps; ++step) {
-    optimizer.zero_grad();  // before the baseline: the step's gradients count in its peak
+  for (int step = 0; step < o.warmup + o.steps + o.profile_steps; ++step) {
+    const bool profiled = step >= o.warmup + o.steps;
+    optimizer->zero_grad();  // before the baseline: the step's gradients count in its peak
     b.synchronize();
+    if (profiled) (void)take_kernel_profile(device);  // starts the step's profile
     reset_peaks(device);
     const memory::Stats base = memory_stats(device);
+    const DeviceActivity activity_before = device_activity(device);
     const auto t0 = Clock::now();
     Tensor loss = backward([&] { return model.loss(ids, targets); }, GradOptions{policy});
-    optimizer.step();
-    const double value = loss.detach().to(kCpu).item();
+    optimizer->step();
+    const double value = loss.detach().to(kCpu).item();  // the step's one wait for the device
+    const DeviceActivity activity_after = device_activity(device);
     b.synchronize();
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     r.losses.push_back(value);
+    if (profiled) {
+      r.profiles.push_back({seconds, take_kernel_profile(device)});
+      continue;
+    }
     if (step < o.warmup) continue;
     const memory::Stats after = memory_stats(device);
     r.seconds.push_back(seconds);
     r.peak_saved = std::max(r.peak_saved, after.peak(memory::Tag::saved) - base.live(memory::Tag::saved));
     r.peak_total = std::max(r.peak_total, after.peak_total - base.live_total);
+    r.launches.push_back(activity_after.launches - activity_before.launches);
+    r.kernel_calls.push_back(activity_after.kernel_calls - activity_before.kernel_calls);
+    r.synchronizations.push_back(activity_after.host_synchronizations - activity_before.host_synchronizations);
   }
   r.fallback_calls = (device.type == DeviceType::cpu ? 0 : fallback_calls(device)) - fallback_before;
   return r;
 }
 
+template <class T, class F>
+std::string join(const std::vector<T>& values, F&& format) {
+  std::string out;
+  for (const T& v : values) out += (out.empty() ? "" : ",") + format(v);
+  return out;
+}
+std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
 void emit(const Options& o, Device device, const Result& r, size_t budget_bytes) {
-  std::string seconds, losses;
-  for (double s : r.seconds) seconds += (seconds.empty() ? "" : ",") + detail::concat(s);
-  for (double l : r.losses) losses += (losses.empty() ? "" : ",") + detail::concat(l);
+  auto number = [](auto v) { return detail::concat(v); };
   std::printf("{\"system\":\"remat\",\"device\":\"%s\",\"description\":\"%s\",\"policy\":\"%s\",\"layers\":%lld,"
               "\"width\":%lld,\"heads\":%lld,\"seq\":%lld,\"batch\":%lld,\"vocab\":%lld,\"tf32\":%s,"
+              "\"optimizer\":\"%s\",\"switches\":[%s],"
               "\"step_seconds\":[%s],\"median_seconds\":%.6f,\"peak_saved_bytes\":%zu,\"peak_total_bytes\":%zu,"
-              "\"budget_bytes\":%zu,\"fallback_calls\":%llu,\"losses\":[%s]}\n",
+              "\"budget_bytes\":%zu,\"fallback_calls\":%llu,\"launches\":[%s],\"kernel_calls\":[%s],"
+              "\"synchronizations\":[%s],\"losses\":[%s]}\n",
               device_name(device).c_str(), describe_device(device).c_str(), r.policy.c_str(),
               static_cast<long long>(o.config.layers), static_cast<long long>(o.config.width),
               static_cast<long long>(o.config.heads), static_cast<long long>(o.config.seq),
               static_cast<long long>(o.batch), static_cast<long long>(o.config.vocab), o.tf32 ? "true" : "false",
-              seconds.c_str(), r.median(), r.peak_saved, r.peak_total, budget_bytes,
-              static_cast<unsigned long long>(r.fallback_calls), losses.c_str());
+              o.optimizer.c_str(), join(fast_paths_on(), quoted).c_str(), join(r.seconds, number).c_str(), r.median(),
+              r.peak_saved, r.peak_total, budget_bytes, static_cast<unsigned long long>(r.fallback_calls),
+              join(r.launches, number).c_str(), join(r.kernel_calls, number).c_str(),
+              join(r.synchronizations, number).c_str(), join(r.losses, number).c_str());
+  for (const Profile& p : r.profiles) {
+    std::string kernels = join(p.kernels, [](const KernelTime& k) {
+      return detail::concat("{\"name\":\"", k.name, "\",\"launches\":", k.launches, ",\"seconds\":", k.seconds, "}");
+    });
+    std::printf("{\"system\":\"remat\",\"kind\":\"profile\",\"policy\":\"%s\",\"switches\":[%s],"
+                "\"step_seconds\":%.6f,\"kernels\":[%s]}\n",
+                r.policy.c_str(), join(fast_paths_on(), quoted).c_str(), p.step_seconds, kernels.c_str());
+  }
   std::fflush(stdout);
 }
 
 void usage() {
   std::fprintf(stderr,
                "usage: bench_cuda_gpt [--device D] [--layers N] [--width C] [--heads H] [--seq T] [--batch B] "
-               "[--vocab V] [--steps N] [--warmup N] [--budget-fraction F] [--tf32]\n");
+               "[--vocab V] [--steps N] [--warmup N] [--budget-fraction F] [--tf32] [--optimizer sgd|adamw] "
+               "[--policies P,...] [--profile-steps N]\n");
 }
 
 Options parse(int argc, char** argv) {
@@ -147,7 +201,21 @@ Options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = std::stoi(value());
     else if (a == "--warmup") o.warmup = std::stoi(value());
     else if (a == "--budget-fraction") o.budget_fraction = std::stod(value());
-    else if (a == "--tf32") o.tf32 = true;
+    else if (a == "--list-switches") {
+      for (const std::string& name : fast_path_names()) std::printf("%s\n", name.c_str());
+      std::exit(0);
+    } else if (a == "--tf32") o.tf32 = true;
+    else if (a == "--optimizer") o.optimizer = value();
+    else if (a == "--profile-steps") o.profile_steps = std::stoi(value());
+    else if (a == "--policies") {
+      o.policies.clear();
+      std::string list = value();
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at) o.policies.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+    }
     else {
       usage();
       std::exit(2);
@@ -164,17 +232,27 @@ int main(int argc, char** argv) {
     REMAT_CHECK(o.steps >= 1 && o.warmup >= BudgetPlanner::kProfilingSteps + 1, "bench_cuda_gpt: --steps >= 1 and --warmup >= ",
                 BudgetPlanner::kProfilingSteps + 1, " (the budget's profiling steps and one more)");
     REMAT_CHECK(o.budget_fraction > 0 && o.budget_fraction < 1, "bench_cuda_gpt: --budget-fraction must be in (0, 1)");
+    REMAT_CHECK(o.optimizer == "sgd" || o.optimizer == "adamw", "bench_cuda_gpt: --optimizer sgd or adamw, not ",
+                o.optimizer);
+    REMAT_CHECK(o.profile_steps >= 0, "bench_cuda_gpt: --profile-steps must be >= 0");
     const Device device = parse_device(o.device);
     use_device(device);
     set_allow_tf32(o.tf32);
-    const Result save_all = run(o, device, "save-all");
-    emit(o, device, save_all, 0);
-    const Result every_layer = run(o, device, "every-layer");
-    emit(o, device, every_layer, 0);
-    const size_t budget =
-        every_layer.peak_saved +
-        static_cast<size_t>(o.budget_fraction * static_cast<double>(save_all.peak_saved - std::min(save_all.peak_saved, every_layer.peak_saved)));
-    emit(o, device, run(o, device, detail::concat("budget:", budget)), budget);
+    std::optional<Result> save_all, every_layer;
+    for (const std::string& p : o.policies) {
+      if (p == "budget") {
+        REMAT_CHECK(save_all && every_layer, "bench_cuda_gpt: the budget run needs save-all and every-layer first");
+        const size_t lo = std::min(save_all->peak_saved, every_layer->peak_saved);
+        const size_t budget =
+            every_layer->peak_saved + static_cast<size_t>(o.budget_fraction * static_cast<double>(save_all->peak_saved - lo));
+        emit(o, device, run(o, device, detail::concat("budget:", budget)), budget);
+        continue;
+      }
+      Result r = run(o, device, p);
+      emit(o, device, r, 0);
+      if (p == "save-all") save_all = std::move(r);
+      if (p == "every-layer") every_layer = std::move(r);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda_gpt: error: %s\n", e.what());
     return 1;

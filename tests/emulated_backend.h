@@ -5,6 +5,10 @@
 // through an explicit copy (Tensor::to, copy_from_host / copy_to_host; the dispatcher enforces it,
 // see remat/tensor.h), and it can be told to lack kernels, which then run through the CPU
 // fallback. Its kernels are the CPU backend's, so results on it must equal the CPU's bit for bit.
+// It waits as an asynchronous device would: a copy to the host, synchronize() and a time reading
+// not yet ready count as host synchronisations; time marks become readable at the next wait; an
+// index check whose ids' range the host does not know is deferred to the next wait
+// (Backend::raise_deferred_errors) and its failure raised there.
 //
 //   EmulatedDevice dev;                        // registers emulated:0 for the scope
 //   Tensor x = randn({4, 3}, DType::f32, 0.0, 1.0, dev.device);
@@ -12,11 +16,14 @@
 #pragma once
 
 #include <cstring>
+#include <memory>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "remat/backend.h"
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/kernel_common.h"
 
 namespace remat::testing {
 
@@ -32,8 +39,53 @@ class EmulatedBackend final : public cpu::CpuBackend {
   void copy_to_host(const Tensor& src, void* host) override {
     ++device_to_host;
     CpuBackend::copy_to_host(src, host);
+    wait();
   }
-  void synchronize() override { ++synchronizations; }
+  void synchronize() override {
+    ++synchronizations;
+    wait();
+  }
+  // ---- time marks: ready once the host has waited for the device after making them
+  TimeMark mark_time() override {
+    TimeMark m = CpuBackend::mark_time();
+    m.event = std::make_shared<uint64_t>(waits);
+    return m;
+  }
+  bool time_ready(const TimeMark& mark) override { return *static_cast<const uint64_t*>(mark.event.get()) < waits; }
+  double seconds_between(const TimeMark& from, const TimeMark& to) override {
+    if (!time_ready(to)) wait();
+    return to.host_seconds - from.host_seconds;
+  }
+  // ---- deferred index checks
+  void raise_deferred_errors() override {
+    if (checks_pending_) wait();
+  }
+  void embedding(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+    checked(ids, 0, table.size(0), out, [&] { CpuBackend::embedding(table, ids, out); });
+  }
+  void embedding_backward(const Tensor& ids, const Tensor& gout, const Tensor& gtable) override {
+    checked(ids, 0, gtable.size(0), Tensor(), [&] { CpuBackend::embedding_backward(ids, gout, gtable); });
+  }
+  void cross_entropy(const Tensor& logits, const Tensor& targets, double smoothing, int64_t ignore, const Tensor& losses,
+                     const Tensor& logp, const Tensor& scale) override {
+    checked(targets, 0, logits.size(1), logp, [&] {
+      CpuBackend::cross_entropy(logits, targets, smoothing, ignore, losses, logp, scale);
+    });
+  }
+  void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss, double smoothing,
+                              int64_t ignore, const Tensor& glogits) override {
+    checked(targets, 0, logp.size(1), glogits, [&] {
+      CpuBackend::cross_entropy_backward(logp, targets, gloss, smoothing, ignore, glogits);
+    });
+  }
+  DeviceActivity activity() const override {
+    DeviceActivity a;
+    a.host_synchronizations = waits;
+    a.copies_to_host = device_to_host;
+    a.copies_from_host = host_to_device;
+    a.deferred_checks = deferred_checks;
+    return a;
+  }
   bool supports(Kernel kernel, DType dtype) const override {
     asked.insert(kernel);
     return refused_.count({kernel, dtype}) == 0;
@@ -44,9 +96,38 @@ class EmulatedBackend final : public cpu::CpuBackend {
   }
 
   uint64_t host_to_device = 0, device_to_host = 0, synchronizations = 0;
+  uint64_t waits = 0;            // host synchronisations of every kind
+  uint64_t deferred_checks = 0;  // index checks put off to the next wait
   mutable std::set<Kernel> asked;  // the kernels the dispatcher asked supports() for
 
  private:
+  // The host waits for the device: time marks made before become readable, deferred checks are
+  // read, and the first that failed is raised.
+  void wait() {
+    ++waits;
+    checks_pending_ = false;
+    if (deferred_error_.empty()) return;
+    const std::string message = std::move(deferred_error_);
+    deferred_error_.clear();
+    throw Error(message);
+  }
+  // Runs an index kernel; where the host does not know that `ids` lie in [lo, hi), its check is
+  // deferred: a failure leaves `cleared` (an output) zero and is raised at the next wait.
+  template <class Run>
+  void checked(const Tensor& ids, int64_t lo, int64_t hi, const Tensor& cleared, Run&& run) {
+    if (kernel::indices_known_within(ids, lo, hi)) return run();
+    ++deferred_checks;
+    checks_pending_ = true;
+    try {
+      run();
+    } catch (const Error& e) {
+      if (deferred_error_.empty()) deferred_error_ = e.what();
+      if (cleared.defined()) CpuBackend::fill(cleared, 0.0);
+    }
+  }
+
+  bool checks_pending_ = false;
+  std::string deferred_error_;
   memory::Allocator allocator_;
   std::set<std::pair<Kernel, DType>> refused_;
 };

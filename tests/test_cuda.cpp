@@ -2,7 +2,7 @@
 // the reason when no device is usable). The op harness's rows on cuda:0 are in test_ops.cpp (its
 // device axis); this file holds what needs whole models:
 //   - a GPT step and a ResNet step under every policy give gradients bitwise equal to save-all's on
-//     the GPU, and a second run gives the same bits;
+//     the GPU, and a second run gives the same bits; so does a GPT at the benchmark's shapes;
 //   - no kernel of those steps falls back to the CPU (fallback_calls(cuda) == 0);
 //   - a checkpointed scan equals its unchecked loop, bit for bit;
 //   - remat's device counters move with the driver's (cudaMemGetInfo) by the bytes allocated;
@@ -147,6 +147,24 @@ TEST(Cuda, GptStepUnderEveryPolicyEqualsSaveAll) {
   REQUIRE_GPU();
   GptCase c;
   check_policies(c.model, c.loss(), "GPT");
+}
+
+// The benchmark's kernels under the bitwise test: bench_cuda_gpt's shapes (head size 64, context
+// 1024, width 768, vocabulary 50304, batch 8) with 2 layers instead of 12, so that every GEMM,
+// attention, norm and loss kernel the benchmark times is one this test checks. Runs on a GPU only
+// (on the CPU or the emulated device the same step takes minutes; the small GPT above covers them).
+TEST(Cuda, ProductionShapeGptUnderEveryPolicyEqualsSaveAll) {
+  REQUIRE_GPU();
+  nn::GPTConfig config;  // GPT-2 small's defaults: width 768, 12 heads, context 1024, no dropout
+  config.vocab = 50304;
+  config.layers = 2;
+  config.seed = 1;
+  nn::GPT model(config);
+  model.to(kGpu);
+  const int64_t batch = 8;
+  const Tensor ids = from_indices(token_ids(batch * config.seq, config.vocab, 1), {batch, config.seq}, kGpu);
+  const Tensor targets = from_indices(token_ids(batch * config.seq, config.vocab, 2), {batch, config.seq}, kGpu);
+  check_policies(model, [&] { return model.loss(ids, targets); }, "GPT-2-small shapes, 2 layers");
 }
 
 TEST(Cuda, ResNetStepUnderEveryPolicyEqualsSaveAll) {

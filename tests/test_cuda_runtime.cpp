@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #if defined(REMAT_WITH_CUDA)
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,37 @@ TEST(CudaRuntime, Tf32IsOffByDefaultAndSwitchable) {
   EXPECT_TRUE(remat::cuda::allow_tf32());
   remat::cuda::set_allow_tf32(false);
   EXPECT_FALSE(remat::cuda::allow_tf32());
+}
+
+TEST(CudaRuntime, SwitchesAreParsedAndUnknownNamesRefused) {
+  const std::vector<std::string> names = remat::cuda::fast_path_names();
+  ASSERT_FALSE(names.empty());
+  EXPECT_NE(std::find(names.begin(), names.end(), "attention"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "async"), names.end());
+  const uint32_t defaults = remat::cuda::parse_fast_paths("");  // the switches a device check has passed
+  EXPECT_EQ(remat::cuda::parse_fast_paths("none"), 0u);
+  const uint32_t all = remat::cuda::parse_fast_paths("all");
+  EXPECT_EQ(static_cast<size_t>(__builtin_popcount(all)), names.size());
+  EXPECT_EQ(defaults & ~all, 0u);
+  const uint32_t two = remat::cuda::parse_fast_paths("none,async,attention");
+  EXPECT_EQ(__builtin_popcount(two), 2);
+  EXPECT_EQ(remat::cuda::parse_fast_paths("none,attention,,async,"), two);
+  EXPECT_EQ(remat::cuda::parse_fast_paths("all,-async,-attention"), all & ~two);
+  EXPECT_EQ(remat::cuda::parse_fast_paths("async,none"), 0u);
+  const uint32_t async_bit = remat::cuda::parse_fast_paths("none,async");
+  EXPECT_EQ(remat::cuda::parse_fast_paths("async"), defaults | async_bit);  // a name adds to the defaults
+  try {
+    remat::cuda::parse_fast_paths("attention,warp_speed");
+    ADD_FAILURE() << "no error";
+  } catch (const remat::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("REMAT_CUDA_FAST"), std::string::npos) << message;
+    EXPECT_NE(message.find("'warp_speed'"), std::string::npos) << message;
+    EXPECT_NE(message.find("attention"), std::string::npos) << message;
+  }
+  // without REMAT_CUDA_FAST (as in CI) the switches on are the defaults
+  if (std::getenv("REMAT_CUDA_FAST") == nullptr)
+    EXPECT_EQ(static_cast<int>(remat::cuda::fast_paths_on().size()), __builtin_popcount(defaults));
 }
 
 TEST(CudaRuntime, DescribesEachDevice) {

@@ -387,6 +387,9 @@ void add_attention_rows(std::vector<OpCase>& t) {
   t.push_back(attention_case("rows_d8_dropout", {1, 1, 34, 8}, {1, 1, 34, 8}, {1, 1, 34, 8}, true, 0.2, {99, 0}));
   t.push_back(attention_case("rows_d32", {1, 1, 37, 32}, {1, 1, 37, 32}, {1, 1, 37, 32}, true));
   t.push_back(attention_case("rows_d64", {1, 1, 33, 64}, {1, 1, 33, 64}, {1, 1, 33, 64}, true));
+  // two 64-row tiles, the second partial, with dropout: the tensor-core kernels' tiling
+  // (REMAT_CUDA_FAST=attention; the rows above are their one-tile cases)
+  t.push_back(attention_case("tiles_d32_dropout", {1, 1, 66, 32}, {1, 1, 66, 32}, {1, 1, 66, 32}, true, 0.2, {7, 3}));
 }
 
 // Rows wider than a vector (8 floats, 4 doubles) with a tail: the hand-vectorised row and GELU

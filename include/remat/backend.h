@@ -1,7 +1,7 @@
 // remat/backend.h - the device backend interface.
 //
 // Ops (remat/ops.h) never touch memory directly: they call the kernels of the backend that owns
-// their inputs' device. A backend is about 40 kernels, four device verbs and an allocator; the CPU
+// their inputs' device. A backend is about 40 kernels, a few device verbs and an allocator; the CPU
 // backend implements all of them. A CUDA backend implements the same class and registers itself
 // with register_backend(); no op definition changes. Calls are per tensor, never per element.
 //
@@ -20,7 +20,9 @@
 // the backend's device); inputs may be strided views unless stated otherwise.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "remat/memory.h"
@@ -282,6 +284,26 @@ const char* kernel_name(Kernel kernel);
 #define REMAT_KERNEL_OVERRIDE(name, dtype_of, parameters, arguments) void name parameters override;
 #define REMAT_OVERRIDE_KERNELS() REMAT_KERNELS(REMAT_KERNEL_OVERRIDE)
 
+// A point in a device's stream of work (Backend::mark_time), for timing work without waiting for
+// it: the host's clock when the mark was made, and the backend's own record of the point (a CUDA
+// event) where the device runs asynchronously.
+struct TimeMark {
+  double host_seconds = 0;
+  std::shared_ptr<void> event;
+};
+
+// What a device was asked to do since it was registered (device_activity()); differences over a
+// training step count its launches and the times the host waited for the device.
+struct DeviceActivity {
+  uint64_t kernel_calls = 0;           // calls of the kernel list below (counted by the dispatcher)
+  uint64_t launches = 0;               // device launches they made: kernels, library calls, memsets
+  uint64_t host_synchronizations = 0;  // the host waited for the device (a copy to the host, a clock
+                                       // read, a deferred check read, synchronize())
+  uint64_t copies_to_host = 0, copies_from_host = 0;
+  uint64_t deferred_checks = 0;        // validations recorded on the device, read at a later wait
+  std::array<uint64_t, kKernelCount> calls_by_kernel{};  // kernel_calls per Kernel (by its enumerator)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -297,8 +319,28 @@ class Backend {
   virtual void copy_from_host(const void* host, const Tensor& dst) = 0;
   virtual void copy_to_host(const Tensor& src, void* host) = 0;
   // Returns once every kernel issued to the device has finished (the CPU's kernels are synchronous).
-  // Called before a clock is read to time device work.
+  // A device that defers checks (raise_deferred_errors) raises a failed one here too.
   virtual void synchronize() {}
+  // Marks the current end of the device's work. seconds_between(from, to) is the device time
+  // between two marks; it waits until the work before `to` is done (time_ready says whether it
+  // is), so marks are read after the step's own wait, when waiting costs nothing. The CPU's
+  // kernels are synchronous: its marks are the host clock.
+  virtual TimeMark mark_time();
+  virtual bool time_ready(const TimeMark& mark) {
+    (void)mark;
+    return true;
+  }
+  virtual double seconds_between(const TimeMark& from, const TimeMark& to) { return to.host_seconds - from.host_seconds; }
+  // Deferred checks. A kernel of an asynchronous device that validates what it reads on the device
+  // (an id against its table, a target against its classes) may record the verdict there instead
+  // of reading it back at once; the verdict is read at the next wait for the device (synchronize,
+  // a copy to the host) or here, which waits only when a check was recorded since the last wait,
+  // and a failure is raised as the remat::Error the kernel would have thrown. The engine calls it
+  // before a backward pass commits gradients, so bad input leaves every .grad() as it was. The
+  // CPU's kernels throw at once and record nothing.
+  virtual void raise_deferred_errors() {}
+  // This backend's counts (DeviceActivity); the dispatcher adds the kernel calls.
+  virtual DeviceActivity activity() const { return {}; }
   // Whether this backend implements `kernel` for tensors of `dtype` (the dtype of the kernel's
   // first floating operand, or i64 for index kernels). What it does not support runs on the CPU.
   // copy, fill and the device verbs must always be supported.
@@ -327,6 +369,10 @@ memory::Stats memory_stats(Device device);
 void reset_peaks(Device device);
 // Calls this many kernels ran on the CPU in place of a registered backend (since the start).
 uint64_t fallback_calls(Device device);
+// What the device was asked to do since it was registered (all zeros on the CPU).
+DeviceActivity device_activity(Device device);
+// Backend::raise_deferred_errors on every registered device.
+void raise_deferred_errors();
 
 // Copies src into dst (same shape, any dtypes) where the two are on different devices: through
 // copy_to_host / copy_from_host, staging strided layouts on the device they live on.

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -67,5 +68,21 @@ DeviceMemory device_memory(Device device);
 // without CUDA; allow_tf32() is then false.
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+
+// The CUDA backend's paths that have not yet passed a device check, each behind a switch named in
+// the environment variable REMAT_CUDA_FAST (docs/backends.md, "Switches"): every name, and those
+// on in this process (empty in a build without CUDA).
+std::vector<std::string> fast_path_names();
+std::vector<std::string> fast_paths_on();
+
+// Device time per kernel of a CUDA device whose process runs with REMAT_CUDA_PROFILE=1: per
+// kernel name, its launches and seconds since the last call (which waits for the device). Empty
+// without profiling, for other devices and in a build without CUDA.
+struct KernelTime {
+  std::string name;
+  uint64_t launches = 0;
+  double seconds = 0;
+};
+std::vector<KernelTime> take_kernel_profile(Device device);
 
 }  // namespace remat

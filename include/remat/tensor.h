@@ -109,7 +109,21 @@ class Storage {
 
   // Bumped by every in-place write, so a saved value can tell it was overwritten.
   uint64_t version() const { return version_; }
-  void bump_version() { ++version_; }
+  void bump_version() {
+    ++version_;
+    range_known_ = false;
+  }
+  // The smallest and largest value of an i64 block when they are known without reading it (it was
+  // written from host values, or by arange); any in-place write forgets them. An index kernel of
+  // a device that runs asynchronously then needs no check on the device.
+  void set_index_range(int64_t lo, int64_t hi) {
+    range_lo_ = lo, range_hi_ = hi;
+    range_known_ = true;
+  }
+  bool index_range(int64_t& lo, int64_t& hi) const {
+    if (range_known_) lo = range_lo_, hi = range_hi_;
+    return range_known_;
+  }
 
  private:
   void materialize() const;
@@ -125,6 +139,8 @@ class Storage {
   mutable std::shared_ptr<Storage> backing_;   // deferred, after: where the value lives
   int saved_references_ = 0;
   uint64_t version_ = 0;
+  bool range_known_ = false;
+  int64_t range_lo_ = 0, range_hi_ = 0;
 };
 
 namespace autodiff {

@@ -86,6 +86,10 @@ class Engine {
       prefetch_ahead(node);
       execute(node, ready);
     }
+    // A check an asynchronous device deferred (an id out of range) fails here, before anything is
+    // committed (Backend::raise_deferred_errors; waits only where a check is pending). A region's
+    // sub-tape leaves it to the backward pass it runs in.
+    if (!task_.capture_all_frontier) raise_deferred_errors();
     // Every node ran: the commit point of the leaves' gradients (Note [leaf gradients are
     // transactional]). Nothing below throws.
     for (auto& leaf : staged_) leaf.node->commit(std::move(leaf.staged));

@@ -9,6 +9,7 @@
 #include "remat/devices.h"
 #include "remat/dynamic.h"
 #include "remat/memory.h"
+#include "tensor/device_time.h"
 
 namespace remat {
 
@@ -47,6 +48,7 @@ bool BudgetPlanner::State::profile_complete() const {
 }
 
 schedule::ChainCosts BudgetPlanner::State::measured_costs() const {
+  detail::settle_device_seconds();  // the profiles' times, read off the device's marks
   schedule::ChainCosts c;
   for (const auto& p : profiles) {
     c.forward_time.push_back(p->forward_seconds);

@@ -9,6 +9,7 @@
 #include "saved/dynamic_internal.h"
 #include "region.h"
 #include "remat/memory.h"
+#include "tensor/device_time.h"
 
 namespace remat {
 
@@ -105,6 +106,7 @@ Tensor backward(const std::function<Tensor()>& f, const GradOptions& options) {
 }
 
 Counters counters() {
+  detail::settle_device_seconds();  // the regions' times, read off the devices' marks
   Counters c;
   c.ops = autodiff::op_counters();
   const auto& rc = detail::region_counters();
@@ -117,6 +119,7 @@ Counters counters() {
 }
 
 void reset_counters() {
+  detail::settle_device_seconds();  // readings still pending belong to the records cleared here
   autodiff::reset_op_counters();
   auto& rc = detail::region_counters();
   rc.created = 0;

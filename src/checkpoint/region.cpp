@@ -29,6 +29,7 @@
 #include "remat/ops.h"
 #include "autodiff/digest.h"
 #include "autodiff/replay.h"
+#include "tensor/device_time.h"
 
 namespace remat::detail {
 
@@ -80,8 +81,12 @@ class RecomputeObserver final : public autodiff::RecordingObserver {
   size_t next_ordinal_ = 0, ordinal_ = 0;  // Note [skipping dead ops]
 };
 
-double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
+// Adds seconds to a field of this thread's region record `index` (when it still exists).
+detail::SecondsSink record_sink(size_t index, double RegionRecord::*field) {
+  return [index, field](double seconds) {
+    auto& records = region_counters().records;
+    if (index < records.size()) records[index].*field += seconds;
+  };
 }
 
 const schedule::PlanNode* plan_node_at(const std::vector<schedule::PlanNode>& plan, int position) {
@@ -112,8 +117,7 @@ void Region::open(Device device) {
   REMAT_ASSERT(!open_ && !closed_, "region '", label_, "' opened twice");
   rng_ = rng_state();
   device_ = device;
-  backend(device_).synchronize();
-  opened_at_ = std::chrono::steady_clock::now();
+  opened_at_ = backend(device_).mark_time();
   trace_.expect(label_);
   observer_ = std::make_unique<FirstRunObserver>(*this, autodiff::recording_observer());
   previous_observer_ = autodiff::set_recording_observer(observer_.get());
@@ -257,8 +261,7 @@ void Region::close() {
   autodiff::set_recording_observer(previous_observer_);
   open_ = false;
   closed_ = true;
-  backend(device_).synchronize();
-  const auto closed_at = std::chrono::steady_clock::now();
+  const TimeMark closed_at = backend(device_).mark_time();
   read_versions_.freeze();
   trace_.finish();
   for (auto& entry : cache_) {
@@ -304,10 +307,11 @@ void Region::close() {
     rec.calls += num_calls_;
     rec.boundary_bytes = std::max(rec.boundary_bytes, boundary);
     rec.cached_bytes = std::max(rec.cached_bytes, cached);
-    rec.forward_seconds += seconds_between(opened_at_, closed_at);
+    detail::add_device_seconds(device_, opened_at_, closed_at, record_sink(record_index_, &RegionRecord::forward_seconds));
   }
   if (profile_) {
-    profile_->forward_seconds = seconds_between(opened_at_, closed_at);
+    detail::add_device_seconds(device_, opened_at_, closed_at,
+                               [p = profile_](double seconds) { p->forward_seconds = seconds; });
     profile_->boundary_bytes = boundary;
     profile_->output_bytes = 0;
     for (const auto& m : this->outputs) profile_->output_bytes += static_cast<size_t>(shape_numel(m.shape)) * dtype_size(m.dtype);
@@ -488,9 +492,8 @@ autodiff::EngineResult Region::backward_replayed(std::vector<TensorList> replaye
 }
 
 // One more recomputation in the counters, the region's record and its profile.
-void Region::record_recomputation(std::chrono::steady_clock::time_point recompute_start,
-                                  std::chrono::steady_clock::time_point backward_start,
-                                  std::chrono::steady_clock::time_point backward_end, size_t recomputed_saved,
+void Region::record_recomputation(const TimeMark& recompute_start, const TimeMark& backward_start,
+                                  const TimeMark& backward_end, size_t recomputed_saved,
                                   const autodiff::OpCounters& ops_before, const autodiff::OpCounters& ops_after) {
   auto& rc = region_counters();
   ++rc.recomputed;
@@ -499,14 +502,18 @@ void Region::record_recomputation(std::chrono::steady_clock::time_point recomput
     auto& rec = rc.records[record_index_];
     ++rec.recomputations;
     rec.recomputed_saved_bytes = recomputed_saved;
-    rec.recompute_seconds += seconds_between(recompute_start, backward_start);
-    rec.backward_seconds += seconds_between(backward_start, backward_end);
+    detail::add_device_seconds(device_, recompute_start, backward_start,
+                               record_sink(record_index_, &RegionRecord::recompute_seconds));
+    detail::add_device_seconds(device_, backward_start, backward_end,
+                               record_sink(record_index_, &RegionRecord::backward_seconds));
     rec.recomputed_flops += ops_after.recomputed_flops - ops_before.recomputed_flops;
     rec.skipped_flops += ops_after.skipped_flops - ops_before.skipped_flops;
   }
   if (profile_) {
-    profile_->recompute_seconds = seconds_between(recompute_start, backward_start);
-    profile_->backward_seconds = seconds_between(backward_start, backward_end);
+    detail::add_device_seconds(device_, recompute_start, backward_start,
+                               [p = profile_](double seconds) { p->recompute_seconds = seconds; });
+    detail::add_device_seconds(device_, backward_start, backward_end,
+                               [p = profile_](double seconds) { p->backward_seconds = seconds; });
     profile_->saved_bytes = recomputed_saved;
     const memory::Stats s = backend(device_).allocator().stats();
     profile_->held_peak_at_backward_end =
@@ -538,15 +545,13 @@ std::vector<TensorList> Region::route_input_grads(const TensorList& leaves, cons
 }
 
 std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
-  using Clock = std::chrono::steady_clock;
   REMAT_CHECK(closed_ && !open_, "checkpoint region '", label_,
               "': the backward pass reached it while its forward pass was still running");
-  // The clock and the counters are those of the device the region's values live on; a device
-  // that runs kernels asynchronously is synchronised before each clock reading.
+  // The clock and the counters are those of the device the region's values live on; its time
+  // marks are read later (Note [timing without waiting] in src/tensor/device_time.cpp).
   Backend& device = backend(device_);
   auto saved_live = [&device] { return device.allocator().stats().live(memory::Tag::saved); };
-  device.synchronize();
-  const auto recompute_start = Clock::now();
+  const TimeMark recompute_start = device.mark_time();
   if (profile_) {
     const memory::Stats s = device.allocator().stats();
     profile_->saved_live_at_backward = s.live(memory::Tag::saved);
@@ -561,12 +566,10 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   trace_.end_recomputation();
   const autodiff::OpCounters ops_after = autodiff::op_counters();
   const size_t saved_after = saved_live();
-  device.synchronize();
-  const auto backward_start = Clock::now();
+  const TimeMark backward_start = device.mark_time();
 
   const autodiff::EngineResult result = backward_replayed(std::move(replayed), grad_outputs, first_sequence_nr);
-  device.synchronize();
-  const auto backward_end = Clock::now();
+  const TimeMark backward_end = device.mark_time();
 
   record_recomputation(recompute_start, backward_start, backward_end,
                        saved_after > saved_before ? saved_after - saved_before : 0, ops_before, ops_after);

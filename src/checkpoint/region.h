@@ -20,7 +20,6 @@
 // not be re-read anyway. A mismatch is the error save-all gives for an overwritten saved value.
 #pragma once
 
-#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +29,7 @@
 
 #include "autodiff/history.h"
 #include "remat/autodiff.h"
+#include "remat/backend.h"
 #include "dead_ops.h"
 #include "remat/budget.h"
 #include "remat/call.h"
@@ -135,9 +135,8 @@ class Region final : public autodiff::Node {
   std::vector<TensorList> replay_steps(const TensorList& leaves);
   autodiff::EngineResult backward_replayed(std::vector<TensorList> replayed, const TensorList& grad_outputs,
                                            uint64_t first_sequence_nr) const;
-  void record_recomputation(std::chrono::steady_clock::time_point recompute_start,
-                            std::chrono::steady_clock::time_point backward_start,
-                            std::chrono::steady_clock::time_point backward_end, size_t recomputed_saved,
+  void record_recomputation(const TimeMark& recompute_start, const TimeMark& backward_start,
+                            const TimeMark& backward_end, size_t recomputed_saved,
                             const autodiff::OpCounters& ops_before, const autodiff::OpCounters& ops_after);
   std::vector<TensorList> route_input_grads(const TensorList& leaves, const autodiff::EngineResult& result) const;
 
@@ -150,7 +149,7 @@ class Region final : public autodiff::Node {
   size_t num_calls_ = 0;
   int call_depth_ = 0;  // > 0 while a call step's function runs
   RngState rng_;
-  std::chrono::steady_clock::time_point opened_at_;
+  TimeMark opened_at_;  // on device_ (Note [timing without waiting] in src/tensor/device_time.cpp)
   autodiff::RecordingObserver* previous_observer_ = nullptr;
   std::unique_ptr<autodiff::RecordingObserver> observer_;
 

@@ -54,9 +54,8 @@ Tensor GPT::forward_impl(const Tensor& ids) {
               ids.defined() ? detail::concat(dtype_name(ids.dtype()), " ", shape_str(ids.shape())) : "undefined");
   const int64_t t = ids.size(1);
   REMAT_CHECK(t <= config_.seq, type_name(), ": sequence length ", t, " exceeds the model's seq ", config_.seq);
-  std::vector<int64_t> positions(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) positions[static_cast<size_t>(i)] = i;
-  Tensor x = add(wte->forward(ids), wpe->forward(from_indices(positions, {t}, ids.device())));  // [B, T, C] + [T, C]
+  const Tensor positions = arange(t, DType::i64, ids.device());  // made on the device: no upload
+  Tensor x = add(wte->forward(ids), wpe->forward(positions));        // [B, T, C] + [T, C]
   x = drop->forward(x);
   x = blocks->forward(x);
   return lm_head->forward(ln_f->forward(x));  // [B, T, V]

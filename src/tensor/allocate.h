@@ -20,4 +20,8 @@ Tensor external_tensor(void* data, const Shape& shape, DType dtype, memory::Tag 
 // constructor); shape, dtype and device are known now, the bytes only then.
 Tensor deferred_tensor(const Shape& shape, DType dtype, Device device, Storage::Compute compute);
 
+// Records on t's storage the range of the i64 values just written to it from the host (`values`,
+// t.numel() of them), when t covers its whole storage (Storage::index_range); otherwise nothing.
+void note_index_range(const Tensor& t, const int64_t* values);
+
 }  // namespace remat::detail

@@ -215,3 +215,32 @@ bool allow_tf32() {
 }
 
 }  // namespace remat
+
+namespace remat {
+
+std::vector<std::string> fast_path_names() {
+#if REMAT_WITH_CUDA
+  return cuda::fast_path_names();
+#else
+  return {};
+#endif
+}
+
+std::vector<std::string> fast_paths_on() {
+#if REMAT_WITH_CUDA
+  return cuda::fast_paths_on();
+#else
+  return {};
+#endif
+}
+
+std::vector<KernelTime> take_kernel_profile(Device device) {
+#if REMAT_WITH_CUDA
+  if (device.type == DeviceType::cuda) return cuda::take_kernel_profile(device.index);
+#else
+  (void)device;
+#endif
+  return {};
+}
+
+}  // namespace remat

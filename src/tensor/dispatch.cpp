@@ -50,6 +50,7 @@ class DeviceDispatch::Staging {
 // list is forwarded with no code here.
 template <class Call>
 void DeviceDispatch::dispatch(Kernel kernel, DType dtype, Call&& call) {
+  calls_[static_cast<size_t>(kernel)].fetch_add(1, std::memory_order_relaxed);
   if (inner_.supports(kernel, dtype)) {
     DeviceKernelScope scope;
     auto as_is = [](const Tensor& t) -> const Tensor& { return t; };
@@ -75,14 +76,30 @@ void DeviceDispatch::synchronize() {
   DeviceKernelScope scope;
   inner_.synchronize();
 }
+void DeviceDispatch::raise_deferred_errors() {
+  DeviceKernelScope scope;
+  inner_.raise_deferred_errors();
+}
+
+DeviceActivity DeviceDispatch::activity() const {
+  DeviceActivity a = inner_.activity();
+  a.kernel_calls = 0;
+  for (size_t k = 0; k < calls_.size(); ++k) {
+    a.calls_by_kernel[k] = calls_[k].load(std::memory_order_relaxed);
+    a.kernel_calls += a.calls_by_kernel[k];
+  }
+  return a;
+}
 
 // copy and fill are required of every backend (the fallback itself needs them).
 void DeviceDispatch::copy(const Tensor& src, const Tensor& dst) {
   if (src.device() != dst.device()) return copy_between_devices(src, dst);
+  calls_[static_cast<size_t>(Kernel::copy)].fetch_add(1, std::memory_order_relaxed);
   DeviceKernelScope scope;
   inner_.copy(src, dst);
 }
 void DeviceDispatch::fill(const Tensor& dst, double value) {
+  calls_[static_cast<size_t>(Kernel::fill)].fetch_add(1, std::memory_order_relaxed);
   DeviceKernelScope scope;
   inner_.fill(dst, value);
 }
@@ -120,7 +137,11 @@ void copy_between_devices(const Tensor& src, const Tensor& dst) {
       staged = detail::allocate_tensor("copy between devices", dst.shape(), dst.dtype(), memory::Tag::other, kCpu);
       cpu_backend().copy(src, staged);
     }
-    if (dst.is_contiguous()) return backend(dst.device()).copy_from_host(staged.raw_data(), dst);
+    if (dst.is_contiguous()) {
+      backend(dst.device()).copy_from_host(staged.raw_data(), dst);
+      if (dst.dtype() == DType::i64) detail::note_index_range(dst, static_cast<const int64_t*>(staged.raw_data()));
+      return;
+    }
     Tensor tmp = detail::allocate_tensor("copy between devices", dst.shape(), dst.dtype(), memory::Tag::other, dst.device());
     backend(dst.device()).copy_from_host(staged.raw_data(), tmp);
     return backend(dst.device()).copy(tmp, dst);

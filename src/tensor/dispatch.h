@@ -8,6 +8,7 @@
 // may start with a handful of kernels.
 #pragma once
 
+#include <array>
 #include <atomic>
 
 #include "remat/backend.h"
@@ -26,6 +27,12 @@ class DeviceDispatch final : public Backend {
   void copy_from_host(const void* host, const Tensor& dst) override;
   void copy_to_host(const Tensor& src, void* host) override;
   void synchronize() override;
+  TimeMark mark_time() override { return inner_.mark_time(); }
+  bool time_ready(const TimeMark& mark) override { return inner_.time_ready(mark); }
+  double seconds_between(const TimeMark& from, const TimeMark& to) override { return inner_.seconds_between(from, to); }
+  void raise_deferred_errors() override;
+  // the inner backend's counts with the kernel calls of this dispatcher
+  DeviceActivity activity() const override;
   bool supports(Kernel kernel, DType dtype) const override { return inner_.supports(kernel, dtype); }
 
   REMAT_OVERRIDE_KERNELS()
@@ -38,6 +45,7 @@ class DeviceDispatch final : public Backend {
   Device device_;
   Backend& inner_;
   std::atomic<uint64_t> fallbacks_{0};
+  std::array<std::atomic<uint64_t>, kKernelCount> calls_{};
 };
 
 }  // namespace remat::detail

@@ -4,9 +4,11 @@
 // then hands out the dispatcher wrapped around it (dispatch.h), never the raw backend, so every
 // kernel call on a device passes the supports() check and opens the device-access scope.
 #include <array>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "remat/backend.h"
 #include "tensor/dispatch.h"
@@ -65,6 +67,25 @@ void reset_peaks(Device device) { backend(device).allocator().reset_peaks(); }
 uint64_t fallback_calls(Device device) {
   if (device.type == DeviceType::cpu) return 0;
   return static_cast<detail::DeviceDispatch&>(backend(device)).fallback_calls();
+}
+
+DeviceActivity device_activity(Device device) {
+  if (device.type == DeviceType::cpu) return {};
+  return backend(device).activity();
+}
+
+void raise_deferred_errors() {
+  std::vector<detail::DeviceDispatch*> devices;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (auto& [k, d] : r.dispatchers) devices.push_back(d.get());
+  }
+  for (detail::DeviceDispatch* d : devices) d->raise_deferred_errors();
+}
+
+TimeMark Backend::mark_time() {
+  return {std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(), nullptr};
 }
 
 }  // namespace remat

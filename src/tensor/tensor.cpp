@@ -236,6 +236,14 @@ Tensor deferred_tensor(const Shape& shape, DType dtype, Device device, Storage::
   return contiguous_over(std::make_shared<Storage>(bytes, memory::Tag::other, device, std::move(compute)), shape, dtype);
 }
 
+void note_index_range(const Tensor& t, const int64_t* values) {
+  const int64_t n = t.numel();
+  if (n == 0 || t.offset() != 0 || !t.is_contiguous() || t.nbytes() != t.storage()->bytes()) return;
+  int64_t lo = values[0], hi = values[0];
+  for (int64_t i = 1; i < n; ++i) lo = std::min(lo, values[i]), hi = std::max(hi, values[i]);
+  t.storage()->set_index_range(lo, hi);
+}
+
 }  // namespace detail
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, memory::Tag tag, Device device) {
@@ -452,6 +460,7 @@ Tensor filled(const char* op, const Shape& shape, double value, DType dtype, mem
 Tensor from_host(const char* op, const void* host, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
   Tensor t = detail::allocate_tensor(op, shape, dtype, tag, device);
   if (t.nbytes() > 0) backend(device).copy_from_host(host, t);
+  if (dtype == DType::i64) detail::note_index_range(t, static_cast<const int64_t*>(host));
   return t;
 }
 }  // namespace
@@ -479,6 +488,10 @@ Tensor arange(double start, double stop, double step, DType dtype, Device device
   const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
   Tensor t = detail::allocate_tensor("arange", {n}, dtype, memory::Tag::other, device);
   backend(device).arange(t, start, step);
+  if (dtype == DType::i64 && n > 0) {  // the kernels' rule: value i is int64(start + step * i)
+    const auto first = static_cast<int64_t>(start), last = static_cast<int64_t>(start + step * static_cast<double>(n - 1));
+    t.storage()->set_index_range(std::min(first, last), std::max(first, last));
+  }
   return t;
 }
 Tensor arange(int64_t stop, DType dtype, Device device) {

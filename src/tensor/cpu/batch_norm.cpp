@@ -15,14 +15,8 @@ namespace remat::cpu {
 
 namespace {
 
-struct ChannelLayout {
-  int64_t n, c, s;
-};
-ChannelLayout layout_of(const Tensor& x) {
-  int64_t s = 1;
-  for (int64_t i = 2; i < x.dim(); ++i) s *= x.shape()[i];
-  return {x.shape()[0], x.shape()[1], s};
-}
+using kernel::ChannelLayout;
+ChannelLayout layout_of(const Tensor& x) { return kernel::channel_layout(x); }
 
 // The sums over n and s of f(i) and g(i) for one channel (i the flat index of x[n, c, s]), in
 // the fixed order, in one pass.

@@ -91,14 +91,6 @@ Tensor contiguous_input(const Tensor& t) {
   return c;
 }
 
-std::vector<int64_t> broadcast_strides(const Tensor& t, const Shape& shape) {
-  std::vector<int64_t> strides(shape.size(), 0);
-  size_t lead = shape.size() - t.shape().size();
-  for (size_t i = 0; i < t.shape().size(); ++i)
-    strides[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
-  return strides;
-}
-
 template <class Dst, class Src>
 static void copy_typed(const Tensor& src, const Tensor& dst) {
   auto layout = make_layout<2>(dst.shape(), {broadcast_strides(dst, dst.shape()), broadcast_strides(src, dst.shape())},

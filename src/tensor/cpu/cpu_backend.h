@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "remat/backend.h"
+#include "tensor/kernel_common.h"
 
 namespace remat::cpu {
 
@@ -49,7 +50,7 @@ struct StridedLayout {
 };
 
 // Strides of `t` broadcast to `shape` (0 on broadcast axes), aligned right.
-std::vector<int64_t> broadcast_strides(const Tensor& t, const Shape& shape);
+using kernel::broadcast_strides;
 
 template <size_t N>
 StridedLayout<N> make_layout(const Shape& shape, const std::array<std::vector<int64_t>, N>& strides,
@@ -181,15 +182,8 @@ class FullThreads {
 // are called with contiguous inputs; this only guards against a caller that forgets.
 Tensor contiguous_input(const Tensor& t);
 
-// dtype dispatch: calls f.template operator()<T>() with T = float or double.
+// dtype dispatch: calls f.template operator()<T>() with T = float or double (tensor/kernel_common.h).
 //   dispatch_float(x.dtype(), "exp", [&]<class scalar_t>() { ... });
-template <class F>
-decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::f64: return f.template operator()<double>();
-    default: throw Error(detail::concat(op, ": unsupported dtype ", dtype_name(dtype)));
-  }
-}
+using kernel::dispatch_float;
 
 }  // namespace remat::cpu

@@ -24,9 +24,10 @@ namespace remat::cpu {
 
 namespace {
 
-constexpr double kSqrt2OverPi = 0.7978845608028654;
-constexpr double kInvSqrt2 = 0.7071067811865476;
-constexpr double kInvSqrt2Pi = 0.3989422804014327;
+using kernel::kGeluTanhCubic;
+using kernel::kInvSqrt2;
+using kernel::kInvSqrt2Pi;
+using kernel::kSqrt2OverPi;
 
 // float32 uses the vectorisable functions of vmath.h; float64 the C library.
 template <class T>
@@ -61,7 +62,7 @@ __attribute__((always_inline)) inline T unary_value(T x, T s) {
   else if constexpr (Op == UnaryOp::relu) return x > T(0) || x != x ? x : T(0);  // NaN stays NaN
   else if constexpr (Op == UnaryOp::gelu) return T(0.5) * x * (T(1) + erf_of(x * T(kInvSqrt2)));
   else if constexpr (Op == UnaryOp::gelu_tanh)
-    return T(0.5) * x * (T(1) + tanh_of(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
+    return T(0.5) * x * (T(1) + tanh_of(T(kSqrt2OverPi) * (x + T(kGeluTanhCubic) * x * x * x)));
   else if constexpr (Op == UnaryOp::silu) return x * sigmoid_of(x);
   else if constexpr (Op == UnaryOp::pow_scalar) return std::pow(x, s);
   else if constexpr (Op == UnaryOp::square) return x * x;
@@ -87,9 +88,9 @@ __attribute__((always_inline)) inline T unary_grad(T x, T y, T gy, T s) {
     T pdf = T(kInvSqrt2Pi) * exp_of(T(-0.5) * x * x);
     return gy * (cdf + x * pdf);
   } else if constexpr (Op == UnaryOp::gelu_tanh) {
-    T inner = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
+    T inner = T(kSqrt2OverPi) * (x + T(kGeluTanhCubic) * x * x * x);
     T t = tanh_of(inner);
-    T dinner = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
+    T dinner = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluTanhCubic) * x * x);
     return gy * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner);
   } else if constexpr (Op == UnaryOp::silu) {
     T sg = sigmoid_of(x);

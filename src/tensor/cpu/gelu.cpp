@@ -11,8 +11,8 @@
 namespace remat::cpu {
 
 namespace {
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+constexpr float kInvSqrt2 = static_cast<float>(kernel::kInvSqrt2);
+constexpr float kInvSqrt2Pi = static_cast<float>(kernel::kInvSqrt2Pi);
 }  // namespace
 
 REMAT_CPU_CLONES void gelu_f32_contiguous(const float* __restrict x, float* __restrict y, int64_t n) {

@@ -19,34 +19,17 @@ void set_gemm_threads(int threads) { openblas_set_num_threads(threads); }
 
 namespace {
 
-// A matrix operand as BLAS sees it: row-major with leading dimension ld, maybe transposed.
+// A matrix operand as BLAS sees it: its base pointer and layout (tensor/kernel_common.h).
 struct MatrixView {
   const void* base = nullptr;
-  int64_t batch_stride = 0;
-  int64_t ld = 0;
-  bool trans = false;
+  kernel::MatrixLayout layout;
 };
 
-// Describes a [batch, rows, cols] operand (rows x cols before the logical transpose flag).
-// Returns false when the strides are not BLAS-compatible (then the caller copies it).
+// Returns false when the strides are not BLAS-compatible (then the caller copies the operand).
+// CBLAS takes int dimensions: a leading dimension beyond INT_MAX is copied to a compact one.
 bool blas_view(const Tensor& t, bool logical_trans, MatrixView& view) {
-  const auto& st = t.strides();
-  int64_t rows = t.shape()[1], cols = t.shape()[2];
-  view.batch_stride = t.shape()[0] == 1 ? 0 : st[0];
   view.base = t.raw_data();
-  // CBLAS takes int dimensions: a leading dimension beyond INT_MAX is copied to a compact one
-  constexpr int64_t kMaxLeading = std::numeric_limits<int>::max();
-  if ((st[2] == 1 || cols == 1) && st[1] >= std::max<int64_t>(cols, 1) && st[1] <= kMaxLeading) {
-    view.ld = std::max<int64_t>(st[1], 1);
-    view.trans = logical_trans;
-    return true;
-  }
-  if ((st[1] == 1 || rows == 1) && st[2] >= std::max<int64_t>(rows, 1) && st[2] <= kMaxLeading) {
-    view.ld = std::max<int64_t>(st[2], 1);
-    view.trans = !logical_trans;
-    return true;
-  }
-  return false;
+  return kernel::matrix_layout(t, logical_trans, std::numeric_limits<int>::max(), view.layout);
 }
 
 template <class T>
@@ -111,8 +94,8 @@ void CpuBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, bool
       return;
     }
     auto one = [&](int64_t i) {
-      gemm_one<T>(va.trans, vb.trans, m, n, k, al, ap + i * va.batch_stride, va.ld, bp + i * vb.batch_stride, vb.ld,
-                  be, cp + i * m * n, n);
+      gemm_one<T>(va.layout.trans, vb.layout.trans, m, n, k, al, ap + i * va.layout.batch_stride, va.layout.ld,
+                  bp + i * vb.layout.batch_stride, vb.layout.ld, be, cp + i * m * n, n);
     };
     // Many small products: one per thread (each runs single-threaded inside the parallel region).
     // Large products: one at a time, the library parallelises inside.

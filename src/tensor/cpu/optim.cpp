@@ -10,11 +10,6 @@ namespace remat::cpu {
 
 namespace {
 
-void check_state(const Tensor& t, const Tensor& param, const char* op, const char* what) {
-  REMAT_ASSERT(!t.defined() || (t.is_contiguous() && t.shape() == param.shape() && t.dtype() == param.dtype()), op,
-               ": ", what, " of shape ", shape_str(t.shape()), " does not match the parameter ", shape_str(param.shape()));
-}
-
 // Runs body(begin, end) over [0, n), split over the threads when n is large.
 template <class Body>
 void for_chunks(int64_t n, Body&& body) {
@@ -74,9 +69,9 @@ void adamw_kernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __
 }  // namespace
 
 void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& s) {
-  check_state(param, param, "sgd_step", "parameter");
-  check_state(grad, param, "sgd_step", "gradient");
-  check_state(momentum, param, "sgd_step", "momentum buffer");
+  kernel::check_optimizer_state(param, param, "sgd_step", "parameter");
+  kernel::check_optimizer_state(grad, param, "sgd_step", "gradient");
+  kernel::check_optimizer_state(momentum, param, "sgd_step", "momentum buffer");
   REMAT_ASSERT(s.momentum == 0.0 || momentum.defined(), "sgd_step: momentum without a buffer");
   dispatch_float(param.dtype(), "sgd_step", [&]<class T>() {
     sgd_kernel<T>(param.data<T>(), grad.data<T>(), momentum.defined() ? momentum.data<T>() : nullptr, param.numel(), s);
@@ -85,10 +80,10 @@ void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
 
 void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                             const AdamWStep& s) {
-  check_state(param, param, "adamw_step", "parameter");
-  check_state(grad, param, "adamw_step", "gradient");
-  check_state(exp_avg, param, "adamw_step", "exp_avg");
-  check_state(exp_avg_sq, param, "adamw_step", "exp_avg_sq");
+  kernel::check_optimizer_state(param, param, "adamw_step", "parameter");
+  kernel::check_optimizer_state(grad, param, "adamw_step", "gradient");
+  kernel::check_optimizer_state(exp_avg, param, "adamw_step", "exp_avg");
+  kernel::check_optimizer_state(exp_avg_sq, param, "adamw_step", "exp_avg_sq");
   REMAT_ASSERT(exp_avg.defined() && exp_avg_sq.defined(), "adamw_step: state is undefined");
   dispatch_float(param.dtype(), "adamw_step", [&]<class T>() {
     adamw_kernel<T>(param.data<T>(), grad.data<T>(), exp_avg.data<T>(), exp_avg_sq.data<T>(), param.numel(), s);

@@ -15,12 +15,8 @@ namespace remat::cpu {
 
 namespace {
 
-struct Planes {
-  int64_t count, h, w, oh, ow;
-};
-Planes planes_of(const Tensor& x, const Tensor& y) {
-  return {x.shape()[0] * x.shape()[1], x.shape()[2], x.shape()[3], y.shape()[2], y.shape()[3]};
-}
+using kernel::Planes;
+using kernel::planes_of;
 
 template <class T>
 void max_pool_forward(const Tensor& x, const Pool2dGeometry& g, const Tensor& y, const Tensor& indices) {
@@ -73,22 +69,8 @@ void max_pool_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx
   });
 }
 
-// The window of output (oh, ow) clipped to the input, and its divisor.
-struct AvgWindow {
-  int64_t h0, h1, w0, w1;
-  int64_t divisor;
-};
-AvgWindow avg_window(const Pool2dGeometry& g, int64_t h, int64_t w, int64_t oh, int64_t ow) {
-  int64_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
-  int64_t h1 = std::min(h0 + g.kernel_h, h + g.pad_h), w1 = std::min(w0 + g.kernel_w, w + g.pad_w);
-  const int64_t padded = (h1 - h0) * (w1 - w0);
-  h0 = std::max<int64_t>(h0, 0);
-  w0 = std::max<int64_t>(w0, 0);
-  h1 = std::min(h1, h);
-  w1 = std::min(w1, w);
-  const int64_t inside = std::max<int64_t>(0, h1 - h0) * std::max<int64_t>(0, w1 - w0);
-  return {h0, h1, w0, w1, g.count_include_pad ? padded : inside};
-}
+using kernel::AvgWindow;
+using kernel::avg_window;
 
 template <class T>
 void avg_pool_forward(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) {

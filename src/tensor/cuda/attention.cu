@@ -17,12 +17,17 @@
 // dropout stream, as on the CPU. Warp sums use butterfly shuffles, which leave the same value in
 // every lane. Head sizes D and Dv up to 256 (kMaxPerLane columns per lane).
 #include <cmath>
+#include <type_traits>
 
-#include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/attention.cuh"
 
 namespace remat::cuda {
 
 namespace {
+
+using attention_detail::operand;
+using attention_detail::Operand;
+using attention_detail::Problem;
 
 constexpr int kTile = 32;        // keys (forward, dK/dV) or queries (dQ) per tile: one per lane
 constexpr int kRowsPerWarp = 4;  // forward
@@ -30,45 +35,6 @@ constexpr int kWarps = 4;        // forward
 constexpr int kRowsPerBlock = kRowsPerWarp * kWarps;
 constexpr int kMaxPerLane = 8;  // head size up to 32 * 8 = 256
 constexpr int64_t kMaxHead = kTile * kMaxPerLane;
-
-// A [B, H, T, D] operand: element (b, h, t, e) at b * s[0] + h * s[1] + t * s[2] + e.
-template <class T>
-struct Operand {
-  T* p = nullptr;
-  int64_t s[3] = {};
-  __device__ T* row(int64_t bh, int64_t heads, int64_t t) const {
-    return p + (bh / heads) * s[0] + (bh % heads) * s[1] + t * s[2];
-  }
-};
-template <class T>
-Operand<T> operand(const Tensor& t) {
-  Operand<T> o;
-  o.p = ptr<T>(t);
-  for (int i = 0; i < 3; ++i) o.s[i] = t.strides()[i];
-  return o;
-}
-
-template <class T>
-struct Problem {
-  Operand<const T> q, k, v, out, gout;
-  Operand<T> o, gq, gk, gv;
-  T* lse_out = nullptr;
-  const T* lse = nullptr;
-  T* delta = nullptr;
-  int64_t heads = 0, tq = 0, tk = 0, d = 0, dv = 0;
-  T scale = 1;
-  bool causal = true;
-  double p = 0;
-  T keep_scale = 1;
-  uint64_t seed = 0, offset = 0;
-
-  __device__ bool visible(int64_t i, int64_t j) const { return j < tk && (!causal || j <= i); }
-  __device__ T dropout_factor(int64_t bh, int64_t i, int64_t j) const {
-    if (p <= 0.0) return T(1);
-    const uint64_t index = static_cast<uint64_t>(bh * tq + i) * static_cast<uint64_t>(tk) + static_cast<uint64_t>(j);
-    return static_cast<double>(uniform_f(philox_word_at(seed, offset, index))) >= p ? keep_scale : T(0);
-  }
-};
 
 // Stages rows [t0, t0 + kTile) of `src` (width `width`, zero past `limit`) into dst[kTile][ld].
 template <class T>
@@ -172,20 +138,25 @@ __global__ void delta_kernel(Problem<T> pb, int64_t rows) {
   }
 }
 
-// The score, probability and dS of (i, j) for a lane: q_i . k_j from the given rows.
+// The score, probability and dS of (i, j) for a lane: q_i . k_j from the given rows. D > 0: equal
+// head sizes known at compile time (the row kernels under REMAT_CUDA_FAST=attention_rows), so the
+// loops unroll.
 template <class T>
 struct Grad {
   T pz, ds;
 };
-template <class T>
+template <int D = 0, class T>
 __device__ inline Grad<T> grad_of(const Problem<T>& pb, int64_t bh, int64_t i, int64_t j, const T* qi, const T* kj,
                                   const T* gi, const T* vj, T lse_i, T delta_i) {
   if (!pb.visible(i, j)) return {T(0), T(0)};
+  const int64_t d = D > 0 ? D : pb.d, dv = D > 0 ? D : pb.dv;
   T s = 0;
-  for (int64_t e = 0; e < pb.d; ++e) s += qi[e] * kj[e];
+#pragma unroll
+  for (int64_t e = 0; e < d; ++e) s += qi[e] * kj[e];
   const T p = exp(s * pb.scale - lse_i);
   T dp = 0;
-  for (int64_t e = 0; e < pb.dv; ++e) dp += gi[e] * vj[e];
+#pragma unroll
+  for (int64_t e = 0; e < dv; ++e) dp += gi[e] * vj[e];
   const T z = pb.dropout_factor(bh, i, j);
   return {p * z, p * (z * dp - delta_i)};
 }
@@ -282,7 +253,10 @@ __global__ void dq_kernel(Problem<T> pb) {
 // ascending order, as in dkdv_kernel and dq_kernel, but the compiled arithmetic is not the same
 // (a training run's gradient digest differs in the last bits), so a head size always takes one
 // path: the row kernels where an instance exists, else the generic ones.
-template <class T, int D>
+// Shared: REMAT_CUDA_FAST=attention_rows, the score, probability and dS through grad_of (the same
+// sums; the compiled arithmetic may differ in the last bits, so it is a switch until a device
+// check has compared it).
+template <class T, int D, bool Shared = false>
 __global__ void dkdv_rows_kernel(Problem<T> pb) {
   __shared__ T ks[kTile][D + 1], vs[kTile][D + 1], qs[kTile][D], gs[kTile][D], lse_s[kTile], delta_s[kTile];
   const int64_t bh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
@@ -304,7 +278,10 @@ __global__ void dkdv_rows_kernel(Problem<T> pb) {
     for (int r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       T pz = T(0), ds = T(0);
-      if (pb.visible(i, j)) {
+      if constexpr (Shared) {
+        const Grad<T> g = grad_of<D>(pb, bh, i, j, qs[r], ks[lane], gs[r], vs[lane], lse_s[r], delta_s[r]);
+        pz = g.pz, ds = g.ds;
+      } else if (pb.visible(i, j)) {
         T sc = 0, dp = 0;
 #pragma unroll
         for (int e = 0; e < D; ++e) sc += qs[r][e] * ks[lane][e];
@@ -328,7 +305,7 @@ __global__ void dkdv_rows_kernel(Problem<T> pb) {
   for (int e = 0; e < D; ++e) gk[e] = dk[e] * pb.scale, gv[e] = dv[e];
 }
 
-template <class T, int D>
+template <class T, int D, bool Shared = false>
 __global__ void dq_rows_kernel(Problem<T> pb) {
   __shared__ T qs[kTile][D + 1], gs[kTile][D + 1], ks[kTile][D], vs[kTile][D];
   const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
@@ -350,7 +327,9 @@ __global__ void dq_rows_kernel(Problem<T> pb) {
     for (int c = 0; c < keys; ++c) {
       const int64_t j = j0 + c;
       T ds = T(0);
-      if (i < pb.tq && pb.visible(i, j)) {
+      if constexpr (Shared) {
+        if (i < pb.tq) ds = grad_of<D>(pb, bh, i, j, qs[lane], ks[c], gs[lane], vs[c], lse_i, delta_i).ds;
+      } else if (i < pb.tq && pb.visible(i, j)) {
         T sc = 0, dp = 0;
 #pragma unroll
         for (int e = 0; e < D; ++e) sc += qs[lane][e] * ks[c][e];
@@ -371,17 +350,23 @@ __global__ void dq_rows_kernel(Problem<T> pb) {
 
 // Runs the row kernels when the head size has an instance (registers hold 2 D values a lane, so
 // float64 stops at 32), and says whether it did.
+template <class T, int D, bool Shared>
+void launch_rows(const Problem<T>& pb, int64_t bh, cudaStream_t stream) {
+  if (pb.tk > 0) {
+    dkdv_rows_kernel<T, D, Shared><<<dim3(static_cast<unsigned>((pb.tk + kTile - 1) / kTile), static_cast<unsigned>(bh)),
+                                     kTile, 0, stream>>>(pb);
+    check_launch("attention_backward (dk, dv)");
+  }
+  dq_rows_kernel<T, D, Shared>
+      <<<dim3(static_cast<unsigned>((pb.tq + kTile - 1) / kTile), static_cast<unsigned>(bh)), kTile, 0, stream>>>(pb);
+  check_launch("attention_backward (dq)");
+}
+
 template <class T, int D>
 bool backward_rows_at(const Problem<T>& pb, int64_t bh, cudaStream_t stream) {
   if (pb.d != D || pb.dv != D) return false;
-  if (pb.tk > 0) {
-    dkdv_rows_kernel<T, D><<<dim3(static_cast<unsigned>((pb.tk + kTile - 1) / kTile), static_cast<unsigned>(bh)), kTile,
-                             0, stream>>>(pb);
-    check_launch("attention_backward (dk, dv)");
-  }
-  dq_rows_kernel<T, D>
-      <<<dim3(static_cast<unsigned>((pb.tq + kTile - 1) / kTile), static_cast<unsigned>(bh)), kTile, 0, stream>>>(pb);
-  check_launch("attention_backward (dq)");
+  if (fast(Fast::attention_rows)) launch_rows<T, D, true>(pb, bh, stream);
+  else launch_rows<T, D, false>(pb, bh, stream);
   return true;
 }
 
@@ -453,6 +438,8 @@ void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor
         sizeof(T) * static_cast<size_t>(kTile * (pb.d + 1) + kTile * (pb.dv + 1) + kRowsPerBlock * pb.d);
     const dim3 grid(static_cast<unsigned>((pb.tq + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(bh));
     const int threads = 32 * kWarps;
+    if constexpr (std::is_same_v<T, float>)
+      if (fast(Fast::attention) && attention_detail::forward_tc(pb, bh, stream_, device_)) return;
     const int same = pb.d == pb.dv ? static_cast<int>(pb.d) : 0;
     if (same == 64) launch(forward_kernel<T, 64>, grid, threads, bytes, stream_, device_, pb, "attention");
     else if (same == 32) launch(forward_kernel<T, 32>, grid, threads, bytes, stream_, device_, pb, "attention");
@@ -486,6 +473,8 @@ void CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_in, con
     pb.delta = ptr<T>(delta);
     delta_kernel<T><<<grid_for(bh * pb.tq * 32), kThreads, 0, stream_>>>(pb, bh * pb.tq);
     check_launch("attention_backward (delta)");
+    if constexpr (std::is_same_v<T, float>)
+      if (fast(Fast::attention) && attention_detail::backward_tc(pb, bh, stream_, device_)) return;
     if (backward_rows(pb, bh, stream_)) return;
     if (pb.tk > 0) {
       const size_t kv_bytes = sizeof(T) * static_cast<size_t>(kTile * (2 * pb.d + 1) + kTile * (2 * pb.dv + 1));

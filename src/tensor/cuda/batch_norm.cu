@@ -12,19 +12,9 @@ namespace remat::cuda {
 
 namespace {
 
-struct ChannelLayout {
-  int64_t n, c, s;
-};
-ChannelLayout layout_of(const Tensor& x) {
-  int64_t s = 1;
-  for (int64_t i = 2; i < x.dim(); ++i) s *= x.shape()[i];
-  return {x.shape()[0], x.shape()[1], s};
-}
-
-// The flat index of element k (of N * S) of channel c.
-__device__ inline int64_t channel_element(const ChannelLayout& l, int64_t c, int64_t k) {
-  return ((k / l.s) * l.c + c) * l.s + k % l.s;
-}
+using kernel::channel_element;
+using kernel::ChannelLayout;
+ChannelLayout layout_of(const Tensor& x) { return kernel::channel_layout(x); }
 
 template <class T>
 __global__ void statistics_kernel(const T* x, ChannelLayout l, T* mean, T* var) {

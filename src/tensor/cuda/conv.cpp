@@ -107,6 +107,7 @@ void run_algorithm(CudaBackend& be, int count, Algo preferred, const char* what,
   check(size(algo, &bytes), detail::concat("cuDNN ", what, " workspace size").c_str());
   Tensor ws = workspace(be, bytes);
   check(run(algo, data_of(ws), bytes), detail::concat("cuDNN convolution ", what).c_str());
+  note_launch("conv2d (cuDNN)");
 }
 
 }  // namespace

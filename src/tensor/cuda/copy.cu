@@ -53,6 +53,7 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
                           static_cast<const char*>(src.storage()->data()) + l.offsets[1] * size,
                           static_cast<size_t>(l.numel) * size, cudaMemcpyDeviceToDevice, stream_),
           "cudaMemcpyAsync (copy)");
+    note_launch("copy (memcpy)");
     return;
   }
   dispatch_any(dst.dtype(), [&]<class Dst>() {

@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -69,23 +70,37 @@ void check(cudnnStatus_t status, const char* what) {
   if (status != CUDNN_STATUS_SUCCESS)
     throw Error(detail::concat("cuda: ", what, " failed: ", cudnnGetErrorString(status)));
 }
-void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+namespace {
+constexpr int kMaxDevices = 64;
+std::atomic<CudaBackend*> backends_by_device[kMaxDevices];
+thread_local int guarded_device = -1;  // the innermost DeviceGuard's device on this thread
+}  // namespace
 
-DeviceGuard::DeviceGuard(int device) {
+void check_launch(const char* kernel) {
+  check(cudaGetLastError(), kernel);
+  note_launch(kernel);
+}
+
+void note_launch(const char* what) {
+  if (CudaBackend* be = CudaBackend::current()) be->count_launch(what);
+}
+
+DeviceGuard::DeviceGuard(int device) : outer_(guarded_device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");
   if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  guarded_device = device;
+  if (CudaBackend* be = CudaBackend::current()) be->kernel_call_started();
 }
 DeviceGuard::~DeviceGuard() {
+  guarded_device = outer_;
   int current = -1;
   if (cudaGetDevice(&current) == cudaSuccess && current != previous_) (void)cudaSetDevice(previous_);
 }
 
-std::vector<int64_t> broadcast_strides(const Tensor& t, const Shape& shape) {
-  std::vector<int64_t> strides(shape.size(), 0);
-  const size_t lead = shape.size() - t.shape().size();
-  for (size_t i = 0; i < t.shape().size(); ++i) strides[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
-  return strides;
+CudaBackend* CudaBackend::of_device(int device) {
+  return device >= 0 && device < kMaxDevices ? backends_by_device[device].load(std::memory_order_acquire) : nullptr;
 }
+CudaBackend* CudaBackend::current() { return of_device(guarded_device); }
 
 // ---- devices
 
@@ -176,10 +191,21 @@ CudaAllocator::CudaAllocator(int device)
 
 CudaAllocator::~CudaAllocator() { empty_cache(); }
 
+void CudaAllocator::set_stream(cudaStream_t stream) {
+  stream_ = stream;
+  if (!fast(Fast::allocator)) return;
+  DeviceGuard guard(device_);
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool");
+  uint64_t keep = std::numeric_limits<uint64_t>::max();  // the pool keeps what it has
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+}
+
 void* CudaAllocator::raw_allocate(size_t bytes) {
   DeviceGuard guard(device_);
   void* p = nullptr;
-  cudaError_t status = cudaMalloc(&p, bytes);
+  const bool pooled = stream_ != nullptr && fast(Fast::allocator);
+  cudaError_t status = pooled ? cudaMallocAsync(&p, bytes, stream_) : cudaMalloc(&p, bytes);
   if (status == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // clears the error: the allocator reports it as OutOfMemory
     return nullptr;
@@ -194,7 +220,16 @@ void CudaAllocator::raw_deallocate(void* pointer, size_t bytes) {
   int previous = -1;
   const bool known = cudaGetDevice(&previous) == cudaSuccess;
   if (!known || previous != device_) (void)cudaSetDevice(device_);
-  (void)cudaFree(pointer);
+  if (stream_ != nullptr && fast(Fast::allocator)) {
+    // only empty_cache() and a failed allocation's retry free blocks: hand the memory back to the
+    // driver as cudaFree would (the stream reaches the free first)
+    (void)cudaFreeAsync(pointer, stream_);
+    (void)cudaStreamSynchronize(stream_);
+    cudaMemPool_t pool = nullptr;
+    if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
+  } else {
+    (void)cudaFree(pointer);
+  }
   if (known && previous != device_) (void)cudaSetDevice(previous);
 }
 
@@ -217,8 +252,11 @@ constexpr size_t kStagingBytes = size_t{8} << 20;  // per pinned buffer (two of 
 }  // namespace
 
 CudaBackend::CudaBackend(int device) : device_(device), allocator_(device) {
+  (void)fast(Fast::async);  // an unknown switch in REMAT_CUDA_FAST is an error here, not in a kernel
+  REMAT_CHECK(device < kMaxDevices, "cuda backend: device index ", device, " above ", kMaxDevices - 1);
   DeviceGuard guard(device);
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  allocator_.set_stream(stream_);
   check(cublasCreate(&cublas_), "cublasCreate");
   check(cublasSetStream(cublas_, stream_), "cublasSetStream");
   check(cudaMalloc(&cublas_workspace_, kCublasWorkspace), "cudaMalloc (cuBLAS workspace)");
@@ -229,11 +267,21 @@ CudaBackend::CudaBackend(int device) : device_(device), allocator_(device) {
     check(cudaHostAlloc(&staging_[i], kStagingBytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
     check(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming), "cudaEventCreate");
   }
+  if (profiling()) profiler_ = std::make_unique<KernelProfiler>(stream_);
+  backends_by_device[device].store(this, std::memory_order_release);
 }
 
 // Backends live to the end of the process (backend_for); this runs only for one made by hand.
 CudaBackend::~CudaBackend() {
+  if (optimizer_queue_) {
+    DeviceGuard guard(device_);  // issues the updates still gathered
+  }
+  CudaBackend* self = this;
+  backends_by_device[device_].compare_exchange_strong(self, nullptr);
   (void)cudaStreamSynchronize(stream_);
+  profiler_.reset();
+  deferred_.release();
+  for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
   allocator_.empty_cache();
   for (int i = 0; i < 2; ++i) {
     if (staging_[i]) (void)cudaFreeHost(staging_[i]);
@@ -247,7 +295,94 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::synchronize() {
   DeviceGuard guard(device_);
+  wait_for_stream();
+}
+
+void CudaBackend::wait_for_stream() {
+  const bool verdicts = deferred_.pending();
+  if (verdicts) deferred_.fetch(stream_);
+  ++waits_;
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  if (verdicts) deferred_.raise(*this);
+}
+
+void CudaBackend::raise_deferred_errors() {
+  if (!deferred_.pending()) return;
+  DeviceGuard guard(device_);
+  wait_for_stream();
+}
+
+DeviceActivity CudaBackend::activity() const {
+  DeviceActivity a;
+  a.launches = launches_.load();
+  a.host_synchronizations = waits_.load();
+  a.copies_to_host = to_host_.load();
+  a.copies_from_host = from_host_.load();
+  a.deferred_checks = deferred_.total();
+  return a;
+}
+
+void CudaBackend::count_launch(const char* name) {
+  launches_.fetch_add(1, std::memory_order_relaxed);
+  if (profiler_) profiler_->launched(name);
+}
+
+void CudaBackend::kernel_call_started() {
+  if (optimizer_queue_ && !flushing_) flush_optimizer();
+  if (profiler_) profiler_->start();
+}
+
+std::vector<std::pair<std::string, std::pair<uint64_t, double>>> CudaBackend::take_profile() {
+  if (!profiler_) return {};
+  DeviceGuard guard(device_);
+  ++waits_;
+  return profiler_->take();
+}
+
+// ---- time marks: with Fast::async an event on the stream, read later; otherwise the stream is
+// waited for and the host clock read (the behaviour the device checks on record measured)
+
+TimeMark CudaBackend::mark_time() {
+  DeviceGuard guard(device_);
+  if (!fast(Fast::async)) {
+    wait_for_stream();
+    return Backend::mark_time();
+  }
+  cudaEvent_t e = nullptr;
+  {
+    std::lock_guard lock(events_mutex_);
+    if (!free_events_.empty()) e = free_events_.back(), free_events_.pop_back();
+  }
+  if (e == nullptr) check(cudaEventCreate(&e), "cudaEventCreate");
+  check(cudaEventRecord(e, stream_), "cudaEventRecord");
+  TimeMark m = Backend::mark_time();
+  m.event = std::shared_ptr<void>(e, [this](void* p) {
+    std::lock_guard lock(events_mutex_);
+    free_events_.push_back(static_cast<cudaEvent_t>(p));
+  });
+  return m;
+}
+
+bool CudaBackend::time_ready(const TimeMark& mark) {
+  if (!mark.event) return true;
+  const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(mark.event.get()));
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  check(status, "cudaEventQuery");
+  return true;
+}
+
+double CudaBackend::seconds_between(const TimeMark& from, const TimeMark& to) {
+  if (!from.event || !to.event) return to.host_seconds - from.host_seconds;
+  DeviceGuard guard(device_);
+  if (!time_ready(to)) ++waits_;
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(to.event.get())), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from.event.get()), static_cast<cudaEvent_t>(to.event.get())),
+        "cudaEventElapsedTime");
+  return static_cast<double>(ms) * 1e-3;
 }
 
 // Every kernel for f32 and f64; copy, fill and arange also for i64 (the index kernels take their
@@ -267,14 +402,24 @@ void CudaBackend::copy_from_host(const void* host, const Tensor& dst) {
   std::lock_guard lock(staging_mutex_);
   char* device = static_cast<char*>(dst.storage()->data()) + dst.offset() * dtype_size(dst.dtype());
   const char* src = static_cast<const char*>(host);
+  ++from_host_;
   int buffer = 0;
   for (size_t done = 0; done < total; done += kStagingBytes, buffer ^= 1) {
     const size_t n = std::min(kStagingBytes, total - done);
+    if (cudaEventQuery(staged_[buffer]) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ++waits_;
+    }
     check(cudaEventSynchronize(staged_[buffer]), "cudaEventSynchronize");  // the buffer's last copy is done
     std::memcpy(staging_[buffer], src + done, n);
     check(cudaMemcpyAsync(device + done, staging_[buffer], n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    note_launch("copy from host");
     check(cudaEventRecord(staged_[buffer], stream_), "cudaEventRecord");
   }
+  // The host's bytes are in the staging buffers, whose reuse waits on their events: with
+  // Fast::async the copy returns without waiting for the device.
+  if (fast(Fast::async)) return;
+  ++waits_;
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
@@ -286,12 +431,17 @@ void CudaBackend::copy_to_host(const Tensor& src, void* host) {
   std::lock_guard lock(staging_mutex_);
   const char* device = static_cast<const char*>(src.storage()->data()) + src.offset() * dtype_size(src.dtype());
   char* dst = static_cast<char*>(host);
+  ++to_host_;
+  ++waits_;
+  const bool verdicts = deferred_.pending();
+  if (verdicts) deferred_.fetch(stream_);  // read with this wait (Backend::raise_deferred_errors)
   // chunk i goes to buffer i % 2; while it is copied, the host drains chunk i - 1
   size_t pending_at = 0, pending_n = 0;
   int buffer = 0;
   for (size_t done = 0; done < total; done += kStagingBytes, buffer ^= 1) {
     const size_t n = std::min(kStagingBytes, total - done);
     check(cudaMemcpyAsync(staging_[buffer], device + done, n, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    note_launch("copy to host");
     check(cudaEventRecord(staged_[buffer], stream_), "cudaEventRecord");
     if (pending_n > 0) {
       check(cudaEventSynchronize(staged_[buffer ^ 1]), "cudaEventSynchronize");
@@ -301,6 +451,7 @@ void CudaBackend::copy_to_host(const Tensor& src, void* host) {
   }
   check(cudaEventSynchronize(staged_[buffer ^ 1]), "cudaEventSynchronize");
   std::memcpy(dst + pending_at, staging_[buffer ^ 1], pending_n);
+  if (verdicts) deferred_.raise(*this);
 }
 
 Tensor CudaBackend::scratch(const Shape& shape, DType dtype) {

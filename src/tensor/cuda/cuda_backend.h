@@ -15,8 +15,10 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "remat/backend.h"
+#include "remat/devices.h"
 
 namespace remat::cuda {
 
@@ -35,6 +37,19 @@ struct MemoryInfo {
 };
 // The device's free and total memory as the driver reports them (cudaMemGetInfo).
 MemoryInfo device_memory(int index);
+
+// Paths that have not yet passed a device check, each behind a name of the environment variable
+// REMAT_CUDA_FAST (docs/backends.md, "Switches"): every name, and the names on in this process.
+std::vector<std::string> fast_path_names();
+std::vector<std::string> fast_paths_on();
+// The switches a REMAT_CUDA_FAST value names, as a bit set ("" none, "all" every one); a
+// remat::Error names an unknown name.
+uint32_t parse_fast_paths(const std::string& text);
+
+// The kernel profile of cuda:index while the environment variable REMAT_CUDA_PROFILE is 1
+// (remat::take_kernel_profile). Empty when profiling is off or the backend was never used.
+bool profiling();
+std::vector<KernelTime> take_kernel_profile(int index);
 
 // Whether float32 GEMMs and convolutions may use TF32 tensor cores (10-bit mantissa products,
 // about 1e-3 relative error). Off by default: float32 results are then computed in float32.

@@ -7,12 +7,16 @@
 #include <cudnn.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "remat/backend.h"
+#include "tensor/kernel_common.h"
 
 namespace remat::cuda {
 
@@ -20,10 +24,15 @@ namespace remat::cuda {
 void check(cudaError_t status, const char* what);
 void check(cublasStatus_t status, const char* what);
 void check(cudnnStatus_t status, const char* what);
-// Checks the launch of the kernel just issued (configuration errors; not its execution).
+// Checks the launch of the kernel just issued (configuration errors; not its execution) and
+// counts it on the backend of the calling thread's innermost DeviceGuard (the kernel profile,
+// while REMAT_CUDA_PROFILE is on, times it under the name `kernel`).
 void check_launch(const char* kernel);
+// Counts (and profiles) a launch that checks itself: a cuBLAS, cuDNN or CUB call, a memset, a copy.
+void note_launch(const char* what);
 
-// Makes `device` current for the calling thread while it lives.
+// Makes `device` current for the calling thread while it lives; the launches made meanwhile are
+// counted on its backend (and, while profiling, timed from here or from the previous launch).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
@@ -33,7 +42,22 @@ class DeviceGuard {
 
  private:
   int previous_ = -1;
+  int outer_ = -1;  // the enclosing guard's device on this thread
 };
+
+// ---- paths behind switches (docs/backends.md, "Switches")
+// A kernel or a path that has not yet passed a device check runs only when its name is in the
+// environment variable REMAT_CUDA_FAST (a comma-separated list, or "all"), read once per process.
+enum class Fast : uint32_t {
+  async = 1u << 0,           // no host wait in a step: deferred index checks, event timing, async uploads
+  attention = 1u << 1,       // the tiled tensor-core attention (3xTF32 products), attention_tc.cu
+  attention_rows = 1u << 2,  // the row kernels' score, probability and dS through one grad_of
+  optimizer = 1u << 3,       // SGD and AdamW updates gathered, up to 24 parameters a launch
+  elementwise = 1u << 4,     // vectorised 32-bit-indexed kernels for contiguous operands
+  allocator = 1u << 5,       // device memory from cudaMallocAsync's pool on the stream
+  layer_norm = 1u << 6,      // layer- and RMS-norm backward in one pass over x and gy (the same bits)
+};
+bool fast(Fast path);
 
 // Device memory: cudaMalloc / cudaFree under the base class's accounting and cache (every freed
 // block is cached by size, without a limit: training steps allocate the same shapes every step).
@@ -41,10 +65,14 @@ class DeviceGuard {
 // remat::OutOfMemory naming the bytes asked and the device's free and total memory. Blocks are
 // reused in the order of the backend's single stream, so a block freed by the host while a kernel
 // still reads it is only handed to later kernels of the same stream.
+// With REMAT_CUDA_FAST=allocator the blocks come from cudaMallocAsync's pool on the backend's
+// stream (kept, not released to the driver) and are freed with cudaFreeAsync: neither waits for
+// the device; the counters and the cache above are the same.
 class CudaAllocator : public memory::Allocator {
  public:
   explicit CudaAllocator(int device);
   ~CudaAllocator() override;
+  void set_stream(cudaStream_t stream);
 
  protected:
   void* raw_allocate(size_t bytes) override;
@@ -53,6 +81,7 @@ class CudaAllocator : public memory::Allocator {
 
  private:
   int device_;
+  cudaStream_t stream_ = nullptr;  // set once the backend has made its stream
 };
 
 // Strided view of up to kOperands tensors broadcast to one output shape, with adjacent axes
@@ -67,7 +96,7 @@ struct Layout {
   int64_t numel = 1;
 };
 // Strides of t broadcast to `shape` (0 on broadcast axes), right-aligned.
-std::vector<int64_t> broadcast_strides(const Tensor& t, const Shape& shape);
+using kernel::broadcast_strides;
 template <int N>
 Layout<N> make_layout(const Shape& shape, const std::array<const Tensor*, N>& operands) {
   Layout<N> l;
@@ -107,6 +136,63 @@ T* ptr(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.storage()->data()) + t.offset() : nullptr;
 }
 
+// The kernel profile of one backend (REMAT_CUDA_PROFILE=1): each launch's end is marked with an
+// event and timed from its start (the previous launch's end within one kernel call, else the
+// kernel call's start); times are read and added by name when the profile is taken.
+class KernelProfiler {
+ public:
+  explicit KernelProfiler(cudaStream_t stream) : stream_(stream) {}
+  ~KernelProfiler();
+  void start();                 // a kernel call starts: the next launch is timed from here
+  void launched(const char* name);
+  // Waits for the stream, then the seconds and launches per name since the last take.
+  std::vector<std::pair<std::string, std::pair<uint64_t, double>>> take();
+
+ private:
+  cudaEvent_t event();
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> events_;  // recorded this round, in order
+  std::vector<cudaEvent_t> free_;
+  struct Interval {
+    const char* name;
+    size_t from, to;  // indices into events_
+  };
+  std::vector<Interval> intervals_;
+  long long start_ = -1;  // index of the current start mark in events_
+};
+
+// Index checks put off to the next wait for the device (Fast::async; Backend::raise_deferred_errors):
+// each has a slot of device memory that its kernel writes the first bad position into
+// (atomicMin; ~0 when none), read back with the next wait.
+class DeferredChecks {
+ public:
+  static constexpr int kSlots = 256;
+  struct Check {
+    Tensor ids;         // kept to read the bad value
+    std::string op;     // "embedding", "cross_entropy", ...
+    int64_t bound = 0;  // rows of the table or classes
+    int64_t rows = 0;   // cross entropy: the logits' rows (for the message)
+    bool target = false;
+    int64_t ignore_index = 0;
+  };
+  // A slot for `check`, set to "no failure" on the stream; its device word for the kernel.
+  unsigned long long* add(class CudaBackend& be, Check check);
+  bool pending() const { return !checks_.empty(); }
+  uint64_t total() const { return total_; }  // checks deferred since the start
+  // Enqueues the copy of the verdicts to the host (before the caller's wait).
+  void fetch(cudaStream_t stream);
+  // After that wait: raises the first failure (as the CPU's remat::Error) and forgets them all.
+  void raise(class CudaBackend& be);
+  void release();
+
+ private:
+  unsigned long long* device_ = nullptr;
+  unsigned long long* host_ = nullptr;
+  std::vector<Check> checks_;
+  bool fetched_ = false;
+  uint64_t total_ = 0;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device);
@@ -119,6 +205,11 @@ class CudaBackend final : public Backend {
   void copy_from_host(const void* host, const Tensor& dst) override;
   void copy_to_host(const Tensor& src, void* host) override;
   void synchronize() override;
+  TimeMark mark_time() override;
+  bool time_ready(const TimeMark& mark) override;
+  double seconds_between(const TimeMark& from, const TimeMark& to) override;
+  void raise_deferred_errors() override;
+  DeviceActivity activity() const override;
   bool supports(Kernel kernel, DType dtype) const override;
 
   // every kernel of REMAT_KERNELS (include/remat/backend.h)
@@ -133,7 +224,24 @@ class CudaBackend final : public Backend {
   // Scratch device memory, accounted under `other`, freed when the tensor goes.
   Tensor scratch(const Shape& shape, DType dtype);
 
+  // ---- counting and profiling (check_launch, note_launch, DeviceGuard)
+  void count_launch(const char* name);
+  void count_wait() { ++waits_; }
+  void kernel_call_started();
+  // The kernel profile since the last call, by name: (launches, seconds). Empty unless profiling.
+  std::vector<std::pair<std::string, std::pair<uint64_t, double>>> take_profile();
+  // ---- deferred index checks (Fast::async)
+  DeferredChecks& deferred() { return deferred_; }
+  // ---- optimizer updates gathered into few launches (Fast::optimizer; optim.cu): issued before
+  // any other work of the backend starts (DeviceGuard), so the stream sees them in program order
+  struct OptimizerQueue;
+  void flush_optimizer();
+  // The calling thread's innermost guarded backend, or null.
+  static CudaBackend* current();
+  static CudaBackend* of_device(int device);
+
  private:
+  void wait_for_stream();  // enqueues the deferred verdicts' copy, waits, raises a failure
   int device_;
   CudaAllocator allocator_;
   cudaStream_t stream_ = nullptr;
@@ -144,16 +252,18 @@ class CudaBackend final : public Backend {
   std::mutex staging_mutex_;
   void* staging_[2] = {nullptr, nullptr};
   cudaEvent_t staged_[2] = {nullptr, nullptr};
+  // activity
+  std::atomic<uint64_t> launches_{0}, waits_{0}, to_host_{0}, from_host_{0};
+  std::unique_ptr<KernelProfiler> profiler_;  // null unless REMAT_CUDA_PROFILE is on
+  DeferredChecks deferred_;
+  std::shared_ptr<OptimizerQueue> optimizer_queue_;
+  bool flushing_ = false;
+  // timing events (Fast::async), reused
+  std::mutex events_mutex_;
+  std::vector<cudaEvent_t> free_events_;
 };
 
-// dtype dispatch over float and double (i64 is named in the error).
-template <class F>
-decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::f64: return f.template operator()<double>();
-    default: throw Error(detail::concat(op, " on cuda: unsupported dtype ", dtype_name(dtype)));
-  }
-}
+// dtype dispatch over float and double (tensor/kernel_common.h; i64 is named in the error).
+using kernel::dispatch_float;
 
 }  // namespace remat::cuda

@@ -15,7 +15,8 @@ namespace remat::cuda {
 
 namespace {
 
-// A [batch, rows, cols] operand as cuBLAS sees it (see the CPU's blas_view in cpu/gemm.cpp).
+// A [batch, rows, cols] operand as cuBLAS sees it: its base pointer and layout
+// (tensor/kernel_common.h; cuBLAS takes int leading dimensions).
 struct MatrixView {
   const void* base = nullptr;
   int64_t batch_stride = 0;
@@ -24,22 +25,11 @@ struct MatrixView {
 };
 
 bool matrix_view(const Tensor& t, bool logical_trans, MatrixView& view) {
-  const auto& st = t.strides();
-  const int64_t rows = t.shape()[1], cols = t.shape()[2];
-  constexpr int64_t kMaxLeading = std::numeric_limits<int>::max();
-  view.batch_stride = t.shape()[0] == 1 ? 0 : st[0];
+  kernel::MatrixLayout l;
+  if (!kernel::matrix_layout(t, logical_trans, std::numeric_limits<int>::max(), l)) return false;
   view.base = static_cast<const char*>(t.storage()->data()) + t.offset() * static_cast<int64_t>(dtype_size(t.dtype()));
-  if ((st[2] == 1 || cols == 1) && st[1] >= std::max<int64_t>(cols, 1) && st[1] <= kMaxLeading) {
-    view.ld = std::max<int64_t>(st[1], 1);
-    view.trans = logical_trans;
-    return true;
-  }
-  if ((st[1] == 1 || rows == 1) && st[2] >= std::max<int64_t>(rows, 1) && st[2] <= kMaxLeading) {
-    view.ld = std::max<int64_t>(st[2], 1);
-    view.trans = !logical_trans;
-    return true;
-  }
-  return false;
+  view.batch_stride = l.batch_stride, view.ld = l.ld, view.trans = l.trans;
+  return true;
 }
 
 }  // namespace
@@ -83,6 +73,7 @@ void CudaBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, boo
                                      CUDA_R_32F, static_cast<int>(va.ld), va.batch_stride, &be, cp, CUDA_R_32F,
                                      static_cast<int>(n), m * n, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx (f32)");
+    note_launch("gemm (cuBLAS)");
   } else {
     REMAT_CHECK(c.dtype() == DType::f64, "matmul on cuda: unsupported dtype ", dtype_name(c.dtype()));
     const double al = alpha, be = beta;
@@ -92,6 +83,7 @@ void CudaBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, boo
                                      static_cast<int>(n), m * n, static_cast<int>(batch), CUBLAS_COMPUTE_64F,
                                      CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx (f64)");
+    note_launch("gemm (cuBLAS)");
   }
 }
 

@@ -2,7 +2,9 @@
 // mirroring src/tensor/cpu/indexing.cpp. Ids and targets are validated on the device: a kernel
 // writes the first bad position into a flag (an integer atomicMin, whose result does not depend on
 // order), the host reads the flag after the kernel and throws the CPU's remat::Error naming it,
-// before any output is written.
+// before any output is written. With REMAT_CUDA_FAST=async the flag is read at the next wait
+// instead, and ids the host knows to be in range are not checked on the device (Note [deferred
+// index checks] in activity.cpp).
 //
 // The embedding backward is a gather, not a scatter: a stable radix sort (CUB) orders positions
 // by id, and for each distinct id one block adds the gradient rows of its positions, in position
@@ -37,10 +39,28 @@ struct IdCheck {
   int64_t counted = 0;  // entries not ignored
 };
 
+// With REMAT_CUDA_FAST=async (Note [deferred index checks] in activity.cpp): whether `ids` need a
+// check on the device at all, and if so the slot its kernel writes the first bad position to.
+struct Deferred {
+  bool on = false;                       // the async path
+  unsigned long long* flag = nullptr;    // null: the host knows every id is in range
+};
+Deferred defer_check(CudaBackend& be, const Tensor& ids, int64_t bound, const char* op, bool target = false,
+                     int64_t rows = 0, int64_t ignore_index = 0) {
+  Deferred d;
+  d.on = fast(Fast::async);
+  if (!d.on || kernel::indices_known_within(ids, 0, bound)) return d;
+  DeferredChecks::Check c;
+  c.ids = ids, c.op = op, c.bound = bound, c.rows = rows, c.target = target, c.ignore_index = ignore_index;
+  d.flag = be.deferred().add(be, std::move(c));
+  return d;
+}
+
 IdCheck check_ids(CudaBackend& be, const Tensor& ids, int64_t rows, bool use_ignore, int64_t ignore) {
   IdCheck result;
   const int64_t n = ids.numel();
   if (n == 0) return result;
+  be.count_wait();
   Tensor flag = be.scratch({2}, DType::i64);
   unsigned long long init[2] = {kNone, 0};
   check(cudaMemcpyAsync(ptr<int64_t>(flag), init, sizeof init, cudaMemcpyHostToDevice, be.stream()), "cudaMemcpyAsync");
@@ -49,6 +69,7 @@ IdCheck check_ids(CudaBackend& be, const Tensor& ids, int64_t rows, bool use_ign
   check_launch("id check");
   unsigned long long host[2];
   check(cudaMemcpyAsync(host, ptr<int64_t>(flag), sizeof host, cudaMemcpyDeviceToHost, be.stream()), "cudaMemcpyAsync");
+  note_launch("id check (copies)");
   check(cudaStreamSynchronize(be.stream()), "cudaStreamSynchronize");
   result.counted = static_cast<int64_t>(host[1]);
   if (host[0] != kNone) {
@@ -63,15 +84,29 @@ template <class T>
 __global__ void embedding_kernel(const T* table, const int64_t* ids, T* out, int64_t n, int64_t dim) {
   REMAT_GRID_LOOP(i, n * dim) { out[i] = table[ids[i / dim] * dim + i % dim]; }
 }
+// The same with its check on the device (Fast::async): an id outside [0, rows) reads nothing,
+// gives zeros, and its position goes to `flag`.
+template <class T>
+__global__ void embedding_checked_kernel(const T* table, const int64_t* ids, T* out, int64_t n, int64_t dim,
+                                         int64_t rows, unsigned long long* flag) {
+  REMAT_GRID_LOOP(i, n * dim) {
+    const int64_t id = ids[i / dim];
+    const bool ok = id >= 0 && id < rows;
+    if (!ok && i % dim == 0) atomicMin(flag, static_cast<unsigned long long>(i / dim));
+    out[i] = ok ? table[id * dim + i % dim] : T(0);
+  }
+}
 
 // For each sorted position s that starts a run of equal ids: gtable[id] += gout rows of the run,
 // in position order (the stable sort keeps equal ids in position order).
-template <class T>
+// Checked (Fast::async): ids not known to be in range; a bad one (its deferred check fails) is skipped.
+template <class T, bool Checked = false>
 __global__ void embedding_backward_kernel(const int64_t* sorted_ids, const int64_t* positions, const T* gout, T* gtable,
-                                          int64_t n, int64_t dim) {
+                                          int64_t n, int64_t dim, int64_t rows) {
   for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
     const int64_t id = sorted_ids[s];
     if (s > 0 && sorted_ids[s - 1] == id) continue;
+    if (Checked && (id < 0 || id >= rows)) continue;
     for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
       T acc = gtable[id * dim + k];
       for (int64_t e = s; e < n && sorted_ids[e] == id; ++e) acc += gout[positions[e] * dim + k];
@@ -85,9 +120,12 @@ __global__ void iota_kernel(int64_t* p, int64_t n) {
 }
 
 // Forward row: logp = x - logsumexp(x); loss = (1 - eps) * -logp[t] + eps * mean(-logp); 0 if ignored.
-template <class T>
+// Checked (Fast::async): a target outside [0, cols) that is not `ignore` reads nothing, gives loss
+// 0, and its row goes to `flag`; `counted` (when not null) receives the rows not ignored.
+template <class T, bool Checked = false>
 __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses, T* logp,
-                                     int64_t rows, int64_t cols) {
+                                     int64_t rows, int64_t cols, unsigned long long* flag = nullptr,
+                                     unsigned long long* counted = nullptr) {
   __shared__ T shared_t[32];
   __shared__ Acc<T> shared[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -110,6 +148,14 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double 
     if (eps > 0.0) row_sum = block_sum(row_sum, shared);
     if (threadIdx.x == 0) {
       const int64_t t = targets[r];
+      if constexpr (Checked) {
+        if (t != ignore && counted) atomicAdd(counted, 1ull);
+        if (t != ignore && (t < 0 || t >= cols)) {
+          if (flag) atomicMin(flag, static_cast<unsigned long long>(r));
+          losses[r] = T(0);
+          continue;
+        }
+      }
       if (t == ignore) {
         losses[r] = T(0);
       } else {
@@ -140,6 +186,30 @@ __global__ void cross_entropy_backward_kernel(const T* logp, const int64_t* targ
   }
 }
 
+// scale = 1 / counted (rounded from float64, as the CPU's fill), or 0 when every row is ignored.
+template <class T>
+__global__ void mean_weight_kernel(const unsigned long long* counted, T* scale) {
+  const unsigned long long c = *counted;
+  *scale = c > 0 ? static_cast<T>(1.0 / static_cast<double>(c)) : T(0);
+}
+
+// The first bad position into a deferred check's slot (Fast::async), without waiting.
+__global__ void first_bad_kernel(const int64_t* ids, int64_t n, int64_t rows, bool use_ignore, int64_t ignore,
+                                 unsigned long long* flag) {
+  REMAT_GRID_LOOP(i, n) {
+    const int64_t v = ids[i];
+    if (use_ignore && v == ignore) continue;
+    if (v < 0 || v >= rows) atomicMin(flag, static_cast<unsigned long long>(i));
+  }
+}
+void check_ids_deferred(CudaBackend& be, const Tensor& ids, int64_t rows, bool use_ignore, int64_t ignore,
+                        unsigned long long* flag) {
+  const int64_t n = ids.numel();
+  if (n == 0 || flag == nullptr) return;
+  first_bad_kernel<<<grid_for(n), kThreads, 0, be.stream()>>>(ptr<int64_t>(ids), n, rows, use_ignore, ignore, flag);
+  check_launch("id check (deferred)");
+}
+
 void check_out(const Tensor& t, const char* op) {
   REMAT_ASSERT(t.is_contiguous(), op, ": output of shape ", shape_str(t.shape()), " is not contiguous");
 }
@@ -163,12 +233,19 @@ void CudaBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const 
   DeviceGuard guard(device_);
   Tensor table = contiguous(table_in), ids = contiguous(ids_in);
   const int64_t rows = table.size(0), dim = table.size(1), n = ids.numel();
-  const IdCheck c = check_ids(*this, ids, rows, false, 0);
-  if (c.bad >= 0) throw_bad_id(c, rows, "embedding");
+  const Deferred d = defer_check(*this, ids, rows, "embedding");
+  if (!d.on) {
+    const IdCheck c = check_ids(*this, ids, rows, false, 0);
+    if (c.bad >= 0) throw_bad_id(c, rows, "embedding");
+  }
   if (n == 0 || dim == 0) return;
   dispatch_float(out.dtype(), "embedding", [&]<class T>() {
-    embedding_kernel<T>
-        <<<grid_for(n * dim), kThreads, 0, stream_>>>(ptr<T>(table), ptr<int64_t>(ids), ptr<T>(out), n, dim);
+    if (d.flag)
+      embedding_checked_kernel<T><<<grid_for(n * dim), kThreads, 0, stream_>>>(ptr<T>(table), ptr<int64_t>(ids),
+                                                                               ptr<T>(out), n, dim, rows, d.flag);
+    else
+      embedding_kernel<T>
+          <<<grid_for(n * dim), kThreads, 0, stream_>>>(ptr<T>(table), ptr<int64_t>(ids), ptr<T>(out), n, dim);
   });
   check_launch("embedding");
 }
@@ -182,13 +259,20 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
   const int64_t rows = gtable.size(0), dim = gtable.size(1), n = ids.numel();
   REMAT_ASSERT(gout.numel() == n * dim, "embedding_backward: gradient of shape ", shape_str(gout.shape()), " for ", n,
                " ids of dimension ", dim);
-  const IdCheck c = check_ids(*this, ids, rows, false, 0);
-  if (c.bad >= 0) throw_bad_id(c, rows, "embedding_backward");
+  const Deferred d = defer_check(*this, ids, rows, "embedding_backward");
+  if (d.on) {
+    check_ids_deferred(*this, ids, rows, false, 0, d.flag);
+  } else {
+    const IdCheck c = check_ids(*this, ids, rows, false, 0);
+    if (c.bad >= 0) throw_bad_id(c, rows, "embedding_backward");
+  }
   if (n == 0 || dim == 0) return;
   REMAT_CHECK(n <= std::numeric_limits<int>::max(), "embedding_backward on cuda: ", n, " ids exceed 2^31 - 1");
-  // sort (id, position) pairs by id; ids lie in [0, rows), so only their low bits are keys
+  // sort (id, position) pairs by id; ids lie in [0, rows), so only their low bits are keys (ids not
+  // known to lie there are sorted on all their bits, so that a bad one cannot split a run)
   int end_bit = 1;
   while (end_bit < 63 && (int64_t{1} << end_bit) < rows) ++end_bit;
+  if (d.flag) end_bit = 64;
   Tensor positions = scratch({n}, DType::i64), sorted_ids = scratch({n}, DType::i64),
          sorted_positions = scratch({n}, DType::i64);
   iota_kernel<<<grid_for(n), kThreads, 0, stream_>>>(ptr<int64_t>(positions), n);
@@ -203,9 +287,14 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
                                         ptr<int64_t>(positions), ptr<int64_t>(sorted_positions), static_cast<int>(n), 0,
                                         end_bit, stream_),
         "cub::DeviceRadixSort::SortPairs");
+  note_launch("embedding_backward (sort)");
   dispatch_float(gtable.dtype(), "embedding_backward", [&]<class T>() {
-    embedding_backward_kernel<T><<<grid_for(n, 1), 128, 0, stream_>>>(
-        ptr<int64_t>(sorted_ids), ptr<int64_t>(sorted_positions), ptr<T>(gout), ptr<T>(gtable), n, dim);
+    if (d.flag)
+      embedding_backward_kernel<T, true><<<grid_for(n, 1), 128, 0, stream_>>>(
+          ptr<int64_t>(sorted_ids), ptr<int64_t>(sorted_positions), ptr<T>(gout), ptr<T>(gtable), n, dim, rows);
+    else
+      embedding_backward_kernel<T><<<grid_for(n, 1), 128, 0, stream_>>>(
+          ptr<int64_t>(sorted_ids), ptr<int64_t>(sorted_positions), ptr<T>(gout), ptr<T>(gtable), n, dim, rows);
   });
   check_launch("embedding_backward");
 }
@@ -218,15 +307,45 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   DeviceGuard guard(device_);
   Tensor logits = contiguous(logits_in), targets = contiguous(targets_in);
   const int64_t rows = logits.size(0), cols = logits.size(1);
-  const IdCheck c = check_ids(*this, targets, cols, true, ignore_index);
-  if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy");
-  fill(scale, c.counted > 0 ? 1.0 / static_cast<double>(c.counted) : 0.0);
-  if (rows == 0) return;
+  if (!fast(Fast::async)) {
+    const IdCheck c = check_ids(*this, targets, cols, true, ignore_index);
+    if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy");
+    fill(scale, c.counted > 0 ? 1.0 / static_cast<double>(c.counted) : 0.0);
+    if (rows == 0) return;
+    dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+      cross_entropy_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+          ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(logp), rows,
+          cols);
+    });
+    check_launch("cross_entropy");
+    return;
+  }
+  // Fast::async: targets checked in the row kernel, the mean's weight counted on the device unless
+  // the host knows every target is a class (then every row counts)
+  const Deferred d = defer_check(*this, targets, cols, "cross_entropy", true, rows, ignore_index);
+  const bool all_count = d.flag == nullptr && !(ignore_index >= 0 && ignore_index < cols);
+  if (all_count) fill(scale, rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0);
+  if (rows == 0) {
+    if (!all_count) fill(scale, 0.0);
+    return;
+  }
+  Tensor counted;
+  if (!all_count) {
+    counted = scratch({1}, DType::i64);
+    check(cudaMemsetAsync(ptr<int64_t>(counted), 0, sizeof(int64_t), stream_), "cudaMemsetAsync");
+    note_launch("cross_entropy (count reset)");
+  }
+  auto* count = all_count ? nullptr : reinterpret_cast<unsigned long long*>(ptr<int64_t>(counted));
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
-    cross_entropy_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols);
+    cross_entropy_kernel<T, true><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols,
+        d.flag, count);
+    check_launch("cross_entropy");
+    if (count) {
+      mean_weight_kernel<T><<<1, 1, 0, stream_>>>(count, ptr<T>(scale));
+      check_launch("cross_entropy (mean weight)");
+    }
   });
-  check_launch("cross_entropy");
 }
 
 void CudaBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& targets_in, const Tensor& gloss_in,
@@ -238,8 +357,13 @@ void CudaBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& ta
                "cross_entropy_backward: logp ", shape_str(logp.shape()), ", targets ", shape_str(targets.shape()),
                ", gloss ", shape_str(gloss.shape()));
   const int64_t rows = logp.size(0), cols = logp.size(1);
-  const IdCheck c = check_ids(*this, targets, cols, true, ignore_index);
-  if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy_backward");
+  const Deferred d = defer_check(*this, targets, cols, "cross_entropy_backward", true, rows, ignore_index);
+  if (d.on) {
+    check_ids_deferred(*this, targets, cols, true, ignore_index, d.flag);  // the kernel below reads only in-row
+  } else {
+    const IdCheck c = check_ids(*this, targets, cols, true, ignore_index);
+    if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy_backward");
+  }
   if (rows == 0 || cols == 0) return;
   dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
     cross_entropy_backward_kernel<T><<<grid_for(rows * cols), kThreads, 0, stream_>>>(

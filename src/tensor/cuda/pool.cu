@@ -11,12 +11,8 @@ namespace remat::cuda {
 
 namespace {
 
-struct Planes {
-  int64_t count, h, w, oh, ow;
-};
-Planes planes_of(const Tensor& x, const Tensor& y) {
-  return {x.shape()[0] * x.shape()[1], x.shape()[2], x.shape()[3], y.shape()[2], y.shape()[3]};
-}
+using kernel::Planes;
+using kernel::planes_of;
 
 template <class T>
 __global__ void max_pool_kernel(const T* x, Planes s, Pool2dGeometry g, T* y, int64_t* indices) {
@@ -52,18 +48,8 @@ __global__ void max_pool_backward_kernel(const T* gy, const int64_t* indices, T*
   }
 }
 
-// The window of output (oh, ow) clipped to the input, and its divisor (the CPU's avg_window).
-struct AvgWindow {
-  int64_t h0, h1, w0, w1, divisor;
-};
-__device__ inline AvgWindow avg_window(const Pool2dGeometry& g, int64_t h, int64_t w, int64_t oh, int64_t ow) {
-  int64_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
-  int64_t h1 = min(h0 + g.kernel_h, h + g.pad_h), w1 = min(w0 + g.kernel_w, w + g.pad_w);
-  const int64_t padded = (h1 - h0) * (w1 - w0);
-  h0 = max(h0, int64_t(0)), w0 = max(w0, int64_t(0)), h1 = min(h1, h), w1 = min(w1, w);
-  const int64_t inside = max(int64_t(0), h1 - h0) * max(int64_t(0), w1 - w0);
-  return {h0, h1, w0, w1, g.count_include_pad ? padded : inside};
-}
+using kernel::AvgWindow;
+using kernel::avg_window;
 
 template <class T>
 __global__ void avg_pool_kernel(const T* x, Planes s, Pool2dGeometry g, T* y) {

@@ -162,9 +162,12 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
       Tensor partial = scratch({chunks, cols}, DType::f64);  // Acc<T> is double for both
       column_partials<Acc<T>><<<grid_for(chunks * cols), kThreads, 0, stream_>>>(ColumnValue<T>{xd, cols}, rows, cols,
                                                                                  ptr<Acc<T>>(partial));
+      check_launch("reduce (column partials)");
       combine_partials<Acc<T>, T><<<grid_for(cols), kThreads, 0, stream_>>>(
           ptr<Acc<T>>(partial), chunks, cols, op == ReduceOp::mean ? static_cast<Acc<T>>(rows) : Acc<T>(1),
           ptr<T>(out));
+      check_launch("reduce (column sums)");
+      return;
     } else if (red.numel <= kShort) {
       void* out_data = op == ReduceOp::argmax ? static_cast<void*>(ptr<int64_t>(out)) : static_cast<void*>(ptr<T>(out));
       short_kernel<T><<<grid_for(outputs), kThreads, 0, stream_>>>(op, kept, red, xd, out_data);
@@ -175,8 +178,8 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
           <<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, op == ReduceOp::max ? ptr<T>(out) : nullptr,
                                                            op == ReduceOp::argmax ? ptr<int64_t>(out) : nullptr);
     }
+    check_launch("reduce");
   });
-  check_launch("reduce");
 }
 
 }  // namespace remat::cuda

@@ -4,6 +4,7 @@
 // block folds the sums in a fixed tree (device_common.cuh). The parameter gradients of the norms
 // (sums over rows) use the fixed two-pass column sums (column_partials / combine_partials).
 #include <cmath>
+#include <utility>
 
 #include "tensor/cuda/device_common.cuh"
 
@@ -132,6 +133,58 @@ __global__ void norm_backward_kernel(const T* x, const T* w, const T* mean, cons
   }
 }
 
+// The same gx, and the per-chunk column sums of the parameter gradients (column_partials' values,
+// the same sums in the same order), in one pass over x and gy (REMAT_CUDA_FAST=layer_norm): a block
+// per chunk of kChunkRows rows walks them in order; thread t keeps the sums of columns t,
+// t + blockDim.x, ... (at most kFusedColumns of them) in registers. The results are the default
+// path's bits.
+constexpr int kFusedColumns = 8;
+template <class T>
+__global__ void norm_backward_fused_kernel(const T* x, const T* w, const T* mean, const T* rstd, const T* gy, T* gx,
+                                           int64_t rows, int64_t cols, Acc<T>* partial_w, Acc<T>* partial_b) {
+  __shared__ Acc<T> shared[32];
+  const Acc<T> n = static_cast<Acc<T>>(cols);
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    Acc<T> sum_w[kFusedColumns], sum_b[kFusedColumns];
+#pragma unroll
+    for (int k = 0; k < kFusedColumns; ++k) sum_w[k] = sum_b[k] = 0;
+    const int64_t r1 = min(rows, (chunk + 1) * kChunkRows);
+    for (int64_t r = chunk * kChunkRows; r < r1; ++r) {
+      const T* xr = x + r * cols;
+      const T* gr = gy + r * cols;
+      T* out = gx + r * cols;
+      const T mu = mean ? mean[r] : T(0), rs = rstd[r];
+      Acc<T> sg = 0, sgx = 0;
+      REMAT_FOR_COLS(c, cols) {
+        const T g = w ? gr[c] * w[c] : gr[c];
+        sg += static_cast<Acc<T>>(g);
+        sgx += static_cast<Acc<T>>(g * ((xr[c] - mu) * rs));
+      }
+      sg = block_sum(sg, shared);
+      sgx = block_sum(sgx, shared);
+      const T mg = mean ? static_cast<T>(sg / n) : T(0);
+      const T mgx = static_cast<T>(sgx / n);
+#pragma unroll
+      for (int k = 0; k < kFusedColumns; ++k) {
+        const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
+        if (c >= cols) break;
+        const T g = w ? gr[c] * w[c] : gr[c];
+        out[c] = rs * (g - mg - (xr[c] - mu) * rs * mgx);
+        sum_w[k] += static_cast<Acc<T>>(gr[c] * ((xr[c] - mu) * rs));
+        sum_b[k] += static_cast<Acc<T>>(gr[c]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kFusedColumns; ++k) {
+      const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
+      if (c >= cols) break;
+      if (partial_w) partial_w[chunk * cols + c] = sum_w[k];
+      if (partial_b) partial_b[chunk * cols + c] = sum_b[k];
+    }
+  }
+}
+
 // gy * xhat (the weight gradient's terms) or gy (the bias gradient's)
 template <class T>
 struct NormParamTerm {
@@ -223,19 +276,38 @@ void norm_backward(CudaBackend& be, const Tensor& x, const Tensor& w, const Tens
       if (g->defined()) be.fill(*g, 0.0);
     return;
   }
-  if (gx.defined())
+  const int64_t chunks = chunk_count(rows);
+  if (fast(Fast::layer_norm) && gx.defined() && cols <= int64_t{kThreads} * kFusedColumns) {
+    Tensor partial_w, partial_b;
+    if (gweight.defined()) partial_w = be.scratch({chunks, cols}, DType::f64);
+    if (gbias.defined()) partial_b = be.scratch({chunks, cols}, DType::f64);
+    norm_backward_fused_kernel<T><<<grid_for(chunks, 1), kThreads, 0, stream>>>(
+        ptr<T>(x), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), ptr<T>(gx), rows, cols,
+        ptr<Acc<T>>(partial_w), ptr<Acc<T>>(partial_b));
+    check_launch("norm backward (one pass)");
+    for (const auto& [g, partial] : {std::pair{&gweight, &partial_w}, std::pair{&gbias, &partial_b}}) {
+      if (!g->defined()) continue;
+      combine_partials<Acc<T>, T>
+          <<<grid_for(cols), kThreads, 0, stream>>>(ptr<Acc<T>>(*partial), chunks, cols, Acc<T>(1), ptr<T>(*g));
+      check_launch("norm backward (parameter sums)");
+    }
+    return;
+  }
+  if (gx.defined()) {
     norm_backward_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream>>>(
         ptr<T>(x), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), ptr<T>(gx), rows, cols);
-  const int64_t chunks = chunk_count(rows);
+    check_launch("norm backward");
+  }
   for (const Tensor* g : {&gweight, &gbias}) {
     if (!g->defined()) continue;
     Tensor partial = be.scratch({chunks, cols}, DType::f64);
     const NormParamTerm<T> term{ptr<T>(x), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), cols, g == &gweight};
     column_partials<Acc<T>><<<grid_for(chunks * cols), kThreads, 0, stream>>>(term, rows, cols, ptr<Acc<T>>(partial));
+    check_launch("norm backward (parameter partials)");
     combine_partials<Acc<T>, T>
         <<<grid_for(cols), kThreads, 0, stream>>>(ptr<Acc<T>>(partial), chunks, cols, Acc<T>(1), ptr<T>(*g));
+    check_launch("norm backward (parameter sums)");
   }
-  check_launch("norm backward");
 }
 
 }  // namespace

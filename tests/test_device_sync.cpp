@@ -1,0 +1,202 @@
+// How often a training step makes the host wait for its device, counted on the emulated device
+// (emulated_backend.h), which waits as an asynchronous device does: a copy to the host,
+// synchronize(), a time reading not yet ready and a deferred index check read all count.
+//   - under save-all and every-layer a GPT step (forward, loss, backward, SGD update, the loss read
+//     back) waits once: for the loss. Regions time themselves with marks read later, positions
+//     are made on the device, ids and targets uploaded from the host need no check on the device;
+//   - ids made on the device are checked there, and the verdict is read once, at the end of the
+//     backward pass; a bad one fails the backward before any gradient is committed, with the
+//     CPU's message, and a forward alone raises it at the next wait;
+//   - region times still reach the counters, after the step.
+// The kernel calls per step (each a launch or more on a GPU) are printed for the record.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "emulated_backend.h"
+#include "remat/nn.h"
+#include "remat/remat.h"
+
+using namespace remat;
+using remat::testing::EmulatedDevice;
+
+namespace {
+
+nn::GPTConfig tiny_gpt() {
+  return {.vocab = 61, .layers = 2, .width = 32, .heads = 2, .seq = 16, .dropout = 0.1, .dtype = DType::f32, .seed = 3};
+}
+
+std::vector<int64_t> token_values(int64_t n, int64_t vocab, uint64_t salt) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<int64_t>((i * 7 + salt * 13) % vocab);
+  return v;
+}
+
+// [batch, seq] token ids uploaded from the host (their range is known there) or, with
+// `made_on_device`, computed on the device (a transposed copy: its range is not known).
+Tensor token_tensor(int64_t batch, int64_t seq, int64_t vocab, uint64_t salt, Device device, bool made_on_device) {
+  const std::vector<int64_t> values = token_values(batch * seq, vocab, salt);
+  if (!made_on_device) return from_indices(values, {batch, seq}, device);
+  std::vector<int64_t> transposed(values.size());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < seq; ++t) transposed[static_cast<size_t>(t * batch + b)] = values[static_cast<size_t>(b * seq + t)];
+  return from_indices(transposed, {seq, batch}, device).transpose(0, 1).contiguous();
+}
+
+struct StepCount {
+  uint64_t waits = 0, kernel_calls = 0, deferred_checks = 0, uploads = 0;
+  double loss = 0;
+};
+
+// One training step on `device`: forward, loss, backward under `policy`, SGD update, loss read.
+StepCount step(nn::GPT& model, nn::SGD& optimizer, const Tensor& ids, const Tensor& targets, const Policy& policy,
+               Device device) {
+  optimizer.zero_grad();
+  const DeviceActivity before = device_activity(device);
+  Tensor loss = backward([&] { return model.loss(ids, targets); }, GradOptions{policy});
+  optimizer.step();
+  StepCount c;
+  c.loss = loss.detach().to(kCpu).item();
+  const DeviceActivity after = device_activity(device);
+  c.waits = after.host_synchronizations - before.host_synchronizations;
+  c.kernel_calls = after.kernel_calls - before.kernel_calls;
+  c.deferred_checks = after.deferred_checks - before.deferred_checks;
+  c.uploads = after.copies_from_host - before.copies_from_host;
+  return c;
+}
+
+}  // namespace
+
+TEST(DeviceSync, SaveAllAndEveryLayerStepsWaitOnceForTheLoss) {
+  EmulatedDevice dev;
+  for (const char* text : {"save-all", "every-layer"}) {
+    nn::GPT model(tiny_gpt());
+    model.to(dev.device);
+    nn::SGD optimizer(model.parameters(), {.lr = 1e-2});
+    const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, false);
+    const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
+    const Policy policy = Policy::parse(text);
+    step(model, optimizer, ids, targets, policy, dev.device);  // the first step sets things up
+    const StepCount c = step(model, optimizer, ids, targets, policy, dev.device);
+    EXPECT_EQ(c.waits, 1u) << text << ": the step waited for the device " << c.waits << " times";
+    EXPECT_EQ(c.deferred_checks, 0u) << text;
+    EXPECT_EQ(c.uploads, 0u) << text << ": the step copied host memory to the device";
+    EXPECT_GT(c.kernel_calls, 0u);
+    std::printf("%s: %llu kernel calls, %llu host synchronisation(s) per step\n", text,
+                static_cast<unsigned long long>(c.kernel_calls), static_cast<unsigned long long>(c.waits));
+  }
+}
+
+TEST(DeviceSync, RegionTimesReachTheCountersAfterTheStep) {
+  EmulatedDevice dev;
+  nn::GPT model(tiny_gpt());
+  model.to(dev.device);
+  nn::SGD optimizer(model.parameters(), {.lr = 1e-2});
+  const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, false);
+  const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
+  reset_counters();
+  step(model, optimizer, ids, targets, Policy::parse("every-layer"), dev.device);
+  const uint64_t waits = device_activity(dev.device).host_synchronizations;
+  const Counters c = counters();
+  EXPECT_EQ(device_activity(dev.device).host_synchronizations, waits) << "reading the counters waited again";
+  ASSERT_FALSE(c.regions.empty());
+  double forward = 0, recompute = 0, backward_seconds = 0;
+  for (const auto& r : c.regions) {
+    EXPECT_GE(r.forward_seconds, 0.0) << r.label;
+    forward += r.forward_seconds, recompute += r.recompute_seconds, backward_seconds += r.backward_seconds;
+  }
+  EXPECT_GT(forward, 0.0);
+  EXPECT_GT(recompute, 0.0);
+  EXPECT_GT(backward_seconds, 0.0);
+}
+
+TEST(DeviceSync, IdsMadeOnTheDeviceAreCheckedOnceAtTheEndOfTheBackward) {
+  EmulatedDevice dev;
+  nn::GPT model(tiny_gpt());
+  model.to(dev.device);
+  nn::SGD optimizer(model.parameters(), {.lr = 1e-2});
+  const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, true);
+  const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, true);
+  // the same step with ids from the host gives the same loss
+  nn::GPT twin(tiny_gpt());
+  twin.to(dev.device);
+  nn::SGD twin_optimizer(twin.parameters(), {.lr = 1e-2});
+  for (const char* text : {"save-all", "every-layer"}) {
+    manual_seed(7);
+    const StepCount c = step(model, optimizer, ids, targets, Policy::parse(text), dev.device);
+    manual_seed(7);
+    const StepCount host = step(twin, twin_optimizer, token_tensor(2, 16, 61, 1, dev.device, false),
+                                token_tensor(2, 16, 61, 2, dev.device, false), Policy::parse(text), dev.device);
+    EXPECT_EQ(c.loss, host.loss) << text;
+    EXPECT_GT(c.deferred_checks, 0u) << text;
+    EXPECT_EQ(c.waits, 2u) << text << ": the end of the backward and the loss read";
+  }
+}
+
+TEST(DeviceSync, ABadIdMadeOnTheDeviceFailsTheBackwardAndCommitsNothing) {
+  EmulatedDevice dev;
+  for (const char* text : {"save-all", "every-layer"}) {
+    nn::GPT model(tiny_gpt());
+    model.to(dev.device);
+    std::vector<int64_t> values = token_values(2 * 16, 61, 1);
+    values[5] = 61;  // one past the table
+    const Tensor ids = from_indices(values, {16, 2}, dev.device).transpose(0, 1).contiguous();
+    const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
+    std::vector<Tensor> before;
+    for (const auto& p : model.parameters()) before.push_back(p.grad());
+    try {
+      backward([&] { return model.loss(ids, targets); }, GradOptions{Policy::parse(text)});
+      ADD_FAILURE() << text << ": no error";
+    } catch (const Error& e) {
+      // value 5 of the [16, 2] upload is (2, 1); transposed to [2, 16], position 1 * 16 + 2
+      EXPECT_NE(std::string(e.what()).find("embedding: id 61 at position 18"), std::string::npos) << e.what();
+    }
+    size_t i = 0;
+    for (const auto& p : model.parameters()) EXPECT_FALSE(p.grad().defined() || before[i++].defined()) << text;
+    // the device is usable afterwards, and the error is not raised twice
+    EXPECT_NO_THROW(backend(dev.device).synchronize());
+  }
+}
+
+TEST(DeviceSync, AForwardAloneRaisesABadIdAtTheNextWait) {
+  EmulatedDevice dev;
+  nn::GPT model(tiny_gpt());
+  model.to(dev.device);
+  std::vector<int64_t> values = token_values(2 * 16, 61, 1);
+  values[0] = -1;
+  const Tensor ids = from_indices(values, {16, 2}, dev.device).transpose(0, 1).contiguous();
+  Tensor loss;
+  {
+    NoGradGuard no_grad;
+    loss = model.loss(ids, token_tensor(2, 16, 61, 2, dev.device, false));
+  }
+  try {
+    (void)loss.to(kCpu);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("embedding: id -1 at position 0"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW((void)loss.to(kCpu));
+}
+
+TEST(DeviceSync, IndexRangesAreKnownFromTheHostAndForgottenOnAWrite) {
+  int64_t lo = 0, hi = 0;
+  Tensor ids = from_indices({4, -2, 9}, {3});
+  ASSERT_TRUE(ids.storage()->index_range(lo, hi));
+  EXPECT_EQ(lo, -2);
+  EXPECT_EQ(hi, 9);
+  Tensor pos = arange(5, DType::i64);
+  ASSERT_TRUE(pos.storage()->index_range(lo, hi));
+  EXPECT_EQ(lo, 0);
+  EXPECT_EQ(hi, 4);
+  ids.fill_(100.0);
+  EXPECT_FALSE(ids.storage()->index_range(lo, hi));
+  EmulatedDevice dev;
+  Tensor moved = from_indices({3, 1}, {2}).to(dev.device);
+  ASSERT_TRUE(moved.storage()->index_range(lo, hi));
+  EXPECT_EQ(hi, 3);
+  Tensor copied = from_indices({3, 1, 2, 0}, {2, 2}, dev.device).transpose(0, 1).contiguous();
+  EXPECT_FALSE(copied.storage()->index_range(lo, hi));
+}
