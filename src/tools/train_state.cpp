@@ -5,7 +5,11 @@
 // ends at once with the usual status (both async-signal-safe). The step loop reads the flag after
 // each step; under mpirun the ranks agree on it (an all-gather per step), so every rank stops after
 // the same step and writes its part of one state. The run then exits with 128 + the signal's number
-// (130 for SIGINT, 143 for SIGTERM), as a shell reports a process ended by it.
+// (130 for SIGINT, 143 for SIGTERM), as a shell reports a process ended by it. A test hook,
+// REMAT_TEST_PAUSE_AFTER_STEP=N, holds the run after step N (its JSON line written) until a signal
+// arrives, at most a minute: tests/state/run.sh then signals it after exactly that step, however
+// loaded the machine is (a tiny model's steps take a millisecond, and the run would end before a
+// signal sent on seeing the line reached it).
 //
 // Note [how often a state is written]. --state-every 0 (the default) writes the first state after
 // the first step (which also proves early that the directory takes one), then every
@@ -18,11 +22,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "nn/atomic_file.h"
 #include "nn/xxh64.h"
@@ -335,6 +342,21 @@ StopSignals::~StopSignals() {
 
 int StopSignals::received() { return stop_signal; }
 
+namespace {
+
+// Note [stopping on a signal]: the test hook.
+void pause_for_test(int64_t done) {
+  static const int64_t pause_at = [] {
+    const char* text = std::getenv("REMAT_TEST_PAUSE_AFTER_STEP");
+    return text == nullptr ? int64_t{-1} : static_cast<int64_t>(std::strtoll(text, nullptr, 10));
+  }();
+  if (done != pause_at) return;
+  for (int i = 0; i < 6000 && StopSignals::received() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+}  // namespace
+
 // ---- the states
 
 StateKeeper::StateKeeper(const TrainOptions& o, const DataParallel& dp, Loaded& l, Optimization& opt, int64_t start)
@@ -359,6 +381,7 @@ bool StateKeeper::stop_requested() const {
 }
 
 int StateKeeper::after_step(int64_t done, const RunMeasure& m) {
+  pause_for_test(done);
   if (o_.state_dir.empty()) return 0;
   const bool stop = stop_requested();
   const bool due = interval_ > 0 ? done % interval_ == 0 : done >= next_;

@@ -67,7 +67,10 @@ same() {
 stop_at() {
   local name=$1 signal=$2 when=$3
   shift 3
-  "$@" >"$dir/$name.out" 2>"$dir/$name.err" &
+  # "step N": the run holds after step N until the signal comes (REMAT_TEST_PAUSE_AFTER_STEP)
+  local pause=()
+  [[ $when == step* ]] && pause=(env "REMAT_TEST_PAUSE_AFTER_STEP=${when#step }")
+  "${pause[@]}" "$@" >"$dir/$name.out" 2>"$dir/$name.err" &
   local pid=$! start=$SECONDS
   while kill -0 "$pid" 2>/dev/null; do
     if [[ $when == step* ]] && grep -q "\"step\":${when#step },\"train_loss\"" "$dir/$name.out" 2>/dev/null; then break; fi

@@ -1,12 +1,14 @@
 // remat/nn/training_state.h - everything a training step depends on, written atomically and read
 // back bit for bit, so that a stopped run resumes as if it had never stopped.
 //
-//   nn::TrainingState state{.step = step + 1, .rng = rng_state(), .configuration = {{"lr", "0.004"}}};
+//   nn::TrainingState state{.step = done, .rng = rng_state(), .configuration = {{"lr", "0.004"}}};
 //   nn::save_training_state(nn::training_state_path("run", state.step), model, optimizer, state);
-//   ...                                                        // a later process, the same model built:
+//
+// and a later process, with the same model and optimizer built, continues from the newest state:
+//
 //   const std::string newest = nn::latest_training_state("run");   // "run/step-00000040"
 //   nn::TrainingState resumed = nn::load_training_state(newest, model, optimizer, {{"lr", "0.004"}});
-//   for (int64_t step = resumed.step; step < steps; ++step) ...   // the same bits as never stopping
+//   for (int64_t step = resumed.step; step < steps; ++step) train_step(step);  // as if never stopped
 //
 // A state is a directory: model.safetensors (parameters and buffers, under the model's dotted
 // names, with the caller's metadata: other tools read the weights from it), optimizer.safetensors
