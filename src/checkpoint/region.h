@@ -8,10 +8,12 @@
 // Step inputs refer either to outputs of earlier steps or to external values (kept by the
 // region as SavedTensors, version-checked). Every visible output of every step is an output of
 // the region node: it gets the region as grad_fn while the forward runs, so later ops, inside or
-// outside the region, see it as part of the tape. In the backward pass the region replays its
-// steps with recording on (RNG restored before each step; selective caches served), runs the
-// backward of that sub-tape, and hands the gradients that leave it on along its edges, one
-// contribution at a time (the order save-all would have added them in).
+// outside the region, see it as part of the tape. So does a value a call step made and left
+// behind (kept in a member or a list: Note [values that leave a layer call], traced_call.cpp),
+// and such a step is replayed from its ops instead of calling the layer again. In the backward
+// pass the region replays its steps with recording on (RNG restored before each step; selective
+// caches served), runs the backward of that sub-tape, and hands the gradients that leave it on
+// along its edges, one contribution at a time (the order save-all would have added them in).
 //
 // Note [what a region version-checks]. Recomputation re-reads everything the first run read.
 // External step inputs are SavedTensors (checked on get()). Everything else the ops read (captured
@@ -37,6 +39,7 @@
 #include "remat/policy.h"
 #include "remat/random.h"
 #include "remat/schedule.h"
+#include "traced_call.h"
 #include "versions.h"
 
 namespace remat::detail {
@@ -91,9 +94,13 @@ class Region final : public autodiff::Node {
   bool serve(const std::string& op, size_t& cursor, TensorList& outputs);
   // Numbers the ops of the region's extent (Note [skipping dead ops]): on the first run, and
   // (next_op) on a recomputation, which may defer the op numbered `ordinal`.
-  void on_sequence(const std::string& op) { trace_.on_sequence(op); }
+  void on_sequence(const std::string& op);
   bool defer(const std::string& op, size_t ordinal, const TensorList& inputs, TensorList& outputs,
              std::shared_ptr<const autodiff::OpReplay>& record_as);
+  // An enclosing recomputation deferred an op of this region's first run (it holds the inputs).
+  void on_deferred_by_parent(const TensorList& inputs, const TensorList& outputs) {
+    if (recorder_) recorder_->on_deferred(inputs, outputs);
+  }
   const Policy& policy() const { return policy_; }
 
  private:
@@ -111,6 +118,9 @@ class Region final : public autodiff::Node {
     std::vector<size_t> output_slots;              // node output slot of each output (SIZE_MAX: none)
     RngState rng;                                  // at the start of the step
     std::vector<std::optional<uint64_t>> digests;  // of each output on the first run (digest.h)
+    // call steps that left values behind: replayed from their ops, and their escaped values follow
+    // their outputs (Note [values that leave a layer call], traced_call.cpp)
+    std::shared_ptr<const CallTrace> trace;
   };
   struct External {
     autodiff::SavedTensor value;
@@ -126,7 +136,9 @@ class Region final : public autodiff::Node {
 
   Ref ref_for_input(const Tensor& t);
   void register_outputs(Step& step, TensorList& outputs, size_t count, const TensorList& inputs);
-  TensorList replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested);
+  void register_escaped(Step& step, TensorList& escaped);
+  TensorList replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested,
+                         const std::vector<TensorList>& replayed);
   void strip_outputs();
   void check_recomputed(size_t step, const TensorList& outputs) const;
   // the backward pass (apply_contributions), in order
@@ -148,7 +160,9 @@ class Region final : public autodiff::Node {
   std::vector<schedule::PlanNode> sub_plan_;
   bool open_ = false, valid_ = false, closed_ = false;
   size_t num_calls_ = 0;
+  size_t traced_calls_ = 0, escaped_values_ = 0;  // Note [values that leave a layer call]
   int call_depth_ = 0;  // > 0 while a call step's function runs
+  std::unique_ptr<CallRecorder> recorder_;  // while a call step's function runs (first run)
   RngState rng_;
   std::chrono::steady_clock::time_point opened_at_;
   autodiff::RecordingObserver* previous_observer_ = nullptr;
@@ -171,6 +185,10 @@ class Region final : public autodiff::Node {
   size_t record_index_ = SIZE_MAX;
   OpTrace trace_;  // Note [skipping dead ops]
 };
+
+inline double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 // The device of the first defined tensor (the CPU if there is none).
 inline Device device_of(const TensorList& tensors) {
