@@ -202,6 +202,7 @@ struct RegionCounters {
   uint64_t created = 0;
   uint64_t recomputed = 0;
   uint64_t run_in_backward = 0;  // regions recomputed since the last top-level backward ended
+  uint64_t loops_run_in_backward = 0;  // scan / while_loop backward passes (they recompute) since then
   uint64_t layer_calls = 0;      // layer calls met (call.cpp)
   uint64_t layer_calls_since_backward = 0;
   std::vector<RegionRecord> records;
