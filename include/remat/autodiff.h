@@ -353,9 +353,11 @@ struct CustomOp {
   TensorList operator()(const TensorList& inputs) const;
 };
 
-// The recomputation check (on by default, for every thread): a region's recomputed outputs, and
-// a value dynamic: rematerializes, are compared bit for bit with a digest of the first run's; a
-// difference is a remat::Error naming the layer (or op) and the usual causes. Host values only.
+// The recomputation check (on by default, for every thread): a region's recomputed outputs, a
+// value dynamic: rematerializes and a loop's recomputed steps are compared bit for bit with a
+// digest of the first run's; a difference is a remat::Error naming the layer (or op, or step) and
+// the usual causes. A value is digested on its device (the backend's digest kernel); a device
+// without one (CUDA until its kernel is switched on: src/tensor/cuda/digest.h) is not checked.
 // It costs one read of each checked value per pass. Off: such a difference goes unnoticed.
 void set_recomputation_check(bool enabled);
 bool recomputation_check();
