@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -203,6 +204,39 @@ TEST(ScanCheck, AnImpureCounterIsAnError) {
     TensorList got;
     const std::string error = impure.grads(options, [] {}, &scale, &counting, &counter, got);
     EXPECT_NE(error.find(", step "), std::string::npos) << "no error, or another: '" << error << "'";
+  }
+}
+
+// The other two impurities of the layer-level tests: a private generator, and dropout switched off
+// (train to eval) between the loop and the backward pass.
+TEST(ScanCheck, APrivateGeneratorAndDropoutSwitchedOffAreErrors) {
+  Loop loop(DType::f32);
+  for (const ScanOptions& options : {ScanOptions{ScanSchedule::revolve, 3}, ScanOptions{ScanSchedule::online, 3}}) {
+    auto run = [&](const ScanStep& step, const std::function<void()>& between) -> std::string {
+      Tensor out = options.schedule == ScanSchedule::online
+                       ? while_loop([](const Tensor&, int64_t t) { return t < 25; }, step, loop.h0, options)
+                       : scan(step, loop.h0, 25, options);
+      between();
+      try {
+        remat::grad({sum(out)}, {loop.w});
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return "";
+    };
+    std::mt19937 private_rng(4);
+    Tensor w = loop.w;
+    const std::string generator = run(
+        [w, &private_rng](const Tensor& h, int64_t) {
+          return tanh(add_scalar(matmul(h, w), static_cast<double>(private_rng() % 100) / 100.0));
+        },
+        [] {});
+    EXPECT_NE(generator.find(", step "), std::string::npos) << "no error, or another: '" << generator << "'";
+    bool training = true;
+    const std::string switched = run(
+        [w, &training](const Tensor& h, int64_t) { return dropout(tanh(matmul(h, w)), 0.3, training); },
+        [&training] { training = false; });
+    EXPECT_NE(switched.find(", step "), std::string::npos) << "no error, or another: '" << switched << "'";
   }
 }
 
