@@ -14,6 +14,7 @@
 
 #include "autodiff/digest.h"
 #include "gpt_steps.h"
+#include "module_models.h"
 #include "remat/devices.h"
 #include "remat/nn.h"
 #include "remat/remat.h"
@@ -50,31 +51,6 @@ TensorList contiguous_cases() {
   return c;
 }
 
-// The scaled model of test_recompute_check.cpp: Linear, tanh(h * *scale), Linear.
-std::shared_ptr<nn::Sequential> scaled_model(const double* scale) {
-  manual_seed(3);
-  auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Linear>(4, 8));
-  m->add(std::make_shared<nn::Lambda>([scale](const Tensor& h) { return tanh(mul_scalar(h, *scale)); }), "scaled");
-  m->add(std::make_shared<nn::Linear>(8, 2));
-  return m;
-}
-
-std::string changed_scale_error(Device device) {
-  double scale = 1.5;
-  auto model = scaled_model(&scale);
-  model->to(device);
-  ScopedPolicy scoped(Policy::every_layer());
-  Tensor loss = sum(square(model->forward(randn({3, 4}, DType::f32, RngState{7, 0}).to(device))));
-  scale = 2.5;
-  try {
-    loss.backward();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST(CudaDigest, TheDevicesDigestIsTheCpusForEverySizeDtypeAndLayout) {
@@ -94,9 +70,9 @@ TEST(CudaDigest, TheDevicesDigestIsTheCpusForEverySizeDtypeAndLayout) {
 
 TEST(CudaDigest, ACapturedScalarChangedIsCaughtOnTheGpuAsOnTheCpu) {
   REQUIRE_GPU();
-  const std::string on_cpu = changed_scale_error(kCpu);
+  const std::string on_cpu = remat::testing::captured_scalar_error(kCpu);
   ASSERT_NE(on_cpu.find("'scaled'"), std::string::npos) << on_cpu;
-  EXPECT_EQ(changed_scale_error(kGpu), on_cpu);
+  EXPECT_EQ(remat::testing::captured_scalar_error(kGpu), on_cpu);
 }
 
 // Pure models raise no false mismatch with the check on the device, and keep save-all's bits.

@@ -13,6 +13,7 @@
 #include "module_models.h"
 
 using namespace remat;
+using remat::testing::TwoOut;
 using remat::testing::bitwise_equal;
 
 namespace {
@@ -64,17 +65,6 @@ class CallbackBlock : public nn::Module {
   std::function<void(const Tensor&)> hook_;
 };
 
-// Returns two values; the caller keeps the second in its own member.
-class TwoOut : public nn::Module {
- public:
-  TwoOut(int64_t width, DType dtype) { fc = register_module("fc", std::make_shared<nn::Linear>(width, 2 * width, true, dtype)); }
-  TensorList forward_list_impl(const TensorList& in) override {
-    Tensor h = tanh(fc->forward(in[0]));
-    const int64_t w = in[0].size(-1);
-    return {h.slice(-1, 0, w), h.slice(-1, w, 2 * w)};
-  }
-  std::shared_ptr<nn::Linear> fc;
-};
 
 // Keeps its input (not computed inside, but reached outside all the same).
 class InputStash : public nn::Module {
@@ -497,4 +487,100 @@ TEST(EscapedValues, DynamicAndOffloadAndTheirCompositionsMatchSaveAll) {
     expect_same(got, reference, policy.to_string());
   }
   EXPECT_GT(rematerializations, 0u) << "no dynamic: budget evicted anything";
+}
+
+namespace {
+
+// Reads what another layer kept, through the member (not as an input): h + cache * fc(h).
+class Reader : public nn::Module {
+ public:
+  Reader(std::shared_ptr<StashBlock> source, int64_t width, DType dtype) : source_(std::move(source)) {
+    fc = register_module("fc", std::make_shared<nn::Linear>(width, width, true, dtype));
+  }
+  Tensor forward_impl(const Tensor& x) override { return add(x, mul(source_->cache, fc->forward(x))); }
+  std::shared_ptr<nn::Linear> fc;
+
+ private:
+  std::shared_ptr<StashBlock> source_;
+};
+
+// Keeps a value computed under no-grad (a statistic): no gradient under save-all either.
+class NoGradStash : public nn::Module {
+ public:
+  NoGradStash(int64_t width, DType dtype) { fc = register_module("fc", std::make_shared<nn::Linear>(width, width, true, dtype)); }
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor h = fc->forward(x);
+    {
+      NoGradGuard no_grad;
+      statistic = mean(square(h));
+    }
+    return tanh(h);
+  }
+  std::shared_ptr<nn::Linear> fc;
+  Tensor statistic;
+};
+
+class CrossModel : public nn::Module {
+ public:
+  CrossModel() {
+    a = register_module("a", std::make_shared<StashBlock>(5, DType::f64));
+    mid = register_module("mid", std::make_shared<NoGradStash>(5, DType::f64));
+    reader = register_module("reader", std::make_shared<Reader>(a, 5, DType::f64));
+    last = register_module("last", std::make_shared<remat::testing::TanhBlock>(5, DType::f64));
+    reset_parameters(12);
+  }
+  Tensor forward_impl(const Tensor& x) override { return last->forward(reader->forward(mid->forward(a->forward(x)))); }
+  std::shared_ptr<StashBlock> a;
+  std::shared_ptr<NoGradStash> mid;
+  std::shared_ptr<Reader> reader;
+  std::shared_ptr<remat::testing::TanhBlock> last;
+};
+
+}  // namespace
+
+// A later layer that reads an earlier layer's member (inside one every-k group, or across
+// regions), and a value kept under no-grad (it requires no grad, as under save-all), under every
+// region policy and budget plans: gradients and the kept values are save-all's.
+TEST(EscapedValues, ALaterLayerReadingAKeptValueAndANoGradValueMatchSaveAll) {
+  auto run = [](const Policy& policy, bool& stat_requires_grad) {
+    CrossModel model;
+    Tensor x = randn({3, 5}, DType::f64, RngState{13, 0}).requires_grad_();
+    TensorList out;
+    ScopedPolicy scope(policy);
+    for (int s = 0; s < (policy.kind == Policy::Kind::budget ? BudgetPlanner::kProfilingSteps + 1 : 1); ++s) {
+      model.zero_grad();
+      Tensor out = mean(model.forward(x));
+      Tensor loss = add(out, mean(model.a->cache));
+      stat_requires_grad = model.mid->statistic.requires_grad();
+      loss.backward();
+    }
+    for (const auto& p : model.parameters()) out.push_back(p.grad());
+    out.push_back(model.a->cache.contiguous());
+    out.push_back(model.mid->statistic.contiguous());
+    return out;
+  };
+  bool reference_requires = true;
+  const TensorList reference = run(Policy::save_all(), reference_requires);
+  EXPECT_FALSE(reference_requires);
+  std::vector<Policy> policies;
+  for (const char* p : {"every-layer", "every-k:2", "every-k:4", "selective:matmul", "budget:auto"})
+    policies.push_back(Policy::parse(p));
+  {
+    CrossModel probe;
+    Tensor x = randn({3, 5}, DType::f64, RngState{13, 0}).requires_grad_();
+    for (int s = 0; s < BudgetPlanner::kProfilingSteps; ++s) {
+      ScopedPolicy scope(Policy::budget(size_t{1} << 40));
+      Tensor out = mean(probe.forward(x));
+      add(out, mean(probe.a->cache)).backward();
+    }
+    policies.push_back(Policy::budget(probe.planner()->feasible_range().value().smallest_budget_bytes));
+  }
+  for (const Policy& policy : policies) {
+    const std::string p = policy.to_string();
+    bool needs_grad = true;
+    const TensorList got = run(policy, needs_grad);
+    EXPECT_EQ(needs_grad, reference_requires) << p;
+    ASSERT_EQ(got.size(), reference.size()) << p;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << p << ": result " << i;
+  }
 }

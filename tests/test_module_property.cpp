@@ -20,6 +20,7 @@
 #include "module_models.h"
 
 using namespace remat;
+using remat::testing::TwoOut;
 using remat::testing::measure_step;
 using remat::testing::StepMeasure;
 using remat::testing::region_bound;
@@ -141,17 +142,6 @@ class TwoInUser : public nn::Module {
   std::shared_ptr<TwoIn> mix;
 };
 
-// A layer with two outputs.
-class TwoOut : public nn::Module {
- public:
-  TwoOut(int64_t width, DType dtype) { fc = register_module("fc", std::make_shared<nn::Linear>(width, 2 * width, true, dtype)); }
-  TensorList forward_list_impl(const TensorList& in) override {
-    Tensor h = tanh(fc->forward(in[0]));
-    const int64_t w = in[0].size(-1);
-    return {h.slice(-1, 0, w), h.slice(-1, w, 2 * w)};
-  }
-  std::shared_ptr<nn::Linear> fc;
-};
 class TwoOutUser : public nn::Module {
  public:
   TwoOutUser(int64_t width, DType dtype) { split = register_module("split", std::make_shared<TwoOut>(width, dtype)); }

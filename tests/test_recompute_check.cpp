@@ -11,27 +11,16 @@
 #include <functional>
 #include <random>
 
-#include "checkpoint_models.h"
+#include "module_models.h"
 #include "autodiff/digest.h"
 #include "emulated_backend.h"
 #include "remat/nn.h"
 
 using namespace remat;
 using remat::testing::bitwise_equal;
+using remat::testing::scaled_model;
 
 namespace {
-
-// Linear -> "scaled" (tanh of the input times *scale, read when the layer runs) -> Linear. The
-// tanh keeps its output for its backward, so the recomputation runs both ops (a layer whose ops
-// the backward does not read is not recomputed at all: test_dead_ops.cpp).
-std::shared_ptr<nn::Sequential> scaled_model(const double* scale) {
-  manual_seed(3);
-  auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Linear>(4, 8));
-  m->add(std::make_shared<nn::Lambda>([scale](const Tensor& h) { return tanh(mul_scalar(h, *scale)); }), "scaled");
-  m->add(std::make_shared<nn::Linear>(8, 2));
-  return m;
-}
 
 // One step; the scale changes between the forward and the backward pass.
 TensorList step_with_changing_scale(const Policy& policy) {
@@ -311,23 +300,9 @@ TEST(DigestKernel, TheEmulatedDeviceDigestsOnTheDeviceAsTheCpuDoes) {
 // the CPU, with the same error.
 TEST(RecomputeCheck, OnTheEmulatedDeviceACapturedScalarChangedIsCaughtAsOnTheCpu) {
   remat::testing::EmulatedDevice dev(4);
-  auto error_on = [&](Device device) -> std::string {
-    double scale = 1.5;
-    auto model = scaled_model(&scale);
-    model->to(device);
-    ScopedPolicy scoped(Policy::every_layer());
-    Tensor loss = sum(square(model->forward(randn({3, 4}, DType::f32, RngState{7, 0}).to(device))));
-    scale = 2.5;
-    try {
-      loss.backward();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
-  const std::string on_cpu = error_on(kCpu);
+  const std::string on_cpu = remat::testing::captured_scalar_error(kCpu);
   ASSERT_NE(on_cpu.find("'scaled'"), std::string::npos) << on_cpu;
-  EXPECT_EQ(error_on(dev.device), on_cpu);
+  EXPECT_EQ(remat::testing::captured_scalar_error(dev.device), on_cpu);
 }
 
 // ---- every policy that recomputes checks what it recomputes

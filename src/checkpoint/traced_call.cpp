@@ -130,7 +130,7 @@ void CallRecorder::on_new_handle(const std::shared_ptr<TensorImpl>& impl) {
 }
 
 void CallRecorder::before_op() {
-  complete_ = complete_ && !pending_;
+  // (one still pending was an op that threw, and that the layer caught: it made nothing)
   pending_.emplace(rng_state(), grad_enabled());
 }
 
@@ -195,7 +195,7 @@ CallRecorder::Outcome CallRecorder::finish(const TensorList& outputs, const std:
   set_handle_watcher(previous_);
   previous_ = nullptr;
   Outcome outcome;
-  if (!complete_ || pending_) return outcome;  // an op seen only in part: the call is called again
+  REMAT_ASSERT(complete_, "a layer call's op was seen after it ran but not before");
   // holds known to be the region's: the outputs it was handed, its selective cache, its kept
   // inputs, and an enclosing recomputation's deferred ops whose results are still pending
   std::unordered_map<const TensorImpl*, long> internal;

@@ -113,7 +113,7 @@ class CallRecorder final : public HandleWatcher {
   std::vector<std::pair<TensorList, std::vector<std::weak_ptr<Storage>>>> deferred_;
   bool reads_region_values_ = false;  // an op read an earlier step's value not passed as an input
   std::optional<std::pair<RngState, bool>> pending_;  // before_op's, for the next after_op
-  bool complete_ = true;
+  bool complete_ = true;  // every after_op had its before_op
 };
 
 }  // namespace remat::detail
