@@ -584,3 +584,59 @@ TEST(EscapedValues, ALaterLayerReadingAKeptValueAndANoGradValueMatchSaveAll) {
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << p << ": result " << i;
   }
 }
+
+namespace {
+
+// A layer with a custom op that draws noise from remat's generator inside its forward (so a replay
+// must start it at the first run's RNG state) and dropout, keeping the noisy value.
+class NoisyStash : public nn::Module {
+ public:
+  explicit NoisyStash(int64_t width) {
+    fc = register_module("fc", std::make_shared<nn::Linear>(width, width, true, DType::f64));
+    noisy = CustomOp{"noisy",
+                     [](const TensorList& in, SaveContext&) {
+                       return TensorList{add(in[0], mul_scalar(randn(in[0].shape(), in[0].dtype()), 0.1))};
+                     },
+                     [](const TensorList& grads, const SavedValues&) { return TensorList{grads[0]}; }};
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    cache = noisy({dropout(fc->forward(x), 0.3, training())})[0];
+    return tanh(cache);
+  }
+  std::shared_ptr<nn::Linear> fc;
+  CustomOp noisy;
+  Tensor cache;
+};
+
+}  // namespace
+
+TEST(EscapedValues, ARandomCustomOpAndDropoutInALayerThatKeepsAValueReplayTheirDraws) {
+  auto run = [](const Policy& policy) {
+    auto root = std::make_shared<nn::Sequential>();
+    auto a = std::make_shared<NoisyStash>(5);
+    root->add(std::make_shared<remat::testing::TanhBlock>(5, DType::f64));
+    root->add(a);
+    root->add(std::make_shared<remat::testing::TanhBlock>(5, DType::f64));
+    root->reset_parameters(21);
+    Tensor x = randn({4, 5}, DType::f64, RngState{22, 0});
+    ScopedPolicy scope(policy);
+    manual_seed(23);
+    Tensor out = mean(root->forward(x));
+    Tensor loss = add(out, mean(square(a->cache)));
+    loss.backward();
+    TensorList r;
+    for (const auto& p : root->parameters()) r.push_back(p.grad());
+    r.push_back(a->cache.contiguous());
+    return r;
+  };
+  const TensorList reference = run(Policy::save_all());
+  for (const char* p : {"every-layer", "every-k:2", "selective:matmul"}) {
+    reset_counters();
+    const TensorList got = run(Policy::parse(p));
+    size_t traced = 0;
+    for (const auto& r : counters().regions) traced += r.traced_calls;
+    EXPECT_EQ(traced, 1u) << p;
+    ASSERT_EQ(got.size(), reference.size()) << p;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << p << ": result " << i;
+  }
+}

@@ -194,7 +194,7 @@ TensorList Region::add_call(const RegionFn& fn, const TensorList& inputs, const 
 
 void Region::on_sequence(const std::string& op) {
   trace_.on_sequence(op);
-  if (recorder_) recorder_->before_op();
+  if (recorder_) recorder_->before_op(op);
 }
 
 void Region::on_op(autodiff::OpEvent& event) {

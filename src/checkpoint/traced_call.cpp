@@ -10,8 +10,8 @@
 // (a module called twice ended with its first call's value; a list got a second entry).
 //
 // So while a call step runs for the first time, a CallRecorder traces each op the call makes (its
-// definition as the call made it, the RNG state and grad mode it started with, and where each
-// input came from: an input of the call, an earlier op of the call, an earlier step of the region,
+// definition as the call made it, the grad mode it ran under (and, for a custom op, the RNG state
+// it started with), and where each input came from: an input of the call, an earlier op of the call, an earlier step of the region,
 // or a value made elsewhere, which it holds), and watches every tensor handle made meanwhile
 // (detail::HandleWatcher: each new block and each detach()). When the call returns, a handle still
 // alive that is not an output, and that neither the region (its selective cache) nor an enclosing
@@ -79,7 +79,7 @@ TensorList CallTrace::replay(const TensorList& inputs, const std::function<Tenso
     TensorList args;
     args.reserve(op.inputs.size());
     for (const auto& s : op.inputs) args.push_back(input(s, inputs, values, region_value));
-    set_rng_state(op.rng);
+    if (op.rng) set_rng_state(*op.rng);
     {
       EnableGradGuard grad(op.grad_enabled);
       values[j] = op.op->run(args);
@@ -114,24 +114,28 @@ size_t CallTrace::kept_bytes() const {
 // ---- CallRecorder
 
 CallRecorder::CallRecorder(const TensorList& inputs, RegionLookup region_lookup)
-    : previous_(set_handle_watcher(this)), region_lookup_(std::move(region_lookup)), inputs_(inputs) {
+    : previous_(handle_watcher()), region_lookup_(std::move(region_lookup)), inputs_(inputs) {
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const Tensor& t = inputs_[i];
     input_uses_.push_back(t.defined() ? t.impl_ptr().use_count() : 0);
     if (t.defined()) known_[t.impl_ptr().get()] = Known{{TracedSource::Kind::call_input, static_cast<uint32_t>(i), 0}, t.impl_ptr()};
   }
+  set_handle_watcher(this);  // last: a constructor that throws leaves nothing installed
 }
 
-CallRecorder::~CallRecorder() { set_handle_watcher(previous_); }
+CallRecorder::~CallRecorder() {
+  if (watching_) set_handle_watcher(previous_);
+}
 
 void CallRecorder::on_new_handle(const std::shared_ptr<TensorImpl>& impl) {
   made_.push_back(impl);
   if (previous_) previous_->on_new_handle(impl);
 }
 
-void CallRecorder::before_op() {
+void CallRecorder::before_op(const std::string& op) {
   // (one still pending was an op that threw, and that the layer caught: it made nothing)
-  pending_.emplace(rng_state(), grad_enabled());
+  const bool custom = op.rfind("custom:", 0) == 0;
+  pending_.emplace(custom ? std::optional<RngState>(rng_state()) : std::nullopt, grad_enabled());
 }
 
 TracedSource CallRecorder::resolve(const Tensor& t) {
@@ -193,7 +197,7 @@ void CallRecorder::on_deferred(const TensorList& inputs, const TensorList& outpu
 
 CallRecorder::Outcome CallRecorder::finish(const TensorList& outputs, const std::vector<const TensorImpl*>& held) {
   set_handle_watcher(previous_);
-  previous_ = nullptr;
+  watching_ = false;
   Outcome outcome;
   REMAT_ASSERT(complete_, "a layer call's op was seen after it ran but not before");
   // holds known to be the region's: the outputs it was handed, its selective cache, its kept

@@ -42,7 +42,9 @@ class CallTrace {
   friend class CallRecorder;
   struct Op {
     std::shared_ptr<autodiff::OpReplay> op;
-    RngState rng;  // when it started
+    // when it started, for a custom op (its forward may draw from the generator; a built-in op's
+    // definition holds the RngState it drew before it ran)
+    std::optional<RngState> rng;
     bool grad_enabled = true;
     std::vector<TracedSource> inputs;
   };
@@ -74,8 +76,9 @@ class CallRecorder final : public HandleWatcher {
   CallRecorder& operator=(const CallRecorder&) = delete;
 
   void on_new_handle(const std::shared_ptr<TensorImpl>& impl) override;
-  // Around each op of the call: before it runs (its RNG state and grad mode), after it ran.
-  void before_op();
+  // Around each op of the call: before it runs (its grad mode, and for a custom op the RNG state),
+  // after it ran.
+  void before_op(const std::string& op);
   void after_op(const autodiff::OpEvent& event, const std::shared_ptr<autodiff::OpReplay>& replay);
   // An op of the call whose outputs an enclosing recomputation deferred: its inputs stay held
   // while they are pending, by the enclosing region, not by the program.
@@ -101,6 +104,7 @@ class CallRecorder final : public HandleWatcher {
   bool differentiable(const TracedSource& source, const Tensor& t) const;
 
   HandleWatcher* previous_;
+  bool watching_ = true;  // installed as the thread's handle watcher (until finish())
   RegionLookup region_lookup_;
   TensorList inputs_;
   std::vector<long> input_uses_;  // use counts of the inputs' handles when the call began
@@ -112,7 +116,7 @@ class CallRecorder final : public HandleWatcher {
   std::vector<std::weak_ptr<TensorImpl>> made_;  // every handle made during the call
   std::vector<std::pair<TensorList, std::vector<std::weak_ptr<Storage>>>> deferred_;
   bool reads_region_values_ = false;  // an op read an earlier step's value not passed as an input
-  std::optional<std::pair<RngState, bool>> pending_;  // before_op's, for the next after_op
+  std::optional<std::pair<std::optional<RngState>, bool>> pending_;  // before_op's, for the next after_op
   bool complete_ = true;  // every after_op had its before_op
 };
 
