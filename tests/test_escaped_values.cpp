@@ -640,3 +640,56 @@ TEST(EscapedValues, ARandomCustomOpAndDropoutInALayerThatKeepsAValueReplayTheirD
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << p << ": result " << i;
   }
 }
+
+namespace {
+
+// A convolution block that keeps its batch norm's output: the running statistics are updated once
+// per step (a declared side effect, which the replay of the traced call does not repeat).
+class BnStash : public nn::Module {
+ public:
+  BnStash() {
+    conv = register_module("conv", std::make_shared<nn::Conv2d>(3, 4, Size2{3, 3}, Size2{1, 1}, Size2{1, 1}));
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(4));
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    normalized = bn->forward(conv->forward(x));
+    return relu(normalized);
+  }
+  std::shared_ptr<nn::Conv2d> conv;
+  std::shared_ptr<nn::BatchNorm2d> bn;
+  Tensor normalized;
+};
+
+}  // namespace
+
+TEST(EscapedValues, ALayerThatKeepsItsBatchNormOutputUpdatesTheRunningStatisticsOnce) {
+  auto run = [](const Policy& policy) {
+    auto root = std::make_shared<nn::Sequential>();
+    auto block = std::make_shared<BnStash>();
+    root->add(block);
+    root->add(std::make_shared<nn::Conv2d>(4, 2, Size2{3, 3}));
+    root->reset_parameters(31);
+    const Tensor x = randn({2, 3, 6, 6}, DType::f32, RngState{32, 0});
+    ScopedPolicy scope(policy);
+    TensorList r;
+    for (int step = 0; step < 2; ++step) {
+      root->zero_grad();
+      Tensor out = mean(root->forward(x));
+      add(out, mean(square(block->normalized))).backward();
+    }
+    for (const auto& p : root->parameters()) r.push_back(p.grad());
+    for (const auto& [name, b] : root->named_buffers()) r.push_back(b.contiguous().clone());
+    r.push_back(block->normalized.contiguous());
+    return r;
+  };
+  const TensorList reference = run(Policy::save_all());
+  for (const char* p : {"every-layer", "every-k:2", "selective:conv2d"}) {
+    reset_counters();
+    const TensorList got = run(Policy::parse(p));
+    size_t traced = 0;
+    for (const auto& r : counters().regions) traced += r.traced_calls;
+    EXPECT_EQ(traced, 2u) << p << ": one traced call per step";
+    ASSERT_EQ(got.size(), reference.size()) << p;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << p << ": result " << i;
+  }
+}
