@@ -693,3 +693,23 @@ TEST(EscapedValues, ALayerThatKeepsItsBatchNormOutputUpdatesTheRunningStatistics
     for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << p << ": result " << i;
   }
 }
+
+// A forward pass whose backward never runs (an evaluation with grad mode on, an error before the
+// backward): the kept value's history points at its region, and the region does not hold the
+// module, so the model is freed with the last handle to it.
+TEST(EscapedValues, AModelWhoseBackwardNeverRunsIsFreed) {
+  for (const char* p : {"every-layer", "every-k:2", "selective:matmul"}) {
+    std::weak_ptr<nn::Module> alive, block;
+    {
+      auto model = fresh_model();
+      std::shared_ptr<AuxModel> shared(model.release());
+      alive = shared;
+      block = shared->a;
+      ScopedPolicy scope(Policy::parse(p));
+      Tensor loss = shared->loss(input());
+      EXPECT_TRUE(shared->a->cache.requires_grad()) << p;
+    }
+    EXPECT_TRUE(alive.expired()) << p << ": the model outlived its last handle";
+    EXPECT_TRUE(block.expired()) << p << ": the layer that kept a value outlived the model";
+  }
+}

@@ -185,6 +185,9 @@ TensorList Region::add_call(const RegionFn& fn, const TensorList& inputs, const 
   register_outputs(step, outputs, outputs.size(), inputs);
   if (outcome.trace) {
     step.trace = std::move(outcome.trace);
+    // not called again: let the function (and the module it holds) go, so that a value the module
+    // keeps, whose grad_fn is now this region, does not keep the module alive through the region
+    step.fn = nullptr;
     ++traced_calls_;
     register_escaped(step, outcome.escaped);
   }
