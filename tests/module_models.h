@@ -65,6 +65,47 @@ class LoopModel : public nn::Module {
   bool residual_;
 };
 
+// A layer with two outputs: the halves of tanh(Linear(w, 2w)(x)).
+class TwoOut : public nn::Module {
+ public:
+  TwoOut(int64_t width, DType dtype) { fc = register_module("fc", std::make_shared<nn::Linear>(width, 2 * width, true, dtype)); }
+  TensorList forward_list_impl(const TensorList& in) override {
+    Tensor h = tanh(fc->forward(in[0]));
+    const int64_t w = in[0].size(-1);
+    return {h.slice(-1, 0, w), h.slice(-1, w, 2 * w)};
+  }
+  std::shared_ptr<nn::Linear> fc;
+};
+
+// Linear -> "scaled" (tanh of the input times *scale, read when the layer runs) -> Linear. The
+// tanh keeps its output for its backward, so the recomputation runs both ops (a layer whose ops
+// the backward does not read is not recomputed at all: test_dead_ops.cpp).
+inline std::shared_ptr<nn::Sequential> scaled_model(const double* scale) {
+  manual_seed(3);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Linear>(4, 8));
+  m->add(std::make_shared<nn::Lambda>([scale](const Tensor& h) { return tanh(mul_scalar(h, *scale)); }), "scaled");
+  m->add(std::make_shared<nn::Linear>(8, 2));
+  return m;
+}
+
+// A step of scaled_model on `device` under every-layer whose scale changes between the forward
+// and the backward pass: the error it raised ("" if none).
+inline std::string captured_scalar_error(Device device) {
+  double scale = 1.5;
+  auto model = scaled_model(&scale);
+  model->to(device);
+  ScopedPolicy scoped(Policy::every_layer());
+  Tensor loss = sum(square(model->forward(randn({3, 4}, DType::f32, RngState{7, 0}).to(device))));
+  scale = 2.5;
+  try {
+    loss.backward();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Gradients of mean(model(x)) for every parameter and x, under a policy.
 inline TensorList module_grads(nn::Module& model, const Tensor& x, const Policy& policy, uint64_t dropout_seed = 7) {
   TensorList wrt = model.parameters();

@@ -1,12 +1,16 @@
 // Property test over module-structured random models, written the way users write them: their own
 // classes with loops over layers, residual trees in their own code, parallel branches, layers with
 // several inputs or outputs, shared sub-modules, dropout, custom ops, explicit regions inside
-// layers, the library's containers, and random per-module overrides (policies, transparent,
-// layer). Under random policies: gradients bitwise equal to save-all; every region recomputed
-// exactly once; no op recomputed more than once unless a nested region was asked for; peak
-// saved bytes within the header's bound; selective never above save-all, except by the inputs of
-// layers whose input no op saves (remat/call.h). Then every case under every policy, budget,
-// dynamic: and offload: included, against save-all's gradients and errors.
+// layers, the library's containers, layers that keep an intermediate (in a member, or appended to
+// the model's list) for an auxiliary loss, and random per-module overrides (policies,
+// transparent, layer). The loss is the output's mean plus mean(square(v)) of every kept value.
+// Under random policies: gradients bitwise equal to save-all, and the kept values read after the
+// backward pass are save-all's bits; every region recomputed exactly once; no op recomputed more
+// than once unless a nested region was asked for; peak saved bytes within the header's bound;
+// selective never above save-all, except by the inputs of layers whose input no op saves
+// (remat/call.h). Then every case under every policy, budgets from the smallest feasible one up,
+// dynamic: and offload: included, against save-all's gradients, kept values and errors (the same
+// kind and message).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -16,9 +20,9 @@
 #include "module_models.h"
 
 using namespace remat;
+using remat::testing::TwoOut;
 using remat::testing::measure_step;
 using remat::testing::StepMeasure;
-using remat::testing::module_grads;
 using remat::testing::region_bound;
 using remat::testing::bitwise_equal;
 
@@ -138,17 +142,6 @@ class TwoInUser : public nn::Module {
   std::shared_ptr<TwoIn> mix;
 };
 
-// A layer with two outputs.
-class TwoOut : public nn::Module {
- public:
-  TwoOut(int64_t width, DType dtype) { fc = register_module("fc", std::make_shared<nn::Linear>(width, 2 * width, true, dtype)); }
-  TensorList forward_list_impl(const TensorList& in) override {
-    Tensor h = tanh(fc->forward(in[0]));
-    const int64_t w = in[0].size(-1);
-    return {h.slice(-1, 0, w), h.slice(-1, w, 2 * w)};
-  }
-  std::shared_ptr<nn::Linear> fc;
-};
 class TwoOutUser : public nn::Module {
  public:
   TwoOutUser(int64_t width, DType dtype) { split = register_module("split", std::make_shared<TwoOut>(width, dtype)); }
@@ -182,23 +175,82 @@ class Explicit : public nn::Module {
   ModulePtr child_;
 };
 
+// What layers keep for the loss: the model's list, and the layers with a member.
+struct Kept {
+  TensorList list;
+  std::vector<const Tensor*> members;
+  TensorList values() const {
+    TensorList v;
+    for (const Tensor* m : members)
+      if (m->defined()) v.push_back(*m);
+    v.insert(v.end(), list.begin(), list.end());
+    return v;
+  }
+};
+
+// A layer that keeps sigmoid(inner(x)) for an auxiliary loss, in a member or appended to the
+// model's list, and returns inner(x) + 0.25 * that value.
+class Stash : public nn::Module {
+ public:
+  Stash(ModulePtr inner, Kept* kept, bool to_list) : kept_(kept), to_list_(to_list) {
+    inner_ = register_module("inner", std::move(inner));
+    if (!to_list_) kept_->members.push_back(&cache);
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor h = inner_->forward(x);
+    Tensor s = sigmoid(h);
+    if (to_list_)
+      kept_->list.push_back(s);
+    else
+      cache = s;
+    return add(h, mul_scalar(s, 0.25));
+  }
+  Tensor cache;
+
+ private:
+  ModulePtr inner_;
+  Kept* kept_;
+  bool to_list_;
+};
+
 // The model: a loop over its layers, with dropout between them in its own code (so the generator
 // is drawn from between layer calls, inside every-k groups too).
 class Root : public nn::Module {
  public:
-  Root(std::vector<ModulePtr> layers, double p) : p_(p) {
+  Root(std::vector<ModulePtr> layers, double p, std::shared_ptr<Kept> kept = std::make_shared<Kept>())
+      : p_(p), kept_(std::move(kept)) {
     for (size_t i = 0; i < layers.size(); ++i) layers_.push_back(register_module("l" + std::to_string(i), layers[i]));
   }
   Tensor forward_impl(const Tensor& x) override {
+    kept_->list.clear();
     Tensor h = x;
     for (auto& l : layers_) h = dropout(l->forward(h), p_, training());
     return h;
   }
+  // mean(forward(x)) + the auxiliary losses of what the layers kept
+  Tensor loss(const Tensor& x) {
+    Tensor l = mean(forward(x));
+    for (const Tensor& v : kept_->values()) l = add(l, mean(square(v)));
+    return l;
+  }
+  const Kept& kept() const { return *kept_; }
 
  private:
   std::vector<ModulePtr> layers_;
   double p_;
+  std::shared_ptr<Kept> kept_;
 };
+
+// One step of root.loss(x) under `policy` (dropout seeded): the gradients of every parameter and
+// x, then (appended) the values the layers kept, read after the backward pass.
+TensorList step_with_kept(Root& model, const Tensor& x, const Policy& policy, uint64_t dropout_seed) {
+  TensorList wrt = model.parameters();
+  if (x.requires_grad()) wrt.push_back(x);
+  manual_seed(dropout_seed);
+  TensorList out = remat::grad([&](const TensorList&) { return model.loss(x); }, wrt, GradOptions{policy});
+  for (const Tensor& v : model.kept().values()) out.push_back(v.detach().contiguous());
+  return out;
+}
 
 struct Builder {
   std::mt19937_64 rng;
@@ -207,6 +259,7 @@ struct Builder {
   std::vector<std::function<void(bool)>> overrides;  // apply (true) or clear (false)
   bool multilevel = false;       // an explicit region or a set_layer() override exists
   std::string trace;
+  std::shared_ptr<Kept> kept = std::make_shared<Kept>();  // for the Root
 
   explicit Builder(uint64_t seed) : rng(seed) {
     dtype = pick(2) == 0 ? DType::f32 : DType::f64;
@@ -259,10 +312,17 @@ struct Builder {
   }
 
   ModulePtr block(int depth) {
-    const int kind = depth <= 0 ? pick(3) : pick(14);
+    int kind = depth <= 0 ? pick(5) : pick(16);
+    if (depth <= 0 && kind >= 3) kind += 11;  // a leaf: dense, dropout, custom or a stash
     ModulePtr m;
     switch (kind) {
       case 0: return dense();
+      case 14:
+      case 15:
+        trace += kind == 15 ? "stash-list(" : "stash(";
+        m = std::make_shared<Stash>(depth <= 0 ? dense() : block(depth - 1), kept.get(), kind == 15);
+        trace += ") ";
+        break;
       case 1:
         trace += "dropout(";
         m = std::make_shared<DropoutBlock>(dense(), 0.1 + 0.1 * pick(3));
@@ -365,6 +425,7 @@ TEST(ModuleProperty, RandomModuleModelsUnderRandomPoliciesMatchSaveAllBitwise) {
   const int cases = 240;
   std::mt19937_64 policy_rng(2026);
   int with_overrides = 0, multilevel_cases = 0, beyond_save_all = 0;
+  size_t kept_values = 0;
   // To reproduce one case by hand: REMAT_PROPERTY_CASE=N (and REMAT_PROPERTY_POLICY=... to try
   // another policy on it); the case then prints its regions.
   const char* only = std::getenv("REMAT_PROPERTY_CASE");
@@ -373,7 +434,7 @@ TEST(ModuleProperty, RandomModuleModelsUnderRandomPoliciesMatchSaveAllBitwise) {
     Builder builder(5000 + static_cast<uint64_t>(c));
     std::vector<ModulePtr> layers;
     for (int i = 0, n = 1 + builder.pick(5); i < n; ++i) layers.push_back(builder.block(3));
-    Root model(layers, builder.pick(3) == 0 ? 0.0 : 0.15);
+    Root model(layers, builder.pick(3) == 0 ? 0.0 : 0.15, builder.kept);
     model.reset_parameters(static_cast<uint64_t>(c));
     const int64_t batch = 1 + builder.pick(4);
     Tensor x = randn({batch, builder.width}, builder.dtype, RngState{static_cast<uint64_t>(c), 7}).requires_grad_();
@@ -384,17 +445,18 @@ TEST(ModuleProperty, RandomModuleModelsUnderRandomPoliciesMatchSaveAllBitwise) {
                              (overrides ? " with overrides" : "") + "; model: " + builder.trace;
 
     builder.apply_overrides(false);
-    TensorList reference = module_grads(model, x, Policy::save_all(), 77 + static_cast<uint64_t>(c));
+    TensorList reference = step_with_kept(model, x, Policy::save_all(), 77 + static_cast<uint64_t>(c));
     builder.apply_overrides(overrides);
-    TensorList got = module_grads(model, x, policy, 77 + static_cast<uint64_t>(c));
-    ASSERT_EQ(got.size(), reference.size()) << what;
+    TensorList got = step_with_kept(model, x, policy, 77 + static_cast<uint64_t>(c));
+    ASSERT_EQ(got.size(), reference.size()) << what;  // the kept values too: the list is as long
     for (size_t i = 0; i < got.size(); ++i) {
       if (only != nullptr && !bitwise_equal(got[i], reference[i]))
-        std::printf("gradient %zu (%s) differs: max abs diff %g\n", i,
-                    i < model.named_parameters().size() ? model.named_parameters()[i].first.c_str() : "x",
+        std::printf("result %zu (%s) differs: max abs diff %g\n", i,
+                    i < model.named_parameters().size() ? model.named_parameters()[i].first.c_str() : "x or kept",
                     max(abs(sub(got[i], reference[i]))).item());
-      ASSERT_TRUE(bitwise_equal(got[i], reference[i])) << what << ": gradient " << i;
+      ASSERT_TRUE(bitwise_equal(got[i], reference[i])) << what << ": gradient or kept value " << i;
     }
+    kept_values += got.size() - model.parameters().size() - 1;
 
     // every region recomputed exactly once; without nesting, no op more than once
     auto m = measure_step(model, x, policy, 77 + static_cast<uint64_t>(c));
@@ -430,22 +492,35 @@ TEST(ModuleProperty, RandomModuleModelsUnderRandomPoliciesMatchSaveAllBitwise) {
   RecordProperty("cases_with_overrides", with_overrides);
   RecordProperty("cases_with_nested_regions", multilevel_cases);
   RecordProperty("cases_where_selective_keeps_layer_inputs_save_all_does_not", beyond_save_all);
+  RecordProperty("kept_values_compared", static_cast<int>(kept_values));
   EXPECT_GT(with_overrides, cases / 10);
+  EXPECT_GT(kept_values, static_cast<size_t>(cases)) << "few models kept values: the auxiliary losses prove little";
 }
 
 namespace {
 
-// The gradients of one step of `model` under `policy` (a budget plan: after its profiling steps),
-// or the error it raised.
+// The gradients and kept values of one step of `model` under `policy` (a budget plan: after its
+// profiling steps), or the error it raised: its kind and message.
 std::string grads_or_error(Root& model, const Tensor& x, const Policy& policy, uint64_t seed, TensorList& grads) {
   try {
     if (policy.kind == Policy::Kind::budget)
-      for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) module_grads(model, x, policy, seed);
-    grads = module_grads(model, x, policy, seed);
+      for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_with_kept(model, x, policy, seed);
+    grads = step_with_kept(model, x, policy, seed);
+  } catch (const OutOfMemory& e) {
+    return std::string("out of memory: ") + e.what();
   } catch (const Error& e) {
     return std::string("error: ") + e.what();
   }
   return "";
+}
+
+// The smallest budget the planner plans from (BudgetPlanner::feasible_range after the profiling
+// steps), or 0 where the step raised.
+size_t smallest_feasible_budget(Root& model, const Tensor& x, uint64_t seed) {
+  TensorList ignored;
+  if (!grads_or_error(model, x, Policy::budget(size_t{1} << 40), seed, ignored).empty()) return 0;
+  const auto range = model.planner()->feasible_range();
+  return range ? range->smallest_budget_bytes : 0;
 }
 
 // The smallest dynamic: budget a step needs: the lower bound a generous run reports, raised to the
@@ -463,8 +538,9 @@ size_t smallest_dynamic_budget(Root& model, const Tensor& x, uint64_t seed) {
 }
 
 // A policy's run against save-all's: a budget below the smallest feasible one is skipped; where
-// save-all raised (`bad_input`) the policy must raise too; else its gradients must be bitwise
-// save-all's (fatal failures: the caller returns on HasFatalFailure()).
+// save-all raised (`bad_input`) the policy must raise the same error (kind and message); else its
+// gradients and kept values must be bitwise save-all's (fatal failures: the caller returns on
+// HasFatalFailure()).
 enum class Outcome { infeasible_budget, raised, matched };
 void check_against_save_all(const Policy& policy, const std::string& error, const TensorList& got, bool bad_input,
                             const TensorList& reference, const std::string& reference_error, const std::string& under,
@@ -473,7 +549,7 @@ void check_against_save_all(const Policy& policy, const std::string& error, cons
   if (policy.kind == Policy::Kind::budget && error.find("smallest feasible budget") != std::string::npos) return;
   outcome = Outcome::raised;
   if (bad_input) {
-    EXPECT_FALSE(error.empty()) << under << ": save-all raised '" << reference_error << "', this did not";
+    EXPECT_EQ(error, reference_error) << under << ": not save-all's error";
     return;
   }
   ASSERT_EQ(error, "") << under;
@@ -484,11 +560,12 @@ void check_against_save_all(const Policy& policy, const std::string& error, cons
 
 }  // namespace
 
-// Every case under every policy: the region policies, budget plans at three budgets from the
-// every-layer peak to save-all's, dynamic: from the smallest feasible budget to save-all's peak,
-// and offload:. Gradients bitwise equal to save-all's, and where save-all raises (a quarter of the
-// cases get an input of the wrong width) every policy raises too. Some layers begin with
-// something other than a Linear (dropout, a residual add).
+// Every case under every policy: the region policies, budget plans at four budgets from the
+// smallest feasible one (the planner's) to save-all's peak, dynamic: from the smallest feasible
+// budget to save-all's peak, and offload:. Gradients and kept values bitwise equal to save-all's,
+// and where save-all raises (a quarter of the cases get an input of the wrong width) every policy
+// raises the same error. Some layers begin with something other than a Linear (dropout, a
+// residual add).
 TEST(ModuleProperty, EveryCaseUnderEveryPolicyMatchesSaveAllGradientsAndErrors) {
   const int cases = 40;
   int raising = 0, planned = 0;
@@ -497,7 +574,7 @@ TEST(ModuleProperty, EveryCaseUnderEveryPolicyMatchesSaveAllGradientsAndErrors) 
     Builder builder(9000 + static_cast<uint64_t>(c));
     std::vector<ModulePtr> layers;
     for (int i = 0, n = 1 + builder.pick(4); i < n; ++i) layers.push_back(builder.block(2));
-    Root model(layers, builder.pick(3) == 0 ? 0.0 : 0.15);
+    Root model(layers, builder.pick(3) == 0 ? 0.0 : 0.15, builder.kept);
     model.reset_parameters(static_cast<uint64_t>(c));
     const bool bad_input = builder.pick(4) == 0;
     const int64_t batch = 1 + builder.pick(4);
@@ -516,9 +593,10 @@ TEST(ModuleProperty, EveryCaseUnderEveryPolicyMatchesSaveAllGradientsAndErrors) 
     policies.push_back(Policy::offload(::testing::TempDir(), 0));
     if (!bad_input) {
       const size_t save_all_peak = measure_step(model, x, Policy::save_all(), seed).peak_saved;
-      const size_t every_layer_peak = measure_step(model, x, Policy::every_layer(), seed).peak_saved;
-      for (size_t b : {every_layer_peak + every_layer_peak / 8, (every_layer_peak + save_all_peak) / 2, save_all_peak})
-        policies.push_back(Policy::budget(std::max<size_t>(b, 1)));
+      const size_t smallest_budget = std::max<size_t>(smallest_feasible_budget(model, x, seed), 1);
+      const size_t roof = std::max(save_all_peak, smallest_budget);
+      for (size_t b : {smallest_budget, smallest_budget + (roof - smallest_budget) / 4, (smallest_budget + roof) / 2, roof})
+        policies.push_back(Policy::budget(b));
       const size_t smallest = smallest_dynamic_budget(model, x, seed);
       const size_t top = std::max(save_all_peak, smallest);
       for (size_t b : {smallest, (smallest + top) / 2, top}) policies.push_back(Policy::dynamic(b));
@@ -544,10 +622,10 @@ TEST(ModuleProperty, EveryCaseUnderEveryPolicyMatchesSaveAllGradientsAndErrors) 
 }
 
 // The two axes composed: every keep form (save-all, every-layer, every-k, selective, a budget
-// between every-layer's peak and save-all's, budget:auto, dynamic: between its smallest feasible
-// budget and save-all's peak) with its kept (or, for dynamic:, evicted) values in memory and in
-// files (every value, and those of 256 bytes and more). Gradients bitwise equal to save-all's;
-// where save-all raises, every composition raises.
+// between the smallest feasible one and save-all's peak, budget:auto, dynamic: between its
+// smallest feasible budget and save-all's peak) with its kept (or, for dynamic:, evicted) values
+// in memory and in files (every value, and those of 256 bytes and more). Gradients and kept
+// values bitwise equal to save-all's; where save-all raises, every composition raises its error.
 TEST(ModuleProperty, EveryCompositionOfKeepAndOffloadMatchesSaveAll) {
   const int cases = 16;
   uint64_t offloaded = 0, offloaded_by_regions = 0;  // values written; those under policies that make regions
@@ -556,7 +634,7 @@ TEST(ModuleProperty, EveryCompositionOfKeepAndOffloadMatchesSaveAll) {
     Builder builder(7000 + static_cast<uint64_t>(c));
     std::vector<ModulePtr> layers;
     for (int i = 0, n = 2 + builder.pick(3); i < n; ++i) layers.push_back(builder.block(2));
-    Root model(layers, builder.pick(3) == 0 ? 0.0 : 0.15);
+    Root model(layers, builder.pick(3) == 0 ? 0.0 : 0.15, builder.kept);
     model.reset_parameters(static_cast<uint64_t>(c));
     const bool bad_input = c % 5 == 4;
     Tensor x = randn({1 + builder.pick(3), builder.width + (bad_input ? 1 : 0)}, builder.dtype,
@@ -573,8 +651,8 @@ TEST(ModuleProperty, EveryCompositionOfKeepAndOffloadMatchesSaveAll) {
       keeps.push_back(Policy::parse(p));
     if (!bad_input) {
       const size_t save_all_peak = measure_step(model, x, Policy::save_all(), seed).peak_saved;
-      const size_t every_layer_peak = measure_step(model, x, Policy::every_layer(), seed).peak_saved;
-      keeps.push_back(Policy::budget(std::max<size_t>((every_layer_peak + save_all_peak) / 2, 1)));
+      const size_t smallest_budget = smallest_feasible_budget(model, x, seed);
+      keeps.push_back(Policy::budget(std::max<size_t>((smallest_budget + std::max(save_all_peak, smallest_budget)) / 2, 1)));
       // between the smallest feasible budget and save-all's peak: it evicts (to the file, too)
       keeps.push_back(Policy::dynamic(std::max<size_t>((smallest_dynamic_budget(model, x, seed) + save_all_peak) / 2, 1)));
     } else {

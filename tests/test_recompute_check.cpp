@@ -6,30 +6,21 @@
 // turned off, and then the gradient silently differs (so the check is what catches it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <random>
 
-#include "checkpoint_models.h"
+#include "module_models.h"
 #include "autodiff/digest.h"
+#include "emulated_backend.h"
 #include "remat/nn.h"
 
 using namespace remat;
 using remat::testing::bitwise_equal;
+using remat::testing::scaled_model;
 
 namespace {
-
-// Linear -> "scaled" (tanh of the input times *scale, read when the layer runs) -> Linear. The
-// tanh keeps its output for its backward, so the recomputation runs both ops (a layer whose ops
-// the backward does not read is not recomputed at all: test_dead_ops.cpp).
-std::shared_ptr<nn::Sequential> scaled_model(const double* scale) {
-  manual_seed(3);
-  auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Linear>(4, 8));
-  m->add(std::make_shared<nn::Lambda>([scale](const Tensor& h) { return tanh(mul_scalar(h, *scale)); }), "scaled");
-  m->add(std::make_shared<nn::Linear>(8, 2));
-  return m;
-}
 
 // One step; the scale changes between the forward and the backward pass.
 TensorList step_with_changing_scale(const Policy& policy) {
@@ -222,4 +213,205 @@ TEST(RecomputeDigest, DependsOnTheValuesNotOnLayoutOrThreadsAndSeesOneBit) {
     EXPECT_NE(detail::recompute_digest(flipped).value(), digest) << "bit flipped at element " << at;
   }
   EXPECT_NE(detail::recompute_digest(x).value(), digest);  // the same values in another order
+}
+
+// ---- the digest kernel of each backend (remat/backend.h, src/tensor/digest_formula.h)
+
+namespace {
+
+// The digest's definition, restated plainly (one thread, one byte at a time): 64 KiB blocks of the
+// logical byte stream, eight lanes over each block's 8-byte words, lanes, tail and size mixed, the
+// blocks chained in order after the stream's length.
+uint64_t reference_digest(const Tensor& t) {
+  const uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  auto mix = [&](uint64_t h, uint64_t w) {
+    h ^= w * kMul;
+    h = (h << 29) | (h >> 35);
+    return h * 0xBF58476D1CE4E5B9ull;
+  };
+  Tensor c = t.to(kCpu).contiguous();
+  const auto* bytes = static_cast<const unsigned char*>(c.raw_data());
+  const int64_t n = static_cast<int64_t>(c.nbytes());
+  uint64_t h = mix(0, static_cast<uint64_t>(n));
+  for (int64_t begin = 0, block = 0; begin < n; begin += 65536, ++block) {
+    const int64_t size = std::min<int64_t>(65536, n - begin);
+    const unsigned char* p = bytes + begin;
+    uint64_t lane[8];
+    for (int k = 0; k < 8; ++k) lane[k] = static_cast<uint64_t>(block) ^ static_cast<uint64_t>(k);
+    int64_t i = 0;
+    for (; i + 64 <= size; i += 64)
+      for (int k = 0; k < 8; ++k) {
+        uint64_t w = 0;
+        for (int j = 7; j >= 0; --j) w = (w << 8) | p[i + 8 * k + j];
+        const uint64_t x = (lane[k] ^ w) * kMul;
+        lane[k] = (x << 31) | (x >> 33);
+      }
+    uint64_t out = lane[0];
+    for (int k = 1; k < 8; ++k) out = mix(out, lane[k]);
+    for (; i < size; ++i) out = mix(out, p[i]);
+    h = mix(h, mix(out, static_cast<uint64_t>(size)));
+  }
+  return h;
+}
+
+// Values of many sizes (empty, a tail only, block edges, several blocks), dtypes and layouts
+// (contiguous, transposed, sliced with a step and an odd offset, broadcast with stride 0).
+TensorList digest_cases(Device device) {
+  TensorList cases;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{16}, int64_t{16383}, int64_t{16384}, int64_t{16385},
+                    int64_t{50001}})
+    cases.push_back(randn({n}, DType::f32, RngState{static_cast<uint64_t>(n), 1}).to(device));
+  Tensor m = randn({97, 300}, DType::f64, RngState{3, 3}).to(device);
+  cases.push_back(m);
+  cases.push_back(m.transpose(0, 1));
+  cases.push_back(m.slice(1, 1, 300, 3));
+  cases.push_back(randn({1, 513}, DType::f32, RngState{4, 4}).to(device).expand({40, 513}));
+  cases.push_back(arange(0.0, 9000.0, 1.0, DType::i64, device));
+  return cases;
+}
+
+}  // namespace
+
+TEST(DigestKernel, TheCpusKernelIsTheDefinitionForEverySizeDtypeAndLayout) {
+  NoGradGuard no_grad;
+  for (const Tensor& t : digest_cases(kCpu))
+    EXPECT_EQ(detail::recompute_digest(t).value(), reference_digest(t))
+        << dtype_name(t.dtype()) << " " << shape_str(t.shape()) << (t.is_contiguous() ? "" : " (strided)");
+}
+
+// The emulated device digests with its own kernel, on its memory, and gives the CPU's digest; a
+// device that lacks the kernel is not checked at all (no value is copied to the host for it).
+TEST(DigestKernel, TheEmulatedDeviceDigestsOnTheDeviceAsTheCpuDoes) {
+  NoGradGuard no_grad;
+  remat::testing::EmulatedDevice dev(3);
+  const TensorList on_cpu = digest_cases(kCpu);
+  const TensorList on_device = digest_cases(dev.device);
+  const uint64_t to_host = dev.backend.device_to_host, fallbacks = fallback_calls(dev.device);
+  for (size_t i = 0; i < on_cpu.size(); ++i)
+    EXPECT_EQ(detail::recompute_digest(on_device[i]).value(), detail::recompute_digest(on_cpu[i]).value()) << "case " << i;
+  EXPECT_EQ(dev.backend.device_to_host - to_host, on_cpu.size()) << "only the digests (8 bytes each) leave the device";
+  EXPECT_EQ(fallback_calls(dev.device), fallbacks);
+  dev.backend.refuse_all_dtypes(Kernel::digest);
+  EXPECT_FALSE(detail::recompute_digest(on_device[3]).has_value());
+  EXPECT_EQ(fallback_calls(dev.device), fallbacks);
+}
+
+// The region's recomputation check on a device: the changed captured scalar is caught there as on
+// the CPU, with the same error.
+TEST(RecomputeCheck, OnTheEmulatedDeviceACapturedScalarChangedIsCaughtAsOnTheCpu) {
+  remat::testing::EmulatedDevice dev(4);
+  const std::string on_cpu = remat::testing::captured_scalar_error(kCpu);
+  ASSERT_NE(on_cpu.find("'scaled'"), std::string::npos) << on_cpu;
+  EXPECT_EQ(remat::testing::captured_scalar_error(dev.device), on_cpu);
+}
+
+// ---- every policy that recomputes checks what it recomputes
+
+namespace {
+
+// The three impurities of the layer-level tests, on a model of five layers (so that every-k groups
+// and budget plans have several calls to group): a captured scalar changed before the backward
+// pass, a private generator, dropout switched to eval().
+enum class Impurity { captured_scalar, private_generator, eval_switch };
+
+std::shared_ptr<nn::Sequential> impure_model(Impurity impurity, double* scale, std::mt19937* private_rng) {
+  manual_seed(8);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Linear>(6, 6));
+  m->add(std::make_shared<nn::Linear>(6, 6));
+  switch (impurity) {
+    case Impurity::captured_scalar:
+      m->add(std::make_shared<nn::Lambda>([scale](const Tensor& h) { return tanh(mul_scalar(h, *scale)); }), "impure");
+      break;
+    case Impurity::private_generator:
+      m->add(std::make_shared<nn::Lambda>([private_rng](const Tensor& h) {
+               return tanh(add_scalar(h, static_cast<double>((*private_rng)() % 1000) / 1000.0));
+             }),
+             "impure");
+      break;
+    case Impurity::eval_switch: m->add(std::make_shared<nn::Dropout>(0.5), "impure"); break;
+  }
+  m->add(std::make_shared<nn::Linear>(6, 6));
+  m->add(std::make_shared<nn::Linear>(6, 1));
+  return m;
+}
+
+struct ImpureRun {
+  std::string error;
+  TensorList grads;
+};
+
+// A step of `policy` (after its profiling steps, for a budget) in which the impurity strikes between
+// the forward and the backward pass.
+ImpureRun impure_step(Impurity impurity, const Policy& policy) {
+  double scale = 1.5;
+  std::mt19937 private_rng(1);
+  auto model = impure_model(impurity, &scale, &private_rng);
+  const Tensor x = randn({8, 6}, DType::f32, RngState{2, 0});
+  ScopedPolicy scoped(policy);
+  ImpureRun run;
+  try {
+    const int steps = policy.kind == Policy::Kind::budget ? BudgetPlanner::kProfilingSteps + 1 : 1;
+    for (int s = 0; s < steps; ++s) {
+      model->train();
+      model->zero_grad();
+      scale = 1.5;
+      manual_seed(9);
+      Tensor loss = sum(square(model->forward(x)));
+      if (s + 1 < steps) {
+        loss.backward();
+        continue;
+      }
+      scale = 2.5;
+      model->eval();
+      if (impurity != Impurity::eval_switch) model->train();
+      loss.backward();
+      for (const auto& p : model->parameters()) run.grads.push_back(p.grad());
+    }
+  } catch (const Error& e) {
+    run.error = e.what();
+  }
+  return run;
+}
+
+}  // namespace
+
+// every-k, selective and a budget plan (they re-run the layer) raise naming it; dynamic: and
+// offload give save-all's gradient or the error (offload re-runs nothing; dynamic: re-runs the
+// first run's definitions of ops, in which the scalar is the first run's).
+TEST(RecomputeCheck, EveryRecomputingPolicyCatchesTheImpuritiesOrGivesSaveAllsGradient) {
+  for (Impurity impurity : {Impurity::captured_scalar, Impurity::private_generator, Impurity::eval_switch}) {
+    const ImpureRun save_all = impure_step(impurity, Policy::save_all());
+    ASSERT_EQ(save_all.error, "");
+    size_t planned_budget = 0;
+    {
+      double scale = 1.5;
+      std::mt19937 rng(1);
+      // (a private generator is impure on every step: its profile is the captured scalar's model's)
+      auto probe = impure_model(impurity == Impurity::private_generator ? Impurity::captured_scalar : impurity, &scale, &rng);
+      ScopedPolicy scoped(Policy::budget(size_t{1} << 40));
+      for (int s = 0; s < BudgetPlanner::kProfilingSteps; ++s) sum(square(probe->forward(randn({8, 6})))).backward();
+      planned_budget = probe->planner()->feasible_range().value().smallest_budget_bytes;
+    }
+    const std::vector<std::pair<Policy, bool>> policies{
+        {Policy::parse("every-k:2"), true},
+        {Policy::parse("selective:matmul"), true},
+        {Policy::budget(planned_budget), true},
+        {Policy::every_layer().with_offload({::testing::TempDir(), 0, 0}), true},
+        {Policy::dynamic(512), false},
+        {Policy::offload(::testing::TempDir(), 0), false}};
+    for (const auto& [policy, must_raise] : policies) {
+      const ImpureRun got = impure_step(impurity, policy);
+      const std::string what = policy.to_string() + ", impurity " + std::to_string(static_cast<int>(impurity));
+      if (!got.error.empty()) {
+        EXPECT_NE(got.error.find("first run"), std::string::npos) << what << ": " << got.error;
+        if (must_raise) EXPECT_NE(got.error.find("'impure'"), std::string::npos) << what << ": " << got.error;
+        continue;
+      }
+      EXPECT_FALSE(must_raise) << what << ": no error";
+      ASSERT_EQ(got.grads.size(), save_all.grads.size()) << what;
+      for (size_t i = 0; i < got.grads.size(); ++i)
+        EXPECT_TRUE(bitwise_equal(got.grads[i], save_all.grads[i])) << what << ": gradient " << i;
+    }
+  }
 }

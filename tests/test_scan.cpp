@@ -2,6 +2,12 @@
 // the count of step evaluations equal to Revolve's optimum, and the memory bound.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "checkpoint_models.h"
 #include "remat/scan.h"
 #include "remat/schedule.h"
@@ -129,4 +135,143 @@ TEST(Scan, BadArgumentsAreErrors) {
   EXPECT_THROW(scan(loop.step(false), loop.h0, 4, {ScanSchedule::online, 2}), Error);
   auto bad = [](const Tensor& h, int64_t) { return h.reshape({-1}); };
   EXPECT_THROW(scan(bad, loop.h0, 4, {ScanSchedule::revolve, 2}), Error);
+}
+
+// ---- a loop checks what it recomputes (Note [a loop checks what it recomputes], scan.cpp)
+
+namespace {
+
+// A loop whose step reads `*scale` (a captured scalar) and bumps `*counter` each time it runs.
+struct ImpureLoop {
+  Loop loop{DType::f64};
+  ScanStep step(const double* scale, const int* counter_scale, int* counter) const {
+    Tensor w = loop.w, b = loop.b;
+    return [w, b, scale, counter_scale, counter](const Tensor& h, int64_t) {
+      const double bump = 1.0 + 1e-3 * static_cast<double>(*counter_scale) * static_cast<double>((*counter)++);
+      return tanh(mul_scalar(add(matmul(h, w), b), *scale * bump));
+    };
+  }
+  // The gradients of sum(loop(h0)) under `options` (a while_loop for the online schedule), with
+  // `between` run between the loop and the backward pass; or the error.
+  std::string grads(const ScanOptions& options, const std::function<void()>& between, const double* scale,
+                    const int* counter_scale, int* counter, TensorList& out) const {
+    const int64_t n = 40;
+    Tensor last = options.schedule == ScanSchedule::online
+                      ? while_loop([n](const Tensor&, int64_t t) { return t < n; }, step(scale, counter_scale, counter),
+                                   loop.h0, options)
+                      : scan(step(scale, counter_scale, counter), loop.h0, n, options);
+    between();
+    try {
+      out = remat::grad({sum(last)}, {loop.w, loop.b, loop.h0});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+}  // namespace
+
+TEST(ScanCheck, AScalarChangedAfterTheLoopIsAnErrorNamingTheStepUnderRevolveAndOnline) {
+  ImpureLoop impure;
+  int counter = 0;
+  const int no_counter = 0;
+  double scale = 0.9;
+  TensorList store_all;
+  ASSERT_EQ(impure.grads({ScanSchedule::store_all, 1}, [&] { scale = 1.3; }, &scale, &no_counter, &counter, store_all), "");
+  for (const ScanOptions& options : {ScanOptions{ScanSchedule::revolve, 3}, ScanOptions{ScanSchedule::revolve, 1},
+                                     ScanOptions{ScanSchedule::online, 4}}) {
+    scale = 0.9;
+    TensorList got;
+    const std::string error = impure.grads(options, [&] { scale = 1.3; }, &scale, &no_counter, &counter, got);
+    const std::string loop = options.schedule == ScanSchedule::online ? "while_loop" : "scan";
+    EXPECT_NE(error.find(loop + ", step "), std::string::npos) << error;
+    EXPECT_NE(error.find("first run"), std::string::npos) << error;
+    EXPECT_NE(error.find("captured"), std::string::npos) << error;
+    // unchanged, the same loop gives store_all's gradients
+    scale = 0.9;
+    ASSERT_EQ(impure.grads(options, [] {}, &scale, &no_counter, &counter, got), "");
+    expect_bitwise(got, store_all);
+  }
+}
+
+TEST(ScanCheck, AnImpureCounterIsAnError) {
+  ImpureLoop impure;
+  const double scale = 1.0;
+  const int counting = 1;
+  for (const ScanOptions& options : {ScanOptions{ScanSchedule::revolve, 4}, ScanOptions{ScanSchedule::online, 2}}) {
+    int counter = 0;
+    TensorList got;
+    const std::string error = impure.grads(options, [] {}, &scale, &counting, &counter, got);
+    EXPECT_NE(error.find(", step "), std::string::npos) << "no error, or another: '" << error << "'";
+  }
+}
+
+// The other two impurities of the layer-level tests: a private generator, and dropout switched off
+// (train to eval) between the loop and the backward pass.
+TEST(ScanCheck, APrivateGeneratorAndDropoutSwitchedOffAreErrors) {
+  Loop loop(DType::f32);
+  for (const ScanOptions& options : {ScanOptions{ScanSchedule::revolve, 3}, ScanOptions{ScanSchedule::online, 3}}) {
+    auto run = [&](const ScanStep& step, const std::function<void()>& between) -> std::string {
+      Tensor out = options.schedule == ScanSchedule::online
+                       ? while_loop([](const Tensor&, int64_t t) { return t < 25; }, step, loop.h0, options)
+                       : scan(step, loop.h0, 25, options);
+      between();
+      try {
+        remat::grad({sum(out)}, {loop.w});
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return "";
+    };
+    std::mt19937 private_rng(4);
+    Tensor w = loop.w;
+    const std::string generator = run(
+        [w, &private_rng](const Tensor& h, int64_t) {
+          return tanh(add_scalar(matmul(h, w), static_cast<double>(private_rng() % 100) / 100.0));
+        },
+        [] {});
+    EXPECT_NE(generator.find(", step "), std::string::npos) << "no error, or another: '" << generator << "'";
+    bool training = true;
+    const std::string switched = run(
+        [w, &training](const Tensor& h, int64_t) { return dropout(tanh(matmul(h, w)), 0.3, training); },
+        [&training] { training = false; });
+    EXPECT_NE(switched.find(", step "), std::string::npos) << "no error, or another: '" << switched << "'";
+  }
+}
+
+// Without the check the difference would pass silently: it is the check that catches it.
+TEST(ScanCheck, TurnedOffTheChangedScalarGoesUnnoticed) {
+  ImpureLoop impure;
+  int counter = 0;
+  const int no_counter = 0;
+  double scale = 0.9;
+  TensorList store_all, got;
+  ASSERT_EQ(impure.grads({ScanSchedule::store_all, 1}, [&] { scale = 1.3; }, &scale, &no_counter, &counter, store_all), "");
+  set_recomputation_check(false);
+  scale = 0.9;
+  const std::string error = impure.grads({ScanSchedule::revolve, 3}, [&] { scale = 1.3; }, &scale, &no_counter, &counter, got);
+  set_recomputation_check(true);
+  ASSERT_EQ(error, "");
+  bool all_equal = true;
+  for (size_t i = 0; i < got.size(); ++i) all_equal = all_equal && bitwise_equal(got[i], store_all[i]);
+  EXPECT_FALSE(all_equal);
+}
+
+// A backward pass that ran a recomputing loop under a recomputing policy (the default every-layer)
+// and met no layer: the loop did recompute, so no warning that nothing was (it would be false).
+TEST(ScanCheck, ABackwardThatRanALoopGivesNoFalseWarning) {
+  std::vector<std::string> warnings;
+  set_warning_handler([&warnings](const std::string& w) { warnings.push_back(w); });
+  std::thread([] {  // a thread of its own: the warning is given once per thread
+    Loop loop(DType::f32);
+    for (const ScanOptions& options : {ScanOptions{ScanSchedule::revolve, 2}, ScanOptions{ScanSchedule::online, 2}}) {
+      Tensor out = options.schedule == ScanSchedule::online
+                       ? while_loop([](const Tensor&, int64_t t) { return t < 9; }, loop.step(false), loop.h0, options)
+                       : scan(loop.step(false), loop.h0, 9, options);
+      sum(out).backward();
+    }
+  }).join();
+  set_warning_handler(nullptr);
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
 }

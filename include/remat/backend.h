@@ -123,6 +123,10 @@ struct AttentionParams {
 
 #define REMAT_OPTIONAL_KERNELS(X)                                                                                      \
   X(arange, dst, (const Tensor& dst, double start, double step), (inout(dst), start, step))                            \
+  /* out (one i64) = the recomputation check's 64-bit digest of x's bytes in logical order, the                        \
+     formula of src/tensor/digest_formula.h: the same for the same bytes on every backend, whatever                    \
+     x's layout and the thread count. */                                                                               \
+  X(digest, x, (const Tensor& x, const Tensor& out), (in(x), inout(out)))                                              \
   X(rand_uniform, dst, (const Tensor& dst, RngState state, double low, double high),                                   \
     (inout(dst), state, low, high))                                                                                    \
   X(rand_normal, dst, (const Tensor& dst, RngState state, double mean, double stddev),                                 \

@@ -38,6 +38,9 @@
 //   budget:BYTES   the outermost transparent call under the budget is a plan scope: its layer calls
 //                  (through nested containers) are the stages of a rotor plan (remat/budget.h)
 //                  profiled on the first steps; regions of the plan are traced segments
+// A layer call may also leave values behind (kept in a member or a list, handed to a callback):
+// they hold save-all's values and carry its gradient paths under every policy, and such a call is
+// replayed from its ops in the backward pass instead of being called again (docs/checkpointing.md).
 // A call's own policy (CallSite::policy: Module::set_policy, the per-child policy of a container)
 // decides how that call runs and is the default for every call inside it. Under a budget plan the
 // policies of containers inside the plan scope are ignored; a layer with its own policy is run by

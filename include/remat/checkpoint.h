@@ -96,6 +96,11 @@ struct RegionRecord {
   // ops' results (a block's last projection and residual add; docs/checkpointing.md)
   double recomputed_flops = 0;
   double skipped_flops = 0;
+  // Layer calls that left values behind (kept in a member or a list, handed to a callback:
+  // docs/checkpointing.md), replayed from their ops instead of called again, and how many of
+  // those values became outputs of the region (they carry a gradient, as under save-all).
+  size_t traced_calls = 0;
+  size_t escaped_values = 0;
 };
 struct Counters {
   autodiff::OpCounters ops;          // forward ops executed / recomputed, FLOP estimates

@@ -11,7 +11,9 @@
 //
 // step(state, t) maps the state before step t to the state after it; it may use parameters and
 // per-step inputs (captured tensors requiring grad get their gradients, as in a checkpoint region)
-// and must be deterministic apart from remat's RNG, whose state is replayed per step.
+// and must be deterministic apart from remat's RNG, whose state is replayed per step: a step run
+// again in the backward pass that returns another state than on the forward sweep (8 bytes of
+// digest per step are kept) is a remat::Error naming the step.
 //
 // Schedules:
 //   store_all  the loop recorded as written: every step's internals kept (the reference).

@@ -10,8 +10,9 @@
 
 namespace remat::detail {
 
-// The digest of t's values in logical order, or nullopt where the check does not apply (the check
-// is off, or the values are not in host memory).
+// The digest of t's values in logical order, taken on t's device, or nullopt where the check does
+// not apply (the check is off, the value is one a recomputation skipped, or t's device has no
+// digest kernel).
 std::optional<uint64_t> recompute_digest(const Tensor& t);
 
 // The error for a recomputed value that differs from its first run: names `what` (a layer or an

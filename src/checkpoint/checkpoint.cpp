@@ -20,13 +20,15 @@ using detail::Region;
 std::mutex warning_mutex;
 WarningHandler warning_handler;  // guarded by warning_mutex; empty: stderr
 
-// Warns once per thread when a backward pass under a recomputing policy met no region and the
-// forward made no layer call (layer calls that all chose to keep everything, e.g. by their own
-// save-all policy or a budget plan of stages only, are a decision, not an oversight).
+// Warns once per thread when a backward pass under a recomputing policy met no region and no loop
+// that recomputes (scan, while_loop), and the forward made no layer call (layer calls that all
+// chose to keep everything, e.g. by their own save-all policy or a budget plan of stages only, are
+// a decision, not an oversight).
 void on_backward_end(bool may_warn) {
   auto& rc = detail::region_counters();
-  const uint64_t regions = rc.run_in_backward, calls = rc.layer_calls_since_backward;
+  const uint64_t regions = rc.run_in_backward + rc.loops_run_in_backward, calls = rc.layer_calls_since_backward;
   rc.run_in_backward = 0;
+  rc.loops_run_in_backward = 0;
   rc.layer_calls_since_backward = 0;
   thread_local bool warned = false;
   if (!may_warn || regions > 0 || calls > 0 || warned) return;

@@ -119,7 +119,7 @@ void OpTrace::on_sequence(const std::string& op) {
   ops_.push_back(std::move(entry));
 }
 
-void OpTrace::on_event(const autodiff::OpEvent& event) {
+void OpTrace::on_event(const autodiff::OpEvent& event, const std::shared_ptr<autodiff::OpReplay>& replay) {
   if (ops_.empty() || ops_.back().known || ops_.back().name != event.op) return;  // not the op sequenced last
   const int ordinal = static_cast<int>(ops_.size() - 1);
   Op& op = ops_.back();
@@ -127,7 +127,7 @@ void OpTrace::on_event(const autodiff::OpEvent& event) {
   op.forced = always_runs(event.op) || event.replayed;
   for (size_t k = 0; k < event.outputs.size(); ++k)
     op.forced = op.forced || event.saves_output(k) || !event.outputs[k].defined();
-  op.first = event.make_replay();
+  op.first = replay;
   unpredicted_ = unpredicted_ || static_cast<size_t>(ordinal) >= expected_ops_.size() ||
                  expected_ops_[static_cast<size_t>(ordinal)] != event.op;
   for (size_t i = 0; i < event.inputs.size(); ++i) {

@@ -21,8 +21,9 @@ class OpTrace {
   // Every op in the region's extent, in order (the observer's replay() call, which ops of regions
   // nested in a re-run reach too); the order numbers them.
   void on_sequence(const std::string& op);
-  // The op just sequenced ran as the region's own (its saved values and data flow are known).
-  void on_event(const autodiff::OpEvent& event);
+  // The op just sequenced ran as the region's own (its saved values and data flow are known);
+  // `replay` is its definition (event.make_replay()).
+  void on_event(const autodiff::OpEvent& event, const std::shared_ptr<autodiff::OpReplay>& replay);
   // `to` is a new handle of `from` (a region's output detached from the op that made it).
   void alias(const Tensor& from, const Tensor& to);
   // At the region's close: decides which ops a recomputation skips, and forgets the rest.

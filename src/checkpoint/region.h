@@ -8,10 +8,12 @@
 // Step inputs refer either to outputs of earlier steps or to external values (kept by the
 // region as SavedTensors, version-checked). Every visible output of every step is an output of
 // the region node: it gets the region as grad_fn while the forward runs, so later ops, inside or
-// outside the region, see it as part of the tape. In the backward pass the region replays its
-// steps with recording on (RNG restored before each step; selective caches served), runs the
-// backward of that sub-tape, and hands the gradients that leave it on along its edges, one
-// contribution at a time (the order save-all would have added them in).
+// outside the region, see it as part of the tape. So does a value a call step made and left
+// behind (kept in a member or a list: Note [values that leave a layer call], traced_call.cpp),
+// and such a step is replayed from its ops instead of calling the layer again. In the backward
+// pass the region replays its steps with recording on (RNG restored before each step; selective
+// caches served), runs the backward of that sub-tape, and hands the gradients that leave it on
+// along its edges, one contribution at a time (the order save-all would have added them in).
 //
 // Note [what a region version-checks]. Recomputation re-reads everything the first run read.
 // External step inputs are SavedTensors (checked on get()). Everything else the ops read (captured
@@ -31,12 +33,14 @@
 #include "remat/autodiff.h"
 #include "remat/backend.h"
 #include "dead_ops.h"
+#include "tensor/device_time.h"
 #include "remat/budget.h"
 #include "remat/call.h"
 #include "remat/checkpoint.h"
 #include "remat/policy.h"
 #include "remat/random.h"
 #include "remat/schedule.h"
+#include "traced_call.h"
 #include "versions.h"
 
 namespace remat::detail {
@@ -91,9 +95,13 @@ class Region final : public autodiff::Node {
   bool serve(const std::string& op, size_t& cursor, TensorList& outputs);
   // Numbers the ops of the region's extent (Note [skipping dead ops]): on the first run, and
   // (next_op) on a recomputation, which may defer the op numbered `ordinal`.
-  void on_sequence(const std::string& op) { trace_.on_sequence(op); }
+  void on_sequence(const std::string& op);
   bool defer(const std::string& op, size_t ordinal, const TensorList& inputs, TensorList& outputs,
              std::shared_ptr<const autodiff::OpReplay>& record_as);
+  // An enclosing recomputation deferred an op of this region's first run (it holds the inputs).
+  void on_deferred_by_parent(const TensorList& inputs, const TensorList& outputs) {
+    if (recorder_) recorder_->on_deferred(inputs, outputs);
+  }
   const Policy& policy() const { return policy_; }
 
  private:
@@ -111,6 +119,9 @@ class Region final : public autodiff::Node {
     std::vector<size_t> output_slots;              // node output slot of each output (SIZE_MAX: none)
     RngState rng;                                  // at the start of the step
     std::vector<std::optional<uint64_t>> digests;  // of each output on the first run (digest.h)
+    // call steps that left values behind: replayed from their ops, and their escaped values follow
+    // their outputs (Note [values that leave a layer call], traced_call.cpp)
+    std::shared_ptr<const CallTrace> trace;
   };
   struct External {
     autodiff::SavedTensor value;
@@ -126,7 +137,9 @@ class Region final : public autodiff::Node {
 
   Ref ref_for_input(const Tensor& t);
   void register_outputs(Step& step, TensorList& outputs, size_t count, const TensorList& inputs);
-  TensorList replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested);
+  void register_escaped(Step& step, TensorList& escaped);
+  TensorList replay_call(const Step& step, const TensorList& inputs, std::shared_ptr<Region>& nested,
+                         const std::vector<TensorList>& replayed);
   void strip_outputs();
   void check_recomputed(size_t step, const TensorList& outputs) const;
   // the backward pass (apply_contributions), in order
@@ -147,7 +160,9 @@ class Region final : public autodiff::Node {
   std::vector<schedule::PlanNode> sub_plan_;
   bool open_ = false, valid_ = false, closed_ = false;
   size_t num_calls_ = 0;
+  size_t traced_calls_ = 0, escaped_values_ = 0;  // Note [values that leave a layer call]
   int call_depth_ = 0;  // > 0 while a call step's function runs
+  std::unique_ptr<CallRecorder> recorder_;  // while a call step's function runs (first run)
   RngState rng_;
   TimeMark opened_at_;  // on device_ (Note [timing without waiting] in src/tensor/device_time.cpp)
   autodiff::RecordingObserver* previous_observer_ = nullptr;
@@ -171,6 +186,7 @@ class Region final : public autodiff::Node {
   OpTrace trace_;  // Note [skipping dead ops]
 };
 
+
 // The device of the first defined tensor (the CPU if there is none).
 inline Device device_of(const TensorList& tensors) {
   for (const auto& t : tensors)
@@ -183,12 +199,21 @@ struct RegionCounters {
   uint64_t created = 0;
   uint64_t recomputed = 0;
   uint64_t run_in_backward = 0;  // regions recomputed since the last top-level backward ended
+  uint64_t loops_run_in_backward = 0;  // scan / while_loop backward passes (they recompute) since then
   uint64_t layer_calls = 0;      // layer calls met (call.cpp)
   uint64_t layer_calls_since_backward = 0;
   std::vector<RegionRecord> records;
   std::unordered_map<std::string, size_t> first_record_of;  // label -> its first row in records
 };
 RegionCounters& region_counters();
+
+// Adds seconds to a field of this thread's region record `index` (when it still exists).
+inline detail::SecondsSink record_sink(size_t index, double RegionRecord::*field) {
+  return [index, field](double seconds) {
+    auto& records = region_counters().records;
+    if (index < records.size()) records[index].*field += seconds;
+  };
+}
 
 // True while a region's first run is in progress on this thread (nested explicit regions are
 // then plain calls: the enclosing region covers them).

@@ -8,6 +8,15 @@
 // back-propagate the current adjoint through that sub-tape only (as a checkpoint region does) and
 // free it. Gradients leaving a turn for captured tensors are summed in arrival order, which is
 // the order in which the unrolled loop's backward adds them.
+//
+// Note [a loop checks what it recomputes]. The forward sweep takes the digest (digest.h) of the
+// state each step returns, one read of it, 8 bytes per step; whatever the backward pass runs again
+// (an advance from a snapshot, a turn) is compared with it, step by step, under every schedule
+// that recomputes (revolve, online; store_all runs each step once). A step that reads state
+// changed since the forward sweep (a captured scalar, a counter, a private generator) returns a
+// different state: a remat::Error naming the loop and the step, as a region's recomputation does.
+// The backward of a loop that recomputed counts as recomputation for the no-region warning
+// (checkpoint.cpp), which would otherwise say that nothing was recomputed.
 #include "remat/scan.h"
 
 #include <algorithm>
@@ -19,7 +28,9 @@
 #include "remat/ops.h"
 #include "remat/random.h"
 #include "remat/schedule.h"
+#include "autodiff/digest.h"
 #include "autodiff/replay.h"
+#include "region.h"
 #include "versions.h"
 
 namespace remat {
@@ -82,8 +93,31 @@ class ScanNode final : public autodiff::Node {
     ++stats_->forward_steps;
     Tensor next = step_(state, t);
     check_state(next, t);
+    check_against_first_sweep(next, t);
     return next.detach();
   }
+
+  // Note [a loop checks what it recomputes]: on the forward sweep, the digest of step t's state;
+  // afterwards, the same step run again is compared with it.
+  void check_against_first_sweep(const Tensor& next, int64_t t) {
+    if (!swept_) {
+      if (!digests_valid_ || static_cast<size_t>(t) != first_sweep_.size()) return;
+      const std::optional<uint64_t> d = detail::recompute_digest(next);
+      if (!d) {
+        digests_valid_ = false;
+        first_sweep_ = {};
+        return;
+      }
+      first_sweep_.push_back(*d);
+      return;
+    }
+    if (!digests_valid_ || t < 0 || static_cast<size_t>(t) >= first_sweep_.size()) return;
+    const std::optional<uint64_t> d = detail::recompute_digest(next);
+    if (d && *d != first_sweep_[static_cast<size_t>(t)])
+      throw Error(detail::recompute_mismatch(
+          detail::concat(while_loop_ ? "while_loop" : "scan", ", step ", t, " (the state it returns)")));
+  }
+  void end_sweep() { swept_ = true; }
 
   void take_snapshot(int slot, const Tensor& state, int64_t step) {
     snapshots_.at(static_cast<size_t>(slot)) = autodiff::SavedTensor(state);
@@ -102,6 +136,7 @@ class ScanNode final : public autodiff::Node {
     ObserverScope no_observer(nullptr);
     turn_output_ = step_(turn_leaf_, t);
     check_state(turn_output_, t);
+    if (swept_) check_against_first_sweep(turn_output_, t);
     turn_step_ = t;
   }
 
@@ -201,6 +236,10 @@ class ScanNode final : public autodiff::Node {
   Tensor turn_leaf_, turn_output_;
   uint64_t turn_marker_ = 0;
   int64_t turn_step_ = -1;
+  // Note [a loop checks what it recomputes]
+  std::vector<uint64_t> first_sweep_;  // digest of the state step t returned on the forward sweep
+  bool digests_valid_ = recomputation_check();
+  bool swept_ = false;
 };
 
 void CaptureFinder::after_forward(autodiff::OpEvent& event) { node_.read_versions.track(event.inputs); }
@@ -213,6 +252,7 @@ bool CaptureFinder::suppress_recording(const TensorList& inputs) {
 
 std::vector<TensorList> ScanNode::apply_contributions(TensorList&& grad_outputs) {
   read_versions.check(while_loop_ ? "while_loop" : "scan");
+  ++detail::region_counters().loops_run_in_backward;
   Tensor adjoint = grad_outputs.at(0).defined() ? grad_outputs[0]
                                                  : zeros(state_shape, state_dtype, memory::Tag::other, state_device);
   std::vector<Tensor> external_sums(next_edges.size() - 1);
@@ -271,6 +311,7 @@ Tensor plain_loop(const ScanStep& step, const Tensor& state0, int64_t n, const S
 
 Tensor finish(std::shared_ptr<ScanNode> node, const Tensor& state0, const Tensor& output) {
   node->read_versions.freeze();
+  node->end_sweep();
   node->next_edges[0] = autodiff::gradient_edge(state0);
   bool any = false;
   for (const auto& e : node->next_edges) any = any || e.valid();

@@ -199,6 +199,8 @@ size_t checked_bytes(const char* op, const Shape& shape, DType dtype) {
                      [&] { return concat(op, ": byte size of shape ", shape_str(shape)); });
 }
 
+thread_local HandleWatcher* watcher = nullptr;
+
 // A contiguous tensor of `shape` over the whole of `storage`.
 Tensor contiguous_over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();
@@ -206,10 +208,18 @@ Tensor contiguous_over(std::shared_ptr<Storage> storage, const Shape& shape, DTy
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
+  if (watcher) watcher->on_new_handle(impl);
   return Tensor(std::move(impl));
 }
 
 }  // namespace
+
+HandleWatcher* handle_watcher() { return watcher; }
+HandleWatcher* set_handle_watcher(HandleWatcher* next) {
+  HandleWatcher* previous = watcher;
+  watcher = next;
+  return previous;
+}
 
 Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
   const size_t bytes = checked_bytes(op ? op : "empty", shape, dtype);
@@ -378,6 +388,7 @@ Tensor Tensor::detach() const {
   alias->dtype = impl().dtype;
   alias->name = impl().name;
   alias->lineage = impl().lineage;  // the same value: how it was made still holds
+  if (detail::handle_watcher()) detail::handle_watcher()->on_new_handle(alias);
   return Tensor(std::move(alias));
 }
 

@@ -80,8 +80,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   const int bi = bias.defined() ? static_cast<int>(inputs.size()) : -1;
   if (bias.defined()) inputs.push_back(bias);
   const OpSpec& spec = weight.defined() ? kBatchNormAffine : kBatchNorm;
-  const Tensor rm = running_mean.defined() ? running_mean.detach() : Tensor();
-  const Tensor rv = running_var.defined() ? running_var.detach() : Tensor();
+  // the buffers' own handles (no new handle: a region sees none made by the op that outlives it)
+  const Tensor rm = running_mean, rv = running_var;
 
   TensorList out = autodiff::apply(
       spec, inputs,

@@ -43,7 +43,7 @@ constexpr FastName kFastNames[] = {
     {"async", Fast::async, false},         {"attention", Fast::attention, false},
     {"attention_rows", Fast::attention_rows, false}, {"optimizer", Fast::optimizer, false},
     {"elementwise", Fast::elementwise, false},       {"allocator", Fast::allocator, false},
-    {"layer_norm", Fast::layer_norm, false},
+    {"layer_norm", Fast::layer_norm, false},         {"digest", Fast::digest, false},
 };
 
 uint32_t fast_bits() {

@@ -53,6 +53,7 @@
 
 #include "tensor/allocate.h"
 #include "tensor/cuda/cuda_internal.h"
+#include "tensor/cuda/digest.h"
 
 namespace remat::cuda {
 
@@ -389,6 +390,7 @@ double CudaBackend::seconds_between(const TimeMark& from, const TimeMark& to) {
 // i64 operands alongside a floating one, whose dtype is the one asked about).
 bool CudaBackend::supports(Kernel kernel, DType dtype) const {
   if (kernel == Kernel::copy || kernel == Kernel::fill || kernel == Kernel::arange) return true;
+  if (kernel == Kernel::digest) return device_digest();  // every dtype, once switched on (digest.h)
   return is_floating(dtype);
 }
 

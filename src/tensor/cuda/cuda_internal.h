@@ -56,6 +56,7 @@ enum class Fast : uint32_t {
   elementwise = 1u << 4,     // vectorised 32-bit-indexed kernels for contiguous operands
   allocator = 1u << 5,       // device memory from cudaMallocAsync's pool on the stream
   layer_norm = 1u << 6,      // layer- and RMS-norm backward in one pass over x and gy (the same bits)
+  digest = 1u << 7,          // the recomputation check's digest kernel (digest.cu): values on the GPU checked
 };
 bool fast(Fast path);
 
