@@ -102,20 +102,19 @@ class ScanNode final : public autodiff::Node {
   void check_against_first_sweep(const Tensor& next, int64_t t) {
     if (!swept_) {
       if (!digests_valid_ || static_cast<size_t>(t) != first_sweep_.size()) return;
-      const std::optional<uint64_t> d = detail::recompute_digest(next);
+      std::optional<detail::ValueDigest> d = detail::take_digest(next);
       if (!d) {
         digests_valid_ = false;
         first_sweep_ = {};
         return;
       }
-      first_sweep_.push_back(*d);
+      first_sweep_.push_back(std::move(*d));
       return;
     }
     if (!digests_valid_ || t < 0 || static_cast<size_t>(t) >= first_sweep_.size()) return;
-    const std::optional<uint64_t> d = detail::recompute_digest(next);
-    if (d && *d != first_sweep_[static_cast<size_t>(t)])
-      throw Error(detail::recompute_mismatch(
-          detail::concat(while_loop_ ? "while_loop" : "scan", ", step ", t, " (the state it returns)")));
+    detail::check_digest(first_sweep_[static_cast<size_t>(t)], next, [loop = while_loop_ ? "while_loop" : "scan", t] {
+      return detail::recompute_mismatch(detail::concat(loop, ", step ", t, " (the state it returns)"));
+    });
   }
   void end_sweep() { swept_ = true; }
 
@@ -237,7 +236,7 @@ class ScanNode final : public autodiff::Node {
   uint64_t turn_marker_ = 0;
   int64_t turn_step_ = -1;
   // Note [a loop checks what it recomputes]
-  std::vector<uint64_t> first_sweep_;  // digest of the state step t returned on the forward sweep
+  std::vector<detail::ValueDigest> first_sweep_;  // digest of the state step t returned on the forward sweep
   bool digests_valid_ = recomputation_check();
   bool swept_ = false;
 };
