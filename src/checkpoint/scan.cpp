@@ -72,6 +72,7 @@ class ScanNode final : public autodiff::Node {
   }
   bool returns_contributions() const override { return true; }
   void release_saved() override {
+    released_ = true;
     for (auto& s : snapshots_) s.release();
     turn_output_ = Tensor();
     turn_leaf_ = Tensor();
@@ -239,6 +240,7 @@ class ScanNode final : public autodiff::Node {
   std::vector<detail::ValueDigest> first_sweep_;  // digest of the state step t returned on the forward sweep
   bool digests_valid_ = recomputation_check();
   bool swept_ = false;
+  bool ran_ = false, released_ = false;  // the backward pass ran; its saved values were freed
 };
 
 void CaptureFinder::after_forward(autodiff::OpEvent& event) { node_.read_versions.track(event.inputs); }
@@ -250,7 +252,15 @@ bool CaptureFinder::suppress_recording(const TensorList& inputs) {
 }
 
 std::vector<TensorList> ScanNode::apply_contributions(TensorList&& grad_outputs) {
-  read_versions.check(while_loop_ ? "while_loop" : "scan");
+  const char* loop = while_loop_ ? "while_loop" : "scan";
+  // The schedule is consumed by the one backward pass: its snapshots are rewritten as it runs.
+  REMAT_CHECK(!released_, loop, ": a value saved for the backward pass was already freed: the graph was run backward ",
+              "once already (pass retain_graph=true to run it again)");
+  REMAT_CHECK(!ran_, loop, ": its backward pass ran once already and, under the ",
+              while_loop_ ? "online" : "revolve", " schedule, cannot run again (retain_graph): the snapshots were ",
+              "rewritten by the first; use the store_all schedule to run the backward pass several times");
+  ran_ = true;
+  read_versions.check(loop);
   ++detail::region_counters().loops_run_in_backward;
   Tensor adjoint = grad_outputs.at(0).defined() ? grad_outputs[0]
                                                  : zeros(state_shape, state_dtype, memory::Tag::other, state_device);
