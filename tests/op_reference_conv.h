@@ -1,7 +1,8 @@
 // tests/op_reference_conv.h - float64 plain-loop references for the ops of issue 17 (convolution,
 // pooling, batch normalisation, diagonal, general einsum), in the ref namespace of op_reference.h.
 // Written from the definitions (each output element as a loop over its window or its indices),
-// independently of remat's kernels; the rows that use them are in tests/op_rows_conv.h.
+// independently of remat's kernels; the rows that use them are in tests/op_rows/ (conv, pool,
+// batch_norm, diagonal, einsum).
 #pragma once
 
 #include <map>

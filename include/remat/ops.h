@@ -17,6 +17,73 @@
 #include "remat/random.h"
 #include "remat/tensor.h"
 
+// ---- the op list
+// REMAT_OP_KINDS(X) is the one list of the built-in op kinds, X(kind, family, entry points...) per
+// kind, sorted by kind:
+//   kind          the name an op records (OpSpec), a selective policy lists (selective:matmul,gelu)
+//                 and autodiff::op_kinds() returns
+//   family        the file that defines it, src/autodiff/ops/<family>.cpp, and the op test's rows
+//                 file tests/op_rows/<family>.cpp
+//   entry points  the public functions of this header and the Tensor methods (remat/tensor.h) that
+//                 run it (operators: the operator shorthands below), each with a row of the op test
+//                 named after it
+// The op kind enumeration of the op definitions, op_kinds() and the op test's coverage all expand
+// it, and the op test checks that every function declared below is an entry point here. A new op
+// adds its entry here and its rows file's rows; it then does not build until its family defines
+// its rows. (argmax records no op: it is REMAT_UNRECORDED_OPS.)
+#define REMAT_OP_KINDS(X)                                                                     \
+  X(abs, unary, abs)                                                                          \
+  X(adaptive_avg_pool2d, pool, adaptive_avg_pool2d)                                           \
+  X(add, binary, add, operators)                                                              \
+  X(add_scalar, unary, add_scalar)                                                            \
+  X(avg_pool2d, pool, avg_pool2d)                                                             \
+  X(batch_norm, batch_norm, batch_norm)                                                       \
+  X(concat, join, concat)                                                                     \
+  X(contiguous, views, contiguous, clone)                                                     \
+  X(conv2d, conv, conv2d, conv1d)                                                             \
+  X(convert, views, to)                                                                       \
+  X(cross_entropy, loss, cross_entropy)                                                       \
+  X(diagonal, diagonal, diagonal)                                                             \
+  X(div, binary, div)                                                                         \
+  X(dropout, dropout, dropout)                                                                \
+  X(embedding, embedding, embedding)                                                          \
+  X(exp, unary, exp)                                                                          \
+  X(expand, views, expand)                                                                    \
+  X(gelu, unary, gelu)                                                                        \
+  X(gelu_tanh, unary, gelu)                                                                   \
+  X(layer_norm, norm, layer_norm)                                                             \
+  X(log, unary, log)                                                                          \
+  X(log_softmax, softmax, log_softmax)                                                        \
+  X(matmul, matmul, matmul, linear)                                                           \
+  X(max, reduce, max)                                                                         \
+  X(max_pool2d, pool, max_pool2d)                                                             \
+  X(maximum, binary, maximum)                                                                 \
+  X(mean, reduce, mean)                                                                       \
+  X(minimum, binary, minimum)                                                                 \
+  X(mul, binary, mul)                                                                         \
+  X(mul_scalar, unary, mul_scalar)                                                            \
+  X(neg, unary, neg)                                                                          \
+  X(permute, views, permute, transpose)                                                       \
+  X(pow, unary, pow)                                                                          \
+  X(relu, unary, relu)                                                                        \
+  X(rms_norm, norm, rms_norm)                                                                 \
+  X(scaled_dot_product_attention, attention, scaled_dot_product_attention)                    \
+  X(sigmoid, unary, sigmoid)                                                                  \
+  X(silu, unary, silu)                                                                        \
+  X(slice, views, slice)                                                                      \
+  X(softmax, softmax, softmax)                                                                \
+  X(split, join, split)                                                                       \
+  X(sqrt, unary, sqrt)                                                                        \
+  X(square, unary, square)                                                                    \
+  X(sub, binary, sub)                                                                         \
+  X(sum, reduce, sum, sum_to)                                                                 \
+  X(tanh, unary, tanh)                                                                        \
+  X(to_device, views, to)                                                                     \
+  X(view, views, view, reshape, flatten, unsqueeze, squeeze)                                  \
+  X(where, binary, where, masked_fill)
+// The public functions that record no op (X(name, family)): their results carry no gradient.
+#define REMAT_UNRECORDED_OPS(X) X(argmax, reduce)
+
 namespace remat {
 
 // ---- unary elementwise

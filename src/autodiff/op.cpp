@@ -59,17 +59,14 @@ class Restore {
 // ---- the op kinds
 
 namespace {
-// Every built-in op kind (OpSpec name), sorted. A new op adds its name here; the OpSpec
-// constructor refuses a name that is missing, so the list cannot fall behind the ops.
-constexpr std::string_view kOpKinds[] = {
-    "abs", "adaptive_avg_pool2d", "add", "add_scalar", "avg_pool2d", "batch_norm", "concat", "contiguous",
-    "conv2d", "convert", "cross_entropy", "diagonal", "div", "dropout", "embedding", "exp", "expand", "gelu",
-    "gelu_tanh", "layer_norm", "log", "log_softmax", "matmul", "max", "max_pool2d", "maximum", "mean",
-    "minimum", "mul", "mul_scalar", "neg", "permute", "pow", "relu", "rms_norm",
-    "scaled_dot_product_attention", "sigmoid", "silu", "slice", "softmax", "split", "sqrt", "square", "sub",
-    "sum", "tanh", "to_device", "view", "where"};
-static_assert(std::is_sorted(std::begin(kOpKinds), std::end(kOpKinds)));
+// The names of REMAT_OP_KINDS (remat/ops.h), in its order, which is sorted.
+#define REMAT_OP_KIND_NAME(kind, ...) #kind,
+constexpr std::string_view kOpKinds[] = {REMAT_OP_KINDS(REMAT_OP_KIND_NAME)};
+#undef REMAT_OP_KIND_NAME
+static_assert(std::is_sorted(std::begin(kOpKinds), std::end(kOpKinds)), "REMAT_OP_KINDS must be sorted by kind");
 }  // namespace
+
+const char* op_kind_name(OpKind kind) { return kOpKinds[static_cast<size_t>(kind)].data(); }
 
 bool is_op_kind(std::string_view name) {
   return std::binary_search(std::begin(kOpKinds), std::end(kOpKinds), name);
@@ -80,10 +77,8 @@ const std::vector<std::string>& op_kinds() {
   return kinds;
 }
 
-OpSpec::OpSpec(std::string name_, unsigned save_, int num_aux_, uint32_t saved_inputs_mask_)
-    : name(std::move(name_)), save(save_), num_aux(num_aux_), saved_inputs_mask(saved_inputs_mask_) {
-  REMAT_ASSERT(is_op_kind(name), "op kind '", name, "' is not listed in kOpKinds (src/autodiff/op.cpp)");
-}
+OpSpec::OpSpec(OpKind kind, unsigned save_, int num_aux_, uint32_t saved_inputs_mask_)
+    : name(op_kind_name(kind)), save(save_), num_aux(num_aux_), saved_inputs_mask(saved_inputs_mask_) {}
 
 // ---- BackwardContext
 

@@ -1,7 +1,7 @@
 // Internal: how an op is defined once, with its forward, its backward and what the backward needs.
 //
 //   Tensor exp(const Tensor& x) {
-//     static const OpSpec spec{"exp", save_outputs};
+//     static const OpSpec spec{OpKind::exp, save_outputs};
 //     return apply1(spec, {x},
 //         [](const TensorList& in) { return TensorList{kernels::unary(UnaryOp::exp, in[0])}; },
 //         [](BackwardContext& ctx) { ctx.set_input_grad(0, mul(ctx.grad_output(0), ctx.output(0))); });
@@ -24,6 +24,13 @@ namespace remat::autodiff {
 
 enum Save : unsigned { save_nothing = 0, save_inputs = 1, save_outputs = 2, save_inputs_and_outputs = 3 };
 
+// The built-in op kinds: one enumerator per entry of REMAT_OP_KINDS (remat/ops.h), so an op whose
+// kind is not listed there does not compile.
+#define REMAT_OP_KIND_ENUMERATOR(kind, ...) kind,
+enum class OpKind : uint8_t { REMAT_OP_KINDS(REMAT_OP_KIND_ENUMERATOR) };
+#undef REMAT_OP_KIND_ENUMERATOR
+const char* op_kind_name(OpKind kind);
+
 struct OpSpec {
   std::string name;         // the op kind, as selective policies name it ("matmul", "tanh", ...)
   unsigned save = save_nothing;
@@ -31,9 +38,8 @@ struct OpSpec {
   uint32_t saved_inputs_mask = ~0u;  // with save_inputs: which inputs (bit i = input i) are kept
 
   OpSpec() = default;  // for custom ops, which fill in "custom:NAME" themselves
-  // A built-in op: `name` must be listed in kOpKinds (op.cpp), the registry behind op_kinds()
-  // and selective:OPS; an unlisted name is an internal error when the library loads.
-  OpSpec(std::string name, unsigned save = save_nothing, int num_aux = 0, uint32_t saved_inputs_mask = ~0u);
+  // A built-in op of kind `kind` (its name: op_kind_name(kind)).
+  OpSpec(OpKind kind, unsigned save = save_nothing, int num_aux = 0, uint32_t saved_inputs_mask = ~0u);
 };
 
 class OpNode;

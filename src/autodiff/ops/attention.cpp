@@ -20,7 +20,7 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kAttention{"scaled_dot_product_attention", autodiff::save_inputs_and_outputs, 1};
+const OpSpec kAttention{autodiff::OpKind::scaled_dot_product_attention, autodiff::save_inputs_and_outputs, 1};
 
 struct AttentionShape {
   int64_t tq, tk, d, dv;

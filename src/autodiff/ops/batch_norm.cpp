@@ -20,8 +20,8 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kBatchNorm{"batch_norm", autodiff::save_inputs, 2, 0b001};
-const OpSpec kBatchNormAffine{"batch_norm", autodiff::save_inputs, 2, 0b011};
+const OpSpec kBatchNorm{autodiff::OpKind::batch_norm, autodiff::save_inputs, 2, 0b001};
+const OpSpec kBatchNormAffine{autodiff::OpKind::batch_norm, autodiff::save_inputs, 2, 0b011};
 
 void check_channel_vector(const Tensor& v, const char* name, const Tensor& x) {
   if (!v.defined()) return;

@@ -24,13 +24,13 @@ void check_pair(const Tensor& a, const Tensor& b, const char* op) {
 
 TensorList forward_binary(BinaryOp op, const TensorList& in) { return {kernels::binary(op, in[0], in[1])}; }
 
-const OpSpec kAdd{"add", autodiff::save_nothing};
-const OpSpec kSub{"sub", autodiff::save_nothing};
-const OpSpec kMul{"mul", autodiff::save_inputs};
-const OpSpec kDiv{"div", autodiff::save_inputs};
-const OpSpec kMaximum{"maximum", autodiff::save_inputs};
-const OpSpec kMinimum{"minimum", autodiff::save_inputs};
-const OpSpec kWhere{"where", autodiff::save_inputs, 0, 0b001};  // only the condition is kept
+const OpSpec kAdd{autodiff::OpKind::add, autodiff::save_nothing};
+const OpSpec kSub{autodiff::OpKind::sub, autodiff::save_nothing};
+const OpSpec kMul{autodiff::OpKind::mul, autodiff::save_inputs};
+const OpSpec kDiv{autodiff::OpKind::div, autodiff::save_inputs};
+const OpSpec kMaximum{autodiff::OpKind::maximum, autodiff::save_inputs};
+const OpSpec kMinimum{autodiff::OpKind::minimum, autodiff::save_inputs};
+const OpSpec kWhere{autodiff::OpKind::where, autodiff::save_inputs, 0, 0b001};  // only the condition is kept
 
 }  // namespace
 

@@ -15,7 +15,7 @@ using autodiff::OpSpec;
 namespace {
 
 // Saved inputs: x and weight (inputs 0 and 1), never the bias.
-const OpSpec kConv2d{"conv2d", autodiff::save_inputs, 0, 0b011};
+const OpSpec kConv2d{autodiff::OpKind::conv2d, autodiff::save_inputs, 0, 0b011};
 
 struct ConvPlan {
   Conv2dGeometry geometry;

@@ -10,7 +10,7 @@ using autodiff::BackwardContext;
 using autodiff::OpSpec;
 
 namespace {
-const OpSpec kDiagonal{"diagonal", autodiff::save_nothing};
+const OpSpec kDiagonal{autodiff::OpKind::diagonal, autodiff::save_nothing};
 }
 
 Tensor diagonal(const Tensor& x, int64_t axis1, int64_t axis2) {

@@ -15,7 +15,7 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kDropout{"dropout", autodiff::save_nothing};
+const OpSpec kDropout{autodiff::OpKind::dropout, autodiff::save_nothing};
 
 void check_dropout(const Tensor& x, double p) {
   REMAT_CHECK(x.defined(), "dropout: input is undefined");

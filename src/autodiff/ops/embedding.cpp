@@ -11,7 +11,7 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kEmbedding{"embedding", autodiff::save_inputs, 0, 0b10};  // keeps the ids only
+const OpSpec kEmbedding{autodiff::OpKind::embedding, autodiff::save_inputs, 0, 0b10};  // keeps the ids only
 
 
 // Checks every id against the table size before anything is allocated (CPU ids; ids on another

@@ -11,8 +11,8 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kConcat{"concat", autodiff::save_nothing};
-const OpSpec kSplit{"split", autodiff::save_nothing};
+const OpSpec kConcat{autodiff::OpKind::concat, autodiff::save_nothing};
+const OpSpec kSplit{autodiff::OpKind::split, autodiff::save_nothing};
 
 }  // namespace
 

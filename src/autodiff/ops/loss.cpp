@@ -18,7 +18,7 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kCrossEntropy{"cross_entropy", autodiff::save_inputs, 2, 0b10};  // keeps the targets only
+const OpSpec kCrossEntropy{autodiff::OpKind::cross_entropy, autodiff::save_inputs, 2, 0b10};  // keeps the targets only
 
 }  // namespace
 

@@ -10,7 +10,7 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kMatmul{"matmul", autodiff::save_inputs};
+const OpSpec kMatmul{autodiff::OpKind::matmul, autodiff::save_inputs};
 
 struct MatmulShape {
   Shape batch;       // broadcast batch shape
@@ -124,7 +124,7 @@ void matmul_backward(BackwardContext& ctx, bool trans_a, bool trans_b) {
   }
 }
 
-const OpSpec kLinear{"matmul", autodiff::save_inputs, 0, 0b011};  // x and weight are kept, not the bias
+const OpSpec kLinear{autodiff::OpKind::matmul, autodiff::save_inputs, 0, 0b011};  // x and weight are kept, not the bias
 
 }  // namespace
 

@@ -16,10 +16,10 @@ using autodiff::OpSpec;
 namespace {
 
 // Saved inputs: x always, weight when it is an input (it is then input 1).
-const OpSpec kLayerNorm{"layer_norm", autodiff::save_inputs, 2, 0b01};
-const OpSpec kLayerNormAffine{"layer_norm", autodiff::save_inputs, 2, 0b11};
-const OpSpec kRmsNorm{"rms_norm", autodiff::save_inputs, 1, 0b01};
-const OpSpec kRmsNormAffine{"rms_norm", autodiff::save_inputs, 1, 0b11};
+const OpSpec kLayerNorm{autodiff::OpKind::layer_norm, autodiff::save_inputs, 2, 0b01};
+const OpSpec kLayerNormAffine{autodiff::OpKind::layer_norm, autodiff::save_inputs, 2, 0b11};
+const OpSpec kRmsNorm{autodiff::OpKind::rms_norm, autodiff::save_inputs, 1, 0b01};
+const OpSpec kRmsNormAffine{autodiff::OpKind::rms_norm, autodiff::save_inputs, 1, 0b11};
 
 
 // Validates x, the optional parameters and eps; returns the normalised size C = x.size(-1).

@@ -11,9 +11,9 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kMaxPool{"max_pool2d", autodiff::save_nothing, 1};
-const OpSpec kAvgPool{"avg_pool2d", autodiff::save_nothing};
-const OpSpec kAdaptiveAvgPool{"adaptive_avg_pool2d", autodiff::save_nothing};
+const OpSpec kMaxPool{autodiff::OpKind::max_pool2d, autodiff::save_nothing, 1};
+const OpSpec kAvgPool{autodiff::OpKind::avg_pool2d, autodiff::save_nothing};
+const OpSpec kAdaptiveAvgPool{autodiff::OpKind::adaptive_avg_pool2d, autodiff::save_nothing};
 
 void check_image(const char* op, const Tensor& x) {
   REMAT_CHECK(x.defined(), op, ": input is undefined");

@@ -34,9 +34,9 @@ Shape keepdim_shape(const Shape& shape, const std::vector<int64_t>& axes) {
   return s;
 }
 
-const OpSpec kSum{"sum", autodiff::save_nothing};
-const OpSpec kMean{"mean", autodiff::save_nothing};
-const OpSpec kMax{"max", autodiff::save_inputs_and_outputs};
+const OpSpec kSum{autodiff::OpKind::sum, autodiff::save_nothing};
+const OpSpec kMean{autodiff::OpKind::mean, autodiff::save_nothing};
+const OpSpec kMax{autodiff::OpKind::max, autodiff::save_inputs_and_outputs};
 
 Tensor reduce_op(const OpSpec& spec, ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
   REMAT_CHECK(x.defined(), spec.name, ": input is undefined");

@@ -14,8 +14,8 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kSoftmax{"softmax", autodiff::save_outputs};
-const OpSpec kLogSoftmax{"log_softmax", autodiff::save_outputs};
+const OpSpec kSoftmax{autodiff::OpKind::softmax, autodiff::save_outputs};
+const OpSpec kLogSoftmax{autodiff::OpKind::log_softmax, autodiff::save_outputs};
 
 
 Tensor softmax_op(const OpSpec& spec, bool log, const Tensor& x, int64_t axis) {

@@ -28,21 +28,21 @@ Tensor unary_op(const OpSpec& spec, UnaryOp op, const Tensor& x, double scalar =
       });
 }
 
-const OpSpec kNeg{"neg", autodiff::save_nothing};
-const OpSpec kExp{"exp", autodiff::save_outputs};
-const OpSpec kLog{"log", autodiff::save_inputs};
-const OpSpec kSqrt{"sqrt", autodiff::save_outputs};
-const OpSpec kAbs{"abs", autodiff::save_inputs};
-const OpSpec kTanh{"tanh", autodiff::save_outputs};
-const OpSpec kSigmoid{"sigmoid", autodiff::save_outputs};
-const OpSpec kRelu{"relu", autodiff::save_inputs};
-const OpSpec kGelu{"gelu", autodiff::save_inputs};
-const OpSpec kGeluTanh{"gelu_tanh", autodiff::save_inputs};
-const OpSpec kSilu{"silu", autodiff::save_inputs};
-const OpSpec kPow{"pow", autodiff::save_inputs};
-const OpSpec kSquare{"square", autodiff::save_inputs};
-const OpSpec kAddScalar{"add_scalar", autodiff::save_nothing};
-const OpSpec kMulScalar{"mul_scalar", autodiff::save_nothing};
+const OpSpec kNeg{autodiff::OpKind::neg, autodiff::save_nothing};
+const OpSpec kExp{autodiff::OpKind::exp, autodiff::save_outputs};
+const OpSpec kLog{autodiff::OpKind::log, autodiff::save_inputs};
+const OpSpec kSqrt{autodiff::OpKind::sqrt, autodiff::save_outputs};
+const OpSpec kAbs{autodiff::OpKind::abs, autodiff::save_inputs};
+const OpSpec kTanh{autodiff::OpKind::tanh, autodiff::save_outputs};
+const OpSpec kSigmoid{autodiff::OpKind::sigmoid, autodiff::save_outputs};
+const OpSpec kRelu{autodiff::OpKind::relu, autodiff::save_inputs};
+const OpSpec kGelu{autodiff::OpKind::gelu, autodiff::save_inputs};
+const OpSpec kGeluTanh{autodiff::OpKind::gelu_tanh, autodiff::save_inputs};
+const OpSpec kSilu{autodiff::OpKind::silu, autodiff::save_inputs};
+const OpSpec kPow{autodiff::OpKind::pow, autodiff::save_inputs};
+const OpSpec kSquare{autodiff::OpKind::square, autodiff::save_inputs};
+const OpSpec kAddScalar{autodiff::OpKind::add_scalar, autodiff::save_nothing};
+const OpSpec kMulScalar{autodiff::OpKind::mul_scalar, autodiff::save_nothing};
 
 }  // namespace
 

@@ -59,13 +59,13 @@ Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from, cons
   return shape;
 }
 
-const OpSpec kView{"view", autodiff::save_nothing};
-const OpSpec kPermute{"permute", autodiff::save_nothing};
-const OpSpec kSlice{"slice", autodiff::save_nothing};
-const OpSpec kExpand{"expand", autodiff::save_nothing};
-const OpSpec kContiguous{"contiguous", autodiff::save_nothing};
-const OpSpec kConvert{"convert", autodiff::save_nothing};
-const OpSpec kToDevice{"to_device", autodiff::save_nothing};
+const OpSpec kView{autodiff::OpKind::view, autodiff::save_nothing};
+const OpSpec kPermute{autodiff::OpKind::permute, autodiff::save_nothing};
+const OpSpec kSlice{autodiff::OpKind::slice, autodiff::save_nothing};
+const OpSpec kExpand{autodiff::OpKind::expand, autodiff::save_nothing};
+const OpSpec kContiguous{autodiff::OpKind::contiguous, autodiff::save_nothing};
+const OpSpec kConvert{autodiff::OpKind::convert, autodiff::save_nothing};
+const OpSpec kToDevice{autodiff::OpKind::to_device, autodiff::save_nothing};
 
 }  // namespace
 
