@@ -18,7 +18,7 @@ CATEGORIES = [
     ("GEMM", r"gemm|GEMM|cutlass|cublas|xmma|Kernel2|splitK|dot_kernel"),
     ("norms", r"layer_norm|LayerNorm|GammaBeta|rms_norm|norm backward|batch_norm"),
     ("optimizer", r"sgd|adam|Adam|multi_tensor|foreach"),
-    ("reductions", r"reduce|column_partials|combine_partials"),
+    ("reductions", r"reduce|column_partials|combine_partials|bias gradient"),
     ("copies and gathers", r"copy|Memcpy|Memset|fill|Fill|arange|iota|index|Index|embedding|Embedding|radix|Radix|"
                            r"sort|scan|gather|deferred|id check|CatArray|compute_grad_weight|sum_and_scatter"),
     ("elementwise", r".*"),

@@ -146,9 +146,10 @@ TensorList every_kernel(Device device) {
   TensorList results = {arange(0.0, 6.0, 1.5, DType::f32, device),                               // arange
                         rand({3, 4}, DType::f32, RngState{50, 0}, -1.0, 1.0, device),               // rand_uniform
                         randn({3, 4}, DType::f32, RngState{51, 0}, 0.0, 1.0, device)};              // rand_normal
-  // rows: gemm, layer and RMS norm, unary, binary, softmax, where, embedding, cross-entropy
+  // rows: gemm, gemm_bias, layer and RMS norm, unary, binary, softmax, where, embedding, cross-entropy
   Tensor x = leaf({4, 6}), w = leaf({6, 5}), gain = leaf({5}), shift = leaf({5}), table = leaf({7, 5});
-  Tensor h = matmul(x, w);
+  Tensor lw = leaf({5, 6});
+  Tensor h = matmul(x, w) + linear(x, lw, shift);
   Tensor rows = softmax(tanh(layer_norm(h, gain, shift)) + rms_norm(h, gain));
   Tensor cond = from_vector(std::vector<double>{1, 0, 0, 1, 1}, {5}, DType::f32, memory::Tag::other, device);
   Tensor logits = where(cond, rows, h) + embedding(table, from_indices({6, 0, 2, 2}, {4}, device));
@@ -167,9 +168,9 @@ TensorList every_kernel(Device device) {
   Tensor digest = Tensor::empty({1}, DType::i64, memory::Tag::other, device);  // digest
   backend(device).digest(logits.detach().transpose(0, 1), digest);
   results.push_back(digest);
-  TensorList params = {x, w, gain, shift, table, image, filters, bias, scale, q, k, v};
+  TensorList params = {x, w, gain, shift, table, image, filters, bias, scale, q, k, v, lw};
   for (const Tensor& p : params) results.push_back(p.grad());
-  nn::SGD sgd({x, w, gain, shift, table, image}, {.lr = 0.1, .momentum = 0.9});   // sgd_step
+  nn::SGD sgd({x, w, gain, shift, table, image, lw}, {.lr = 0.1, .momentum = 0.9});   // sgd_step
   nn::AdamW adamw({filters, bias, scale, q, k, v}, {.lr = 0.1});                  // adamw_step
   for (int step = 0; step < 2; ++step) {
     sgd.step();

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -217,4 +218,49 @@ TEST(DeviceSync, IndexRangesAreKnownFromTheHostAndForgottenOnAWrite) {
   EXPECT_EQ(hi, 3);
   Tensor copied = from_indices({3, 1, 2, 0}, {2, 2}, dev.device).transpose(0, 1).contiguous();
   EXPECT_FALSE(copied.storage()->index_range(lo, hi));
+}
+
+// A linear layer's product and bias are one kernel call (gemm_bias, which the CUDA backend can run
+// as one cuBLASLt call with the bias in its epilogue), not a copy of the bias and a GEMM on top:
+// with the CPU's bits. In a GPT step each block's four linear layers call it once in the forward,
+// and every-layer's recomputation calls the same kernel again, never the copy-and-GEMM pair.
+TEST(DeviceSync, ALinearLayersProductAndBiasAreOneKernelCall) {
+  EmulatedDevice dev;
+  nn::Linear layer(6, 5, true);
+  const Tensor x = randn({3, 4, 6}, DType::f32, RngState{9, 0});
+  const Tensor on_cpu = layer.forward(x);
+  layer.to(dev.device);
+  const Tensor xd = x.to(dev.device);
+  const DeviceActivity before = device_activity(dev.device);
+  const Tensor on_device = layer.forward(xd);
+  const DeviceActivity after = device_activity(dev.device);
+  auto calls = [&](Kernel k) {
+    return after.calls_by_kernel[static_cast<size_t>(k)] - before.calls_by_kernel[static_cast<size_t>(k)];
+  };
+  EXPECT_EQ(calls(Kernel::gemm_bias), 1u);
+  EXPECT_EQ(calls(Kernel::gemm), 0u);
+  EXPECT_EQ(calls(Kernel::copy), 0u);
+  EXPECT_EQ(after.kernel_calls - before.kernel_calls, 1u);
+  const Tensor back = on_device.to(kCpu);
+  ASSERT_EQ(back.numel(), on_cpu.numel());
+  EXPECT_EQ(std::memcmp(back.raw_data(), on_cpu.raw_data(), on_cpu.nbytes()), 0) << "not the CPU's bits";
+
+  const nn::GPTConfig config = tiny_gpt();
+  uint64_t save_all = 0;
+  for (const char* text : {"save-all", "every-layer"}) {
+    nn::GPT model(config);
+    model.to(dev.device);
+    nn::SGD optimizer(model.parameters(), {.lr = 1e-2});
+    const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, false);
+    const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
+    const uint64_t from = device_activity(dev.device).calls_by_kernel[static_cast<size_t>(Kernel::gemm_bias)];
+    step(model, optimizer, ids, targets, Policy::parse(text), dev.device);
+    const uint64_t n = device_activity(dev.device).calls_by_kernel[static_cast<size_t>(Kernel::gemm_bias)] - from;
+    if (std::string(text) == "save-all") {
+      save_all = n;
+      EXPECT_EQ(n, static_cast<uint64_t>(4 * config.layers)) << "qkv, the attention's and the MLP's two projections";
+    } else {
+      EXPECT_EQ(n, 2 * save_all) << "every-layer recomputes each block's four products with the same kernel";
+    }
+  }
 }

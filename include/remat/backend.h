@@ -155,6 +155,11 @@ struct AttentionParams {
   X(gemm, c, (const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,             \
               double beta),                                                                                            \
     (in(a), trans_a, in(b), trans_b, inout(c), alpha, beta))                                                           \
+  /* c[b] = op(a[b]) @ op(b[b]) + bias, bias [n] added to every row (a linear layer's product): on the                 \
+     CPU the bits of copy(bias, c) then gemm(alpha 1, beta 1); a backend may fuse the bias into the                    \
+     product's epilogue, the same kernel for the same shapes on every call. */                                          \
+  X(gemm_bias, c, (const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias, const Tensor& c), \
+    (in(a), trans_a, in(b), trans_b, in(bias), inout(c)))                                                              \
                                                                                                                        \
   /* ---- rows (last axis) kernels, inputs contiguous */                                                               \
   X(softmax, x, (const Tensor& x, const Tensor& y, bool log), (in(x), inout(y), log))                                  \

@@ -64,6 +64,20 @@ void add_matmul_rows(std::vector<OpCase>& t) {
     };
     t.push_back(c);
   }
+  {  // a strided input is a batch of products (not folded into one) sharing the weight and the bias
+    OpCase c;
+    c.name = "linear_transposed_2x3x3_by_5x3_bias";
+    c.make_inputs = [](Rng& r) {
+      return Inputs{floating("x", {3, 2, 3}, r.uniform_vector(18, -1, 1)),
+                    floating("weight", {5, 3}, r.uniform_vector(15, -1, 1)), floating("bias", {5}, r.uniform_vector(5, -1, 1))};
+    };
+    c.apply = [](const TensorList& in) { return TensorList{linear(in[0].transpose(0, 1), in[1], in[2])}; };
+    c.reference = [](const std::vector<Array>& a) {
+      Array y = ref::matmul(ref::permute(a[0], {1, 0, 2}), a[1], false, true);
+      return std::vector<Array>{ref::binary(y, a[2], [](double u, double v) { return u + v; })};
+    };
+    t.push_back(c);
+  }
 }
 
 }  // namespace remat::test

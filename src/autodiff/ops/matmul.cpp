@@ -72,7 +72,7 @@ Tensor as_batched(const Tensor& x, const Shape& batch) {
   return Tensor(impl);
 }
 
-// a @ b (+ bias [n] on every row: written into the output first, then added to by the GEMM)
+// a @ b (+ bias [n] on every row: the backend's gemm_bias, which may add it in the GEMM's epilogue)
 Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& bias = Tensor()) {
   MatmulShape s = check_matmul(a, b, ta, tb);
   Shape out_shape = s.batch;
@@ -80,21 +80,22 @@ Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb, const 
   out_shape.push_back(s.n);
   Tensor out = kernels::empty(out_shape, a.dtype(), a.device());
   Backend& be = kernels::backend_of(a);
-  double beta = 0.0;
-  if (bias.defined() && out.numel() > 0) {
-    be.copy(bias, out);  // broadcast over the rows
-    beta = 1.0;
-  }
+  auto product = [&](const Tensor& x, bool tx, const Tensor& y, bool ty, const Tensor& c) {
+    if (bias.defined())
+      be.gemm_bias(x, tx, y, ty, bias, c);
+    else
+      be.gemm(x, tx, y, ty, c, 1.0, 0.0);
+  };
   if (!ta && b.dim() == 2 && a.dim() > 2 && a.is_contiguous()) {
     // fold batch into rows: [B*m, k] @ [k, n]
     int64_t rows = a.numel() / s.k;
     Tensor a2 = a.detach().view({1, rows, s.k});
     Tensor b2 = as_batched(b, {1});
-    be.gemm(a2, false, b2, tb, out.detach().view({1, rows, s.n}), 1.0, beta);
+    product(a2, false, b2, tb, out.detach().view({1, rows, s.n}));
     return out;
   }
   Tensor a3 = as_batched(a, s.batch), b3 = as_batched(b, s.batch);
-  be.gemm(a3, ta, b3, tb, out.detach().view({shape_numel(s.batch), s.m, s.n}), 1.0, beta);
+  product(a3, ta, b3, tb, out.detach().view({shape_numel(s.batch), s.m, s.n}));
   return out;
 }
 

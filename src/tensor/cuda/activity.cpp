@@ -44,6 +44,8 @@ constexpr FastName kFastNames[] = {
     {"attention_rows", Fast::attention_rows, false}, {"optimizer", Fast::optimizer, false},
     {"elementwise", Fast::elementwise, false},       {"allocator", Fast::allocator, false},
     {"layer_norm", Fast::layer_norm, false},         {"digest", Fast::digest, false},
+    {"gemm_epilogue", Fast::gemm_epilogue, false},   {"bias_grad", Fast::bias_grad, false},
+    {"cross_entropy", Fast::cross_entropy, false},
 };
 
 uint32_t fast_bits() {

@@ -248,7 +248,6 @@ std::string CudaAllocator::out_of_memory_detail() const {
 // ---- the backend object
 
 namespace {
-constexpr size_t kCublasWorkspace = size_t{32} << 20;
 constexpr size_t kStagingBytes = size_t{8} << 20;  // per pinned buffer (two of them)
 }  // namespace
 
@@ -260,8 +259,8 @@ CudaBackend::CudaBackend(int device) : device_(device), allocator_(device) {
   allocator_.set_stream(stream_);
   check(cublasCreate(&cublas_), "cublasCreate");
   check(cublasSetStream(cublas_, stream_), "cublasSetStream");
-  check(cudaMalloc(&cublas_workspace_, kCublasWorkspace), "cudaMalloc (cuBLAS workspace)");
-  check(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace), "cublasSetWorkspace");
+  check(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes), "cudaMalloc (cuBLAS workspace)");
+  check(cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes), "cublasSetWorkspace");
   check(cudnnCreate(&cudnn_), "cudnnCreate");
   check(cudnnSetStream(cudnn_, stream_), "cudnnSetStream");
   for (int i = 0; i < 2; ++i) {
@@ -288,6 +287,7 @@ CudaBackend::~CudaBackend() {
     if (staging_[i]) (void)cudaFreeHost(staging_[i]);
     if (staged_[i]) (void)cudaEventDestroy(staged_[i]);
   }
+  lt_.reset();
   if (cudnn_) (void)cudnnDestroy(cudnn_);
   if (cublas_) (void)cublasDestroy(cublas_);
   if (cublas_workspace_) (void)cudaFree(cublas_workspace_);

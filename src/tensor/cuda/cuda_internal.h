@@ -2,6 +2,7 @@
 // allocator, strided layouts for the elementwise kernels). Included only by src/tensor/cuda/.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -45,6 +46,9 @@ class DeviceGuard {
   int outer_ = -1;  // the enclosing guard's device on this thread
 };
 
+// The workspace cuBLAS and cuBLASLt share on the backend's one stream.
+inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
 // ---- paths behind switches (docs/backends.md, "Switches")
 // A kernel or a path that has not yet passed a device check runs only when its name is in the
 // environment variable REMAT_CUDA_FAST (a comma-separated list, or "all"), read once per process.
@@ -57,6 +61,9 @@ enum class Fast : uint32_t {
   allocator = 1u << 5,       // device memory from cudaMallocAsync's pool on the stream
   layer_norm = 1u << 6,      // layer- and RMS-norm backward in one pass over x and gy (the same bits)
   digest = 1u << 7,          // the recomputation check's digest kernel (digest.cu): values on the GPU checked
+  gemm_epilogue = 1u << 8,   // a linear layer's bias added in cuBLASLt's epilogue (gemm.cpp), algorithms cached
+  bias_grad = 1u << 9,       // column sums (the bias gradient) in one vectorised fixed-order pass (reduce.cu)
+  cross_entropy = 1u << 10,  // cross-entropy's row read twice (online max and sum), a block per row backward
 };
 bool fast(Fast path);
 
@@ -220,6 +227,10 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
   cudnnHandle_t cudnn() const { return cudnn_; }
+  void* cublas_workspace() const { return cublas_workspace_; }
+  // cuBLASLt, created on first use (Fast::gemm_epilogue; gemm.cpp), and its algorithm cache
+  struct LtState;
+  LtState& lt();
   // A contiguous copy of t on this device (t itself when already contiguous).
   Tensor contiguous(const Tensor& t);
   // Scratch device memory, accounted under `other`, freed when the tensor goes.
@@ -258,6 +269,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<KernelProfiler> profiler_;  // null unless REMAT_CUDA_PROFILE is on
   DeferredChecks deferred_;
   std::shared_ptr<OptimizerQueue> optimizer_queue_;
+  std::shared_ptr<LtState> lt_;
   bool flushing_ = false;
   // timing events (Fast::async), reused
   std::mutex events_mutex_;

@@ -11,6 +11,7 @@
 // order, to the table row. No two blocks write the same row and no atomics add floats, so the
 // sums are the same on every run.
 #include <cmath>
+#include <limits>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "tensor/cuda/device_common.cuh"
@@ -122,7 +123,30 @@ __global__ void iota_kernel(int64_t* p, int64_t n) {
 // Forward row: logp = x - logsumexp(x); loss = (1 - eps) * -logp[t] + eps * mean(-logp); 0 if ignored.
 // Checked (Fast::async): a target outside [0, cols) that is not `ignore` reads nothing, gives loss
 // 0, and its row goes to `flag`; `counted` (when not null) receives the rows not ignored.
-template <class T, bool Checked = false>
+// Online (REMAT_CUDA_FAST=cross_entropy): the maximum and the sum of exponentials in one read of
+// the row (each thread rescales its running sum when its maximum grows, the block then rescales
+// the threads' sums to the row's maximum and adds them in its fixed order), so the row is read
+// twice, not three times; the same formulas otherwise.
+template <class T>
+__device__ inline Acc<T> row_exp_sum(const T* xr, int64_t cols, T& m, T* shared_t, Acc<T>* shared) {
+  T mine = -INFINITY;
+  Acc<T> s = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const T v = xr[c];
+    if (v > mine) {
+      s = (mine == -INFINITY ? Acc<T>(0) : s * exp(static_cast<Acc<T>>(mine) - static_cast<Acc<T>>(v))) + Acc<T>(1);
+      mine = v;
+    } else {
+      s += static_cast<Acc<T>>(exp(v - mine));
+    }
+  }
+  m = block_max(mine, shared_t);
+  if (m == -INFINITY) m = T(0);
+  const Acc<T> scaled = mine == -INFINITY ? Acc<T>(0) : s * exp(static_cast<Acc<T>>(mine) - static_cast<Acc<T>>(m));
+  return block_sum(scaled, shared);
+}
+
+template <class T, bool Checked = false, bool Online = false>
 __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses, T* logp,
                                      int64_t rows, int64_t cols, unsigned long long* flag = nullptr,
                                      unsigned long long* counted = nullptr) {
@@ -132,12 +156,16 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double 
     const T* xr = x + r * cols;
     T* lr = logp + r * cols;
     T m = -INFINITY;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = xr[c] > m ? xr[c] : m;
-    m = block_max(m, shared_t);
-    if (m == -INFINITY) m = T(0);
     Acc<T> sum = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += static_cast<Acc<T>>(exp(xr[c] - m));
-    sum = block_sum(sum, shared);
+    if constexpr (Online) {
+      sum = row_exp_sum(xr, cols, m, shared_t, shared);
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = xr[c] > m ? xr[c] : m;
+      m = block_max(m, shared_t);
+      if (m == -INFINITY) m = T(0);
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += static_cast<Acc<T>>(exp(xr[c] - m));
+      sum = block_sum(sum, shared);
+    }
     const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
     Acc<T> row_sum = 0;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -183,6 +211,29 @@ __global__ void cross_entropy_backward_kernel(const T* logp, const int64_t* targ
     T v = g * (exp(logp[i]) - uniform);
     if (c == t) v -= g * on_target;
     glogits[i] = v;
+  }
+}
+
+// The same, a block per row (REMAT_CUDA_FAST=cross_entropy): the row's target and gradient read
+// once, 32-bit column indices; the same bits.
+template <class T>
+__global__ void cross_entropy_backward_rows(const T* logp, const int64_t* targets, const T* gloss, double eps,
+                                            int64_t ignore, T* glogits, int64_t rows, int cols) {
+  const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t t = targets[r];
+    const T* lr = logp + r * cols;
+    T* gr = glogits + r * cols;
+    if (t == ignore) {
+      for (int c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = T(0);
+      continue;
+    }
+    const T g = gloss[r];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+      T v = g * (exp(lr[c]) - uniform);
+      if (c == t) v -= g * on_target;
+      gr[c] = v;
+    }
   }
 }
 
@@ -313,9 +364,10 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     fill(scale, c.counted > 0 ? 1.0 / static_cast<double>(c.counted) : 0.0);
     if (rows == 0) return;
     dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
-      cross_entropy_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-          ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(logp), rows,
-          cols);
+      auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, false, true> : cross_entropy_kernel<T>;
+      kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(logits), ptr<int64_t>(targets), label_smoothing,
+                                                         ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols,
+                                                         nullptr, nullptr);
     });
     check_launch("cross_entropy");
     return;
@@ -337,7 +389,8 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   }
   auto* count = all_count ? nullptr : reinterpret_cast<unsigned long long*>(ptr<int64_t>(counted));
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
-    cross_entropy_kernel<T, true><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+    auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, true, true> : cross_entropy_kernel<T, true>;
+    kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(
         ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols,
         d.flag, count);
     check_launch("cross_entropy");
@@ -366,6 +419,12 @@ void CudaBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& ta
   }
   if (rows == 0 || cols == 0) return;
   dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
+    if (fast(Fast::cross_entropy) && cols <= std::numeric_limits<int>::max()) {
+      cross_entropy_backward_rows<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+          ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows,
+          static_cast<int>(cols));
+      return;
+    }
     cross_entropy_backward_kernel<T><<<grid_for(rows * cols), kThreads, 0, stream_>>>(
         ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows, cols);
   });
