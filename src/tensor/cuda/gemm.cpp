@@ -19,8 +19,9 @@
 // without an algorithm is remembered as such and always takes the copy-and-GEMM path. cuBLAS
 // results are reproducible run to run on one device and one stream, which is how the backend
 // calls it. The GELU epilogues are not used: remat's GELU is the exact one unless asked for the
-// tanh approximation, cuBLASLt's is the approximation, and a GELU recomputed alone from a kept
-// pre-activation would run the elementwise kernel, whose bits the epilogue's need not be.
+// tanh approximation, cuBLASLt's is the approximation, and, whatever its formula, a GELU
+// recomputed alone from a kept pre-activation would run the elementwise kernel, whose bits the
+// epilogue's need not be.
 #include <algorithm>
 #include <cstring>
 #include <limits>

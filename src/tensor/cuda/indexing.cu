@@ -136,13 +136,15 @@ __device__ inline Acc<T> row_exp_sum(const T* xr, int64_t cols, T& m, T* shared_
     if (v > mine) {
       s = (mine == -INFINITY ? Acc<T>(0) : s * exp(static_cast<Acc<T>>(mine) - static_cast<Acc<T>>(v))) + Acc<T>(1);
       mine = v;
-    } else {
+    } else if (mine != -INFINITY || v != v) {  // -inf after -inf adds 0; a NaN spreads, as in two passes
       s += static_cast<Acc<T>>(exp(v - mine));
     }
   }
   m = block_max(mine, shared_t);
   if (m == -INFINITY) m = T(0);
-  const Acc<T> scaled = mine == -INFINITY ? Acc<T>(0) : s * exp(static_cast<Acc<T>>(mine) - static_cast<Acc<T>>(m));
+  if (m == INFINITY) return static_cast<Acc<T>>(NAN);  // exp(inf - inf) in two passes (m is the block's)
+  const Acc<T> scaled = mine == -INFINITY ? (s == s ? Acc<T>(0) : s)
+                                          : s * exp(static_cast<Acc<T>>(mine) - static_cast<Acc<T>>(m));
   return block_sum(scaled, shared);
 }
 
@@ -369,7 +371,7 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
                                                          ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols,
                                                          nullptr, nullptr);
     });
-    check_launch("cross_entropy");
+    check_launch(fast(Fast::cross_entropy) ? "cross_entropy (online)" : "cross_entropy");
     return;
   }
   // Fast::async: targets checked in the row kernel, the mean's weight counted on the device unless
@@ -393,7 +395,7 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(
         ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols,
         d.flag, count);
-    check_launch("cross_entropy");
+    check_launch(fast(Fast::cross_entropy) ? "cross_entropy (online)" : "cross_entropy");
     if (count) {
       mean_weight_kernel<T><<<1, 1, 0, stream_>>>(count, ptr<T>(scale));
       check_launch("cross_entropy (mean weight)");
@@ -423,12 +425,12 @@ void CudaBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& ta
       cross_entropy_backward_rows<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
           ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows,
           static_cast<int>(cols));
-      return;
+      return check_launch("cross_entropy_backward (rows)");
     }
     cross_entropy_backward_kernel<T><<<grid_for(rows * cols), kThreads, 0, stream_>>>(
         ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows, cols);
+    check_launch("cross_entropy_backward");
   });
-  check_launch("cross_entropy_backward");
 }
 
 }  // namespace remat::cuda
