@@ -308,6 +308,48 @@ TEST(Cuda, LinearProductAndBiasMatchFloat64AndRepeatBitwise) {
   }
 }
 
+// Cross-entropy over rows with masked (-inf) logits, a row masked but for its target, and rows with
+// a +inf or a NaN logit: the loss and the logits' gradient follow the CPU's (NaN where it has NaN),
+// with label smoothing, on the default kernels and on the online row kernel
+// (REMAT_CUDA_FAST=cross_entropy), which must keep the two-pass results for infinities.
+TEST(Cuda, CrossEntropyOfMaskedAndInfiniteRowsFollowsTheCpu) {
+  REQUIRE_GPU();
+  const int64_t rows = 6, cols = 700;
+  std::vector<double> v(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37 * static_cast<double>(i)) * 4.0;
+  auto at = [&](int64_t r, int64_t c) -> double& { return v[static_cast<size_t>(r * cols + c)]; };
+  for (int64_t c = 0; c < cols; c += 3) at(1, c) = -INFINITY;  // every third logit masked
+  for (int64_t c = 0; c < cols; ++c)
+    if (c != 5) at(2, c) = -INFINITY;  // only the target left
+  for (int64_t c = 0; c < 300; ++c) at(3, c) = -INFINITY;  // a masked prefix
+  at(4, 123) = INFINITY;
+  at(5, 77) = NAN;
+  const std::vector<int64_t> t = {1, 2, 5, 400, 9, 10};
+  for (const double smoothing : {0.0, 0.1}) {
+    std::vector<std::vector<double>> results[2];
+    for (const Device device : {kCpu, kGpu}) {
+      const Tensor logits = from_vector(v, {rows, cols}, DType::f32).to(device).requires_grad_();
+      const Tensor loss = cross_entropy(logits, from_indices(t, {rows}).to(device), smoothing);
+      loss.backward();
+      results[device == kGpu].push_back({loss.detach().to(kCpu).item()});
+      results[device == kGpu].push_back(logits.grad().to(kCpu).to_vector());
+    }
+    for (size_t k = 0; k < 2; ++k) {
+      const std::vector<double>& cpu = results[0][k];
+      const std::vector<double>& gpu = results[1][k];
+      ASSERT_EQ(cpu.size(), gpu.size());
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        if (std::isnan(cpu[i])) {
+          EXPECT_TRUE(std::isnan(gpu[i])) << "result " << k << " element " << i << " smoothing " << smoothing;
+          continue;
+        }
+        EXPECT_NEAR(gpu[i], cpu[i], 1e-5 * (1 + std::abs(cpu[i]))) << "result " << k << " element " << i
+                                                                    << " smoothing " << smoothing;
+      }
+    }
+  }
+}
+
 TEST(Cuda, DescribesTheDevice) {
   REQUIRE_GPU();
   const std::string text = describe_device(kGpu);
