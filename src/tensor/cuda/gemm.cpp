@@ -198,7 +198,13 @@ bool gemm_bias_lt(CudaBackend& be, const Operands& v, const Tensor& bias, const 
   std::lock_guard lock(state.mutex);
   auto [it, fresh] = state.plans.try_emplace(key);
   CudaBackend::LtState::Plan& plan = it->second;
-  if (fresh) make_plan(state.handle, {type, compute, batch, m, n, k, v.a, v.b, alignment}, plan);
+  if (fresh) {
+    try {
+      make_plan(state.handle, {type, compute, batch, m, n, k, v.a, v.b, alignment}, plan);
+    } catch (const Error&) {
+      plan.ok = false;  // a problem cuBLASLt refuses to describe takes the unfused path, every time
+    }
+  }
   if (!plan.ok) return false;
   check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp), "BIAS_POINTER");
   const float one_f = 1.0f, zero_f = 0.0f;
