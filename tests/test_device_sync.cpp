@@ -7,7 +7,8 @@
 //   - ids made on the device are checked there, and the verdict is read once, at the end of the
 //     backward pass; a bad one fails the backward before any gradient is committed, with the
 //     CPU's message, and a forward alone raises it at the next wait;
-//   - region times still reach the counters, after the step.
+//   - region times still reach the counters, after the step;
+//   - a linear layer's product and bias are one kernel call, recomputed with the same kernel.
 // The kernel calls per step (each a launch or more on a GPU) are printed for the record.
 #include <gtest/gtest.h>
 
