@@ -209,7 +209,7 @@ TEST(Budget, OffloadIsAPlanChoiceWithinTheBudget) {
   EXPECT_EQ(counters().ops.recomputed_ops, 0u) << cheap.tree;
   EXPECT_GT(counters().dynamic.bytes_offloaded, 0u);
   EXPECT_GT(cheap.predicted_offloaded_bytes, 0u);
-  EXPECT_EQ(cheap.offload_target, policy.offload_to->to_string());
+  EXPECT_EQ(cheap.offload_target, policy.saved.offload->to_string());
   EXPECT_GT(cheap.offload_write_bytes_per_second, 0.0);
   // Dear offload: the plan recomputes instead, and nothing in the chain is written (its values,
   // above the threshold, stay in memory: only offloaded nodes open the gate).

@@ -126,7 +126,7 @@ struct Cell : std::enable_shared_from_this<Cell> {
 // write. A failed write is a remat::Error before anything is released: nothing is lost.
 class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>, public autodiff::OpListener {
  public:
-  DynamicRuntime(size_t budget, const std::optional<OffloadOptions>& target) : budget_(budget) {
+  DynamicRuntime(size_t budget, const std::optional<OffloadTarget>& target) : budget_(budget) {
     if (target) {
       file_ = std::make_shared<SlotFile>(target->directory);
       file_threshold_ = target->threshold_bytes;
@@ -284,6 +284,17 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     return c.counted && c.op != nullptr && c.locks == 0 && c.held.use_count() == 1;
   }
 
+  // Note [eviction score]. When holding one more value would take the held bytes past the budget,
+  // the held value t with the lowest h(t) = cost(t) / (bytes(t) * staleness(t)) is evicted, until
+  // the value fits. cost(t) is the estimated time (estimated_seconds) of the op that made t plus
+  // that of every evicted value its recomputation would need first, found by a walk of at most 64
+  // values: the paper's "evicted neighbourhood", computed directly instead of by its union-find
+  // approximation, since the graphs of one step are small. staleness(t) counts the op calls and
+  // saved-value reads since t was last used: a logical clock, so that decisions (and the peak) do
+  // not depend on timing noise. Only storages the runtime alone holds are evictable (evicting one
+  // the program still holds would free nothing), never one in use; the unit of eviction is the
+  // storage, which views share. Regions compose: the inputs they keep are saved values too.
+  //
   // The estimated time of recomputing c, including the evicted values its recomputation needs first.
   double cost_of(Cell& c) {
     const uint64_t stamp = ++visit_stamp_;
@@ -507,7 +518,7 @@ SavedHandle::~SavedHandle() {
   }
 }
 
-std::shared_ptr<DynamicRuntime> make_dynamic_runtime(size_t budget, const std::optional<OffloadOptions>& target) {
+std::shared_ptr<DynamicRuntime> make_dynamic_runtime(size_t budget, const std::optional<OffloadTarget>& target) {
   return std::make_shared<DynamicRuntime>(budget, target);
 }
 
@@ -519,7 +530,7 @@ struct DynamicScope::State {
   autodiff::OpListener* previous = nullptr;
 };
 
-DynamicScope::DynamicScope(size_t budget_bytes, std::optional<OffloadOptions> evict_to) : state_(std::make_unique<State>()) {
+DynamicScope::DynamicScope(size_t budget_bytes, std::optional<OffloadTarget> evict_to) : state_(std::make_unique<State>()) {
   REMAT_CHECK(budget_bytes > 0, "DynamicScope: the budget must be positive");
   state_->runtime = detail::make_dynamic_runtime(budget_bytes, evict_to);
   std::shared_ptr<detail::DynamicRuntime> rt = state_->runtime;

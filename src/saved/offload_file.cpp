@@ -35,7 +35,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "remat/dynamic.h"
+#include "remat/offload.h"
 #include "remat/error.h"
 
 namespace remat {
