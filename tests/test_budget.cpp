@@ -219,3 +219,40 @@ TEST(Budget, OffloadIsAPlanChoiceWithinTheBudget) {
   EXPECT_EQ(counters().dynamic.bytes_offloaded, 0u);
   EXPECT_EQ(dear.predicted_offloaded_bytes, 0u);
 }
+
+// The grouped planner offloads too, at any depth of its groups: forced on a short chain (2
+// top-level parts of 8 layer calls, groups of 4), the top-level programme alone could offload one
+// node (the second part's input; the first's is the chain's). The plan offloads more, runs within
+// the budget and its prediction, writes bytes, and its gradients are bitwise save-all's.
+TEST(Budget, TheGroupedPlannerOffloadsInsideItsGroups) {
+  TanhChain model(16, 64, DType::f32, 5);
+  Tensor x = randn({32, 64}, DType::f32, RngState{1, 0});
+  TensorList reference, got;
+  const size_t save_all = step_peak_saved(model, x, Policy::save_all(), &reference);
+  const size_t every_layer = step_peak_saved(model, x, Policy::every_layer());
+  const size_t budget = every_layer + (save_all - every_layer) / 3;
+  const std::string dir = remat::testing::fresh_dir("budget-grouped-offload");
+  const Policy policy = Policy::budget(budget).with_offload(OffloadTarget{dir, 1024, 0});
+  model.chain.set_planner(std::make_shared<BudgetPlanner>());
+  schedule::ChainPlanOptions options;
+  options.method = schedule::RotorMethod::grouped;
+  options.top_parts = 2;
+  options.group = 4;
+  options.offload_seconds_per_byte = 0;
+  model.chain.planner()->set_options(options);
+  ScopedPolicy scope(policy);
+  for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, policy);
+  reset_counters();
+  const size_t peak = step_peak_saved(model, x, policy, &got);
+  const BudgetPlanner::Report report = *model.chain.planner()->report();
+  EXPECT_NE(report.planner.find("grouped"), std::string::npos) << report.planner;
+  size_t offloaded = 0;
+  for (size_t at = report.tree.find("+o"); at != std::string::npos; at = report.tree.find("+o", at + 1)) ++offloaded;
+  EXPECT_GE(offloaded, 2u) << report.tree;
+  EXPECT_GT(counters().dynamic.bytes_offloaded, 0u);
+  EXPECT_GT(report.predicted_offloaded_bytes, 0u);
+  EXPECT_LE(peak, budget);
+  EXPECT_LE(peak, report.predicted_peak_bytes) << report.tree;
+  ASSERT_EQ(got.size(), reference.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
+}
