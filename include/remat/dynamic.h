@@ -16,9 +16,11 @@
 // first; random ops replay their generator state, so gradients are bitwise equal to save-all's.
 // Decisions use a logical clock and a formula of FLOPs and bytes, never timings, so the peak is
 // reproducible. With an offload target, an evicted value of at least its threshold whose
-// recomputation the formula puts above a round trip through the file (2e-10 s a byte) is written
-// there and read back instead (its digest checked); ram= does not apply (a remat::Error). A budget no eviction can meet is a
-// remat::Error naming the smallest budget the run has needed so far and, once
+// recomputation the formula puts above a round trip through the file, at the directory's
+// bandwidth (remat::offload_bandwidth, measured once per process: which values are written may
+// differ from one machine or run to the next, the results never do), is written there and read
+// back instead (its digest checked); ram= does not apply (a remat::Error). A budget no eviction
+// can meet is a remat::Error naming the smallest budget the run has needed so far and, once
 // dynamic_feasible_range measured it, the whole step's; the op fails and nothing else changes.
 // A rematerialized value that differs from the evicted one, or an input changed in place since,
 // is a remat::Error. An op's forward must be a pure function of its inputs and captures, apart

@@ -65,9 +65,11 @@ class OffloadScope {
 void release_offload_files();
 
 // How fast a directory takes saved values and gives them back: 32 MiB written in 1 MiB pieces to
-// a nameless file there (twice; the second pass, onto pages the file has, is timed) and read back
-// (what a budget plan with an offload target charges per byte it offloads). Measured once per
-// directory and process; a directory that cannot be written is a remat::Error naming it.
+// a nameless file there (twice; the second pass, onto blocks the file has, is timed up to
+// fdatasync), its pages dropped from the page cache, and read back from the disk. What a budget
+// plan with an offload target and dynamic:+offload: charge per byte they offload (Note
+// [measuring the offload target] in src/saved/offload_file.cpp). Measured once per directory and
+// process; a directory that cannot be written is a remat::Error naming it.
 struct OffloadBandwidth {
   double write_bytes_per_second = 0;
   double read_bytes_per_second = 0;

@@ -118,8 +118,9 @@ struct Cell : std::enable_shared_from_this<Cell> {
 
 // Note [evicting to a file]. Under dynamic:BYTES+offload:DIR an evicted value of at least the
 // target's threshold whose recomputation is estimated dearer than writing it out and reading it
-// back (the roofline's streaming rate, each way: 2e-10 s a byte; a formula, like the eviction
-// score, so that the eviction order stays reproducible) is written to a nameless file in DIR, in
+// back (the directory's bandwidth, measured once per process as budget plans charge it: Note
+// [measuring the offload target] in offload_file.cpp; one number for the whole run, so that the
+// eviction order within a run does not depend on timing noise) is written to a nameless file in DIR, in
 // the scope's thread, before its memory is released; the backward pass reads it back instead of
 // recomputing it (its digest is checked as a recomputation's would be). The eviction score uses
 // the cheaper of the two ways back. A value already in the file is evicted again without a
@@ -130,6 +131,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     if (target) {
       file_ = std::make_shared<SlotFile>(target->directory);
       file_threshold_ = target->threshold_bytes;
+      file_seconds_per_byte_ = offload_bandwidth(target->directory).seconds_per_byte();
     }
   }
 
@@ -403,7 +405,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
   bool writable(const Cell& c) const {
     return file_ != nullptr && c.bytes >= file_threshold_ && c.held && c.held->device() == kCpu;
   }
-  static double transfer_seconds(size_t bytes) { return static_cast<double>(bytes) * 2e-10; }
+  double transfer_seconds(size_t bytes) const { return static_cast<double>(bytes) * file_seconds_per_byte_; }
 
   void write_out(Cell& c) {
     auto range = std::make_shared<FileRange>(file_, c.bytes);
@@ -494,6 +496,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
   size_t budget_;
   std::shared_ptr<SlotFile> file_;  // dynamic:+offload: (Note [evicting to a file])
   size_t file_threshold_ = 0;
+  double file_seconds_per_byte_ = 0;  // a write and a read back, measured (remat::offload_bandwidth)
   size_t resident_ = 0;
   uint64_t clock_ = 0, visit_stamp_ = 0;
   int replaying_ = 0;
