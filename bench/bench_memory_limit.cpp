@@ -253,11 +253,11 @@ struct Run {
 
   // First steps: a budget policy's profiling steps, then the checked step, its report.
   void first_steps(Config& c) {
-    if (c.policy.kind == Policy::Kind::budget)
+    if (c.policy.keep.kind == Policy::Kind::budget)
       for (int w = 0; w < BudgetPlanner::kProfilingSteps; ++w) step(c);
     c.peak_saved = c.peak_total = 0;
     step(c);
-    if (c.policy.kind == Policy::Kind::budget) c.report = instances[c.instance].planner()->report();
+    if (c.policy.keep.kind == Policy::Kind::budget) c.report = instances[c.instance].planner()->report();
     std::vector<std::string> grads;
     for (const auto& p : instances[c.instance].parameters()) grads.push_back(grad_bytes(p.grad()));
     instances[c.instance].zero_grad();
@@ -409,7 +409,7 @@ std::vector<Config> first_steps(Run& run, const ModelSpec& m, const std::string&
     add("budget:auto,limit=" + std::to_string(l), Policy::budget_from_memory(l + run.foreign), inst, f);
     add("budget:" + std::to_string(a), Policy::budget(a), inst + 1, f);
     add("budget:auto,limit=" + std::to_string(l) + "+offload:DIR",
-        Policy::budget_from_memory(l + run.foreign).with_offload(Policy::parse(target).offload_to.value()), inst + 2, f);
+        Policy::budget_from_memory(l + run.foreign).with_offload(Policy::parse(target).saved.offload.value()), inst + 2, f);
   }
   return configs;
 }

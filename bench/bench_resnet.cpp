@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
   TensorList reference;
   for (size_t i = 0; i < configs.size(); ++i) {
     Config& c = configs[i];
-    if (c.policy.kind == Policy::Kind::budget) {
+    if (c.policy.keep.kind == Policy::Kind::budget) {
       const Config& sa = configs[i - 4];
       const Config& el = configs[i - 3];
       c.policy = Policy::budget(el.peak_saved + (sa.peak_saved - std::min(sa.peak_saved, el.peak_saved)) / 2);

@@ -218,9 +218,9 @@ TEST(Policy, ParsePrintRoundTrip) {
                            "budget:1048576"}) {
     EXPECT_EQ(Policy::parse(text).to_string(), text);
   }
-  EXPECT_EQ(Policy::parse("budget:64MiB").budget_bytes, 64u * 1024 * 1024);
-  EXPECT_EQ(Policy::parse("budget:1.5GB").budget_bytes, 1500000000u);
-  EXPECT_EQ(Policy::parse(" every-layer ").kind, Policy::Kind::every_layer);
+  EXPECT_EQ(Policy::parse("budget:64MiB").keep.budget_bytes, 64u * 1024 * 1024);
+  EXPECT_EQ(Policy::parse("budget:1.5GB").keep.budget_bytes, 1500000000u);
+  EXPECT_EQ(Policy::parse(" every-layer ").keep.kind, Policy::Kind::every_layer);
 }
 
 // The keep axis and where kept values live, composed: every form prints back as parsed, and the
@@ -234,20 +234,20 @@ TEST(Policy, CompositionsParseAndPrintBack) {
     EXPECT_EQ(Policy::parse(text).to_string(), text);
   }
   const Policy p = Policy::parse("every-layer + offload:/scratch,threshold=1MiB");
-  EXPECT_EQ(p.kind, Policy::Kind::every_layer);
-  ASSERT_TRUE(p.offload_to.has_value());
-  EXPECT_EQ(p.offload_to->directory, "/scratch");
-  EXPECT_EQ(p.offload_to->threshold_bytes, 1u << 20);
-  EXPECT_EQ(p.keep(), Policy::every_layer());
-  EXPECT_TRUE(p.makes_regions());
+  EXPECT_EQ(p.keep.kind, Policy::Kind::every_layer);
+  ASSERT_TRUE(p.saved.offload.has_value());
+  EXPECT_EQ(p.saved.offload->directory, "/scratch");
+  EXPECT_EQ(p.saved.offload->threshold_bytes, 1u << 20);
+  EXPECT_EQ(p.in_memory(), Policy::every_layer());
+  EXPECT_TRUE(p.keep.recomputes());
   // save-all+offload is offload alone, and prints as such
   EXPECT_EQ(Policy::parse("save-all+offload:/tmp"), Policy::parse("offload:/tmp"));
   EXPECT_EQ(Policy::parse("save-all+offload:/tmp").to_string(), "offload:/tmp,threshold=1048576");
   EXPECT_FALSE(Policy::parse("offload:/tmp").recomputes());
   const Policy automatic = Policy::parse("budget:auto,limit=2GiB");
-  EXPECT_TRUE(automatic.budget_auto);
-  EXPECT_EQ(automatic.memory_limit_bytes, size_t{2} << 30);
-  EXPECT_EQ(automatic.budget_bytes, 0u);
+  EXPECT_TRUE(automatic.keep.budget_auto);
+  EXPECT_EQ(automatic.keep.memory_limit_bytes, size_t{2} << 30);
+  EXPECT_EQ(automatic.keep.budget_bytes, 0u);
 }
 
 TEST(Policy, BadCompositionsSayWhatIsWrong) {

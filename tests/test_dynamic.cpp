@@ -296,7 +296,7 @@ TEST(Dynamic, ComposesWithRegionsAndModules) {
   for (double fraction : {0.3, 0.6}) {
     const Policy policy = Policy::dynamic(static_cast<size_t>(fraction * static_cast<double>(save_all)));
     auto m = remat::testing::measure_step(model, x, policy);
-    EXPECT_LE(m.peak_saved, policy.budget_bytes);
+    EXPECT_LE(m.peak_saved, policy.saved.dynamic_bytes);
     EXPECT_EQ(m.counters.regions_created, 0u);
     TensorList got = remat::testing::module_grads(model, x, policy);
     expect_same(got, reference, policy.to_string());
@@ -326,12 +326,12 @@ size_t files_under(const std::string& dir) {
 // Runs a step of f under an offload scope whose disk fills up: the step fails with a
 // remat::Error that says so and that nothing was lost, no gradient is written and every byte
 // the step allocated is back.
-void expect_full_disk_error(const OffloadOptions& options, const std::function<Tensor()>& f, const Tensor& weight,
-                            bool wait_for_writes) {
+void expect_full_disk_error(const OffloadTarget& options, const OffloadFaults& faults, const std::function<Tensor()>& f,
+                            const Tensor& weight, bool wait_for_writes) {
   const size_t live_before = memory::stats().live_total;
   bool failed = false;
   try {
-    OffloadScope scope(options);
+    OffloadScope scope(options, faults);
     Tensor loss = f();
     if (wait_for_writes) scope.wait_for_writes();
     loss.backward();
@@ -412,7 +412,7 @@ TEST(Offload, PrefetchReadsAheadOfNeed) {
   reset_counters();
   TensorList got;
   {
-    OffloadOptions options;
+    OffloadTarget options;
     options.directory = dir;
     options.threshold_bytes = 1024;
     OffloadScope scope(options);
@@ -455,12 +455,13 @@ TEST(Offload, AFailedWriteIsAnErrorAndLosesNothing) {
   Tensor x = randn({32, 32}, DType::f32, RngState{4, 0});
   const auto f = tanh_chain(x, weight, 12);
   TensorList reference = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::save_all()});
-  OffloadOptions options;
+  OffloadTarget options;
   options.directory = dir;
   options.threshold_bytes = 1024;
-  options.fail_after_bytes = 3 * 32 * 32 * sizeof(float);  // the disk is full after 3 values
   options.ram_bytes = 2 * 32 * 32 * sizeof(float);         // the forward waits for the writes
-  expect_full_disk_error(options, f, weight, /*wait_for_writes=*/false);
+  OffloadFaults full;
+  full.fail_after_bytes = 3 * 32 * 32 * sizeof(float);     // the disk is full after 3 values
+  expect_full_disk_error(options, full, f, weight, /*wait_for_writes=*/false);
   EXPECT_EQ(files_under(dir), 0u);
   // the program still works (under offload with a healthy disk, too)
   TensorList again = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::offload(dir, 1024)});
@@ -497,7 +498,7 @@ TEST(Offload, AnEndedScopeKeepsItsNamelessFileForTheNext) {
     TensorList got;
     {
       ScopedPolicy keep(Policy::save_all());
-      OffloadOptions options;
+      OffloadTarget options;
       options.directory = dir;
       options.threshold_bytes = 1024;
       OffloadScope scope(options);
@@ -564,7 +565,7 @@ TEST(Offload, TheBackwardReadsResidentValuesThroughTheFilesMapping) {
   TensorList got;
   uint64_t offload_allocations = 0;
   {
-    OffloadOptions options;
+    OffloadTarget options;
     options.directory = dir;
     options.threshold_bytes = 1024;
     OffloadScope scope(options);
@@ -595,7 +596,7 @@ TEST(Offload, AValueHeldPastItsScopeKeepsItsBytesAndItsFile) {
   release_offload_files();
   ScopedPolicy keep(Policy::save_all());
   StashSquare square;
-  OffloadOptions options;
+  OffloadTarget options;
   options.directory = dir;
   options.threshold_bytes = 1024;
   auto step = [&](uint64_t seed) {
@@ -636,10 +637,10 @@ TEST(Offload, AFullFileSystemIsAnErrorAndLosesNothing) {
   Tensor x = randn({64, 64}, DType::f32, RngState{4, 0});
   const auto f = tanh_chain(x, weight, 12);  // 12 x 16 KiB: more than 64 KiB
   const TensorList reference = remat::grad([&](const TensorList&) { return f(); }, {weight}, GradOptions{Policy::save_all()});
-  OffloadOptions options;
+  OffloadTarget options;
   options.directory = dir;
   options.threshold_bytes = 1024;
-  expect_full_disk_error(options, f, weight, /*wait_for_writes=*/true);
+  expect_full_disk_error(options, {}, f, weight, /*wait_for_writes=*/true);
   release_offload_files();
   EXPECT_EQ(descriptors_under(dir), 0u);
   std::system(("umount " + dir).c_str());

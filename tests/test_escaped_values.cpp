@@ -391,7 +391,7 @@ TEST(EscapedValues, TheLibrarysModelsLeaveNothingBehindTheirLayers) {
   for (const char* p : {"every-layer", "every-k:2", "selective:matmul", "budget:1"}) {
     const Policy policy = Policy::parse(p);
     reset_counters();
-    for (int step = 0; step < (policy.kind == Policy::Kind::budget ? BudgetPlanner::kProfilingSteps + 1 : 1); ++step) {
+    for (int step = 0; step < (policy.keep.kind == Policy::Kind::budget ? BudgetPlanner::kProfilingSteps + 1 : 1); ++step) {
       ScopedPolicy scope(policy);
       for (const std::function<Tensor()>& loss : std::vector<std::function<Tensor()>>{
                [&] { return gpt.loss(ids, targets); }, [&] { return resnet.loss(images, labels); },
@@ -547,7 +547,7 @@ TEST(EscapedValues, ALaterLayerReadingAKeptValueAndANoGradValueMatchSaveAll) {
     Tensor x = randn({3, 5}, DType::f64, RngState{13, 0}).requires_grad_();
     TensorList out;
     ScopedPolicy scope(policy);
-    for (int s = 0; s < (policy.kind == Policy::Kind::budget ? BudgetPlanner::kProfilingSteps + 1 : 1); ++s) {
+    for (int s = 0; s < (policy.keep.kind == Policy::Kind::budget ? BudgetPlanner::kProfilingSteps + 1 : 1); ++s) {
       model.zero_grad();
       Tensor out = mean(model.forward(x));
       Tensor loss = add(out, mean(model.a->cache));

@@ -378,19 +378,19 @@ TEST_F(Hostile, PolicyParseRejectsOverflowAndUnknownOps) {
                            "budget:1e400MiB"})
     expect_error([&] { Policy::parse(text); }, {"cannot parse policy", text});
   expect_error([] { Policy::parse("budget:99999999999999999999999GiB"); }, {"2^63"});
-  EXPECT_EQ(Policy::parse("budget:9223372036854775807").budget_bytes, 9223372036854775807u);
+  EXPECT_EQ(Policy::parse("budget:9223372036854775807").keep.budget_bytes, 9223372036854775807u);
   // K must fit in int: 4294967297 used to become every-k:1
   for (const char* text : {"every-k:4294967297", "every-k:2147483648", "every-k:99999999999999999999"})
     expect_error([&] { Policy::parse(text); }, {"cannot parse policy", text, "2147483647"});
   for (const char* text : {"every-k:+3", "every-k:-3", "every-k:3.0", "every-k:0x10", "every-k:3 4"})
     expect_error([&] { Policy::parse(text); }, {"cannot parse policy", text});
-  EXPECT_EQ(Policy::parse("every-k:2147483647").k, 2147483647);
+  EXPECT_EQ(Policy::parse("every-k:2147483647").keep.k, 2147483647);
   // an unknown op kind lists the known ones
   auto m = expect_error([] { Policy::parse("selective:notanop"); }, {"unknown op kind 'notanop'", "matmul", "tanh"});
   for (const auto& kind : autodiff::op_kinds()) EXPECT_NE(m.find(kind), std::string::npos) << kind;
   expect_error([] { Policy::parse("selective:matmul,Tanh"); }, {"'Tanh'"});
   expect_error([] { Policy::selective({"matmul", "notanop"}); }, {"notanop"});
-  EXPECT_EQ(Policy::parse("selective:matmul,tanh").ops, (std::vector<std::string>{"matmul", "tanh"}));
+  EXPECT_EQ(Policy::parse("selective:matmul,tanh").keep.ops, (std::vector<std::string>{"matmul", "tanh"}));
 }
 
 TEST_F(Hostile, ParseBytesRejectsOverflowFractionsAndGarbage) {

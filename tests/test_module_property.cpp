@@ -503,7 +503,7 @@ namespace {
 // profiling steps), or the error it raised: its kind and message.
 std::string grads_or_error(Root& model, const Tensor& x, const Policy& policy, uint64_t seed, TensorList& grads) {
   try {
-    if (policy.kind == Policy::Kind::budget)
+    if (policy.keep.kind == Policy::Kind::budget)
       for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_with_kept(model, x, policy, seed);
     grads = step_with_kept(model, x, policy, seed);
   } catch (const OutOfMemory& e) {
@@ -546,7 +546,7 @@ void check_against_save_all(const Policy& policy, const std::string& error, cons
                             const TensorList& reference, const std::string& reference_error, const std::string& under,
                             Outcome& outcome) {
   outcome = Outcome::infeasible_budget;
-  if (policy.kind == Policy::Kind::budget && error.find("smallest feasible budget") != std::string::npos) return;
+  if (policy.keep.kind == Policy::Kind::budget && error.find("smallest feasible budget") != std::string::npos) return;
   outcome = Outcome::raised;
   if (bad_input) {
     EXPECT_EQ(error, reference_error) << under << ": not save-all's error";
@@ -613,7 +613,7 @@ TEST(ModuleProperty, EveryCaseUnderEveryPolicyMatchesSaveAllGradientsAndErrors) 
       check_against_save_all(policy, error, got, bad_input, reference, reference_error,
                              what + " under " + policy.to_string(), outcome);
       if (::testing::Test::HasFatalFailure()) return;
-      if (outcome != Outcome::infeasible_budget && policy.kind == Policy::Kind::budget) ++planned;
+      if (outcome != Outcome::infeasible_budget && policy.keep.kind == Policy::Kind::budget) ++planned;
     }
   }
   EXPECT_GT(raising, 0);
@@ -666,7 +666,7 @@ TEST(ModuleProperty, EveryCompositionOfKeepAndOffloadMatchesSaveAll) {
         reset_counters();
         const std::string error = grads_or_error(model, x, policy, seed, got);
         offloaded += counters().dynamic.offloaded;
-        if (policy.makes_regions() && !policy.budget_auto) offloaded_by_regions += counters().dynamic.offloaded;
+        if (policy.keep.recomputes() && !policy.keep.budget_auto) offloaded_by_regions += counters().dynamic.offloaded;
         Outcome outcome;
         check_against_save_all(policy, error, got, bad_input, reference, reference_error,
                                what + " under " + policy.to_string(), outcome);

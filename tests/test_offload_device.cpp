@@ -70,7 +70,7 @@ TEST(OffloadOnADevice, GradientsEqualSaveAllAndSavedBytesLeaveTheDevice) {
     const uint64_t fallbacks = fallback_calls(dev.device);
     Tensor got;
     {
-      OffloadOptions options;
+      OffloadTarget options;
       options.directory = dir;
       options.threshold_bytes = threshold;
       OffloadScope scope(options);
@@ -102,13 +102,14 @@ TEST(OffloadOnADevice, AFailedWriteKeepsTheValueAndItComesBackToTheDevice) {
   Tensor weight = randn({64, 64}, DType::f32, RngState{5, 0}, 0.0, 0.12).to(dev.device).requires_grad_();
   Tensor x = randn({64, 64}, DType::f32, RngState{6, 0}).to(dev.device);
   const Tensor reference = save_all_gradient(x, weight);
-  OffloadOptions options;
+  OffloadTarget options;
   options.directory = dir;
   options.threshold_bytes = 1024;
-  options.fail_after_bytes = 4 * kValueBytes;  // the fifth write fails, as on a full disk
+  OffloadFaults full;
+  full.fail_after_bytes = 4 * kValueBytes;  // the fifth write fails, as on a full disk
   bool failed = false;
   try {
-    OffloadScope scope(options);
+    OffloadScope scope(options, full);
     Tensor loss = tanh_chain(x, weight, kLayers);
     scope.wait_for_writes();
     (void)remat::grad(TensorList{loss}, {weight});
@@ -119,7 +120,6 @@ TEST(OffloadOnADevice, AFailedWriteKeepsTheValueAndItComesBackToTheDevice) {
   EXPECT_TRUE(failed);
   EXPECT_EQ(device_saved(dev.device), 0u);
   // the same program under a healthy disk
-  options.fail_after_bytes = 0;
   {
     OffloadScope scope(options);
     Tensor got = remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];

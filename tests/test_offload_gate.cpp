@@ -33,11 +33,12 @@ GatedRun tanh_chain_step(const Tensor& x, const Tensor& weight, detail::OffloadG
                     double write_delay) {
   GatedRun run;
   const std::string dir = remat::testing::fresh_dir("offload-gate");
-  OffloadOptions options{dir, /*threshold_bytes=*/size_t{1} << 30, /*ram_bytes=*/0};
-  options.write_delay_seconds = write_delay;
+  const OffloadTarget options{dir, /*threshold_bytes=*/size_t{1} << 30, /*ram_bytes=*/0};
+  OffloadFaults slow;
+  slow.write_delay_seconds = write_delay;
   reset_counters();
   ScopedPolicy keep(Policy::save_all());
-  OffloadScope scope(options);
+  OffloadScope scope(options, slow);
   const size_t before = memory::live_bytes(memory::Tag::saved);
   memory::reset_peaks();
   Tensor loss;

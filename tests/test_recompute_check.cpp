@@ -378,7 +378,7 @@ ImpureRun impure_step(Impurity impurity, const Policy& policy) {
   ScopedPolicy scoped(policy);
   ImpureRun run;
   try {
-    const int steps = policy.kind == Policy::Kind::budget ? BudgetPlanner::kProfilingSteps + 1 : 1;
+    const int steps = policy.keep.kind == Policy::Kind::budget ? BudgetPlanner::kProfilingSteps + 1 : 1;
     for (int s = 0; s < steps; ++s) {
       model->train();
       model->zero_grad();

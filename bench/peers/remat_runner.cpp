@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
 
     // Under budget:B the first kProfilingSteps steps profile and the next one plans: warm up past
     // them all, so the measured steps run the plan.
-    if (policy.kind == Policy::Kind::budget) warmup = std::max(warmup, BudgetPlanner::kProfilingSteps + 1);
+    if (policy.keep.kind == Policy::Kind::budget) warmup = std::max(warmup, BudgetPlanner::kProfilingSteps + 1);
 
     std::vector<double> times, cpu_times, losses;
     size_t steady_peak = 0, steady_saved_peak = 0;
@@ -317,7 +317,7 @@ int main(int argc, char** argv) {
       j["bn_batches_tracked_per_step"] =
           static_cast<double>(resnet->batch_norms().front()->num_batches_tracked()) / (warmup + steps);
     }
-    if (policy.kind == Policy::Kind::budget) {
+    if (policy.keep.kind == Policy::Kind::budget) {
       // the plan scope is the root module (remat/budget.h)
       if (auto report = model->planner()->report()) {
         j["plan_predicted_peak_bytes"] = report->predicted_peak_bytes;

@@ -41,6 +41,7 @@
 #include <string_view>
 #include <vector>
 
+#include "remat/counters.h"
 #include "remat/tensor.h"
 
 namespace remat {
@@ -240,19 +241,7 @@ void set_backward_listener(BackwardListener listener);
 const std::vector<std::string>& op_kinds();
 bool is_op_kind(std::string_view name);
 
-// ---- op counters (thread-local totals, reset by reset_op_counters)
-struct OpCounters {
-  uint64_t forward_ops = 0;        // forward op executions (first runs and recomputations)
-  double forward_flops = 0;
-  uint64_t recomputed_ops = 0;     // of which during recomputation
-  double recomputed_flops = 0;
-  uint64_t cached_ops = 0;         // op results served from a selective-policy cache
-  // ops a recomputation did not run because no backward formula reads what they produce (a
-  // value something reads after all is computed then, outside these counts)
-  uint64_t skipped_ops = 0;
-  double skipped_flops = 0;
-  uint64_t backward_nodes = 0;     // nodes executed by the engine
-};
+// ---- op counters (thread-local totals, reset by reset_op_counters; OpCounters: remat/counters.h)
 OpCounters op_counters();
 void reset_op_counters();
 

@@ -38,10 +38,10 @@
 // With an offload target (budget:BYTES+offload:DIR, budget:auto+offload:DIR), the plan may also
 // offload a top-level node instead of keeping it in memory or recomputing it: a stage's record or
 // a region's input goes to the target after the node's forward and comes back before its
-// backward, charged at the directory's measured write and read bandwidth (remat/dynamic.h,
+// backward, charged at the directory's measured write and read bandwidth (remat/offload.h,
 // offload_bandwidth). Only those nodes' values are written; the rest of the plan scope keeps its
 // saved values in memory, and values saved outside the scope follow the offload rule of
-// remat/dynamic.h. The profiling steps keep the scope's values in memory.
+// remat/offload.h. The profiling steps keep the scope's values in memory.
 //
 // budget:auto (remat/policy.h) derives the budget when the plan is made, once per profile: the
 // memory the run may use (the memory limit if given and smaller, else the device's free memory

@@ -43,7 +43,9 @@
 #include "remat/budget.h"
 #include "remat/call.h"
 #include "remat/chain.h"  // Chain, which existing code finds here
+#include "remat/counters.h"
 #include "remat/dynamic.h"
+#include "remat/offload.h"
 #include "remat/policy.h"
 #include "remat/tensor.h"
 
@@ -80,37 +82,7 @@ TensorList grad(const std::function<Tensor(const TensorList&)>& f, const TensorL
 // Runs loss = f() under the policy, back-propagates into leaves' .grad(), returns the loss.
 Tensor backward(const std::function<Tensor()>& f, const GradOptions& options);
 
-// ---- counters
-struct RegionRecord {
-  std::string label;                // the layer call's dotted name, a Chain child's name, or a group
-  std::string kind;                 // "layer" (one call) or "segment" (a traced group of calls)
-  size_t calls = 0;                 // layer calls inside (a segment groups several)
-  size_t boundary_bytes = 0;        // values kept by the region (its inputs)
-  size_t cached_bytes = 0;          // outputs kept by a selective policy
-  size_t recomputed_saved_bytes = 0;  // what the recomputed sub-tape saved (allocator-measured)
-  double forward_seconds = 0;       // first run
-  double recompute_seconds = 0;     // re-runs in backward passes
-  double backward_seconds = 0;      // backward of the recomputed sub-tapes
-  uint64_t recomputations = 0;
-  // FLOP estimates of the recomputations: run, and skipped because no backward formula reads the
-  // ops' results (a block's last projection and residual add; docs/checkpointing.md)
-  double recomputed_flops = 0;
-  double skipped_flops = 0;
-  // Layer calls that left values behind (kept in a member or a list, handed to a callback:
-  // docs/checkpointing.md), replayed from their ops instead of called again, and how many of
-  // those values became outputs of the region (they carry a gradient, as under save-all).
-  size_t traced_calls = 0;
-  size_t escaped_values = 0;
-};
-struct Counters {
-  autodiff::OpCounters ops;          // forward ops executed / recomputed, FLOP estimates
-  uint64_t regions_created = 0;
-  uint64_t regions_recomputed = 0;
-  uint64_t layer_calls = 0;          // layer calls met (regions or not)
-  DynamicCounters dynamic;           // dynamic:BYTES and offload:DIR (remat/dynamic.h)
-  std::vector<RegionRecord> regions;  // one per region created since the reset; past 4096 rows, a
-                                      // region adds to its label's first row (bounded)
-};
+// ---- counters (remat/counters.h: what each field counts)
 Counters counters();
 void reset_counters();
 

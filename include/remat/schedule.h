@@ -240,8 +240,10 @@ Plan plan_min_memory(const ChainCosts& costs);
 // bytes kept, peaks) from a rotor-like programme over its parts, and the top-level programme
 // chooses among them under the limit (docs/planners.md, "Long chains": the algorithm,
 // O(L * group^2 * group_slots) time, and its measured cost in optimality). Both return a plan
-// that simulate() keeps within memory_limit. Only the exact programme offloads: the grouped
-// planner plans as if there were no offload target.
+// that simulate() keeps within memory_limit. With costs.can_offload(), both offload: the grouped
+// planner offers keep, recompute and offload for every stage and region of its top-level
+// sequences at any depth of its groups (a group's top-level plan spliced in), with the exact
+// programme's cost model; an offload target never raises its least peak.
 // The grouped planner throws InfeasibleError only when memory_limit is below the least peak it
 // can reach (carried in the error; at least min_feasible_memory, and above it on some chains).
 enum class RotorMethod { automatic, exact, grouped };

@@ -7,7 +7,7 @@
 
 #include "remat/backend.h"
 #include "remat/devices.h"
-#include "remat/dynamic.h"
+#include "remat/offload.h"
 #include "remat/memory.h"
 #include "tensor/device_time.h"
 
@@ -80,8 +80,8 @@ size_t BudgetPlanner::State::measured_outside_bytes() const {
 namespace remat {
 
 bool BudgetPlanner::State::planned_for(const std::vector<Shape>& shapes, const Policy& budget) const {
-  const std::string target = budget.offload_to ? budget.offload_to->to_string() : "";
-  return !stale && report && report->signature == shapes && report->policy == budget.keep().to_string() &&
+  const std::string target = budget.saved.offload ? budget.saved.offload->to_string() : "";
+  return !stale && report && report->signature == shapes && report->policy == budget.keep.to_string() &&
          report->offload_target == target;
 }
 
@@ -112,8 +112,8 @@ void BudgetPlanner::State::derive_budget(const Policy& budget, Report& r) const 
   r.automatic = true;
   r.memory_capacity_bytes = device_memory_now.free_bytes + stats.live_total + stats.cached_bytes;
   r.capacity_source = device_memory_now.limited_by + " plus what remat holds";
-  if (budget.memory_limit_bytes > 0 && budget.memory_limit_bytes < r.memory_capacity_bytes) {
-    r.memory_capacity_bytes = budget.memory_limit_bytes;
+  if (budget.keep.memory_limit_bytes > 0 && budget.keep.memory_limit_bytes < r.memory_capacity_bytes) {
+    r.memory_capacity_bytes = budget.keep.memory_limit_bytes;
     r.capacity_source = "the memory limit";
   }
   for (const auto& p : profiles) r.held_besides_saved_bytes = std::max(r.held_besides_saved_bytes, p->held_peak_at_backward_end);
@@ -131,12 +131,12 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   schedule::ChainCosts measured = measured_costs();
   const size_t outside = measured_outside_bytes();
   Report r;
-  r.policy = budget.keep().to_string();
-  r.budget_bytes = budget.budget_bytes;
-  if (budget.budget_auto) derive_budget(budget, r);
-  if (budget.offload_to) {
-    const OffloadBandwidth bandwidth = offload_bandwidth(budget.offload_to->directory);
-    r.offload_target = budget.offload_to->to_string();
+  r.policy = budget.keep.to_string();
+  r.budget_bytes = budget.keep.budget_bytes;
+  if (budget.keep.budget_auto) derive_budget(budget, r);
+  if (budget.saved.offload) {
+    const OffloadBandwidth bandwidth = offload_bandwidth(budget.saved.offload->directory);
+    r.offload_target = budget.saved.offload->to_string();
     r.offload_write_bytes_per_second = bandwidth.write_bytes_per_second;
     r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
     measured.offload_seconds_per_byte =
@@ -158,7 +158,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   } catch (const schedule::InfeasibleError& e) {
     const size_t smallest = e.min_feasible_bytes + outside;
     throw Error(detail::concat("budget policy: ", budget.to_string(), " (",
-                               budget.budget_auto ? "derived: " : "",
+                               budget.keep.budget_auto ? "derived: " : "",
                                memory::format_bytes(static_cast<double>(r.budget_bytes)),
                                ") is below the smallest feasible budget for ", scope, " with input ", inputs, ": ",
                                smallest, " bytes (", memory::format_bytes(static_cast<double>(smallest)), "; its ",

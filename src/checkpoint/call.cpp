@@ -10,7 +10,8 @@
 
 #include "budget_internal.h"
 #include "region.h"
-#include "remat/dynamic.h"
+#include "remat/checkpoint.h"
+#include "remat/offload.h"
 #include "remat/memory.h"
 
 namespace remat {
@@ -108,7 +109,7 @@ RegionFn layer_function(const RegionFn& fn, const CallSite& site, bool record_al
     std::optional<ScopedPolicy> scope;
     if (record_all)
       scope.emplace(Policy::save_all());
-    else if (policy && policy->kind != Policy::Kind::budget)
+    else if (policy && policy->keep.kind != Policy::Kind::budget)
       scope.emplace(*policy);
     return fn(in);
   };
@@ -172,10 +173,10 @@ TensorList run_transparent(const RegionFn& fn, const TensorList& inputs, const C
   if (site.policy) scope.emplace(*site.policy);
   const Policy effective = current_policy();
   std::optional<detail::OffloadGate> gate;  // in a plan scope, only the nodes the plan offloads are written
-  if (frame.plan == nullptr && effective.kind == Policy::Kind::budget && grad_enabled()) {
+  if (frame.plan == nullptr && effective.keep.kind == Policy::Kind::budget && grad_enabled()) {
     frame.own_plan = begin_plan(site, effective, inputs);
     frame.plan = frame.own_plan.get();
-    if (effective.offload_to) {  // writes overlap later nodes, within the plan's peak (on the CPU)
+    if (effective.saved.offload) {  // writes overlap later nodes, within the plan's peak (on the CPU)
       const bool capped = frame.own_plan->plan != nullptr && detail::device_of(inputs).type == DeviceType::cpu;
       gate.emplace(detail::OffloadGate::Mode::closed,
                    capped ? frame.own_plan->state->report->predicted_peak_bytes : size_t{0});
@@ -239,7 +240,7 @@ TensorList grouped_call(Frame& top, const Policy& policy, const RegionFn& fn, co
   }
   TensorList outputs = top.group->add_call(layer_function(fn, site), inputs, CallStepInfo{site, -1});
   top.group_last = site.label;
-  if (++top.group_count >= policy.k) close_group(top);
+  if (++top.group_count >= policy.keep.k) close_group(top);
   return outputs;
 }
 
@@ -247,16 +248,16 @@ TensorList layer_call(Frame& top, const RegionFn& fn, const TensorList& inputs, 
   ++detail::region_counters().layer_calls;
   ++detail::region_counters().layer_calls_since_backward;
   const bool own = site.policy.has_value();
-  if (own && site.policy->kind == Policy::Kind::budget && top.plan == nullptr)
+  if (own && site.policy->keep.kind == Policy::Kind::budget && top.plan == nullptr)
     return run_transparent(fn, inputs, site, &top);  // a layer with its own budget plans its own calls
   if (!grad_enabled()) return run_plain(fn, inputs, site);
-  if (top.plan != nullptr && (!own || site.policy->kind == Policy::Kind::budget))
+  if (top.plan != nullptr && (!own || site.policy->keep.kind == Policy::Kind::budget))
     return planned_call(*top.plan, fn, inputs, site);
   const Policy policy = site.policy.value_or(current_policy());
-  if (policy.kind == Policy::Kind::every_k && policy.k > 1 && !own) return grouped_call(top, policy, fn, inputs, site);
+  if (policy.keep.kind == Policy::Kind::every_k && policy.keep.k > 1 && !own) return grouped_call(top, policy, fn, inputs, site);
   close_group(top);
   // Inside an open segment (a plan region spanning this call's container): the segment covers it.
-  if (!policy.makes_regions() || policy.kind == Policy::Kind::budget || detail::inside_first_run())
+  if (!policy.keep.recomputes() || policy.keep.kind == Policy::Kind::budget || detail::inside_first_run())
     return run_plain(fn, inputs, site);
   return single_region(fn, inputs, site, policy);
 }
@@ -277,7 +278,7 @@ TensorList detail::explicit_region(const RegionFn& fn, const TensorList& inputs,
     ~Depth() { --depth; }
   } level;
   const Policy policy = site.policy.value_or(current_policy());
-  if (!policy.recomputes() || policy.kind == Policy::Kind::budget || !grad_enabled() || detail::inside_first_run()) {
+  if (!policy.recomputes() || policy.keep.kind == Policy::Kind::budget || !grad_enabled() || detail::inside_first_run()) {
     // the enclosing region (if any) covers this one; it becomes a region of its own when re-run
     CallSite plain = site;
     plain.policy = policy;

@@ -34,7 +34,7 @@ const std::shared_ptr<BudgetPlanner>& Chain::planner() const {
 Tensor Chain::forward(const Tensor& x) const {
   REMAT_CHECK(x.defined(), "Chain: the input is undefined");
   const Policy container = policy_.value_or(current_policy());
-  REMAT_CHECK(container.kind != Policy::Kind::budget || !grad_enabled() || !layers_.empty(), "Chain: policy ",
+  REMAT_CHECK(container.keep.kind != Policy::Kind::budget || !grad_enabled() || !layers_.empty(), "Chain: policy ",
               container.to_string(), " applies to a non-empty chain");
   // Copies of the layer functions: a region may re-run one after this call has returned.
   auto layers = std::make_shared<const std::vector<Layer>>(layers_);

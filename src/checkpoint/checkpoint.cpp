@@ -33,7 +33,7 @@ void on_backward_end(bool may_warn) {
   thread_local bool warned = false;
   if (!may_warn || regions > 0 || calls > 0 || warned) return;
   const Policy policy = current_policy();
-  if (!policy.makes_regions()) return;  // dynamic and offload work on saved values, not regions
+  if (!policy.keep.recomputes()) return;  // dynamic and offload work on saved values, not regions
   warned = true;
   warn(detail::concat(
       "the backward pass ran under policy ", policy.to_string(),
@@ -76,8 +76,8 @@ TensorList checkpoint(const RegionFn& fn, const TensorList& inputs, const Checkp
   for (size_t i = 0; i < inputs.size(); ++i) REMAT_CHECK(inputs[i].defined(), "checkpoint: input ", i, " is undefined");
   Policy policy = options.policy.value_or(current_policy());
   // an explicit region inside a model planned under a budget is one region, as asked
-  if (!options.policy && policy.kind == Policy::Kind::budget) policy = Policy::every_layer();
-  REMAT_CHECK(policy.kind != Policy::Kind::budget,
+  if (!options.policy && policy.keep.kind == Policy::Kind::budget) policy = Policy::every_layer();
+  REMAT_CHECK(policy.keep.kind != Policy::Kind::budget,
               "checkpoint: a budget policy applies to a model's layer calls or a Chain (the planner chooses the "
               "regions), not to a single region");
   CallSite site;

@@ -7,6 +7,7 @@
 
 #include "remat/autodiff.h"
 #include "remat/dynamic.h"
+#include "remat/offload.h"
 #include "remat/error.h"
 #include "remat/memory.h"
 
@@ -44,8 +45,8 @@ std::string number_text(const std::string& text, const std::string& raw) {
 Policy Policy::every_k(int k) {
   REMAT_CHECK(k >= 1, "policy every-k: K must be at least 1, got ", k);
   Policy p = every_layer();
-  p.kind = Kind::every_k;
-  p.k = k;
+  p.keep.kind = Kind::every_k;
+  p.keep.k = k;
   return p;
 }
 
@@ -64,32 +65,31 @@ Policy Policy::selective(std::vector<std::string> ops) {
                 known_op_kinds());
   }
   Policy p = every_layer();
-  p.kind = Kind::selective;
-  p.ops = std::move(ops);
+  p.keep.kind = Kind::selective;
+  p.keep.ops = std::move(ops);
   return p;
 }
 
 Policy Policy::budget(size_t bytes) {
   REMAT_CHECK(bytes > 0, "policy budget: the budget must be positive");
   Policy p = every_layer();
-  p.kind = Kind::budget;
-  p.budget_bytes = bytes;
+  p.keep.kind = Kind::budget;
+  p.keep.budget_bytes = bytes;
   return p;
 }
 
 Policy Policy::budget_from_memory(size_t memory_limit_bytes) {
   Policy p = every_layer();
-  p.kind = Kind::budget;
-  p.budget_auto = true;
-  p.memory_limit_bytes = memory_limit_bytes;
+  p.keep.kind = Kind::budget;
+  p.keep.budget_auto = true;
+  p.keep.memory_limit_bytes = memory_limit_bytes;
   return p;
 }
 
 Policy Policy::dynamic(size_t bytes) {
   REMAT_CHECK(bytes > 0, "policy dynamic: the budget must be positive");
-  Policy p = every_layer();
-  p.kind = Kind::dynamic;
-  p.budget_bytes = bytes;
+  Policy p = save_all();
+  p.saved.dynamic_bytes = bytes;
   return p;
 }
 
@@ -100,18 +100,24 @@ Policy Policy::offload(std::string directory, size_t threshold_bytes, size_t ram
 Policy Policy::with_offload(OffloadTarget target) const {
   REMAT_CHECK(!target.directory.empty(), "policy offload: the directory is empty");
   REMAT_CHECK(target.directory.find('\0') == std::string::npos, "policy offload: the directory contains a NUL byte");
-  REMAT_CHECK(kind != Kind::dynamic || target.ram_bytes == 0, "policy ", keep().to_string(), "+", target.to_string(),
+  Policy p = *this;
+  p.saved.offload.reset();
+  REMAT_CHECK(saved.dynamic_bytes == 0 || target.ram_bytes == 0, "policy ", p.to_string(), "+", target.to_string(),
               ": ram= does not apply to dynamic:+offload: (its evicted values are written by the evicting thread, "
               "none is in flight); leave it out");
-  Policy p = *this;
-  p.offload_to = std::move(target);
+  p.saved.offload = std::move(target);
   return p;
 }
 
-Policy Policy::keep() const {
-  Policy p = *this;
-  p.offload_to.reset();
-  return p;
+void Policy::validate() const {
+  if (keep.kind == Kind::every_k) REMAT_CHECK(keep.k >= 1, "policy every-k: K must be at least 1, got ", keep.k);
+  if (keep.kind == Kind::selective) (void)selective(keep.ops);
+  if (keep.kind == Kind::budget && !keep.budget_auto)
+    REMAT_CHECK(keep.budget_bytes > 0, "policy budget: the budget must be positive");
+  REMAT_CHECK(saved.dynamic_bytes == 0 || keep.kind == Kind::save_all, "policy ", to_string(),
+              ": dynamic: decides value by value what is kept, so its keep axis is save-all (write dynamic:",
+              saved.dynamic_bytes, " alone, or give the layers that should be regions a policy of their own)");
+  if (saved.offload) (void)Policy{keep, Saved{saved.dynamic_bytes, {}}}.with_offload(*saved.offload);
 }
 
 namespace {
@@ -255,37 +261,39 @@ Policy Policy::parse(const std::string& raw) {
   }
 }
 
-std::string OffloadTarget::to_string() const {
-  std::string s = "offload:" + directory + ",threshold=" + std::to_string(threshold_bytes);
-  if (ram_bytes > 0) s += ",ram=" + std::to_string(ram_bytes);
-  return s;
-}
-
-std::string Policy::to_string() const {
-  std::string keep;
+std::string Keep::to_string() const {
   switch (kind) {
-    case Kind::save_all: keep = "save-all"; break;
-    case Kind::every_layer: keep = "every-layer"; break;
-    case Kind::every_k: keep = "every-k:" + std::to_string(k); break;
-    case Kind::selective:
-      keep = "selective:";
-      for (size_t i = 0; i < ops.size(); ++i) keep += (i ? "," : "") + ops[i];
-      break;
+    case Kind::save_all: return "save-all";
+    case Kind::every_layer: return "every-layer";
+    case Kind::every_k: return "every-k:" + std::to_string(k);
+    case Kind::selective: {
+      std::string text = "selective:";
+      for (size_t i = 0; i < ops.size(); ++i) text += (i ? "," : "") + ops[i];
+      return text;
+    }
     case Kind::budget:
-      if (!budget_auto)
-        keep = "budget:" + std::to_string(budget_bytes);
-      else
-        keep = memory_limit_bytes ? "budget:auto,limit=" + std::to_string(memory_limit_bytes) : "budget:auto";
-      break;
-    case Kind::dynamic: keep = "dynamic:" + std::to_string(budget_bytes); break;
+      if (!budget_auto) return "budget:" + std::to_string(budget_bytes);
+      return memory_limit_bytes ? "budget:auto,limit=" + std::to_string(memory_limit_bytes) : "budget:auto";
   }
-  if (!offload_to) return keep;
-  if (kind == Kind::save_all) return offload_to->to_string();
-  return keep + "+" + offload_to->to_string();
+  return "?";
 }
 
-bool Policy::keeps_op(const std::string& op) const {
+bool Keep::keeps_op(const std::string& op) const {
   return kind == Kind::selective && std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
+std::string Saved::to_string() const {
+  if (in_memory()) return "memory";
+  const std::string dynamic = dynamic_bytes ? "dynamic:" + std::to_string(dynamic_bytes) : "";
+  if (!offload) return dynamic;
+  return dynamic.empty() ? offload->to_string() : dynamic + "+" + offload->to_string();
+}
+
+// save-all with a placement prints as the placement alone (offload:DIR, dynamic:N, both).
+std::string Policy::to_string() const {
+  if (saved.in_memory()) return keep.to_string();
+  if (keep.kind == Kind::save_all) return saved.to_string();
+  return keep.to_string() + "+" + saved.to_string();
 }
 
 Policy current_policy() { return scoped_policy.value_or(Policy::every_layer()); }
@@ -296,35 +304,21 @@ namespace {
 thread_local std::optional<std::string> runtime_policy;
 }  // namespace
 
-// The runtime a policy starts, as text: its dynamic: budget or its offload target.
-static std::string runtime_text(const Policy& policy) {
-  const std::string target = policy.offload_to ? policy.offload_to->to_string() : "";
-  if (policy.kind != Policy::Kind::dynamic) return target;
-  return "dynamic:" + std::to_string(policy.budget_bytes) + (target.empty() ? "" : "+" + target);
-}
-
 ScopedPolicy::ScopedPolicy(Policy policy) : previous_(scoped_policy) {
-  if (policy.has_runtime()) {
-    const std::string text = runtime_text(policy);
+  policy.validate();
+  if (policy.saved.has_runtime()) {
+    const std::string text = policy.saved.to_string();  // the runtime it starts
     if (detail::dynamic_running() || detail::offload_running()) {
       // the same runtime, or dynamic:N inside dynamic:N+offload:... (the keep axis of the running one)
-      const bool same = runtime_policy && (*runtime_policy == text || (policy.kind == Policy::Kind::dynamic &&
+      const bool same = runtime_policy && (*runtime_policy == text || (!policy.saved.offload &&
                                                                      runtime_policy->rfind(text + "+", 0) == 0));
       REMAT_CHECK(same, "policy ", policy.to_string(), ": cannot start inside ",
                   runtime_policy ? "policy " + *runtime_policy : std::string("a DynamicScope or OffloadScope"),
                   ", which is running on this thread (one dynamic: or offload: runtime at a time); end it first");
+    } else if (policy.saved.dynamic_bytes > 0) {
+      runtime_ = std::make_shared<DynamicScope>(policy.saved.dynamic_bytes, policy.saved.offload);
     } else {
-      std::optional<OffloadOptions> options;
-      if (policy.offload_to) {
-        options.emplace();
-        options->directory = policy.offload_to->directory;
-        options->threshold_bytes = policy.offload_to->threshold_bytes;
-        options->ram_bytes = policy.offload_to->ram_bytes;
-      }
-      if (policy.kind == Policy::Kind::dynamic)
-        runtime_ = std::make_shared<DynamicScope>(policy.budget_bytes, options);
-      else
-        runtime_ = std::make_shared<OffloadScope>(*options);
+      runtime_ = std::make_shared<OffloadScope>(*policy.saved.offload);
     }
     if (runtime_) runtime_policy = text;
   }

@@ -73,7 +73,7 @@ bool inside_first_run() { return dynamic_cast<FirstRunObserver*>(autodiff::recor
 
 Region::Region(Kind kind, Policy policy, std::string label, std::shared_ptr<RegionProfile> profile,
                std::vector<schedule::PlanNode> sub_plan)
-    : kind_(kind), policy_(policy.keep()), label_(std::move(label)), profile_(std::move(profile)),
+    : kind_(kind), policy_(Policy{policy.keep, Saved{policy.saved.dynamic_bytes, {}}}), label_(std::move(label)), profile_(std::move(profile)),
       sub_plan_(std::move(sub_plan)) {}
 
 Region::~Region() {
@@ -205,14 +205,14 @@ void Region::on_op(autodiff::OpEvent& event) {
   // one copy of the op's definition for all who keep it
   const std::shared_ptr<autodiff::OpReplay> replay = event.make_replay();
   if (recorder_) recorder_->after_op(event, replay);
-  if (policy_.kind == Policy::Kind::selective) {
+  if (policy_.keep.kind == Policy::Kind::selective) {
     for (size_t i = 0; i < event.inputs.size(); ++i)
       if (event.inputs[i].defined() && event.saves_input(i))
         saved_by_ops_.emplace(event.inputs[i].storage().get(), event.inputs[i].storage());
     for (size_t i = 0; i < event.outputs.size(); ++i)
       if (event.outputs[i].defined() && event.saves_output(i))
         saved_by_ops_.emplace(event.outputs[i].storage().get(), event.outputs[i].storage());
-    if (policy_.keeps_op(event.op)) cache_.push_back({event.op, event.outputs, {}, false});
+    if (policy_.keep.keeps_op(event.op)) cache_.push_back({event.op, event.outputs, {}, false});
   }
   if (kind_ == Kind::segment && call_depth_ == 0) {
     // an op between layer calls: traced as a step of the segment
@@ -243,7 +243,7 @@ void Region::on_recording(const TensorList& inputs) {
 }
 
 bool Region::serve(const std::string& op, size_t& cursor, TensorList& outputs) {
-  if (!policy_.keeps_op(op)) return false;
+  if (!policy_.keep.keeps_op(op)) return false;
   REMAT_CHECK(cursor < cache_.size() && cache_[cursor].op == op, "checkpoint region '", label_,
               "': its recomputation ran ops in a different order than its first run (op ", op,
               "); a region's function must be deterministic");

@@ -36,7 +36,7 @@
 #include "tensor/device_time.h"
 #include "remat/budget.h"
 #include "remat/call.h"
-#include "remat/checkpoint.h"
+#include "remat/counters.h"
 #include "remat/policy.h"
 #include "remat/random.h"
 #include "remat/schedule.h"
@@ -154,7 +154,7 @@ class Region final : public autodiff::Node {
   std::vector<TensorList> route_input_grads(const TensorList& leaves, const autodiff::EngineResult& result) const;
 
   Kind kind_;
-  Policy policy_;  // its keep axis only: a replay runs under it and never starts an offload runtime
+  Policy policy_;  // without its offload target: a replay runs under it and never starts an offload runtime
   std::string label_;
   std::shared_ptr<RegionProfile> profile_;
   std::vector<schedule::PlanNode> sub_plan_;

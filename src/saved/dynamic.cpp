@@ -118,18 +118,20 @@ struct Cell : std::enable_shared_from_this<Cell> {
 
 // Note [evicting to a file]. Under dynamic:BYTES+offload:DIR an evicted value of at least the
 // target's threshold whose recomputation is estimated dearer than writing it out and reading it
-// back (the roofline's streaming rate, each way: 2e-10 s a byte; a formula, like the eviction
-// score, so that the eviction order stays reproducible) is written to a nameless file in DIR, in
+// back (the directory's bandwidth, measured once per process as budget plans charge it: Note
+// [measuring the offload target] in offload_file.cpp; one number for the whole run, so that the
+// eviction order within a run does not depend on timing noise) is written to a nameless file in DIR, in
 // the scope's thread, before its memory is released; the backward pass reads it back instead of
 // recomputing it (its digest is checked as a recomputation's would be). The eviction score uses
 // the cheaper of the two ways back. A value already in the file is evicted again without a
 // write. A failed write is a remat::Error before anything is released: nothing is lost.
 class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>, public autodiff::OpListener {
  public:
-  DynamicRuntime(size_t budget, const std::optional<OffloadOptions>& target) : budget_(budget) {
+  DynamicRuntime(size_t budget, const std::optional<OffloadTarget>& target) : budget_(budget) {
     if (target) {
       file_ = std::make_shared<SlotFile>(target->directory);
       file_threshold_ = target->threshold_bytes;
+      file_seconds_per_byte_ = offload_bandwidth(target->directory).seconds_per_byte();
     }
   }
 
@@ -284,6 +286,17 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     return c.counted && c.op != nullptr && c.locks == 0 && c.held.use_count() == 1;
   }
 
+  // Note [eviction score]. When holding one more value would take the held bytes past the budget,
+  // the held value t with the lowest h(t) = cost(t) / (bytes(t) * staleness(t)) is evicted, until
+  // the value fits. cost(t) is the estimated time (estimated_seconds) of the op that made t plus
+  // that of every evicted value its recomputation would need first, found by a walk of at most 64
+  // values: the paper's "evicted neighbourhood", computed directly instead of by its union-find
+  // approximation, since the graphs of one step are small. staleness(t) counts the op calls and
+  // saved-value reads since t was last used: a logical clock, so that decisions (and the peak) do
+  // not depend on timing noise. Only storages the runtime alone holds are evictable (evicting one
+  // the program still holds would free nothing), never one in use; the unit of eviction is the
+  // storage, which views share. Regions compose: the inputs they keep are saved values too.
+  //
   // The estimated time of recomputing c, including the evicted values its recomputation needs first.
   double cost_of(Cell& c) {
     const uint64_t stamp = ++visit_stamp_;
@@ -392,7 +405,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
   bool writable(const Cell& c) const {
     return file_ != nullptr && c.bytes >= file_threshold_ && c.held && c.held->device() == kCpu;
   }
-  static double transfer_seconds(size_t bytes) { return static_cast<double>(bytes) * 2e-10; }
+  double transfer_seconds(size_t bytes) const { return static_cast<double>(bytes) * file_seconds_per_byte_; }
 
   void write_out(Cell& c) {
     auto range = std::make_shared<FileRange>(file_, c.bytes);
@@ -483,6 +496,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
   size_t budget_;
   std::shared_ptr<SlotFile> file_;  // dynamic:+offload: (Note [evicting to a file])
   size_t file_threshold_ = 0;
+  double file_seconds_per_byte_ = 0;  // a write and a read back, measured (remat::offload_bandwidth)
   size_t resident_ = 0;
   uint64_t clock_ = 0, visit_stamp_ = 0;
   int replaying_ = 0;
@@ -507,7 +521,7 @@ SavedHandle::~SavedHandle() {
   }
 }
 
-std::shared_ptr<DynamicRuntime> make_dynamic_runtime(size_t budget, const std::optional<OffloadOptions>& target) {
+std::shared_ptr<DynamicRuntime> make_dynamic_runtime(size_t budget, const std::optional<OffloadTarget>& target) {
   return std::make_shared<DynamicRuntime>(budget, target);
 }
 
@@ -519,7 +533,7 @@ struct DynamicScope::State {
   autodiff::OpListener* previous = nullptr;
 };
 
-DynamicScope::DynamicScope(size_t budget_bytes, std::optional<OffloadOptions> evict_to) : state_(std::make_unique<State>()) {
+DynamicScope::DynamicScope(size_t budget_bytes, std::optional<OffloadTarget> evict_to) : state_(std::make_unique<State>()) {
   REMAT_CHECK(budget_bytes > 0, "DynamicScope: the budget must be positive");
   state_->runtime = detail::make_dynamic_runtime(budget_bytes, evict_to);
   std::shared_ptr<detail::DynamicRuntime> rt = state_->runtime;

@@ -1,6 +1,6 @@
 // Offloading saved values (policy offload:DIR): the saved-value hooks hand values to a store,
 // whose background thread writes them to a file and reads them back (the file and its ranges:
-// offload_file.cpp). The contract is in include/remat/dynamic.h.
+// offload_file.cpp). The contract is in include/remat/offload.h.
 //
 // Note [offload threads]. Everything that touches tensor accounting (allocating read buffers,
 // saved references, dropping the in-memory copy of a written value) happens on the thread that
@@ -29,7 +29,7 @@
 #include "offload_file.h"
 #include "tensor/allocate.h"
 #include "remat/backend.h"
-#include "remat/dynamic.h"
+#include "remat/offload.h"
 #include "remat/memory.h"
 #include "remat/saved_hooks.h"
 
@@ -105,7 +105,7 @@ struct OffloadEntry {
 
 class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
  public:
-  explicit OffloadStore(const OffloadOptions& options) : options_(options) {
+  OffloadStore(const OffloadTarget& options, const OffloadFaults& faults) : options_(options), faults_(faults) {
     namespace fs = std::filesystem;
     std::error_code ec;
     REMAT_CHECK(fs::is_directory(options.directory, ec), "policy offload: '", options.directory,
@@ -415,7 +415,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       Job job = std::move(jobs_.front());
       jobs_.pop_front();
       const bool abandoned = job.status.use_count() == 1;  // its value is gone
-      const bool inject = job.write && options_.fail_after_bytes > 0 && written_ + job.bytes > options_.fail_after_bytes;
+      const bool inject = job.write && faults_.fail_after_bytes > 0 && written_ + job.bytes > faults_.fail_after_bytes;
       lock.unlock();
       std::string error;
       bool ok = false;
@@ -425,8 +425,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
         error = "No space left on device (injected for a test)";
       } else {
         const auto io_start = std::chrono::steady_clock::now();
-        if (job.write && options_.write_delay_seconds > 0)
-          std::this_thread::sleep_for(std::chrono::duration<double>(options_.write_delay_seconds));
+        if (job.write && faults_.write_delay_seconds > 0)
+          std::this_thread::sleep_for(std::chrono::duration<double>(faults_.write_delay_seconds));
         ok = job.write ? write_all(file_->fd(), static_cast<const char*>(job.buffer.raw_data()), job.bytes, job.offset, error)
                        : read_all(file_->fd(), static_cast<char*>(job.buffer.raw_data()), job.bytes, job.offset, error);
         busy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - io_start).count();
@@ -485,7 +485,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     return detail::concat("the offload file in '", options_.directory, "' (at byte ", static_cast<long long>(offset), ")");
   }
 
-  OffloadOptions options_;
+  OffloadTarget options_;
+  OffloadFaults faults_;
   std::shared_ptr<SlotFile> file_;
   const std::thread::id owner_ = std::this_thread::get_id();  // the scope's thread
   const std::chrono::steady_clock::time_point opened_ = std::chrono::steady_clock::now();
@@ -515,9 +516,9 @@ struct OffloadScope::State {
   std::unique_ptr<ScopedSavedTensorHooks> hooks;
 };
 
-OffloadScope::OffloadScope(const OffloadOptions& options) : state_(std::make_unique<State>()) {
+OffloadScope::OffloadScope(const OffloadTarget& options, const OffloadFaults& faults) : state_(std::make_unique<State>()) {
   REMAT_CHECK(options.directory.find('\0') == std::string::npos, "offload: the directory contains a NUL byte");
-  state_->store = std::make_shared<detail::OffloadStore>(options);
+  state_->store = std::make_shared<detail::OffloadStore>(options, faults);
   std::shared_ptr<detail::OffloadStore> store = state_->store;
   SavedTensorHooks hooks;
   hooks.pack = [store](const Tensor& storage) -> PackedValue { return store->pack(storage); };
@@ -539,6 +540,12 @@ OffloadScope::~OffloadScope() {
   --detail::offload_scopes;
   state_->hooks.reset();
   if (state_->store) state_->store->close_scope();
+}
+
+std::string OffloadTarget::to_string() const {
+  std::string s = "offload:" + directory + ",threshold=" + std::to_string(threshold_bytes);
+  if (ram_bytes > 0) s += ",ram=" + std::to_string(ram_bytes);
+  return s;
 }
 
 }  // namespace remat

@@ -35,7 +35,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "remat/dynamic.h"
+#include "remat/offload.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -203,10 +203,15 @@ void release_offload_files() {
 
 namespace remat {
 
-// What a plan charges per offloaded byte: one write of the value and one read back, through a
-// file of the same kind the store uses, timed once per directory. The store overlaps its writes
-// with the forward pass and hands back resident pages without a copy, so the charge is an upper
-// bound of what offloading adds to a step; the plan report sets predicted against measured time.
+// Note [measuring the offload target]. What a plan (budget:...+offload:DIR) and dynamic:+offload:
+// charge per offloaded byte: one write of the value and one read back, through a file of the
+// same kind the store uses, timed once per directory and process. The write pass is timed up to
+// fdatasync, so that it counts the disk and not the page cache; the pages are then dropped
+// (POSIX_FADV_DONTNEED) and the read pass reads them from the disk. That is what a value costs
+// when memory is short, the reason to offload; with memory to spare the store's writes land in
+// the page cache behind the forward pass and its reads hand back resident pages without a copy
+// (offload.cpp), so the charge is an upper bound, and the plan report sets predicted against
+// measured step time. A file system that ignores the advice (tmpfs) measures its own speed.
 OffloadBandwidth offload_bandwidth(const std::string& directory) {
   static std::mutex mutex;
   static std::map<std::string, OffloadBandwidth> measured;
@@ -217,23 +222,27 @@ OffloadBandwidth offload_bandwidth(const std::string& directory) {
   std::vector<char> buffer(kPiece);
   for (size_t i = 0; i < kPiece; ++i) buffer[i] = static_cast<char>(i * 131);
   std::string error;
-  // the second pass over the file is timed: a store's file is reused from scope to scope, so its
-  // writes land on pages the file already has
+  const auto fail = [&](const char* what, const std::string& why) {
+    throw Error(detail::concat("offload bandwidth: ", what, " a file in '", directory, "' failed: ", why));
+  };
+  // the second write pass is timed: a store's file is reused from scope to scope, so its writes
+  // land on blocks the file already has
   const auto timed = [&](bool write) {
     const auto start = std::chrono::steady_clock::now();
     for (size_t k = 0; k < kPieces; ++k) {
       const off_t at = static_cast<off_t>(k * kPiece);
       const bool ok = write ? detail::write_all(file.fd(), buffer.data(), kPiece, at, error)
                             : detail::read_all(file.fd(), buffer.data(), kPiece, at, error);
-      REMAT_CHECK(ok, "offload bandwidth: ", write ? "writing to" : "reading from", " a file in '", directory,
-                  "' failed: ", error);
+      if (!ok) fail(write ? "writing to" : "reading from", error);
     }
+    if (write && ::fdatasync(file.fd()) != 0) fail("flushing", std::strerror(errno));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return static_cast<double>(kPiece * kPieces) / std::max(seconds, 1e-9);
   };
   OffloadBandwidth bandwidth;
   timed(true);
   bandwidth.write_bytes_per_second = timed(true);
+  ::posix_fadvise(file.fd(), 0, static_cast<off_t>(kPiece * kPieces), POSIX_FADV_DONTNEED);  // advice: may do nothing
   bandwidth.read_bytes_per_second = timed(false);
   measured[directory] = bandwidth;
   return bandwidth;

@@ -1,33 +1,45 @@
 // plan_chain: the exact rotor programme for short chains, the grouped planner for long ones.
 //
-// Note (the grouped planner). The chain is cut into `top_parts` near-equal parts; each part is a
+// Note [the grouped planner]. The chain is cut into `top_parts` near-equal parts; each part is a
 // stage or a group, split recursively into at most `group` parts (stages or smaller groups) with
-// all its stages at the same depth. A part offers a
-// menu of options; an option is a plan for the part's stages spliced into the enclosing
-// sequence, summarised by its time and three byte counts, all relative to what is live before it:
+// all its stages at the same depth. A part offers a menu of options; an option is a plan for the
+// part's stages spliced into the enclosing sequence, summarised by its time and three byte counts,
+// all relative to what is live before it:
 //   fwd  the peak of its forward part;
-//   R    what it keeps after its forward part (its output boundary included);
+//   R    what it keeps after its forward part (its output boundary included, an input it
+//        offloads taken off: R may be negative);
 //   bwd  the peak of its backward part, which starts with R live (the output boundary replaced by
 //        its gradient) and ends with the gradient of its input.
-// A stage has one option, recorded: fwd = R = xbar + x_out, bwd = R + x_in. For a group, a
-// rotor-like programme over its parts (the menu programme below) fills, for every sub-range of
-// parts and memory m in units of the group's own scale, the least time in top-level mode (as a
-// whole chain) and in re-run mode (with the incoming gradient held). Its choices are those of
-// rotor with "stage a recorded" replaced by "part a with option k":
-//   not last:        m >= max(fwd, bwd) (+ the gradient during fwd in re-run mode),
-//                    time_k + C(a+1, b, m - R);
-//   last, top level: m >= max(fwd, R + x_out, bwd);   last, re-run: m >= max(fwd + x_out, bwd);
-//   region of parts [a, c-1] first: as rotor, with the region's forward sweep over its stages.
-// Every byte count is rounded up to the unit and the budget down, so a plan that fits in units
-// fits in bytes. The group's options are then read off its tables at 16 memories from its least
-// feasible one to its largest (quadratically spaced): the top-level plan of the group (spliced),
-// and the group as one region re-run by its re-run plan (R = x_out only). Their summaries are
-// computed exactly from the parts' summaries (summarize), and dominated options are dropped. At the top, the same
-// programme runs over the top parts at the caller's limit with `slots` units, and the chosen
-// options are expanded into a PlanNode tree, which make_plan simulates in exact bytes.
+// The cost model is the exact programme's (docs/planners.md), gradients g counted or not as
+// ChainCosts says. A stage offers two options: recorded, fwd = R = xbar + x_out and
+// bwd = xbar + g_out + g_in; and, with an offload target, recorded and offloaded: the same at
+// c * xbar more time, with R = x_out (the record is out until its backward). For a group, a
+// rotor-like programme over its parts (the menu programme, rotor_menu.cpp) fills, for every
+// sub-range of parts and memory m in units of the group's own scale, the least time in re-run
+// mode (with the incoming gradient held), and for every suffix in top-level mode (as a whole
+// chain), once without offload and once with. Its choices are those of rotor with "stage a
+// recorded" replaced by "part a with option k":
+//   not last:        m >= max(fwd, bwd, R) (+ the gradient during fwd in re-run mode),
+//                    time_k + C(a+1, b, min(M, m - R));
+//   last, top level: m >= max(fwd, R + g_out, bwd);   last, re-run: m >= max(fwd + g_out, bwd);
+//   region of parts [a, c-1] first: as rotor, with the region's forward sweep over its stages;
+//   top level with offload, the same region with its input offloaded while [c, b] runs (not
+//   a_0): c * x_in more time, and [c, b] gets min(M, m - x_c + x_in rounded down).
+// An option whose plan offloads is offered in top-level sequences only: a re-run's values are read
+// by the backward that follows it at once. A group's top-level plan spliced into a top-level
+// sequence is top-level itself, so an offload decision is open to every layer call whatever the
+// depth of its group. Every byte count is rounded up to the unit and the budget and an offloaded
+// input's credit down, so a plan that fits in units fits in bytes. The group's options are read
+// off its tables at 16 memories from each mode's least feasible one to its largest (quadratically
+// spaced): its top-level plans (spliced; without and with offload) and the group as one region
+// re-run by its re-run plan (R = x_out only). Their summaries are computed exactly from the parts'
+// summaries (summarize), and dominated options are dropped (one that offloads never displaces one
+// that does not). At the top, the same programme runs over the top parts at the caller's limit
+// with `slots` units, and the chosen options are expanded into a PlanNode tree, which make_plan
+// simulates in exact bytes.
 // The work is one programme per group: O(group^3 * group_slots) for the regions plus
 // O(group^2 * group_slots * options) for the parts, so O(L * group^2 * group_slots) in all, plus
-// O(top_parts^3 * slots) at the top.
+// O(top_parts^3 * slots) at the top; the top-level rows with offload add about a fifth.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -39,193 +51,49 @@
 
 #include "remat/error.h"
 #include "remat/schedule.h"
+#include "rotor_menu.h"
 
 namespace remat::schedule {
 
 namespace {
 
+using grouped::Mode;
+using grouped::Model;
+using grouped::Option;
+using grouped::Part;
+using grouped::PartNode;
+using grouped::Summary;
+
 constexpr double kInfinite = std::numeric_limits<double>::infinity();
-constexpr int kLevelsPerMenu = 16;    // memories read off each table (top-level and re-run)
-constexpr int16_t kRegionBase = 1024;  // choice >= kRegionBase: a region of choice - kRegionBase parts
-
-// A node of a plan over a group's parts: part `first` with one of its options, or a region of
-// parts [first, last] re-run by `children`.
-struct PartNode {
-  int first = 0, last = 0;
-  int option = -1;  // -1: region
-  std::vector<PartNode> children;
-};
-
-struct Option {
-  double time = 0;
-  size_t fwd = 0, kept = 0, bwd = 0;  // fwd, R, bwd of the Note
-  bool whole_region = false;          // the part as one region, re-run by `plan`
-  std::vector<PartNode> plan;         // over the part's own parts (empty for a stage)
-};
-
-struct Part {
-  int first = 0, last = 0;  // stages
-  double forward_time = 0;
-  size_t x_in = 0, x_out = 0;
-  size_t sweep_first = 0, sweep_later = 0;  // forward sweep peak as a region's first / later part
-  std::vector<Option> options;
-  std::vector<Part> parts;  // empty for a stage
-};
+constexpr int kLevelsPerMenu = 16;  // memories read off each table (each mode)
 
 size_t units_of(size_t bytes, size_t unit) { return bytes / unit + (bytes % unit != 0); }
-size_t pair_index(int a, int b) { return static_cast<size_t>(b) * (static_cast<size_t>(b) + 1) / 2 + static_cast<size_t>(a); }
 
-struct Summary {
-  double time = 0;
-  size_t fwd = 0, kept = 0, bwd = 0;
-  size_t peak() const { return std::max(fwd, bwd); }
-};
-
-size_t region_sweep(const std::vector<Part>& parts, int first, int last) {
-  size_t sweep = parts[static_cast<size_t>(first)].sweep_first;
-  for (int e = first + 1; e <= last; ++e) sweep = std::max(sweep, parts[static_cast<size_t>(e)].sweep_later);
-  return sweep;
+// The index of the fastest option that offloads nothing (one that a re-run may use).
+int fastest_in_memory(const Part& part) {
+  for (size_t k = 0; k < part.options.size(); ++k)
+    if (!part.options[k].offloads) return static_cast<int>(k);
+  throw Error("plan_chain: a part has no option without offload (internal error)");
 }
 
-double region_time(const std::vector<Part>& parts, int first, int last) {
-  double time = 0;
-  for (int e = first; e <= last; ++e) time += parts[static_cast<size_t>(e)].forward_time;
-  return time;
+// The top-level need of every part at its fastest option without offload: the scale of a table.
+size_t fastest_scale(const std::vector<Part>& parts, size_t x_out, const Model& model) {
+  std::vector<PartNode> fastest;
+  for (int e = 0; e < static_cast<int>(parts.size()); ++e)
+    fastest.push_back(PartNode{e, e, fastest_in_memory(parts[static_cast<size_t>(e)]), false, {}});
+  const Summary all = grouped::summarize(parts, fastest, true, model);
+  const int64_t need = std::max({all.fwd, all.kept + model.gradient(x_out), all.bwd, int64_t{1}});
+  return static_cast<size_t>(need);
 }
-
-// The exact summary of a sequence over parts (top level: no incoming gradient; re-run: the
-// gradient of the sequence's output is live from the start and fwd includes it).
-Summary summarize(const std::vector<Part>& parts, const std::vector<PartNode>& sequence, bool top) {
-  const size_t gradient = top ? 0 : parts[static_cast<size_t>(sequence.back().last)].x_out;
-  Summary s;
-  size_t live = gradient;
-  std::vector<size_t> base;
-  std::vector<size_t> own_bwd;
-  for (const PartNode& node : sequence) {
-    base.push_back(live - gradient);
-    if (node.option >= 0) {
-      const Option& o = parts[static_cast<size_t>(node.first)].options[static_cast<size_t>(node.option)];
-      s.fwd = std::max(s.fwd, live + o.fwd);
-      live += o.kept;
-      s.time += o.time;
-      own_bwd.push_back(o.bwd);
-    } else {
-      s.fwd = std::max(s.fwd, live + region_sweep(parts, node.first, node.last));
-      live += parts[static_cast<size_t>(node.last)].x_out;
-      const Summary rerun = summarize(parts, node.children, false);
-      s.time += region_time(parts, node.first, node.last) + rerun.time;
-      own_bwd.push_back(rerun.peak());
-    }
-  }
-  s.kept = live - gradient;
-  for (size_t k = 0; k < sequence.size(); ++k) s.bwd = std::max(s.bwd, base[k] + own_bwd[k]);
-  return s;
-}
-
-// The menu programme over parts[0..n-1] with sizes in `unit` bytes and memories 0..budget units.
-class MenuTable {
- public:
-  MenuTable(const std::vector<Part>& parts, size_t unit, int64_t budget)
-      : parts_(parts), n_(static_cast<int>(parts.size())), unit_(unit), width_(static_cast<size_t>(budget) + 1) {
-    rerun_cost_.assign(pair_index(0, n_) * width_, kInfinite);
-    rerun_choice_.assign(pair_index(0, n_) * width_, -1);
-    top_cost_.assign(static_cast<size_t>(n_) * width_, kInfinite);
-    top_choice_.assign(static_cast<size_t>(n_) * width_, -1);
-    for (int length = 1; length <= n_; ++length)
-      for (int a = 0; a + length <= n_; ++a) fill(a, a + length - 1, false);
-    for (int a = n_ - 1; a >= 0; --a) fill(a, n_ - 1, true);
-  }
-
-  int64_t budget() const { return static_cast<int64_t>(width_) - 1; }
-  double cost(int a, int b, int64_t m, bool top) const { return m < 0 ? kInfinite : row(a, b, top)[m]; }
-  // The least memory with a plan for all parts, or -1.
-  int64_t least(bool top) const {
-    for (int64_t m = 0; m <= budget(); ++m)
-      if (cost(0, n_ - 1, m, top) < kInfinite) return m;
-    return -1;
-  }
-
-  std::vector<PartNode> build(int a, int b, int64_t m, bool top) const {
-    std::vector<PartNode> sequence;
-    while (a <= b) {
-      const int16_t pick = choice(a, b, m, top);
-      if (pick < 0) throw Error("plan_chain: reconstruction reached an infeasible entry (internal error)");
-      if (pick < kRegionBase) {
-        sequence.push_back(PartNode{a, a, pick, {}});
-        m -= static_cast<int64_t>(units_of(option(a, pick).kept, unit_));
-        a += 1;
-      } else {
-        const int c = a + (pick - kRegionBase);
-        sequence.push_back(PartNode{a, c - 1, -1, build(a, c - 1, m, false)});
-        m -= static_cast<int64_t>(units_of(parts_[static_cast<size_t>(c)].x_in, unit_));
-        a = c;
-      }
-    }
-    return sequence;
-  }
-
- private:
-  const Option& option(int a, int k) const { return parts_[static_cast<size_t>(a)].options[static_cast<size_t>(k)]; }
-  size_t offset(int a, int b, bool top) const { return (top ? static_cast<size_t>(a) : pair_index(a, b)) * width_; }
-  const double* row(int a, int b, bool top) const { return (top ? top_cost_ : rerun_cost_).data() + offset(a, b, top); }
-  int16_t choice(int a, int b, int64_t m, bool top) const {
-    return (top ? top_choice_ : rerun_choice_)[offset(a, b, top) + static_cast<size_t>(m)];
-  }
-
-  void fill(int a, int b, bool top) {
-    double* best = (top ? top_cost_ : rerun_cost_).data() + offset(a, b, top);
-    int16_t* pick = (top ? top_choice_ : rerun_choice_).data() + offset(a, b, top);
-    const int64_t budget = this->budget();
-    const auto u = [this](size_t bytes) { return static_cast<int64_t>(units_of(bytes, unit_)); };
-    const Part& part = parts_[static_cast<size_t>(a)];
-    const int64_t gradient = top ? 0 : u(parts_[static_cast<size_t>(b)].x_out);
-    const double* rest = a < b ? row(a + 1, b, top) : nullptr;
-    for (size_t k = 0; k < part.options.size(); ++k) {
-      const Option& o = part.options[k];
-      const int64_t fwd = u(o.fwd), kept = u(o.kept), bwd = u(o.bwd), out = u(part.x_out);
-      int64_t need = 0;
-      if (a < b)
-        need = std::max({fwd + gradient, bwd, kept});
-      else
-        need = top ? std::max({fwd, kept + out, bwd}) : std::max(fwd + out, bwd);
-      for (int64_t m = need; m <= budget; ++m) {
-        const double total = o.time + (rest ? rest[m - kept] : 0.0);
-        if (total < best[m]) {
-          best[m] = total;
-          pick[m] = static_cast<int16_t>(k);
-        }
-      }
-    }
-    size_t sweep = 0;
-    double sweep_time = 0;
-    for (int c = a + 1; c <= b; ++c) {
-      const Part& last = parts_[static_cast<size_t>(c - 1)];
-      sweep = std::max(sweep, c - 1 == a ? last.sweep_first : last.sweep_later);
-      sweep_time += last.forward_time;
-      const int64_t keep = u(parts_[static_cast<size_t>(c)].x_in);
-      const double* after = row(c, b, top);
-      const double* region = row(a, c - 1, false);
-      for (int64_t m = std::max(gradient + u(sweep), keep); m <= budget; ++m) {
-        const double total = sweep_time + after[m - keep] + region[m];
-        if (total < best[m]) {
-          best[m] = total;
-          pick[m] = static_cast<int16_t>(kRegionBase + (c - a));
-        }
-      }
-    }
-  }
-
-  const std::vector<Part>& parts_;
-  int n_;
-  size_t unit_, width_;
-  std::vector<double> rerun_cost_, top_cost_;
-  std::vector<int16_t> rerun_choice_, top_choice_;
-};
 
 // Builds the part tree and every group's menu, bottom-up.
 class GroupBuilder {
  public:
-  GroupBuilder(const ChainCosts& costs, const ChainPlanOptions& options) : costs_(costs), options_(options) {}
+  GroupBuilder(const ChainCosts& costs, const ChainPlanOptions& options) : costs_(costs), options_(options) {
+    model_.gradients_counted = costs.gradients_counted;
+    model_.offload_seconds_per_byte = costs.offload_seconds_per_byte;
+  }
+  const Model& model() const { return model_; }
 
   // The levels of groups a part of `stages` stages needs (group^levels >= stages).
   int levels_for(int64_t stages) const {
@@ -308,11 +176,18 @@ class GroupBuilder {
     p.x_out = x[at + 1];
     p.sweep_first = x[at + 1];
     p.sweep_later = x[at] + x[at + 1];
-    Option o;
+    const int64_t record = static_cast<int64_t>(costs_.saved_bytes[at]), out = static_cast<int64_t>(x[at + 1]);
+    Option o;  // recorded
     o.time = costs_.forward_time[at] + costs_.backward_time[at];
-    o.fwd = o.kept = costs_.saved_bytes[at] + x[at + 1];
-    o.bwd = o.kept + x[at];
-    p.options.push_back(std::move(o));
+    o.fwd = o.kept = record + out;
+    o.bwd = record + model_.gradient(x[at + 1]) + model_.gradient(x[at]);
+    p.options.push_back(o);
+    if (model_.can_offload()) {  // recorded, the record offloaded until its backward
+      o.time += model_.offload_seconds_per_byte * static_cast<double>(record);
+      o.kept = out;
+      o.offloads = o.offload_record = true;
+      p.options.push_back(o);
+    }
     return p;
   }
 
@@ -320,21 +195,49 @@ class GroupBuilder {
 
   const ChainCosts& costs_;
   const ChainPlanOptions& options_;
+  Model model_;
   int64_t total_ = 1, done_ = 0;
   int reported_ = -1;
 };
 
-// Drops options no better than another in every respect (time, fwd, R, bwd).
+// Drops options no better than another in every respect (time, fwd, R, bwd, and usable where it
+// is: one that offloads does not replace one that a re-run may use).
 void prune(std::vector<Option>& options) {
-  std::sort(options.begin(), options.end(), [](const Option& l, const Option& r) { return l.time < r.time; });
+  std::stable_sort(options.begin(), options.end(), [](const Option& l, const Option& r) {
+    return l.time < r.time || (l.time == r.time && !l.offloads && r.offloads);
+  });
   std::vector<Option> kept;
   for (Option& o : options) {
     bool dominated = false;
     for (const Option& k : kept)
-      if (k.time <= o.time && k.fwd <= o.fwd && k.kept <= o.kept && k.bwd <= o.bwd) dominated = true;
+      if (k.time <= o.time && k.fwd <= o.fwd && k.kept <= o.kept && k.bwd <= o.bwd && (!k.offloads || o.offloads))
+        dominated = true;
     if (!dominated) kept.push_back(std::move(o));
   }
   options = std::move(kept);
+}
+
+// The group's option read off its table at memory m: its top-level plan spliced into the enclosing
+// sequence, or (re-run mode) the whole group as one region re-run by that plan.
+Option option_at(const Part& g, const grouped::MenuTable& table, int64_t m, Mode mode, const Model& model) {
+  const std::vector<Part>& parts = g.parts;
+  Option o;
+  o.plan = table.build(0, static_cast<int>(parts.size()) - 1, m, mode);
+  const Summary s = grouped::summarize(parts, o.plan, mode != Mode::rerun, model);
+  o.time = s.time;
+  if (mode != Mode::rerun) {
+    o.fwd = s.fwd;
+    o.kept = s.kept;
+    o.bwd = s.bwd;
+    o.offloads = grouped::offloads(parts, o.plan);
+  } else {
+    o.whole_region = true;
+    o.time += g.forward_time;
+    o.fwd = static_cast<int64_t>(g.sweep_first);
+    o.kept = static_cast<int64_t>(g.x_out);
+    o.bwd = s.peak();
+  }
+  return o;
 }
 
 Part GroupBuilder::group(int first, int last, int levels) {
@@ -346,18 +249,21 @@ Part GroupBuilder::group(int first, int last, int levels) {
   const int n = static_cast<int>(parts.size());
   g.x_in = parts.front().x_in;
   g.x_out = parts.back().x_out;
-  g.forward_time = region_time(parts, 0, n - 1);
-  g.sweep_first = region_sweep(parts, 0, n - 1);
+  g.forward_time = grouped::region_time(parts, 0, n - 1);
+  g.sweep_first = grouped::region_sweep(parts, 0, n - 1);
   g.sweep_later = std::max(g.sweep_first, parts.front().sweep_later);
-  // The scale: the top-level need of every part at its fastest option (options are sorted).
-  std::vector<PartNode> fastest;
-  for (int e = 0; e < n; ++e) fastest.push_back(PartNode{e, e, 0, {}});
-  const Summary all = summarize(parts, fastest, true);
-  const size_t scale = std::max({all.fwd, all.kept + g.x_out, all.bwd, size_t{1}});
+  const size_t scale = fastest_scale(parts, g.x_out, model_);
   const size_t unit = std::max<size_t>(1, units_of(scale, static_cast<size_t>(options_.group_slots)));
-  const MenuTable table(parts, unit, static_cast<int64_t>(units_of(scale, unit)));
-  for (const bool top : {true, false}) {
-    const int64_t least = table.least(top);
+  // Each part's sizes are rounded up to the unit, so the fastest plan may need up to one unit a
+  // part more than its scale: a group with no plan at its scale is read at that much more.
+  const int64_t scaled = static_cast<int64_t>(units_of(scale, unit));
+  std::optional<grouped::MenuTable> fitted;
+  fitted.emplace(parts, model_, unit, scaled, true, true);
+  if (fitted->least(Mode::top) < 0 && fitted->least(Mode::rerun) < 0) fitted.emplace(parts, model_, unit, scaled + n, true, true);
+  const grouped::MenuTable& table = *fitted;
+  for (const Mode mode : {Mode::top, Mode::rerun, Mode::top_offload}) {
+    if (mode == Mode::top_offload && !model_.can_offload()) continue;
+    const int64_t least = table.least(mode);
     if (least < 0) continue;
     int64_t previous = -1;
     for (int level = 0; level < kLevelsPerMenu; ++level) {
@@ -366,22 +272,7 @@ Part GroupBuilder::group(int first, int last, int levels) {
       const int64_t m = least + span * level * level / (steps * steps);
       if (m == previous) continue;
       previous = m;
-      Option o;
-      o.plan = table.build(0, n - 1, m, top);
-      const Summary s = summarize(parts, o.plan, top);
-      o.time = s.time;
-      if (top) {
-        o.fwd = s.fwd;
-        o.kept = s.kept;
-        o.bwd = s.bwd;
-      } else {
-        o.whole_region = true;
-        o.time += g.forward_time;
-        o.fwd = g.sweep_first;
-        o.kept = g.x_out;
-        o.bwd = s.peak();
-      }
-      g.options.push_back(std::move(o));
+      g.options.push_back(option_at(g, table, m, mode, model_));
     }
   }
   if (g.options.empty()) throw Error("plan_chain: a group has no plan (internal error)");
@@ -402,11 +293,12 @@ PlanNode make_region(int first, int last, std::vector<PlanNode> children) {
 }
 
 void expand_option(const Part& part, int k, std::vector<PlanNode>& out) {
+  const Option& o = part.options[static_cast<size_t>(k)];
   if (part.parts.empty()) {
     out.push_back(PlanNode::stage(part.first));
+    if (o.offload_record) out.back().offload();
     return;
   }
-  const Option& o = part.options[static_cast<size_t>(k)];
   if (!o.whole_region) {
     expand_sequence(part.parts, o.plan, out);
     return;
@@ -426,6 +318,7 @@ void expand_sequence(const std::vector<Part>& parts, const std::vector<PartNode>
     expand_sequence(parts, node.children, children);
     out.push_back(make_region(parts[static_cast<size_t>(node.first)].first, parts[static_cast<size_t>(node.last)].last,
                               std::move(children)));
+    if (node.offloaded) out.back().offload();  // its input goes to the offload target
   }
 }
 
@@ -439,13 +332,19 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   builder.set_total(builder.count_top_groups(stages, count) + 1);  // + 1: the top-level programme
   const std::vector<Part> parts = builder.split_top(stages, count);
   const size_t slots = static_cast<size_t>(options.slots);
+  const Model& model = builder.model();
+  const Mode mode = model.can_offload() ? Mode::top_offload : Mode::top;
+  const int last = static_cast<int>(parts.size()) - 1;
+  const auto table_at = [&](size_t unit, int64_t budget) {
+    return grouped::MenuTable(parts, model, unit, budget, mode == Mode::top, mode == Mode::top_offload);
+  };
   const auto plan_at = [&](size_t available) -> std::vector<PlanNode> {
     const size_t unit = std::max<size_t>(1, units_of(available, slots));
-    const MenuTable table(parts, unit, static_cast<int64_t>(available / unit));
+    const grouped::MenuTable table = table_at(unit, static_cast<int64_t>(available / unit));
     const int64_t budget = table.budget();
     std::vector<PlanNode> tree;
-    if (table.cost(0, static_cast<int>(parts.size()) - 1, budget, true) == kInfinite) return tree;
-    expand_sequence(parts, table.build(0, static_cast<int>(parts.size()) - 1, budget, true), tree);
+    if (table.cost(0, last, budget, mode) == kInfinite) return tree;
+    expand_sequence(parts, table.build(0, last, budget, mode), tree);
     return tree;
   };
   const size_t x0 = costs.boundary_bytes[0];
@@ -455,17 +354,25 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   result.levels = levels;
   if (tree.empty()) {
     // The least peak reachable: the least memory of the programme at the scale of the fastest plan.
-    std::vector<PartNode> fastest;
-    for (int e = 0; e < static_cast<int>(parts.size()); ++e) fastest.push_back(PartNode{e, e, 0, {}});
-    const Summary all = summarize(parts, fastest, true);
-    const size_t scale = std::max({all.fwd, all.kept + costs.boundary_bytes.back(), all.bwd, size_t{1}});
+    const size_t scale = fastest_scale(parts, costs.boundary_bytes.back(), model);
     const size_t unit = std::max<size_t>(1, units_of(scale, slots));
-    const MenuTable table(parts, unit, static_cast<int64_t>(units_of(scale, unit)));
-    const int64_t least = table.least(true);
-    if (least < 0) throw Error("plan_chain: the grouped planner found no plan at any memory (internal error)");
-    std::vector<PlanNode> smallest;
-    expand_sequence(parts, table.build(0, static_cast<int>(parts.size()) - 1, least, true), smallest);
-    Plan plan = make_plan(costs, std::move(smallest));
+    // Both top-level modes with an offload target: the plan that offloads has the least memory in
+    // units, but the one that does not may simulate lower in bytes; the lower one is the least
+    // peak, so an offload target never raises it.
+    const grouped::MenuTable table(parts, model, unit, static_cast<int64_t>(units_of(scale, unit) + parts.size()), true,
+                                   mode == Mode::top_offload);
+    std::optional<Plan> lowest;
+    for (const Mode at : {Mode::top, Mode::top_offload}) {
+      if (at == Mode::top_offload && mode != Mode::top_offload) continue;
+      const int64_t least = table.least(at);
+      if (least < 0) continue;
+      std::vector<PlanNode> smallest;
+      expand_sequence(parts, table.build(0, last, least, at), smallest);
+      Plan candidate = make_plan(costs, std::move(smallest));
+      if (!lowest || candidate.predicted_peak_bytes < lowest->predicted_peak_bytes) lowest = std::move(candidate);
+    }
+    if (!lowest) throw Error("plan_chain: the grouped planner found no plan at any memory (internal error)");
+    Plan plan = std::move(*lowest);
     if (plan.predicted_peak_bytes > memory_limit) {
       std::ostringstream out;
       out << "plan_chain: memory limit " << memory_limit << " bytes is below the smallest peak the grouped planner "

@@ -85,6 +85,7 @@ struct PlanOptions {
   TrainOptions train;  // the model options (and --json, --threads)
   std::string budget;  // e.g. "64MiB"
   std::string costs;   // a JSON file of per-stage costs instead of a model
+  std::string offload;  // a directory: the smallest budget with it too, and --budget planned with it
 };
 int run_plan(const PlanOptions& options);
 

@@ -17,6 +17,7 @@
 #include "remat/budget.h"
 #include "remat/dynamic.h"
 #include "remat/nn.h"
+#include "remat/offload.h"
 #include "remat/remat.h"
 #include "remat/schedule.h"
 
@@ -34,6 +35,10 @@ struct ModelProfile {
   std::optional<BudgetPlanner::FeasibleRange> budget_range;
   std::optional<DynamicRange> dynamic_range;
   std::vector<std::string> labels;  // the layer call of each stage (a model)
+  // --offload DIR: the target, its measured bandwidth and the smallest budget with it
+  std::string offload_target;
+  OffloadBandwidth bandwidth;
+  std::optional<size_t> offload_smallest;
 };
 
 // Profiles the GPT of `remat train` with these options, as its steps run (a forward and backward
@@ -112,6 +117,11 @@ std::string feasible_text(const ModelProfile& p) {
   if (p.budget_range)
     text += "  budget:  from " + bytes_both(p.budget_range->smallest_budget_bytes) + ", save-all's peak " +
             bytes_both(p.budget_range->save_all_peak_bytes) + "\n";
+  if (p.offload_smallest)
+    text += "  budget:+" + p.offload_target + ":  from " + bytes_both(*p.offload_smallest) +
+            " (kept values may live in the target: written at " +
+            memory::format_bytes(p.bandwidth.write_bytes_per_second) + "/s, read at " +
+            memory::format_bytes(p.bandwidth.read_bytes_per_second) + "/s)\n";
   if (p.dynamic_range)
     text += "  dynamic: from " + bytes_both(p.dynamic_range->smallest_budget_bytes) + ", save-all's peak " +
             bytes_both(p.dynamic_range->save_all_peak_bytes) + " (" + std::to_string(p.dynamic_range->runs) +
@@ -126,6 +136,11 @@ nlohmann::json feasible_json(const ModelProfile& p) {
   if (p.budget_range)
     j["budget"] = {{"smallest_bytes", p.budget_range->smallest_budget_bytes},
                    {"save_all_peak_bytes", p.budget_range->save_all_peak_bytes}};
+  if (p.offload_smallest)
+    j["budget_offload"] = {{"target", p.offload_target},
+                           {"smallest_bytes", *p.offload_smallest},
+                           {"write_bytes_per_second", p.bandwidth.write_bytes_per_second},
+                           {"read_bytes_per_second", p.bandwidth.read_bytes_per_second}};
   if (p.dynamic_range)
     j["dynamic"] = {{"smallest_bytes", p.dynamic_range->smallest_budget_bytes},
                     {"save_all_peak_bytes", p.dynamic_range->save_all_peak_bytes},
@@ -274,6 +289,14 @@ int run_plan(const PlanOptions& o) {
                                                         rs::plan_save_all(profile.costs).predicted_peak_bytes};
   } else {
     profile = profile_model(o);
+  }
+  if (!o.offload.empty()) {  // the same chain with its kept values allowed in the target
+    profile.offload_target = OffloadTarget{o.offload}.to_string();
+    profile.bandwidth = offload_bandwidth(o.offload);
+    profile.costs.offload_seconds_per_byte = profile.bandwidth.seconds_per_byte();
+    rs::ChainPlanOptions least;
+    least.progress = planning_progress("remat plan: the smallest feasible budget with offload");
+    profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;
   }
   if (!budget) {  // the feasible range alone
     if (o.train.json)

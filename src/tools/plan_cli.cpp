@@ -11,6 +11,9 @@ Subcommand add_plan(CLI::App& app) {
   PlanOptions& plan = command->options;
   p->add_option("--budget", plan.budget, "memory budget for saved bytes, e.g. 64MiB (without it: the feasible range alone)");
   p->add_option("--costs", plan.costs, "JSON file of per-stage costs instead of profiling a model");
+  p->add_option("--offload", plan.offload,
+                "a directory to offload kept values to: also the smallest budget of budget:BYTES+offload:DIR, and "
+                "--budget planned with it (at the directory's measured bandwidth)");
   p->add_option("--data", plan.train.data,
                 "text file or folder, at most " + std::to_string(kMaxCorpusMiB) + " MiB (for the vocabulary)");
   add_model_options(command->numbers, plan.train);

@@ -94,7 +94,7 @@ void print_banner(const Human& say, const TrainOptions& o, const DataParallel& d
 // probing steps run no collectives.
 [[noreturn]] void rethrow_with_dynamic_minimum(const Error& e, const TrainOptions& o, const DataParallel& dp,
                                                 const Policy& policy, Loaded& l) {
-  if (policy.kind != Policy::Kind::dynamic || dp.world > 1 || counters().dynamic.smallest_feasible_bytes <= policy.budget_bytes)
+  if (policy.saved.dynamic_bytes == 0 || dp.world > 1 || counters().dynamic.smallest_feasible_bytes <= policy.saved.dynamic_bytes)
     throw;
   const Batch batch = sample_batch(l.split.train, o.batch, l.config.seq, o.seed, 0, l.device);
   const DynamicRange range = dynamic_feasible_range([&] {
@@ -149,7 +149,7 @@ RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const Check
 
   r.step_median = median(m.step_seconds);
   r.tokens_per_second = tokens_per_step(o, dp, l.config) / r.step_median;
-  if (policy.kind == Policy::Kind::budget) r.plan = l.model->planner()->report();
+  if (policy.keep.kind == Policy::Kind::budget) r.plan = l.model->planner()->report();
   if (r.plan) {
     // the plan predicts the chain of blocks; the rest of the step is taken from the profiling step
     double outside = std::max(0.0, m.profiling_step_seconds - r.plan->profiled_chain_seconds);

@@ -60,12 +60,12 @@ CheckedOptions check_options(const TrainOptions& o, const DataParallel& dp) {
     throw UsageError(detail::concat("train --policy: ", e.what()));
   }
   if (!o.memory_limit.empty()) {
-    REMAT_USAGE_CHECK(checked.policy.budget_auto, "train: --memory-limit caps the memory of --policy budget:auto, "
+    REMAT_USAGE_CHECK(checked.policy.keep.budget_auto, "train: --memory-limit caps the memory of --policy budget:auto, "
                       "and the policy is ", o.policy, "; pass --policy budget:auto (a fixed budget: budget:BYTES)");
-    REMAT_USAGE_CHECK(checked.policy.memory_limit_bytes == 0, "train: --memory-limit ", o.memory_limit,
+    REMAT_USAGE_CHECK(checked.policy.keep.memory_limit_bytes == 0, "train: --memory-limit ", o.memory_limit,
                       " and the policy's limit= (", o.policy, ") both cap the memory; give one of them");
-    checked.policy.memory_limit_bytes = parse_bytes_option("train --memory-limit", o.memory_limit);
-    REMAT_USAGE_CHECK(checked.policy.memory_limit_bytes > 0, "train: --memory-limit must be positive, got ", o.memory_limit);
+    checked.policy.keep.memory_limit_bytes = parse_bytes_option("train --memory-limit", o.memory_limit);
+    REMAT_USAGE_CHECK(checked.policy.keep.memory_limit_bytes > 0, "train: --memory-limit must be positive, got ", o.memory_limit);
   }
   REMAT_USAGE_CHECK(o.steps >= 1 && o.steps <= kMaxSteps, "train: --steps must be from 1 to ", kMaxSteps, ", got ", o.steps);
   REMAT_USAGE_CHECK(o.batch >= 1 && o.seq >= 2, "train: --batch must be >= 1 and --seq >= 2");

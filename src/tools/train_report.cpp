@@ -70,14 +70,14 @@ void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m,
 void print_policy_counters(const Human& say, const TrainOptions& o, const Policy& policy, const RunMeasure& m,
                            const RunSummary& s) {
   const DynamicCounters& dynamic = m.dynamic;
-  if (policy.kind == Policy::Kind::dynamic) {
+  if (policy.saved.dynamic_bytes > 0) {
     say("  dynamic: %llu evictions, %llu rematerializations (%s FLOP, %.3f s) over the run; the smallest feasible "
         "budget seen: %s\n",
         static_cast<unsigned long long>(dynamic.evictions), static_cast<unsigned long long>(dynamic.rematerializations),
         human_count(dynamic.remat_flops).c_str(), dynamic.remat_seconds,
         bytes_text(dynamic.smallest_feasible_bytes).c_str());
   }
-  if (policy.offload_to) {
+  if (policy.saved.offload) {
     say("  offload: %llu values (%s) written, %s read ahead, %s read on demand (%s of those read as the file's "
         "mapped pages, without a copy), %.3f s stalled over the run\n",
         static_cast<unsigned long long>(dynamic.offloaded), bytes_text(dynamic.bytes_offloaded).c_str(),
@@ -175,7 +175,7 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                                                 static_cast<double>(std::max<size_t>(1, save_all.peak_saved))},
                       {"step_time_ratio", chosen.seconds / save_all.seconds},
                       {"parameters", s.parameters},
-                      {"budget_bytes", s.plan ? s.plan->budget_bytes : policy.kind == Policy::Kind::budget ? policy.budget_bytes : 0},
+                      {"budget_bytes", s.plan ? s.plan->budget_bytes : policy.keep.kind == Policy::Kind::budget ? policy.keep.budget_bytes : 0},
                       {"budget_auto", s.plan && s.plan->automatic ? auto_budget_json(*s.plan) : nlohmann::json(nullptr)},
                       {"predicted_peak_saved_bytes", s.plan ? s.plan->predicted_peak_bytes : 0},
                       {"predicted_step_seconds", s.predicted_step_seconds},

@@ -179,7 +179,7 @@ StepLoop::Gradients StepLoop::gradients(int64_t step) {
     m_.digest = o_.fuse_optimizer ? combine_digest(fused_hashes) : gradient_digest(*l_.model);
     m_.digest_step = step + 1;
     // a budget plan is made by the forward that first runs it, so one in force now ran this step
-    m_.digest_under_plan = policy_.kind == Policy::Kind::budget && l_.model->planner()->report().has_value();
+    m_.digest_under_plan = policy_.keep.kind == Policy::Kind::budget && l_.model->planner()->report().has_value();
   }
   // the global gradient norm, clipped to --clip (infinity: measured, not clipped)
   const double grad_norm = o_.fuse_optimizer

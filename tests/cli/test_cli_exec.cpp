@@ -437,6 +437,42 @@ TEST_F(Cli, PlanPrintsTheFeasibleRange) {
 // grad_digest hashes the first step that runs a budget policy's plan (the profiling steps before
 // it run as every-layer), so it checks the plan: under a budget below save-all's peak, that step
 // ran the plan and its digest is save-all's; a run too short to plan says its step did not.
+// --offload DIR: the smallest budget with kept values allowed in the directory, beside the one
+// without (the planner's least peak with an offload target, whatever its cost per byte), and
+// --budget planned with it: a budget at that smallest one runs. A directory that cannot be
+// written is an error naming it.
+TEST_F(Cli, PlanWithOffloadPrintsBothSmallestBudgets) {
+  std::string text = "[";
+  for (int i = 0; i < 12; ++i)
+    text += std::string(i ? "," : "") + R"({"forward_seconds": 1, "backward_seconds": 2, "boundary_bytes": )" +
+            std::to_string(16 + 8 * (i % 3)) + R"(, "saved_bytes": )" + std::to_string(64 + 32 * (i % 4)) + "}";
+  std::ofstream(path("offload.json")) << text << "]";
+  fs::create_directories(path("target"));
+  Result r = run("plan --json --offload " + path("target") + " --costs " + path("offload.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(lines_of(r.output).back());
+  schedule::ChainCosts costs;
+  for (int i = 0; i < 12; ++i) {
+    costs.forward_time.push_back(1);
+    costs.backward_time.push_back(2);
+    costs.boundary_bytes.push_back(static_cast<size_t>(16 + 8 * (i % 3)));
+    costs.saved_bytes.push_back(static_cast<size_t>(64 + 32 * (i % 4)));
+  }
+  costs.boundary_bytes.push_back(costs.boundary_bytes.back());
+  const size_t without = j["feasible"]["budget"]["smallest_bytes"];
+  ASSERT_TRUE(j["feasible"].contains("budget_offload")) << r.output;
+  const size_t with = j["feasible"]["budget_offload"]["smallest_bytes"];
+  EXPECT_LE(with, without);
+  costs.offload_seconds_per_byte = 0;
+  EXPECT_EQ(with, schedule::min_feasible_memory(costs)) << r.output;
+  EXPECT_GT(j["feasible"]["budget_offload"]["write_bytes_per_second"].get<double>(), 0.0);
+  EXPECT_EQ(j["feasible"]["budget_offload"]["target"], "offload:" + path("target") + ",threshold=1048576");
+  r = run("plan --offload " + path("target") + " --budget " + std::to_string(with) + " --costs " + path("offload.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("\n  budget:+offload:" + path("target")), std::string::npos) << r.output;
+  expect_error("plan --offload " + path("missing/dir") + " --costs " + path("offload.json"), {path("missing/dir")});
+}
+
 TEST_F(Cli, GradDigestHashesAStepThatRanThePlan) {
   auto field = [](const std::string& out, const std::string& name) {
     const size_t at = out.rfind("\"" + name + "\":");

@@ -16,14 +16,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const remat::Error&) {
     return 0;
   }
-  if (p.kind == remat::Policy::Kind::every_k && p.k < 1) std::abort();
+  const remat::Keep& k = p.keep;
+  if (k.kind == remat::Keep::Kind::every_k && k.k < 1) std::abort();
   // a budget is positive, unless budget:auto derives it when planning (then a limit, if any, is)
-  if (p.kind == remat::Policy::Kind::budget && !p.budget_auto && p.budget_bytes == 0) std::abort();
-  if (p.budget_auto && (p.kind != remat::Policy::Kind::budget || p.budget_bytes != 0)) std::abort();
-  if (p.offload_to && (p.offload_to->directory.empty() ||
-                       (p.kind == remat::Policy::Kind::dynamic && p.offload_to->ram_bytes != 0)))
-    std::abort();
-  if (p.kind == remat::Policy::Kind::selective && p.ops.empty()) std::abort();
+  if (k.kind == remat::Keep::Kind::budget && !k.budget_auto && k.budget_bytes == 0) std::abort();
+  if (k.budget_auto && (k.kind != remat::Keep::Kind::budget || k.budget_bytes != 0)) std::abort();
+  if (k.kind == remat::Keep::Kind::selective && k.ops.empty()) std::abort();
+  // dynamic: keeps save-all's axis and takes no ram=; an offload target has a directory
+  const remat::Saved& s = p.saved;
+  if (s.dynamic_bytes > 0 && k.kind != remat::Keep::Kind::save_all) std::abort();
+  if (s.offload && (s.offload->directory.empty() || (s.dynamic_bytes > 0 && s.offload->ram_bytes != 0))) std::abort();
+  try {
+    p.validate();
+  } catch (const remat::Error&) {
+    std::abort();  // a parsed policy is valid
+  }
   remat::Policy again;
   try {
     again = remat::Policy::parse(p.to_string());

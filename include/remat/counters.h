@@ -1,0 +1,91 @@
+// remat/counters.h - what the library counts, as plain data every layer can see: ops run and
+// re-run (autodiff), saved values evicted, written and read back (the saved-value runtimes of
+// remat/dynamic.h and remat/offload.h), and one record per checkpoint region.
+//
+//   remat::reset_counters();                       // remat/checkpoint.h reads and resets them
+//   loss.backward();
+//   remat::Counters c = remat::counters();
+//   std::cout << c.regions_recomputed << " regions recomputed, "
+//             << c.ops.recomputed_flops << " FLOPs re-run, "
+//             << c.dynamic.bytes_offloaded << " bytes written to the offload target\n";
+//
+// The counters are per thread, totals since the last reset_counters(). This header has no code
+// and includes nothing of the library, so a layer that writes a counter includes it without
+// reaching up to the layer that reports them (docs/design.md, "Layers of the code").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace remat {
+
+namespace autodiff {
+// Forward ops and their FLOP estimates (autodiff::op_counters, reset_op_counters).
+struct OpCounters {
+  uint64_t forward_ops = 0;        // forward op executions (first runs and recomputations)
+  double forward_flops = 0;
+  uint64_t recomputed_ops = 0;     // of which during recomputation
+  double recomputed_flops = 0;
+  uint64_t cached_ops = 0;         // op results served from a selective-policy cache
+  // ops a recomputation did not run because no backward formula reads what they produce (a
+  // value something reads after all is computed then, outside these counts)
+  uint64_t skipped_ops = 0;
+  double skipped_flops = 0;
+  uint64_t backward_nodes = 0;     // nodes executed by the engine
+};
+}  // namespace autodiff
+
+// The saved-value runtimes: dynamic: (evictions, rematerializations) and offload: (writes and
+// reads of the offload target, by offload:DIR, a budget plan's offloaded nodes and dynamic:'s
+// evictions to a file).
+struct DynamicCounters {
+  uint64_t evictions = 0;
+  uint64_t rematerializations = 0;
+  double remat_flops = 0;
+  double remat_seconds = 0;
+  size_t smallest_feasible_bytes = 0;  // dynamic: the largest need seen (a lower bound of any feasible budget)
+  size_t peak_held_bytes = 0;          // dynamic: the most saved bytes held at once (what the budget bounds)
+  uint64_t offloaded = 0;              // offload: values written to the target
+  size_t bytes_offloaded = 0;
+  size_t bytes_prefetched = 0;         // read back ahead of need
+  size_t bytes_read_on_demand = 0;     // read back when the backward pass needed them
+  size_t bytes_mapped = 0;             // of those read back, the bytes handed over as mapped file pages
+  double stall_seconds = 0;            // waiting for writes (ram bound) or reads
+};
+
+// One checkpoint region (or, past 4096 rows, every later region of the same label added up).
+struct RegionRecord {
+  std::string label;                // the layer call's dotted name, a Chain child's name, or a group
+  std::string kind;                 // "layer" (one call) or "segment" (a traced group of calls)
+  size_t calls = 0;                 // layer calls inside (a segment groups several)
+  size_t boundary_bytes = 0;        // values kept by the region (its inputs)
+  size_t cached_bytes = 0;          // outputs kept by a selective policy
+  size_t recomputed_saved_bytes = 0;  // what the recomputed sub-tape saved (allocator-measured)
+  double forward_seconds = 0;       // first run
+  double recompute_seconds = 0;     // re-runs in backward passes
+  double backward_seconds = 0;      // backward of the recomputed sub-tapes
+  uint64_t recomputations = 0;
+  // FLOP estimates of the recomputations: run, and skipped because no backward formula reads the
+  // ops' results (a block's last projection and residual add; docs/checkpointing.md)
+  double recomputed_flops = 0;
+  double skipped_flops = 0;
+  // Layer calls that left values behind (kept in a member or a list, handed to a callback:
+  // docs/checkpointing.md), replayed from their ops instead of called again, and how many of
+  // those values became outputs of the region (they carry a gradient, as under save-all).
+  size_t traced_calls = 0;
+  size_t escaped_values = 0;
+};
+
+struct Counters {
+  autodiff::OpCounters ops;          // forward ops executed / recomputed, FLOP estimates
+  uint64_t regions_created = 0;
+  uint64_t regions_recomputed = 0;
+  uint64_t layer_calls = 0;          // layer calls met (regions or not)
+  DynamicCounters dynamic;           // dynamic:BYTES and the offload target
+  std::vector<RegionRecord> regions;  // one per region created since the reset; past 4096 rows, a
+                                      // region adds to its label's first row (bounded)
+};
+
+}  // namespace remat

@@ -1,0 +1,105 @@
+// remat/offload.h - kept values written to files and read back for the backward pass
+// (offload:DIR, KEEP+offload:DIR, and a budget plan's offloaded nodes).
+//
+//   // offload:DIR keeps everything; values of at least 1 MiB (threshold=) go to a file in DIR
+//   Tensor loss = remat::backward([&] { return model.loss(x, y); }, {Policy::parse("offload:" + dir)});
+//
+//   // or as a scope of its own, here with a threshold of 64 KiB
+//   { remat::OffloadScope scope({dir, 64 << 10}); Tensor l = f(x); l.backward(); }
+//
+// Contract. While a scope is alive on a thread, every saved value of at least `threshold_bytes`
+// is written by a background thread to one nameless file in `directory` and dropped from memory
+// once written; smaller ones stay. The backward pass gets each value back (ahead of need where it
+// can) with the bits it had: gradients are bitwise equal to save-all's. A value saved on a device
+// is copied to host memory first, freeing its device memory, and comes back to its device.
+// `ram_bytes` bounds the values in flight (written or read but not yet dropped; the forward waits,
+// counted as stall). The file never shows in the directory, on any exit path; it is kept for the
+// next scope on the directory until release_offload_files(). An unusable directory or a failed
+// write (a full disk) is a remat::Error at the next saved value or read, and nothing is lost: the
+// value stays in memory. The allocator counts values in flight and values handed back while the
+// backward pass uses them, not the kernel's page cache; mapped pages that a failing disk cannot
+// read give SIGBUS, as any mapped file. How: the Notes of src/saved/offload.cpp and
+// src/saved/offload_file.cpp. Counters: DynamicCounters (remat/counters.h).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace remat {
+
+// Where kept values go when they are not kept in memory: one target, for every policy that
+// offloads (remat/policy.h prints it as "offload:DIR,threshold=N[,ram=N]").
+struct OffloadTarget {
+  std::string directory;
+  size_t threshold_bytes = size_t{1} << 20;  // smaller saved values stay in memory
+  size_t ram_bytes = 0;                      // bound on values in flight (0: none)
+  std::string to_string() const;             // "offload:DIR,threshold=N[,ram=N]"
+  bool operator==(const OffloadTarget&) const = default;
+};
+
+// For tests: a disk that fills up, or a slow one.
+struct OffloadFaults {
+  size_t fail_after_bytes = 0;      // writes fail (as on a full disk) once this many bytes were written; 0: never
+  double write_delay_seconds = 0;   // each write takes at least this long; 0: as long as it takes
+};
+
+// Offloading of saved values for the lifetime of the scope (this thread).
+class OffloadScope {
+ public:
+  explicit OffloadScope(const OffloadTarget& target, const OffloadFaults& faults = {});
+  ~OffloadScope();
+  OffloadScope(const OffloadScope&) = delete;
+  OffloadScope& operator=(const OffloadScope&) = delete;
+
+  // Blocks until every write started so far is on disk (their memory copies are then dropped,
+  // and the backward pass reads them back, ahead of need where it can). Rethrows a failed write.
+  void wait_for_writes();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Closes the files that ended offload scopes kept for the next ones.
+void release_offload_files();
+
+// How fast a directory takes saved values and gives them back: 32 MiB written in 1 MiB pieces to
+// a nameless file there (twice; the second pass, onto blocks the file has, is timed up to
+// fdatasync), its pages dropped from the page cache, and read back from the disk. What a budget
+// plan with an offload target and dynamic:+offload: charge per byte they offload (Note
+// [measuring the offload target] in src/saved/offload_file.cpp). Measured once per directory and
+// process; a directory that cannot be written is a remat::Error naming it.
+struct OffloadBandwidth {
+  double write_bytes_per_second = 0;
+  double read_bytes_per_second = 0;
+  double seconds_per_byte() const { return 1.0 / write_bytes_per_second + 1.0 / read_bytes_per_second; }
+};
+OffloadBandwidth offload_bandwidth(const std::string& directory);
+
+namespace detail {
+bool offload_running();  // an OffloadScope is alive on this thread
+// Which values an offload store writes while a gate is alive on this thread (gates nest): none
+// (closed), those of at least the threshold (the default, with no gate), or every one (a node a
+// budget plan offloads: the plan counts all of its bytes as gone; call.cpp). A gate may also set
+// a cap on the CPU allocator's saved bytes (0: none; the one-argument form keeps the enclosing
+// gate's): before the store keeps or writes a value that would lift the saved bytes above it,
+// it waits for its writes in flight, oldest first, until the value fits or none is left. A budget
+// plan caps its scope at its predicted peak, so that offloaded nodes' writes overlap the nodes
+// after them (Note [writes behind a plan's peak] in src/saved/offload.cpp).
+class OffloadGate {
+ public:
+  enum class Mode { closed, threshold, every_value };
+  explicit OffloadGate(Mode mode);
+  OffloadGate(Mode mode, size_t saved_cap_bytes);
+  ~OffloadGate();
+  OffloadGate(const OffloadGate&) = delete;
+  OffloadGate& operator=(const OffloadGate&) = delete;
+
+ private:
+  Mode previous_;
+  size_t previous_cap_;
+};
+}  // namespace detail
+
+}  // namespace remat

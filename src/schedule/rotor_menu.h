@@ -1,0 +1,104 @@
+// Internal: the grouped planner's parts, their menus of options, and the menu programme that plans
+// a sequence of parts (Note [the grouped planner] in rotor_grouped.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "remat/schedule.h"
+
+namespace remat::schedule::grouped {
+
+// The cost model both planners share (docs/planners.md): whether gradient buffers count, and the
+// cost of an offloaded byte (negative: no offload target).
+struct Model {
+  bool gradients_counted = true;
+  double offload_seconds_per_byte = -1;
+  bool can_offload() const { return offload_seconds_per_byte >= 0; }
+  int64_t gradient(size_t bytes) const { return gradients_counted ? static_cast<int64_t>(bytes) : 0; }
+};
+
+// A node of a plan over a group's parts: part `first` with one of its options, or a region of
+// parts [first, last] re-run by `children` (its input offloaded while the rest runs: `offloaded`).
+struct PartNode {
+  int first = 0, last = 0;
+  int option = -1;  // -1: region
+  bool offloaded = false;
+  std::vector<PartNode> children;
+};
+
+// A plan for a part's stages spliced into the enclosing sequence, summarised relative to what is
+// live before it: the peak of its forward part (fwd), what it keeps after it (kept: its output
+// boundary included, less an offloaded input, so it may be negative), and the peak of its
+// backward part (bwd).
+struct Option {
+  double time = 0;
+  int64_t fwd = 0, kept = 0, bwd = 0;
+  bool whole_region = false;  // the part as one region, re-run by `plan`
+  bool offloads = false;      // the plan offloads a node: usable in top-level sequences only
+  bool offload_record = false;  // a stage's option: its record offloaded
+  std::vector<PartNode> plan;   // over the part's own parts (empty for a stage)
+};
+
+struct Part {
+  int first = 0, last = 0;  // stages
+  double forward_time = 0;
+  size_t x_in = 0, x_out = 0;
+  size_t sweep_first = 0, sweep_later = 0;  // forward sweep peak as a region's first / later part
+  std::vector<Option> options;
+  std::vector<Part> parts;  // empty for a stage
+};
+
+struct Summary {
+  double time = 0;
+  int64_t fwd = 0, kept = 0, bwd = 0;
+  int64_t peak() const { return fwd > bwd ? fwd : bwd; }
+};
+
+size_t region_sweep(const std::vector<Part>& parts, int first, int last);
+double region_time(const std::vector<Part>& parts, int first, int last);
+// The exact summary of a sequence over parts (top level: no incoming gradient; re-run: the
+// gradient of the sequence's output is live from the start and fwd includes it).
+Summary summarize(const std::vector<Part>& parts, const std::vector<PartNode>& sequence, bool top, const Model& model);
+// Whether a sequence offloads any node (an offloaded region, or an option that offloads).
+bool offloads(const std::vector<Part>& parts, const std::vector<PartNode>& sequence);
+
+// Which rows a plan is read from: re-run sequences (never offload), top-level sequences without
+// offload, and top-level sequences that may offload.
+enum class Mode { rerun, top, top_offload };
+
+// The menu programme over parts[0..n-1] with sizes in `unit` bytes and memories 0..budget units:
+// the least time of every sub-range in re-run mode and of every suffix in the top-level modes
+// asked for.
+class MenuTable {
+ public:
+  MenuTable(const std::vector<Part>& parts, const Model& model, size_t unit, int64_t budget, bool top, bool top_offload);
+
+  int64_t budget() const { return static_cast<int64_t>(width_) - 1; }
+  double cost(int a, int b, int64_t m, Mode mode) const;
+  // The least memory with a plan for all parts, or -1.
+  int64_t least(Mode mode) const;
+  std::vector<PartNode> build(int a, int b, int64_t m, Mode mode) const;
+
+ private:
+  const Option& option(int a, int k) const { return parts_[static_cast<size_t>(a)].options[static_cast<size_t>(k)]; }
+  size_t offset(int a, int b, Mode mode) const;
+  const std::vector<double>& costs(Mode mode) const;
+  const double* row(int a, int b, Mode mode) const { return costs(mode).data() + offset(a, b, mode); }
+  int16_t choice(int a, int b, int64_t m, Mode mode) const;
+  int64_t units(int64_t bytes) const;       // rounded up (toward +infinity)
+  int64_t units_down(size_t bytes) const;   // rounded down: the credit of an offloaded input
+  void fill(int a, int b, Mode mode);
+  void fill_options(int a, int b, Mode mode, double* best, int16_t* pick);
+  void fill_regions(int a, int b, Mode mode, double* best, int16_t* pick);
+
+  const std::vector<Part>& parts_;
+  Model model_;
+  int n_;
+  size_t unit_, width_;
+  std::vector<double> rerun_cost_, top_cost_, offload_cost_;
+  std::vector<int16_t> rerun_choice_, top_choice_, offload_choice_;
+};
+
+}  // namespace remat::schedule::grouped
