@@ -231,15 +231,21 @@ TEST(MixedPrecision, GradientsUnderEveryPolicyAreSaveAllsBitForBitOnTheCpuAndThe
     nn::GPT model(small_gpt(DType::bf16));
     model.to(device);
     Step reference = gpt_step(model, device, "save-all");
-    for (const char* policy : {"every-layer", "every-k:2", "selective:matmul", "budget:60000"}) {
+    const std::string dir = remat::testing::fresh_dir("bf16-policies");
+    const std::vector<std::string> policies = {
+        "every-layer", "every-k:2", "selective:matmul", "budget:" + std::to_string(reference.peak_saved / 3),
+        "dynamic:" + std::to_string(reference.peak_saved / 2), "every-layer+offload:" + dir + ",threshold=0"};
+    for (const std::string& policy : policies) {
       SCOPED_TRACE(policy);
       for (int run = 0; run < 2; ++run) {  // budget: the first step profiles, the second runs the plan
         Step s = gpt_step(model, device, policy);
         EXPECT_TRUE(bitwise_equal(s.loss.to(kCpu), reference.loss.to(kCpu)));
         ASSERT_EQ(s.grads.size(), reference.grads.size());
         for (size_t i = 0; i < s.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(s.grads[i], reference.grads[i])) << i;
+        if (policy != "selective:matmul" && run == 1) EXPECT_LT(s.peak_saved, reference.peak_saved);  // it kept less
       }
     }
+    std::filesystem::remove_all(dir);
     if (device != kCpu) {  // and the device's are the CPU's
       nn::GPT on_cpu(small_gpt(DType::bf16));
       Step c = gpt_step(on_cpu, kCpu, "every-layer");

@@ -86,6 +86,9 @@ void print_banner(const Human& say, const TrainOptions& o, const DataParallel& d
               config.tie_embeddings ? " (lm_head tied to wte)" : "", static_cast<long long>(o.batch),
               o.policy.c_str(), num_threads());
   say("device: %s\n", device_summary(l.device).c_str());
+  if (o.dtype != "f32")
+    say("precision: %s activations and saved values, float32 master weights, optimizer state and loss\n",
+        o.dtype.c_str());
 }
 
 // A dynamic: budget too small for a step fails at the first op that cannot fit, whose error can
