@@ -60,23 +60,22 @@ TEST(Float16, RoundsToNearestEvenOnceWithSubnormals) {
   EXPECT_TRUE(std::isnan(static_cast<float>(float16(std::numeric_limits<float>::quiet_NaN()))));
 }
 
+// Every non-NaN bit pattern of H converts to float and double and back to itself.
+template <class H>
+void expect_every_value_round_trips() {
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    H h;
+    h.bits = static_cast<uint16_t>(b);
+    const float f = static_cast<float>(h);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(H(f).bits, h.bits) << std::hex << b;
+    ASSERT_EQ(H(static_cast<double>(f)).bits, h.bits) << std::hex << b;
+  }
+}
+
 TEST(SixteenBitFloats, EveryValueSurvivesARoundTripThroughFloat) {
-  for (uint32_t b = 0; b < 0x10000; ++b) {
-    bfloat16 h;
-    h.bits = static_cast<uint16_t>(b);
-    const float f = static_cast<float>(h);
-    if (std::isnan(f)) continue;
-    ASSERT_EQ(bfloat16(f).bits, h.bits) << std::hex << b;
-    ASSERT_EQ(bfloat16(static_cast<double>(f)).bits, h.bits) << std::hex << b;
-  }
-  for (uint32_t b = 0; b < 0x10000; ++b) {
-    float16 h;
-    h.bits = static_cast<uint16_t>(b);
-    const float f = static_cast<float>(h);
-    if (std::isnan(f)) continue;
-    ASSERT_EQ(float16(f).bits, h.bits) << std::hex << b;
-    ASSERT_EQ(float16(static_cast<double>(f)).bits, h.bits) << std::hex << b;
-  }
+  expect_every_value_round_trips<bfloat16>();
+  expect_every_value_round_trips<float16>();
 }
 
 // ---- tensors
