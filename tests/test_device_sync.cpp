@@ -69,23 +69,40 @@ StepCount step(nn::GPT& model, nn::SGD& optimizer, const Tensor& ids, const Tens
 
 }  // namespace
 
+// The recomputation check on or off for a scope (process-wide).
+struct RecomputationCheck {
+  bool previous = recomputation_check();
+  explicit RecomputationCheck(bool on) { set_recomputation_check(on); }
+  ~RecomputationCheck() { set_recomputation_check(previous); }
+};
+
+// The step's one wait is the loss read. With the recomputation check on, a policy that recomputes
+// device values reads all their digests once, at the end of the backward pass (Note [device
+// digests are read once a backward pass] in src/autodiff/digest.cpp): one wait more, never one a
+// value or a region.
 TEST(DeviceSync, SaveAllAndEveryLayerStepsWaitOnceForTheLoss) {
   EmulatedDevice dev;
-  for (const char* text : {"save-all", "every-layer"}) {
-    nn::GPT model(tiny_gpt());
-    model.to(dev.device);
-    nn::SGD optimizer(model.parameters(), {.lr = 1e-2});
-    const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, false);
-    const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
-    const Policy policy = Policy::parse(text);
-    step(model, optimizer, ids, targets, policy, dev.device);  // the first step sets things up
-    const StepCount c = step(model, optimizer, ids, targets, policy, dev.device);
-    EXPECT_EQ(c.waits, 1u) << text << ": the step waited for the device " << c.waits << " times";
-    EXPECT_EQ(c.deferred_checks, 0u) << text;
-    EXPECT_EQ(c.uploads, 0u) << text << ": the step copied host memory to the device";
-    EXPECT_GT(c.kernel_calls, 0u);
-    std::printf("%s: %llu kernel calls, %llu host synchronisation(s) per step\n", text,
-                static_cast<unsigned long long>(c.kernel_calls), static_cast<unsigned long long>(c.waits));
+  for (const bool check : {false, true}) {
+    RecomputationCheck scope(check);
+    for (const char* text : {"save-all", "every-layer"}) {
+      nn::GPT model(tiny_gpt());
+      model.to(dev.device);
+      nn::SGD optimizer(model.parameters(), {.lr = 1e-2});
+      const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, false);
+      const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
+      const Policy policy = Policy::parse(text);
+      step(model, optimizer, ids, targets, policy, dev.device);  // the first step sets things up
+      const StepCount c = step(model, optimizer, ids, targets, policy, dev.device);
+      const uint64_t expected = check && policy.recomputes() ? 2 : 1;
+      EXPECT_EQ(c.waits, expected) << text << (check ? " (check on)" : " (check off)") << ": the step waited for the device "
+                                   << c.waits << " times";
+      EXPECT_EQ(c.deferred_checks, 0u) << text;
+      EXPECT_EQ(c.uploads, 0u) << text << ": the step copied host memory to the device";
+      EXPECT_GT(c.kernel_calls, 0u);
+      std::printf("%s, recomputation check %s: %llu kernel calls, %llu host synchronisation(s) per step\n", text,
+                  check ? "on" : "off", static_cast<unsigned long long>(c.kernel_calls),
+                  static_cast<unsigned long long>(c.waits));
+    }
   }
 }
 
@@ -131,6 +148,7 @@ TEST(DeviceSync, IdsMadeOnTheDeviceAreCheckedOnceAtTheEndOfTheBackward) {
                                 token_tensor(2, 16, 61, 2, dev.device, false), Policy::parse(text), dev.device);
     EXPECT_EQ(c.loss, host.loss) << text;
     EXPECT_GT(c.deferred_checks, 0u) << text;
+    // the digests' read at the end of every-layer's backward reads the deferred checks too
     EXPECT_EQ(c.waits, 2u) << text << ": the end of the backward and the loss read";
   }
 }

@@ -305,6 +305,33 @@ TEST(RecomputeCheck, OnTheEmulatedDeviceACapturedScalarChangedIsCaughtAsOnTheCpu
   EXPECT_EQ(remat::testing::captured_scalar_error(dev.device), on_cpu);
 }
 
+// On a device the comparisons are read at the end of the backward pass, all at once (Note [device
+// digests are read once a backward pass]): the mismatch is still raised before any gradient is
+// committed, with the CPU's message, after one wait.
+TEST(RecomputeCheck, OnTheEmulatedDeviceAMismatchIsReadOnceAndCommitsNothing) {
+  remat::testing::EmulatedDevice dev(4);
+  double scale = 1.5;
+  auto model = remat::testing::scaled_model(&scale);
+  model->to(dev.device);
+  ScopedPolicy scoped(Policy::every_layer());
+  const Tensor x = randn({3, 4}, DType::f32, RngState{7, 0}).to(dev.device);
+  sum(square(model->forward(x))).backward();  // a clean step: gradients to compare with
+  std::vector<std::vector<double>> before;
+  for (const Tensor& p : model->parameters()) before.push_back(p.grad().to(kCpu).to_vector());
+  Tensor loss = sum(square(model->forward(x)));
+  scale = 2.5;
+  const uint64_t waits = device_activity(dev.device).host_synchronizations;
+  try {
+    loss.backward();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'scaled'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(device_activity(dev.device).host_synchronizations - waits, 1u) << "the digests were read one at a time";
+  size_t i = 0;
+  for (const Tensor& p : model->parameters()) EXPECT_EQ(p.grad().to(kCpu).to_vector(), before[i++]) << "a gradient was committed";
+}
+
 // ---- every policy that recomputes checks what it recomputes
 
 namespace {

@@ -128,6 +128,40 @@ TEST(Scan, ParameterOnlyGradientsWhenTheInitialStateIsConstant) {
   EXPECT_TRUE(bitwise_equal(remat::grad({sum(out)}, {loop.w})[0], reference));
 }
 
+// A second backward pass through a loop under revolve or online: the error a freed graph gives
+// (it returned 0 silently before), and with retain_graph an error too; store_all, the loop as
+// written, runs again with the same gradient.
+TEST(Scan, ASecondBackwardIsAnErrorUnderRevolveAndOnline) {
+  Loop loop(DType::f64);
+  auto run = [&](ScanSchedule schedule) {
+    return schedule == ScanSchedule::online
+               ? while_loop([](const Tensor&, int64_t t) { return t < 12; }, loop.step(false), loop.h0, {schedule, 3})
+               : scan(loop.step(false), loop.h0, 12, {schedule, 3});
+  };
+  for (ScanSchedule schedule : {ScanSchedule::revolve, ScanSchedule::online}) {
+    SCOPED_TRACE(schedule == ScanSchedule::online ? "online" : "revolve");
+    Tensor loss = sum(run(schedule));
+    const TensorList first = remat::grad({loss}, {loop.w});
+    try {
+      remat::grad({loss}, {loop.w});
+      ADD_FAILURE() << "a second backward pass gave a gradient";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("already freed"), std::string::npos) << e.what();
+    }
+    Tensor retained = sum(run(schedule));
+    expect_bitwise(remat::grad({retained}, {loop.w}, {}, /*retain_graph=*/true), first);
+    try {
+      remat::grad({retained}, {loop.w}, {}, true);
+      ADD_FAILURE() << "a second backward pass with retain_graph gave a gradient";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("store_all"), std::string::npos) << e.what();
+    }
+  }
+  Tensor kept = sum(run(ScanSchedule::store_all));
+  const TensorList once = remat::grad({kept}, {loop.w}, {}, true);
+  expect_bitwise(remat::grad({kept}, {loop.w}), once);
+}
+
 TEST(Scan, BadArgumentsAreErrors) {
   Loop loop(DType::f32);
   EXPECT_THROW(scan(loop.step(false), loop.h0, -1), Error);

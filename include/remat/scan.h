@@ -28,6 +28,9 @@
 // Length: the revolve and online schedules are materialised as action lists, so a loop under them
 // has at most schedule::kMaxScheduleSteps = 2^24 steps (more is a remat::Error); store_all has
 // no limit.
+// The backward pass through a loop under revolve or online runs once: a second one is the error a
+// freed graph gives, and with retain_graph an error too (the snapshots were rewritten); store_all
+// records the loop as written and runs any number of times.
 // Gradients are bitwise equal to the loop unrolled under save-all when the loop's captured
 // parameters get no other gradient contribution before the loop's own (their per-step
 // contributions are summed in the same order as the unrolled loop does).

@@ -24,9 +24,11 @@
 // Engine::stage_leaf; the leaf is then committed at once and so opts out of the rollback.
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
+#include "autodiff/digest.h"
 #include "autodiff/history.h"
 #include "autodiff/kernels.h"
 #include "autodiff/state.h"
@@ -74,6 +76,10 @@ class Engine {
   }
 
   EngineResult run() {
+    // a device's recomputation checks are read at the end (Note [device digests are read once a
+    // backward pass] in digest.cpp); a region's sub-tape leaves them to the pass it runs in
+    std::optional<detail::DeferredDigestChecks> digest_checks;
+    if (!task_.capture_all_frontier) digest_checks.emplace();
     discover();
     std::priority_queue<std::pair<uint64_t, Node*>> ready;
     for (size_t i = 0; i < task_.roots.size(); ++i) send(task_.roots[i], task_.root_grads[i], ready, false);
@@ -89,7 +95,10 @@ class Engine {
     // A check an asynchronous device deferred (an id out of range) fails here, before anything is
     // committed (Backend::raise_deferred_errors; waits only where a check is pending). A region's
     // sub-tape leaves it to the backward pass it runs in.
-    if (!task_.capture_all_frontier) raise_deferred_errors();
+    if (!task_.capture_all_frontier) {
+      digest_checks->finish();  // its read is a wait that reads the deferred checks too
+      raise_deferred_errors();
+    }
     // Every node ran: the commit point of the leaves' gradients (Note [leaf gradients are
     // transactional]). Nothing below throws.
     for (auto& leaf : staged_) leaf.node->commit(std::move(leaf.staged));

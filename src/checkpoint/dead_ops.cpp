@@ -145,7 +145,7 @@ void OpTrace::on_event(const autodiff::OpEvent& event, const std::shared_ptr<aut
       wanted = !op.forced && p.op >= 0;
     else
       for (const auto& [o, j] : expected_) wanted = wanted || (o == static_cast<uint32_t>(ordinal) && j == i);
-    if (wanted && recomputation_check()) op.checked.emplace_back(static_cast<uint32_t>(i), recompute_digest(in));
+    if (wanted && recomputation_check()) op.checked.emplace_back(static_cast<uint32_t>(i), take_digest(in));
   }
   for (size_t k = 0; k < event.outputs.size(); ++k) {
     const Tensor& out = event.outputs[k];
@@ -243,10 +243,10 @@ TensorList OpTrace::defer(size_t ordinal, const TensorList& inputs, std::shared_
   const Op& op = ops_.at(ordinal);
   for (const auto& [i, digest] : op.checked) {
     if (!digest || i >= inputs.size()) continue;
-    const std::optional<uint64_t> now = recompute_digest(inputs[i]);
-    if (now && *now != *digest)
-      throw Error(recompute_mismatch(concat("checkpoint region '", region, "', input ", i, " of op ", op.name,
-                                            " (its recomputation reads the value, then skips the op)")));
+    check_digest(digest, inputs[i], [what = concat("checkpoint region '", region, "', input ", i, " of op ", op.name,
+                                                   " (its recomputation reads the value, then skips the op)")] {
+      return recompute_mismatch(what);
+    });
   }
   auto call = std::make_shared<DeferredCall>();
   deferred_.push_back(call);

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "autodiff/digest.h"
 #include "remat/autodiff.h"
 
 namespace remat::detail {
@@ -57,7 +58,7 @@ class OpTrace {
     std::vector<bool> input_saved;
     std::vector<autodiff::OutputMeta> outputs;
     // inputs made by ops that run: their first-run digests (nullopt: not checkable), by input
-    std::vector<std::pair<uint32_t, std::optional<uint64_t>>> checked;
+    std::vector<std::pair<uint32_t, std::optional<ValueDigest>>> checked;
     bool skip = false;
   };
   struct Seen {

@@ -128,7 +128,7 @@ void Region::register_outputs(Step& step, TensorList& outputs, size_t count, con
     }
     produced_[out.impl_ptr().get()] = Ref{false, step_index, static_cast<uint32_t>(i)};
     step.output_slots.push_back(slot);
-    step.digests.push_back(recompute_digest(out));
+    step.digests.push_back(take_digest(out));
   }
 }
 
@@ -141,7 +141,7 @@ void Region::register_escaped(Step& step, TensorList& escaped) {
     step.output_slots.push_back(autodiff::attach_output(t, shared_from_this()));
     produced_impls_.push_back(t.impl_ptr());
     produced_[t.impl_ptr().get()] = Ref{false, step_index, k};
-    step.digests.push_back(recompute_digest(t));
+    step.digests.push_back(take_digest(t));
   }
   escaped_values_ += escaped.size();
 }

@@ -118,7 +118,7 @@ class Region final : public autodiff::Node {
     std::vector<Ref> inputs;
     std::vector<size_t> output_slots;              // node output slot of each output (SIZE_MAX: none)
     RngState rng;                                  // at the start of the step
-    std::vector<std::optional<uint64_t>> digests;  // of each output on the first run (digest.h)
+    std::vector<std::optional<ValueDigest>> digests;  // of each output on the first run (digest.h)
     // call steps that left values behind: replayed from their ops, and their escaped values follow
     // their outputs (Note [values that leave a layer call], traced_call.cpp)
     std::shared_ptr<const CallTrace> trace;

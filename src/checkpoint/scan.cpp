@@ -72,6 +72,7 @@ class ScanNode final : public autodiff::Node {
   }
   bool returns_contributions() const override { return true; }
   void release_saved() override {
+    released_ = true;
     for (auto& s : snapshots_) s.release();
     turn_output_ = Tensor();
     turn_leaf_ = Tensor();
@@ -102,20 +103,19 @@ class ScanNode final : public autodiff::Node {
   void check_against_first_sweep(const Tensor& next, int64_t t) {
     if (!swept_) {
       if (!digests_valid_ || static_cast<size_t>(t) != first_sweep_.size()) return;
-      const std::optional<uint64_t> d = detail::recompute_digest(next);
+      std::optional<detail::ValueDigest> d = detail::take_digest(next);
       if (!d) {
         digests_valid_ = false;
         first_sweep_ = {};
         return;
       }
-      first_sweep_.push_back(*d);
+      first_sweep_.push_back(std::move(*d));
       return;
     }
     if (!digests_valid_ || t < 0 || static_cast<size_t>(t) >= first_sweep_.size()) return;
-    const std::optional<uint64_t> d = detail::recompute_digest(next);
-    if (d && *d != first_sweep_[static_cast<size_t>(t)])
-      throw Error(detail::recompute_mismatch(
-          detail::concat(while_loop_ ? "while_loop" : "scan", ", step ", t, " (the state it returns)")));
+    detail::check_digest(first_sweep_[static_cast<size_t>(t)], next, [loop = while_loop_ ? "while_loop" : "scan", t] {
+      return detail::recompute_mismatch(detail::concat(loop, ", step ", t, " (the state it returns)"));
+    });
   }
   void end_sweep() { swept_ = true; }
 
@@ -237,9 +237,10 @@ class ScanNode final : public autodiff::Node {
   uint64_t turn_marker_ = 0;
   int64_t turn_step_ = -1;
   // Note [a loop checks what it recomputes]
-  std::vector<uint64_t> first_sweep_;  // digest of the state step t returned on the forward sweep
+  std::vector<detail::ValueDigest> first_sweep_;  // digest of the state step t returned on the forward sweep
   bool digests_valid_ = recomputation_check();
   bool swept_ = false;
+  bool ran_ = false, released_ = false;  // the backward pass ran; its saved values were freed
 };
 
 void CaptureFinder::after_forward(autodiff::OpEvent& event) { node_.read_versions.track(event.inputs); }
@@ -251,7 +252,15 @@ bool CaptureFinder::suppress_recording(const TensorList& inputs) {
 }
 
 std::vector<TensorList> ScanNode::apply_contributions(TensorList&& grad_outputs) {
-  read_versions.check(while_loop_ ? "while_loop" : "scan");
+  const char* loop = while_loop_ ? "while_loop" : "scan";
+  // The schedule is consumed by the one backward pass: its snapshots are rewritten as it runs.
+  REMAT_CHECK(!released_, loop, ": a value saved for the backward pass was already freed: the graph was run backward ",
+              "once already (pass retain_graph=true to run it again)");
+  REMAT_CHECK(!ran_, loop, ": its backward pass ran once already and, under the ",
+              while_loop_ ? "online" : "revolve", " schedule, cannot run again (retain_graph): the snapshots were ",
+              "rewritten by the first; use the store_all schedule to run the backward pass several times");
+  ran_ = true;
+  read_versions.check(loop);
   ++detail::region_counters().loops_run_in_backward;
   Tensor adjoint = grad_outputs.at(0).defined() ? grad_outputs[0]
                                                  : zeros(state_shape, state_dtype, memory::Tag::other, state_device);

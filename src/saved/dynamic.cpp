@@ -110,7 +110,7 @@ struct Cell : std::enable_shared_from_this<Cell> {
   int locks = 0;
   uint64_t visit = 0;
   bool listed = false;  // in the runtime's list of held cells
-  std::optional<uint64_t> digest;  // of the storage when it was evicted (Note [recomputation check])
+  std::optional<ValueDigest> digest;  // of the storage when it was evicted (Note [recomputation check])
   std::shared_ptr<FileRange> copy;  // dynamic:+offload:, evicted to the file: its bytes there
 
   ~Cell();
@@ -352,7 +352,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
                                        : std::string(", a lower bound from the part of the step run so far "
                                                      "(remat::dynamic_feasible_range measures the whole step's)")));
       }
-      victim->digest = recompute_digest(whole(victim->held, victim->dtype));
+      victim->digest = take_digest(whole(victim->held, victim->dtype));
       if (to_file && !victim->copy) write_out(*victim);
       release(*victim);
       ++counters.evictions;
@@ -414,11 +414,10 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
                 "policy dynamic:+offload: reading an evicted value of ", memory::format_bytes(static_cast<double>(c->bytes)),
                 " back from a file in '", file_->directory(), "' failed: ", error);
     std::shared_ptr<Storage> storage = buffer.storage();
-    if (c->digest) {
-      const std::optional<uint64_t> now = recompute_digest(whole(storage, c->dtype));
-      REMAT_CHECK(!now || *now == *c->digest, "policy dynamic:+offload: a value read back from '", file_->directory(),
-                  "' differs from the one written (the file was changed or the disk failed)");
-    }
+    check_digest(c->digest, whole(storage, c->dtype), [directory = file_->directory()] {
+      return concat("policy dynamic:+offload: a value read back from '", directory,
+                    "' differs from the one written (the file was changed or the disk failed)");
+    });
     c->live = storage;
     if (keep) hold(*c, storage);
     auto& counters = dynamic_counters();
@@ -469,10 +468,8 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     std::shared_ptr<Storage> storage = outputs[c->output].storage();
     REMAT_CHECK(storage->bytes() == c->bytes, "policy dynamic: recomputing ", c->op->op(),
                 " gave a storage of another size; its forward must be deterministic");
-    if (c->digest) {
-      const std::optional<uint64_t> now = recompute_digest(whole(storage, c->dtype));
-      REMAT_CHECK(!now || *now == *c->digest, recompute_mismatch(concat("policy dynamic: op ", c->op->op())));
-    }
+    check_digest(c->digest, whole(storage, c->dtype),
+                 [op = c->op->op()] { return recompute_mismatch(concat("policy dynamic: op ", op)); });
     c->live = storage;
     if (keep) hold(*c, storage);
     auto& counters = dynamic_counters();
