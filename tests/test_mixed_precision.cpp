@@ -263,3 +263,14 @@ TEST(MixedPrecision, SavedValuesTakeAboutHalfTheBytesOfFloat32) {
     EXPECT_GE(static_cast<double>(h), 0.45 * static_cast<double>(f)) << h << " bf16 bytes against " << f << " f32";
   }
 }
+
+TEST(MixedPrecision, F16ComputesTheSameWay) {
+  nn::GPT model(small_gpt(DType::f16)), f32(small_gpt(std::nullopt));
+  Step save_all = gpt_step(model, kCpu, "save-all"), every_layer = gpt_step(model, kCpu, "every-layer");
+  EXPECT_EQ(model.forward(remat::testing::token_ids(2, 8, 37, 1)).dtype(), DType::f16);
+  EXPECT_NEAR(save_all.loss.item(), gpt_step(f32, kCpu, "save-all").loss.item(), 0.01);
+  for (size_t i = 0; i < save_all.grads.size(); ++i) {
+    EXPECT_EQ(save_all.grads[i].dtype(), DType::f32);
+    EXPECT_TRUE(bitwise_equal(save_all.grads[i], every_layer.grads[i])) << i;
+  }
+}
