@@ -274,3 +274,23 @@ TEST(MixedPrecision, F16ComputesTheSameWay) {
     EXPECT_TRUE(bitwise_equal(save_all.grads[i], every_layer.grads[i])) << i;
   }
 }
+
+// A 16-bit operand beside a float32 one (a layer that reads its float32 master directly) is an
+// error naming both dtypes, not a silent conversion.
+TEST(MixedPrecision, MixingSixteenBitAndFloat32OperandsIsAnErrorNamingBoth) {
+  Tensor x = randn({2, 4}, DType::f32, RngState{1, 0}).to(DType::bf16);
+  Tensor w = randn({3, 4}, DType::f32, RngState{2, 0});
+  for (const auto& f : std::vector<std::function<Tensor()>>{[&] { return linear(x, w, Tensor()); },
+                                                            [&] { return add(x, x.to(DType::f32)); },
+                                                            [&] { return matmul(x, w.transpose(0, 1)); }}) {
+    try {
+      (void)f();
+      ADD_FAILURE() << "expected a remat::Error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("bf16"), std::string::npos) << m;
+      EXPECT_NE(m.find("f32"), std::string::npos) << m;
+      EXPECT_EQ(m.find("internal"), std::string::npos) << m;
+    }
+  }
+}
