@@ -90,9 +90,12 @@ class EmulatedBackend final : public cpu::CpuBackend {
     asked.insert(kernel);
     return refused_.count({kernel, dtype}) == 0;
   }
+  // holds_16bit_floats = false: the device holds no bf16 or f16 tensors (as CUDA's today)
+  bool holds(DType dtype) const override { return holds_16bit_floats || !is_16bit_float(dtype); }
+  bool holds_16bit_floats = true;
   void refuse(Kernel kernel, DType dtype) { refused_.insert({kernel, dtype}); }
   void refuse_all_dtypes(Kernel kernel) {
-    for (DType d : {DType::f32, DType::f64, DType::i64}) refuse(kernel, d);
+    for (DType d : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16}) refuse(kernel, d);
   }
 
   uint64_t host_to_device = 0, device_to_host = 0, synchronizations = 0;

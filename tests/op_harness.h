@@ -6,13 +6,17 @@
 //   - reference:   the same op written with plain loops over std::vector<double> (no remat ops;
 //                  the references are in op_reference.h, those of the convolution family in
 //                  op_reference_conv.h).
-// For a dtype (f32 or f64) the harness checks
+// For a dtype (f32, f64, or the 16-bit bf16 and f16) the harness checks
 //   (a) check_forward:       remat's forward value against the float64 reference;
 //   (b) check_case_gradient: d/dx sum_k <op(x)_k, R_k> for fixed random R_k, computed by remat's
 //       backward, against central finite differences of the float64 reference, for every
 //       differentiable input element.
 // Inputs are generated as values exactly representable in f32, so the f32 and f64 runs evaluate
-// the op at the same point and only the arithmetic precision differs.
+// the op at the same point and only the arithmetic precision differs. For a 16-bit dtype the
+// inputs (and the loss weights R_k) are rounded to it first, and the reference runs at those
+// rounded values: the comparison then measures the op's arithmetic alone, which the CPU does in
+// float32 with one rounding of each kernel's results (Note [16-bit floats on the CPU] in
+// src/tensor/cpu/widen.cpp), within forward_tolerance and the row's grad_tol_16bit.
 //
 // The gradient checker itself (check_gradient) takes the analytic gradient as data, so a test can
 // feed it a deliberately wrong one and assert that it reports the mismatch (see test_ops.cpp).
@@ -129,14 +133,34 @@ struct OpCase {
   bool differentiable = true;  // false: outputs must not require grad (argmax)
   double grad_tol_f32 = 5e-4;  // |analytic - numeric| <= tol * (1 + |numeric|)
   double grad_tol_f64 = 1e-5;
+  double grad_tol_16bit = 4e-2;  // bf16; f16 (3 more bits) uses an eighth of it
   bool computes_in_f32 = false;  // converts to f32 inside: f32 tolerances whatever the dtype
 };
 
 struct Tolerance {
   double atol, rtol;
 };
+// f64 1e-10 + 1e-9 relative; f32 2e-5 + 1e-4 relative; bf16 (8 bits) 1.6e-2 + 1.6e-2 relative
+// (four units in the last place, for ops of several kernels each rounding once); f16 (11 bits)
+// an eighth of bf16's.
 inline Tolerance forward_tolerance(DType dtype) {
-  return dtype == DType::f64 ? Tolerance{1e-10, 1e-9} : Tolerance{2e-5, 1e-4};
+  switch (dtype) {
+    case DType::f64: return {1e-10, 1e-9};
+    case DType::bf16: return {1.6e-2, 1.6e-2};
+    case DType::f16: return {2e-3, 2e-3};
+    default: return {2e-5, 1e-4};
+  }
+}
+
+// v rounded to `dtype` (bf16, f16), or v itself for a wider dtype.
+inline double round_to(DType dtype, double v) {
+  if (dtype == DType::bf16) return static_cast<double>(bfloat16(v));
+  if (dtype == DType::f16) return static_cast<double>(float16(v));
+  return v;
+}
+inline std::vector<double> round_to(DType dtype, std::vector<double> values) {
+  for (double& v : values) v = round_to(dtype, v);
+  return values;
 }
 
 struct CheckResult {
@@ -146,9 +170,13 @@ struct CheckResult {
   std::string message;
 };
 
-inline Inputs inputs_of(const OpCase& c) {
+// The row's inputs, the floating ones rounded to a 16-bit `dtype`.
+inline Inputs inputs_of(const OpCase& c, DType dtype = DType::f32) {
   Rng rng(hash_name(c.name));
-  return c.make_inputs(rng);
+  Inputs inputs = c.make_inputs(rng);
+  for (auto& in : inputs)
+    if (in.kind != Kind::index) in.values = round_to(dtype, std::move(in.values));
+  return inputs;
 }
 
 inline std::vector<Array> arrays_of(const Inputs& inputs) {
@@ -171,11 +199,13 @@ inline TensorList tensors_of(const Inputs& inputs, DType dtype, bool with_grad, 
   return ts;
 }
 
-// The fixed random weights R_k of the scalar loss sum_k <out_k, R_k>.
-inline std::vector<Array> loss_weights(const OpCase& c, const std::vector<Array>& ref_outputs) {
+// The fixed random weights R_k of the scalar loss sum_k <out_k, R_k> (rounded to a 16-bit dtype).
+inline std::vector<Array> loss_weights(const OpCase& c, const std::vector<Array>& ref_outputs,
+                                       DType dtype = DType::f32) {
   Rng rng(hash_name(c.name) ^ 0x9e3779b97f4a7c15ull);
   std::vector<Array> r;
-  for (const auto& out : ref_outputs) r.push_back({out.shape, rng.uniform_vector(numel_of(out.shape), -1.0, 1.0)});
+  for (const auto& out : ref_outputs)
+    r.push_back({out.shape, round_to(dtype, rng.uniform_vector(numel_of(out.shape), -1.0, 1.0))});
   return r;
 }
 
@@ -209,7 +239,7 @@ inline CheckResult compare_values(const std::vector<double>& got, const std::vec
 
 // (a) forward value against the reference.
 inline CheckResult check_forward(const OpCase& c, DType dtype, Device device = {}) {
-  Inputs inputs = inputs_of(c);
+  Inputs inputs = inputs_of(c, dtype);
   std::vector<Array> want = c.reference(arrays_of(inputs));
   TensorList outs = c.apply(tensors_of(inputs, dtype, /*with_grad=*/false, device));
   CheckResult r;
@@ -232,7 +262,9 @@ inline CheckResult check_forward(const OpCase& c, DType dtype, Device device = {
       out << what << ": on " << device_name(outs[k].device()) << ", expected " << device_name(device) << "\n";
       continue;
     }
-    DType precision = c.computes_in_f32 || dtype == DType::f32 ? DType::f32 : outs[k].dtype();
+    DType precision = is_16bit_float(dtype)                      ? dtype
+                      : c.computes_in_f32 || dtype == DType::f32 ? DType::f32
+                                                                 : outs[k].dtype();
     CheckResult e =
         compare_values(outs[k].to(kCpu).to_vector(), want[k].v, want[k].shape, forward_tolerance(precision), what);
     if (!e.ok) r.ok = false;
@@ -351,9 +383,9 @@ inline GradFn gradient_on(Device device) {
 
 // (b) the gradient check of one case in one dtype.
 inline CheckResult check_case_gradient(const OpCase& c, DType dtype, const GradFn& grad_fn = remat_gradient) {
-  Inputs inputs = inputs_of(c);
+  Inputs inputs = inputs_of(c, dtype);
   std::vector<Array> base = arrays_of(inputs);
-  std::vector<Array> weights = loss_weights(c, c.reference(base));
+  std::vector<Array> weights = loss_weights(c, c.reference(base), dtype);
   std::vector<std::vector<double>> x;
   std::vector<bool> wrt;
   std::vector<std::string> names;
@@ -372,8 +404,11 @@ inline CheckResult check_case_gradient(const OpCase& c, DType dtype, const GradF
     return total;
   };
   std::vector<std::vector<double>> analytic = grad_fn(c, dtype, inputs, weights);
-  bool f64 = dtype == DType::f64 && !c.computes_in_f32;
-  return check_gradient(loss, x, wrt, analytic, f64 ? c.grad_tol_f64 : c.grad_tol_f32, names);
+  const double tol = dtype == DType::bf16           ? c.grad_tol_16bit
+                     : dtype == DType::f16          ? c.grad_tol_16bit / 8
+                     : dtype == DType::f64 && !c.computes_in_f32 ? c.grad_tol_f64
+                                                                 : c.grad_tol_f32;
+  return check_gradient(loss, x, wrt, analytic, tol, names);
 }
 
 // (c) on a device other than the CPU whose kernels are the CPU's: forward values and gradients
@@ -381,7 +416,7 @@ inline CheckResult check_case_gradient(const OpCase& c, DType dtype, const GradF
 inline CheckResult check_matches_cpu(const OpCase& c, DType dtype, Device device) {
   CheckResult r;
   std::ostringstream out;
-  Inputs inputs = inputs_of(c);
+  Inputs inputs = inputs_of(c, dtype);
   TensorList on_cpu = c.apply(tensors_of(inputs, dtype, false));
   TensorList on_device = c.apply(tensors_of(inputs, dtype, false, device));
   if (on_cpu.size() != on_device.size()) {
@@ -397,7 +432,7 @@ inline CheckResult check_matches_cpu(const OpCase& c, DType dtype, Device device
     }
   }
   if (c.differentiable) {
-    std::vector<Array> weights = loss_weights(c, c.reference(arrays_of(inputs)));
+    std::vector<Array> weights = loss_weights(c, c.reference(arrays_of(inputs)), dtype);
     auto g_cpu = remat_gradient_on(kCpu, c, dtype, inputs, weights);
     auto g_device = remat_gradient_on(device, c, dtype, inputs, weights);
     for (size_t i = 0; i < g_cpu.size(); ++i)

@@ -1,5 +1,5 @@
-// Table-driven tests of every op in remat/ops.h (see op_harness.h): for every row and for both f32
-// and f64, (a) the forward value against a float64 plain-loop reference and (b) the gradient from
+// Table-driven tests of every op in remat/ops.h (see op_harness.h): for every row and for f32, f64
+// and bf16 (f16 in one test of every row on the CPU), (a) the forward value against a float64 plain-loop reference and (b) the gradient from
 // remat's backward against central finite differences of that reference. The rows live one file
 // per op family, tests/op_rows/<family>.cpp, and the table gathers the families of the op list
 // (REMAT_OP_KINDS in remat/ops.h).
@@ -48,8 +48,9 @@ const std::vector<OpCase>& op_table() {
 // build with the CUDA backend (each row skipped, with the reason, where no GPU is usable). A new
 // backend adds its device here and runs every row. On cuda:0 a row is checked against the float64
 // reference and finite differences with the CPU's tolerances (forward_tolerance: f32 2e-5 + 1e-4
-// relative, f64 1e-10 + 1e-9 relative; the row's grad_tol_f32 / grad_tol_f64), not bit for bit
-// against the CPU: the GPU sums in other orders.
+// relative, f64 1e-10 + 1e-9 relative, bf16 1.6e-2 + 1.6e-2 relative; the row's grad_tol_f32 /
+// grad_tol_f64 / grad_tol_16bit), not bit for bit against the CPU: the GPU sums in other orders.
+// bf16 rows on cuda:0 are skipped while the CUDA backend holds no bf16 tensors (Backend::holds).
 Device device_of_axis(int axis) {
   return axis == 0 ? kCpu : axis == 1 ? emulated_device() : Device{DeviceType::cuda, 0};
 }
@@ -70,6 +71,8 @@ TEST_P(OpTest, ForwardAndGradient) {
   if (device().type == DeviceType::cuda) {
     if (device_count(DeviceType::cuda) == 0) GTEST_SKIP() << "no CUDA device: " << unavailable_reason(DeviceType::cuda);
     use_device(device());
+    if (!backend(device()).holds(dtype()))
+      GTEST_SKIP() << device_name(device()) << " holds no " << dtype_name(dtype()) << " tensors (Backend::holds)";
   }
   const std::string where = " [" + std::string(dtype_name(dtype())) + ", " + device_name(device()) + "] ";
   CheckResult f = check_forward(op(), dtype(), device());
@@ -79,7 +82,7 @@ TEST_P(OpTest, ForwardAndGradient) {
     EXPECT_TRUE(same.ok) << same.message;
   }
   if (!op().differentiable) {
-    Inputs inputs = inputs_of(op());
+    Inputs inputs = inputs_of(op(), dtype());
     TensorList outs = op().apply(tensors_of(inputs, dtype(), /*with_grad=*/true, device()));
     for (const auto& out : outs) EXPECT_FALSE(out.requires_grad()) << op().name << " output should carry no gradient";
     return;
@@ -90,7 +93,8 @@ TEST_P(OpTest, ForwardAndGradient) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTest,
                          ::testing::Combine(::testing::Range<size_t>(0, op_table().size()),
-                                            ::testing::Values(DType::f32, DType::f64), ::testing::ValuesIn(device_axes())),
+                                            ::testing::Values(DType::f32, DType::f64, DType::bf16),
+                                            ::testing::ValuesIn(device_axes())),
                          [](const ::testing::TestParamInfo<OpTest::ParamType>& info) {
                            std::string name = op_table()[std::get<0>(info.param)].name + "_" +
                                               dtype_name(std::get<1>(info.param));
@@ -99,6 +103,18 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpTest,
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return name;
                          });
+
+// Every row in f16 on the CPU, in one test: f16 takes the path bf16 takes (each kernel in float32,
+// its results rounded once), so one pass over the table checks its rounding at f16's tolerances.
+TEST(OpTable, EveryRowInF16OnTheCpu) {
+  for (const auto& c : op_table()) {
+    CheckResult f = check_forward(c, DType::f16);
+    EXPECT_TRUE(f.ok) << c.name << " [f16] forward differs from the reference:\n" << f.message;
+    if (!c.differentiable) continue;
+    CheckResult g = check_case_gradient(c, DType::f16);
+    EXPECT_TRUE(g.ok) << c.name << " [f16] gradient differs from finite differences:\n" << g.message;
+  }
+}
 
 // ---- the table covers every op of the op list
 

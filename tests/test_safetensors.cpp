@@ -438,8 +438,9 @@ TEST_F(Safetensors, NonRegularFilesAreErrors) {
   expect_load_error(path("missing.safetensors"), "no such file");
 }
 
-// F16 and BF16 tensors (as PyTorch and Hugging Face save them) are read as f32, exactly.
-TEST_F(Safetensors, ReadsF16AndBF16AsF32) {
+// F16 and BF16 tensors (as PyTorch and Hugging Face save them) are read as f16 and bf16 tensors, or
+// with widen_16bit_floats as f32 tensors of the same values.
+TEST_F(Safetensors, ReadsF16AndBF16AsThemselvesOrWidenedToF32) {
   auto entry = [](const std::string& dtype, const std::string& shape, const std::string& offsets) {
     return R"({"dtype":")" + dtype + R"(","shape":)" + shape + R"(,"data_offsets":)" + offsets + "}";
   };
@@ -454,30 +455,33 @@ TEST_F(Safetensors, ReadsF16AndBF16AsF32) {
   const std::string bf16 = le16({0x3F80, 0xC020, 0x4049, 0x7E96, 0xFF80, 0x0000});
   const std::string header = "{\"a\":" + entry("F16", "[2,4]", "[0,16]") + ",\"b\":" + entry("BF16", "[6]", "[16,28]") + "}";
   write_bytes(path("half.safetensors"), make_file(header, f16 + bf16));
-  nn::SafetensorsFile f = nn::load_safetensors(path("half.safetensors"));
-  const Tensor& a = f.tensors.at("a");
-  EXPECT_EQ(a.dtype(), DType::f32);
-  EXPECT_EQ(a.shape(), (Shape{2, 4}));
-  std::vector<double> v = a.to_vector();
-  EXPECT_EQ(v[0], 1.0);
-  EXPECT_EQ(v[1], -2.5);
-  EXPECT_EQ(v[2], 65504.0);
-  EXPECT_EQ(v[3], std::ldexp(1.0, -24));
-  EXPECT_EQ(v[4], std::ldexp(1.0, -14));
-  EXPECT_EQ(v[5], 0.0);
-  EXPECT_TRUE(std::signbit(v[5]));
-  EXPECT_EQ(v[6], INFINITY);
-  EXPECT_TRUE(std::isnan(v[7]));
-  const Tensor& b = f.tensors.at("b");
-  EXPECT_EQ(b.dtype(), DType::f32);
-  std::vector<double> w = b.to_vector();
-  EXPECT_EQ(w[0], 1.0);
-  EXPECT_EQ(w[1], -2.5);
-  EXPECT_EQ(w[2], 3.140625);
-  uint32_t bits = 0x7E960000u;
-  float big;
-  std::memcpy(&big, &bits, sizeof big);
-  EXPECT_EQ(w[3], static_cast<double>(big));
-  EXPECT_EQ(w[4], -INFINITY);
-  EXPECT_EQ(w[5], 0.0);
+  for (const bool widen : {false, true}) {
+    SCOPED_TRACE(widen ? "widened" : "as stored");
+    nn::SafetensorsFile f = nn::load_safetensors(path("half.safetensors"), {.widen_16bit_floats = widen});
+    const Tensor& a = f.tensors.at("a");
+    EXPECT_EQ(a.dtype(), widen ? DType::f32 : DType::f16);
+    EXPECT_EQ(a.shape(), (Shape{2, 4}));
+    std::vector<double> v = a.to_vector();
+    EXPECT_EQ(v[0], 1.0);
+    EXPECT_EQ(v[1], -2.5);
+    EXPECT_EQ(v[2], 65504.0);
+    EXPECT_EQ(v[3], std::ldexp(1.0, -24));
+    EXPECT_EQ(v[4], std::ldexp(1.0, -14));
+    EXPECT_EQ(v[5], 0.0);
+    EXPECT_TRUE(std::signbit(v[5]));
+    EXPECT_EQ(v[6], INFINITY);
+    EXPECT_TRUE(std::isnan(v[7]));
+    const Tensor& b = f.tensors.at("b");
+    EXPECT_EQ(b.dtype(), widen ? DType::f32 : DType::bf16);
+    std::vector<double> w = b.to_vector();
+    EXPECT_EQ(w[0], 1.0);
+    EXPECT_EQ(w[1], -2.5);
+    EXPECT_EQ(w[2], 3.140625);
+    uint32_t bits = 0x7E960000u;
+    float big;
+    std::memcpy(&big, &bits, sizeof big);
+    EXPECT_EQ(w[3], static_cast<double>(big));
+    EXPECT_EQ(w[4], -INFINITY);
+    EXPECT_EQ(w[5], 0.0);
+  }
 }

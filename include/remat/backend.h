@@ -358,6 +358,10 @@ class Backend {
     (void)dtype;
     return true;
   }
+  // Whether tensors of `dtype` may live on this backend's device at all (its copy and fill take
+  // them). f32, f64 and i64 by default; a backend whose kernels also take the 16-bit floats (bf16,
+  // f16) says so. Allocating a tensor of a dtype its device does not hold is a remat::Error.
+  virtual bool holds(DType dtype) const { return !is_16bit_float(dtype); }
 
   // ---- the kernels: REMAT_KERNELS above, each with its contract
 #define REMAT_KERNEL_PURE_VIRTUAL(name, dtype_of, parameters, arguments) virtual void name parameters = 0;

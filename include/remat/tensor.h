@@ -12,7 +12,11 @@
 //   y.sum().backward();            // w.grad() now holds dL/dw
 //
 // Storage is row-major with explicit strides (in elements). dtypes: f32 and f64 for values, i64
-// for indices (targets, token ids, argmax results).
+// for indices (targets, token ids, argmax results), and the 16-bit floats bf16 (bfloat16: float32's
+// range, 8 bits of precision) and f16 (IEEE binary16), stored in 2 bytes and computed in float32:
+// an op on them widens its inputs exactly, computes in float32 and rounds its results once (to
+// nearest, ties to even; NaN stays NaN). Statistics of 16-bit tensors (norms' mean and rstd,
+// attention's log-sum-exp, a loss) are float32 (accumulate_dtype).
 //
 // Limits: rank at most kMaxRank = 6; every dimension and every shape's element count at most
 // kMaxElements = 2^60, with zero-size axes counted as 1 (so that strides fit as well), for views
@@ -21,6 +25,8 @@
 // operation and the shape (remat::OutOfMemory for a failed allocation, with the bytes asked).
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -36,10 +42,87 @@
 
 namespace remat {
 
-enum class DType : uint8_t { f32, f64, i64 };
-const char* dtype_name(DType dtype);
-size_t dtype_size(DType dtype);
-inline bool is_floating(DType d) { return d == DType::f32 || d == DType::f64; }
+enum class DType : uint8_t { f32, f64, i64, bf16, f16 };
+const char* dtype_name(DType dtype);  // "f32", "f64", "i64", "bf16", "f16"
+size_t dtype_size(DType dtype);       // bytes per element: 4, 8, 8, 2, 2
+inline bool is_16bit_float(DType d) { return d == DType::bf16 || d == DType::f16; }
+inline bool is_floating(DType d) { return d == DType::f32 || d == DType::f64 || is_16bit_float(d); }
+// The dtype arithmetic on d's values runs in, and that of the statistics ops keep of them: f32
+// for bf16 and f16, d itself otherwise.
+inline DType accumulate_dtype(DType d) { return is_16bit_float(d) ? DType::f32 : d; }
+
+// The elements of bf16 and f16 tensors (data<bfloat16>(), data<float16>()): the bits, with exact
+// conversions to float and double and correctly rounded ones from them (to nearest, ties to even,
+// NaN kept as a quiet NaN, overflow to infinity; from double in one rounding, not two).
+struct bfloat16 {
+  uint16_t bits = 0;
+  bfloat16() = default;
+  explicit bfloat16(float value) : bits(from_float(value)) {}
+  explicit bfloat16(double value);
+  explicit bfloat16(int64_t value) : bfloat16(static_cast<double>(value)) {}
+  explicit operator float() const;
+  explicit operator double() const { return static_cast<float>(*this); }
+  explicit operator int64_t() const { return static_cast<int64_t>(static_cast<float>(*this)); }
+  static uint16_t from_float(float value);
+};
+struct float16 {
+  uint16_t bits = 0;
+  float16() = default;
+  explicit float16(float value) : bits(from_float(value)) {}
+  explicit float16(double value);
+  explicit float16(int64_t value) : float16(static_cast<double>(value)) {}
+  explicit float16(bfloat16 value) : float16(static_cast<float>(value)) {}
+  explicit operator float() const;
+  explicit operator double() const { return static_cast<float>(*this); }
+  explicit operator int64_t() const { return static_cast<int64_t>(static_cast<float>(*this)); }
+  explicit operator bfloat16() const { return bfloat16(static_cast<float>(*this)); }
+  static uint16_t from_float(float value);
+};
+
+namespace detail {
+// A float that rounds to the same 16-bit value as `value` does in one rounding: `value` cut to a
+// float toward zero, with the last bit set when anything was cut (round to odd; a float keeps at
+// least two bits more than bf16 and f16, so rounding it again is exact rounding of the double).
+inline float round_to_odd_float(double value) {
+  if (!(value == value)) return static_cast<float>(value);
+  float f = static_cast<float>(value);
+  if (std::abs(static_cast<double>(f)) > std::abs(value)) f = std::nextafter(f, 0.0f);
+  if (static_cast<double>(f) != value) f = std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
+  return f;
+}
+}  // namespace detail
+
+inline uint16_t bfloat16::from_float(float value) {
+  const uint32_t u = std::bit_cast<uint32_t>(value);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: quiet
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline bfloat16::bfloat16(double value) : bits(from_float(detail::round_to_odd_float(value))) {}
+inline bfloat16::operator float() const { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
+inline uint16_t float16::from_float(float value) {
+  const uint32_t u = std::bit_cast<uint32_t>(value);
+  const uint32_t sign = (u >> 16) & 0x8000u, magnitude = u & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));  // NaN
+  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: infinity
+  if (magnitude < 0x38800000u) {  // below 2^-14: a subnormal of 2^-24 units, rounded by adding 2^23
+    const float units = std::bit_cast<float>(magnitude) * 16777216.0f + 8388608.0f;
+    return static_cast<uint16_t>(sign | (std::bit_cast<uint32_t>(units) - 0x4b000000u));
+  }
+  const uint32_t rebiased = magnitude - 0x38000000u;  // exponent 127 -> 15
+  return static_cast<uint16_t>(sign | ((rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13));
+}
+inline float16::float16(double value) : bits(from_float(detail::round_to_odd_float(value))) {}
+inline float16::operator float() const {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16, exponent = (bits >> 10) & 0x1fu,
+                 mantissa = bits & 0x3ffu;
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) {
+    const float v = static_cast<float>(mantissa) * 5.9604644775390625e-8f;  // 2^-24, exact
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
 
 // Where a tensor's storage lives. `emulated` is reserved for a test-only backend (tests/
 // emulated_backend.h) that keeps its memory on the host but behaves as an accelerator would: its
@@ -149,14 +232,19 @@ class Node;
 
 class Tensor;
 namespace detail {
-// The dtype whose elements are T (float, double, int64_t, const or not); other T do not compile.
+// The dtype whose elements are T (float, double, int64_t, bfloat16, float16, const or not); other
+// T do not compile.
 template <class T>
 constexpr DType dtype_of() {
   using U = std::remove_cv_t<T>;
-  static_assert(std::is_same_v<U, float> || std::is_same_v<U, double> || std::is_same_v<U, int64_t>,
-                "Tensor::data<T>(): T must be float (f32), double (f64) or int64_t (i64)");
+  static_assert(std::is_same_v<U, float> || std::is_same_v<U, double> || std::is_same_v<U, int64_t> ||
+                    std::is_same_v<U, bfloat16> || std::is_same_v<U, float16>,
+                "Tensor::data<T>(): T must be float (f32), double (f64), int64_t (i64), bfloat16 (bf16) or "
+                "float16 (f16)");
   if constexpr (std::is_same_v<U, float>) return DType::f32;
   else if constexpr (std::is_same_v<U, double>) return DType::f64;
+  else if constexpr (std::is_same_v<U, bfloat16>) return DType::bf16;
+  else if constexpr (std::is_same_v<U, float16>) return DType::f16;
   else return DType::i64;
 }
 // Throws the remat::Error of a data<T>() call that asked for `wanted` (or, with
@@ -216,8 +304,8 @@ class Tensor {
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
 
-  // The first element, typed: T is float for f32, double for f64, int64_t for i64 (const
-  // allowed). A T that does not match dtype() throws remat::Error naming both; the pointer is to
+  // The first element, typed: T is float for f32, double for f64, int64_t for i64, bfloat16 for
+  // bf16, float16 for f16 (const allowed). A T that does not match dtype() throws remat::Error naming both; the pointer is to
   // a possibly strided layout (index with strides()). contiguous_data<T>() also requires
   // is_contiguous(), for kernels that read or write data[0 .. numel()) as a flat array.
   template <class T>
@@ -283,7 +371,7 @@ class Tensor {
   Tensor flatten() const { return reshape({numel()}); }
   Tensor contiguous() const;                  // itself if already contiguous
   Tensor clone() const;                       // always copies (differentiable)
-  Tensor to(DType dtype) const;               // converts (differentiable between f32 and f64)
+  Tensor to(DType dtype) const;               // converts (differentiable between floating dtypes)
   // A copy on `device` (itself if already there); differentiable: the gradient goes back to this
   // tensor's device. The only way data crosses between host and device memory.
   Tensor to(Device device) const;

@@ -16,7 +16,7 @@ BatchNorm::BatchNorm(int64_t num_features, double eps, double momentum, bool aff
   REMAT_CHECK(num_features > 0, name, ": num_features must be positive, got ", num_features);
   REMAT_CHECK(eps > 0.0 && std::isfinite(eps), name, ": eps must be positive and finite, got ", eps);
   REMAT_CHECK(momentum >= 0.0 && momentum <= 1.0, name, ": momentum must be in [0, 1], got ", momentum);
-  REMAT_CHECK(is_floating(dtype), name, ": dtype must be f32 or f64, got ", dtype_name(dtype));
+  REMAT_CHECK(is_floating(dtype), name, ": dtype must be floating (f32, f64, bf16, f16), got ", dtype_name(dtype));
   if (affine) {
     weight = register_parameter("weight", {num_features}, dtype, Init::ones());
     bias = register_parameter("bias", {num_features}, dtype, Init::zeros());
@@ -55,12 +55,12 @@ Tensor BatchNorm::forward_impl(const Tensor& x) {
   const bool tracking = running_mean.defined();
   if (training() || !tracking) {
     const bool update = tracking && training();
-    Tensor y = batch_norm(x, weight, bias, update ? running_mean : Tensor(), update ? running_var : Tensor(),
+    Tensor y = batch_norm(x, compute_weight(weight), compute_weight(bias), update ? running_mean : Tensor(), update ? running_var : Tensor(),
                           /*training=*/true, momentum_, eps_);
     if (update && !is_recomputing()) ++batches_tracked_;
     return y;
   }
-  return batch_norm(x, weight, bias, running_mean, running_var, /*training=*/false, momentum_, eps_);
+  return batch_norm(x, compute_weight(weight), compute_weight(bias), running_mean, running_var, /*training=*/false, momentum_, eps_);
 }
 
 }  // namespace remat::nn

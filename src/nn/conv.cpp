@@ -46,7 +46,7 @@ std::string Conv2d::type_name() const {
 Tensor Conv2d::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined() && x.dim() == 4 && x.size(1) == in_, type_name(), ": expects an input [N, ", in_,
               ", H, W], got ", x.defined() ? shape_str(x.shape()) : "an undefined tensor");
-  return conv2d(x, weight, bias, stride_, padding_, dilation_, groups_);
+  return conv2d(x, compute_weight(weight), compute_weight(bias), stride_, padding_, dilation_, groups_);
 }
 
 MaxPool2d::MaxPool2d(Size2 kernel, Size2 stride, Size2 padding, Size2 dilation, bool ceil_mode)

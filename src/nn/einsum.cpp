@@ -336,7 +336,7 @@ std::vector<Shape> shapes_of(const TensorList& operands, const std::string& spec
   for (size_t k = 0; k < operands.size(); ++k) {
     const Tensor& t = operands[k];
     REMAT_CHECK(t.defined(), "einsum(\"", spec, "\"): operand ", k, " is undefined");
-    REMAT_CHECK(is_floating(t.dtype()), "einsum(\"", spec, "\"): operand ", k, " must be f32 or f64, got ",
+    REMAT_CHECK(is_floating(t.dtype()), "einsum(\"", spec, "\"): operand ", k, " must be floating (f32, f64, bf16, f16), got ",
                 dtype_name(t.dtype()));
     REMAT_CHECK(t.dtype() == operands[0].dtype(), "einsum(\"", spec, "\"): operands have different dtypes ",
                 dtype_name(operands[0].dtype()), " (operand 0) and ", dtype_name(t.dtype()), " (operand ", k, ")");
@@ -398,7 +398,7 @@ Tensor einsum(const std::string& spec, const TensorList& operands) {
 // ---- the Einsum layer
 
 Einsum::Einsum(std::string spec, std::vector<Shape> weight_shapes, DType dtype) : spec_(std::move(spec)) {
-  REMAT_CHECK(is_floating(dtype), "Einsum: the weights must be f32 or f64, got ", dtype_name(dtype));
+  REMAT_CHECK(is_floating(dtype), "Einsum: the weights must be floating (f32, f64, bf16, f16), got ", dtype_name(dtype));
   // Validate against a stand-in input shape: the input term is checked at forward time.
   const std::string lhs = spec_.substr(0, spec_.find("->"));
   std::vector<std::string> terms;
@@ -453,7 +453,7 @@ std::string Einsum::type_name() const { return "Einsum(\"" + spec_ + "\")"; }
 
 Tensor Einsum::forward_impl(const Tensor& x) {
   TensorList operands{x};
-  operands.insert(operands.end(), weights.begin(), weights.end());
+  for (const Tensor& w : weights) operands.push_back(compute_weight(w));
   return einsum(spec_, operands);
 }
 

@@ -41,6 +41,7 @@ GPT::GPT(const GPTConfig& config) : config_(config) {
     set_parameter_init(name, Init::normal(0.0, residual ? residual_std : 0.02));
   }
   reset_parameters(config.seed);
+  if (config.compute_dtype && *config.compute_dtype != dt) set_compute_dtype(config.compute_dtype);
 }
 
 std::string GPT::type_name() const {

@@ -30,7 +30,7 @@ Tensor Linear::forward_impl(const Tensor& x) {
               shape_str(x.shape()));
   if (x.dim() == 1) return forward_impl(x.unsqueeze(0)).squeeze(0);
   // x [..., in] @ weight^T [in, out] -> [..., out]
-  return linear(x, weight, bias);
+  return linear(x, compute_weight(weight), compute_weight(bias));
 }
 
 // ---- Embedding
@@ -42,7 +42,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, DType dtype) : num_(nu
 
 std::string Embedding::type_name() const { return detail::concat("Embedding(", num_, ", ", dim_, ")"); }
 
-Tensor Embedding::forward_impl(const Tensor& ids) { return embedding(weight, ids); }
+Tensor Embedding::forward_impl(const Tensor& ids) { return embedding(compute_weight(weight), ids); }
 
 // ---- LayerNorm, RMSNorm
 
@@ -59,7 +59,7 @@ std::string LayerNorm::type_name() const { return detail::concat("LayerNorm(", d
 Tensor LayerNorm::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == dim_, type_name(), ": expects an input of shape [..., ",
               dim_, "], got ", x.defined() ? shape_str(x.shape()) : "an undefined tensor");
-  return layer_norm(x, weight, bias, eps_);
+  return layer_norm(x, compute_weight(weight), compute_weight(bias), eps_);
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype) : dim_(dim), eps_(eps) {
@@ -72,7 +72,7 @@ std::string RMSNorm::type_name() const { return detail::concat("RMSNorm(", dim_,
 Tensor RMSNorm::forward_impl(const Tensor& x) {
   REMAT_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == dim_, type_name(), ": expects an input of shape [..., ",
               dim_, "], got ", x.defined() ? shape_str(x.shape()) : "an undefined tensor");
-  return rms_norm(x, weight, eps_);
+  return rms_norm(x, compute_weight(weight), eps_);
 }
 
 // ---- activations

@@ -37,13 +37,13 @@ void init_tensor(const Tensor& tensor, const Init& init, RngState state) {
     case Init::Kind::keep: return;
     case Init::Kind::constant: t.fill_(init.a); return;
     case Init::Kind::uniform:
-      REMAT_CHECK(is_floating(t.dtype()), "init_tensor: ", init.to_string(), " needs an f32 or f64 tensor, got ",
+      REMAT_CHECK(is_floating(t.dtype()), "init_tensor: ", init.to_string(), " needs a floating tensor, got ",
                   dtype_name(t.dtype()));
       REMAT_CHECK(init.b > init.a, "init_tensor: empty range in ", init.to_string());
       t.copy_(rand(t.shape(), t.dtype(), state, init.a, init.b));
       return;
     case Init::Kind::normal:
-      REMAT_CHECK(is_floating(t.dtype()), "init_tensor: ", init.to_string(), " needs an f32 or f64 tensor, got ",
+      REMAT_CHECK(is_floating(t.dtype()), "init_tensor: ", init.to_string(), " needs a floating tensor, got ",
                   dtype_name(t.dtype()));
       REMAT_CHECK(init.b >= 0, "init_tensor: negative standard deviation in ", init.to_string());
       t.copy_(randn(t.shape(), t.dtype(), state, init.a, init.b));
@@ -82,6 +82,7 @@ std::string Module::child_name(const Module* child) const {
 }
 
 TensorList Module::invoke(const TensorList& inputs, const std::optional<Policy>& call_policy) {
+  if (module_frames.empty()) refresh_compute_copies();  // a step's forward (Note [Compute copies])
   std::string path;
   if (!module_frames.empty()) {
     const ModuleFrame& parent = module_frames.back();
@@ -181,7 +182,7 @@ void Module::check_new_name(const std::string& name, const char* what) const {
 
 Tensor Module::register_parameter(const std::string& name, const Shape& shape, DType dtype, Init init) {
   check_new_name(name, "parameter");
-  REMAT_CHECK(is_floating(dtype), type_name(), ": parameter \"", name, "\" must be f32 or f64, got ",
+  REMAT_CHECK(is_floating(dtype), type_name(), ": parameter \"", name, "\" must be floating (f32, f64, bf16, f16), got ",
               dtype_name(dtype));
   Tensor t;
   try {
@@ -202,7 +203,7 @@ Tensor Module::register_parameter(const std::string& name, const Shape& shape, D
 Tensor Module::register_parameter(const std::string& name, const Tensor& value) {
   REMAT_CHECK(value.defined(), type_name(), ": parameter \"", name, "\" is undefined");
   check_new_name(name, "parameter");
-  REMAT_CHECK(is_floating(value.dtype()), type_name(), ": parameter \"", name, "\" must be f32 or f64, got ",
+  REMAT_CHECK(is_floating(value.dtype()), type_name(), ": parameter \"", name, "\" must be floating (f32, f64, bf16, f16), got ",
               dtype_name(value.dtype()));
   Tensor t = Tensor::empty(value.shape(), value.dtype(), memory::Tag::parameter, value.device());
   {
@@ -446,9 +447,11 @@ void Module::load_parameters(const std::map<std::string, Tensor>& tensors, const
       continue;
     }
     const Tensor& t = it->second;
+    // a 16-bit float widens exactly into an f32 or f64 parameter (a bf16 checkpoint into a float32 model)
+    const bool widens = is_16bit_float(t.dtype()) && (p.dtype() == DType::f32 || p.dtype() == DType::f64);
     if (!t.defined()) {
       problems.push_back(detail::concat("\"", name, "\" is undefined"));
-    } else if (t.shape() != p.shape() || t.dtype() != p.dtype()) {
+    } else if (t.shape() != p.shape() || (t.dtype() != p.dtype() && !widens)) {
       problems.push_back(detail::concat("\"", name, "\" is ", describe(t), " in ", source, " but ", describe(p),
                                         " in the model"));
     }

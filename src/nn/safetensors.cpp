@@ -32,41 +32,19 @@ const char* format_dtype(DType dtype) {
     case DType::f32: return "F32";
     case DType::f64: return "F64";
     case DType::i64: return "I64";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
   }
   return "?";
 }
 
-// Half-precision element types of a file, read as f32.
-enum class Half : uint8_t { none, f16, bf16 };
-
-// `half` is set for F16 and BF16, whose tensors are read as f32.
-bool parse_dtype(const std::string& text, DType& dtype, Half& half) {
-  half = Half::none;
-  if (text == "F32") dtype = DType::f32;
-  else if (text == "F64") dtype = DType::f64;
-  else if (text == "I64") dtype = DType::i64;
-  else if (text == "F16") dtype = DType::f32, half = Half::f16;
-  else if (text == "BF16") dtype = DType::f32, half = Half::bf16;
-  else return false;
-  return true;
-}
-
-// IEEE binary16 to float, exactly (subnormals, infinities and NaN included).
-float f16_to_f32(uint16_t h) {
-  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
-  const int exponent = (h >> 10) & 0x1f;
-  const int mantissa = h & 0x3ff;
-  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
-  if (exponent == 31) return mantissa ? std::numeric_limits<float>::quiet_NaN() : sign * std::numeric_limits<float>::infinity();
-  return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
-}
-
-// bfloat16 is the upper half of a float.
-float bf16_to_f32(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+bool parse_dtype(const std::string& text, DType& dtype) {
+  for (DType d : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16})
+    if (text == format_dtype(d)) {
+      dtype = d;
+      return true;
+    }
+  return false;
 }
 
 // The header is an object (depth 0) of objects (1) whose values are strings or flat arrays (2).
@@ -90,14 +68,11 @@ Tensor host_contiguous(const Tensor& t) {
 struct Entry {
   std::string name;
   DType dtype;
-  Half half = Half::none;  // F16 or BF16 in the file (dtype is then f32)
   Shape shape;
   uint64_t begin, end;
 };
 
-const char* file_dtype(const Entry& e) {
-  return e.half == Half::f16 ? "F16" : e.half == Half::bf16 ? "BF16" : format_dtype(e.dtype);
-}
+const char* file_dtype(const Entry& e) { return format_dtype(e.dtype); }
 
 // A short rendering of a JSON value for messages (a hostile header may hold huge values).
 std::string brief(const nlohmann::json& value) {
@@ -123,7 +98,7 @@ Entry parse_entry(const std::string& where, const std::string& name, const nlohm
   e.name = name;
   const nlohmann::json& dtype = field("dtype");
   if (!dtype.is_string()) fail(where, "tensor \"", name, "\": \"dtype\" is ", brief(dtype), ", not a string");
-  if (!parse_dtype(dtype.get<std::string>(), e.dtype, e.half))
+  if (!parse_dtype(dtype.get<std::string>(), e.dtype))
     fail(where, "tensor \"", name, "\" has dtype ", brief(dtype), ", which remat does not read (F32, F64, I64, F16, BF16)");
 
   const nlohmann::json& shape = field("shape");
@@ -132,7 +107,7 @@ Entry parse_entry(const std::string& where, const std::string& name, const nlohm
     fail(where, "tensor \"", name, "\" has rank ", shape.size(), ", above the maximum rank ", kMaxRank);
   // bytes = itemsize x every size; `nonzero` = itemsize x every non-zero size, which bounds the
   // strides of a tensor with a zero size, e.g. [0, 2^62, 2^62].
-  uint64_t bytes = e.half != Half::none ? 2 : dtype_size(e.dtype), nonzero = bytes;
+  uint64_t bytes = dtype_size(e.dtype), nonzero = bytes;
   for (size_t i = 0; i < shape.size(); ++i) {
     const nlohmann::json& d = shape[i];
     if (!is_size(d))
@@ -245,25 +220,27 @@ Header read_header(const std::string& where, uint64_t file_bytes, const ReadByte
   return h;
 }
 
-// Allocates the tensors of a validated header and fills them with read(offset, n, into).
-SafetensorsFile read_tensors(const std::string& where, Header& h, const ReadBytes& read) {
+// Allocates the tensors of a validated header and fills them with read(offset, n, into); with
+// widen_16bit_floats, BF16 and F16 entries become f32 tensors.
+SafetensorsFile read_tensors(const std::string& where, Header& h, const ReadBytes& read, const LoadOptions& options) {
   SafetensorsFile file;
   for (const Entry& e : h.entries) {
+    const bool widen = options.widen_16bit_floats && is_16bit_float(e.dtype);
     Tensor t;
     try {
-      t = Tensor::empty(e.shape, e.dtype);
+      t = Tensor::empty(e.shape, widen ? DType::f32 : e.dtype);
     } catch (const Error& error) {
       fail(where, "tensor \"", e.name, "\" (", file_dtype(e), " ", shape_str(e.shape), "): ", error.what());
     } catch (const std::bad_alloc&) {
       fail(where, "tensor \"", e.name, "\" (", file_dtype(e), " ", shape_str(e.shape), "): cannot allocate ",
            e.end - e.begin, " bytes");
     }
-    if (e.end > e.begin && e.half == Half::none) {
+    if (e.end > e.begin && !widen) {
       read(h.data_start + e.begin, e.end - e.begin, static_cast<char*>(t.raw_data()),
            detail::concat("the data of tensor \"", e.name, "\""));
     } else if (e.end > e.begin) {
-      // F16 / BF16: the 2-byte values land in the second half of the f32 buffer, then widen in
-      // place from the front (element i is written at 4i after its source at 2n + 2i was read)
+      // the 2-byte values land in the second half of the f32 buffer, then widen in place from the
+      // front (element i is written at 4i after its source at 2n + 2i was read)
       const size_t n = static_cast<size_t>(t.numel());
       char* base = static_cast<char*>(t.raw_data());
       read(h.data_start + e.begin, e.end - e.begin, base + 2 * n, detail::concat("the data of tensor \"", e.name, "\""));
@@ -271,7 +248,8 @@ SafetensorsFile read_tensors(const std::string& where, Header& h, const ReadByte
       for (size_t i = 0; i < n; ++i) {
         uint16_t v;
         std::memcpy(&v, base + 2 * n + 2 * i, sizeof v);
-        out[i] = e.half == Half::f16 ? f16_to_f32(v) : bf16_to_f32(v);
+        out[i] = e.dtype == DType::f16 ? static_cast<float>(std::bit_cast<float16>(v))
+                                       : static_cast<float>(std::bit_cast<bfloat16>(v));
       }
     }
     t.set_name(e.name);
@@ -328,7 +306,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   file.commit();
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+SafetensorsFile load_safetensors(const std::string& path, const LoadOptions& options) {
   const std::string where = detail::concat("load_safetensors(\"", path, "\")");
   std::error_code ec;
   const std::filesystem::file_status status = std::filesystem::status(path, ec);
@@ -345,16 +323,16 @@ SafetensorsFile load_safetensors(const std::string& path) {
     if (!in || static_cast<uint64_t>(in.gcount()) != n) fail(where, "cannot read ", what, " (the file changed?)");
   };
   Header header = read_header(where, file_bytes, read);
-  return read_tensors(where, header, read);
+  return read_tensors(where, header, read, options);
 }
 
-SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& name) {
+SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& name, const LoadOptions& options) {
   auto copy = [&](uint64_t offset, uint64_t n, char* into, const std::string&) {
     std::memcpy(into, bytes.data() + offset, n);
   };
   const std::string where = detail::concat("parse_safetensors(\"", name, "\")");
   Header header = read_header(where, bytes.size(), copy);
-  return read_tensors(where, header, copy);
+  return read_tensors(where, header, copy, options);
 }
 
 }  // namespace remat::nn

@@ -34,6 +34,7 @@ class DeviceDispatch final : public Backend {
   // the inner backend's counts with the kernel calls of this dispatcher
   DeviceActivity activity() const override;
   bool supports(Kernel kernel, DType dtype) const override { return inner_.supports(kernel, dtype); }
+  bool holds(DType dtype) const override { return inner_.holds(dtype); }
 
   REMAT_OVERRIDE_KERNELS()
 

@@ -60,7 +60,7 @@ uint32_t philox_word(RngState state, uint64_t index) {
 }
 
 Tensor rand(const Shape& shape, DType dtype, RngState state, double low, double high, Device device) {
-  REMAT_CHECK(is_floating(dtype), "rand: dtype must be f32 or f64, got ", dtype_name(dtype));
+  REMAT_CHECK(is_floating(dtype), "rand: dtype must be floating (f32, f64, bf16, f16), got ", dtype_name(dtype));
   REMAT_CHECK(high > low, "rand: empty range [", low, ", ", high, ")");
   Tensor t = detail::allocate_tensor("rand", shape, dtype, memory::Tag::other, device);
   backend(device).rand_uniform(t, state, low, high);
@@ -68,7 +68,7 @@ Tensor rand(const Shape& shape, DType dtype, RngState state, double low, double 
 }
 
 Tensor rand(const Shape& shape, DType dtype, double low, double high, Device device) {
-  REMAT_CHECK(is_floating(dtype), "rand: dtype must be f32 or f64, got ", dtype_name(dtype));
+  REMAT_CHECK(is_floating(dtype), "rand: dtype must be floating (f32, f64, bf16, f16), got ", dtype_name(dtype));
   // validate (range and shape) before claiming words: a failed call leaves the generator as it was
   REMAT_CHECK(high > low, "rand: empty range [", low, ", ", high, ")");
   Tensor t = detail::allocate_tensor("rand", shape, dtype, memory::Tag::other, device);
@@ -77,7 +77,7 @@ Tensor rand(const Shape& shape, DType dtype, double low, double high, Device dev
 }
 
 Tensor randn(const Shape& shape, DType dtype, RngState state, double mean, double stddev, Device device) {
-  REMAT_CHECK(is_floating(dtype), "randn: dtype must be f32 or f64, got ", dtype_name(dtype));
+  REMAT_CHECK(is_floating(dtype), "randn: dtype must be floating (f32, f64, bf16, f16), got ", dtype_name(dtype));
   REMAT_CHECK(stddev >= 0, "randn: negative standard deviation ", stddev);
   Tensor t = detail::allocate_tensor("randn", shape, dtype, memory::Tag::other, device);
   backend(device).rand_normal(t, state, mean, stddev);
@@ -85,7 +85,7 @@ Tensor randn(const Shape& shape, DType dtype, RngState state, double mean, doubl
 }
 
 Tensor randn(const Shape& shape, DType dtype, double mean, double stddev, Device device) {
-  REMAT_CHECK(is_floating(dtype), "randn: dtype must be f32 or f64, got ", dtype_name(dtype));
+  REMAT_CHECK(is_floating(dtype), "randn: dtype must be floating (f32, f64, bf16, f16), got ", dtype_name(dtype));
   // validate before claiming words: a failed call leaves the generator as it was
   REMAT_CHECK(stddev >= 0, "randn: negative standard deviation ", stddev);
   Tensor t = detail::allocate_tensor("randn", shape, dtype, memory::Tag::other, device);

@@ -20,11 +20,22 @@ const char* dtype_name(DType dtype) {
     case DType::f32: return "f32";
     case DType::f64: return "f64";
     case DType::i64: return "i64";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
   }
   return "?";
 }
 
-size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 8; }
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::bf16:
+    case DType::f16: return 2;
+  }
+  return 8;
+}
 
 std::string device_name(Device device) {
   switch (device.type) {
@@ -223,6 +234,12 @@ HandleWatcher* set_handle_watcher(HandleWatcher* next) {
 
 Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
   const size_t bytes = checked_bytes(op ? op : "empty", shape, dtype);
+  // A device holds 16-bit floats only where its backend says so (Backend::holds): the CPU's does,
+  // CUDA's does not yet (its copy and fill have no 16-bit kernels).
+  if (is_16bit_float(dtype) && device.type != DeviceType::cpu && !backend(device).holds(dtype))
+    throw Error(concat(op ? op : "empty", ": ", device_name(device), " holds no ", dtype_name(dtype),
+                       " tensors (its backend has no ", dtype_name(dtype), " kernels; docs/precision.md): compute "
+                       "on the CPU, or in f32, shape ", shape_str(shape)));
   std::shared_ptr<Storage> storage;
   try {
     storage = std::make_shared<Storage>(bytes, tag, device);
@@ -289,6 +306,8 @@ static const char* element_type_name(DType d) {
     case DType::f32: return "float";
     case DType::f64: return "double";
     case DType::i64: return "int64_t";
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
   }
   return "?";
 }
@@ -329,6 +348,8 @@ static double read_element(const Tensor& t, int64_t flat_offset) {
     case DType::f32: return reinterpret_cast<const float*>(base)[flat_offset];
     case DType::f64: return reinterpret_cast<const double*>(base)[flat_offset];
     case DType::i64: return static_cast<double>(reinterpret_cast<const int64_t*>(base)[flat_offset]);
+    case DType::bf16: return static_cast<double>(reinterpret_cast<const bfloat16*>(base)[flat_offset]);
+    case DType::f16: return static_cast<double>(reinterpret_cast<const float16*>(base)[flat_offset]);
   }
   return 0;
 }
@@ -429,7 +450,7 @@ std::string to_string(const Tensor& t, int max_per_axis) {
     values = host.to_vector();
   }
   const auto& s = t.shape();
-  out << std::setprecision(t.dtype() == DType::f64 ? 10 : 6);
+  out << std::setprecision(t.dtype() == DType::f64 ? 10 : is_16bit_float(t.dtype()) ? 4 : 6);
   // Recursive pretty print with elision of long axes.
   std::function<void(size_t, size_t)> rec = [&](size_t axis, size_t base) {
     if (axis == s.size()) {
@@ -521,6 +542,8 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
       case DType::f32: t.data<float>()[i] = static_cast<float>(values[i]); break;
       case DType::f64: t.data<double>()[i] = values[i]; break;
       case DType::i64: t.data<int64_t>()[i] = static_cast<int64_t>(values[i]); break;
+      case DType::bf16: t.data<bfloat16>()[i] = bfloat16(values[i]); break;
+      case DType::f16: t.data<float16>()[i] = float16(values[i]); break;
     }
   }
   if (on_host) return t;

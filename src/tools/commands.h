@@ -53,6 +53,10 @@ struct TrainOptions {
   // Set by --resume from the state (not options): the state to load, its vocabulary and GELU.
   std::string resume_state, vocabulary;
   bool tanh_gelu = false;
+  // --dtype: what the model computes in: f32, or bf16 / f16 with float32 master weights (mixed
+  // precision, docs/precision.md)
+  std::string dtype = "f32";
+  std::string save_dtype = "f32";  // --save-dtype: the dtype of --save's weights (f32 | bf16)
 };
 int run_train(const TrainOptions& options);
 

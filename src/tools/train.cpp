@@ -39,10 +39,10 @@ void check_ranks_agree(const TrainOptions& o, const std::vector<int64_t>& tokens
   const std::string options = detail::concat("steps ", o.steps, " batch ", o.batch, " accumulate ", o.accumulate, " lr ",
                                              o.lr, " seed ", o.seed, " dropout ", o.dropout, " reduce ", o.reduce,
                                              " allow_nonfinite ", o.allow_nonfinite, " shard_optimizer ",
-                                             o.shard_optimizer, " bucket_bytes ", o.bucket_bytes, " clip ", o.clip);
+                                             o.shard_optimizer, " bucket_bytes ", o.bucket_bytes, " clip ", o.clip, " dtype ", o.dtype);
   distributed::check_same(fnv1a(options.data(), options.size()),
                           "set of training options (--steps, --batch, --accumulate, --lr, --seed, --dropout, --reduce, "
-                          "--allow-nonfinite, --shard-optimizer, --bucket-bytes, --clip)");
+                          "--allow-nonfinite, --shard-optimizer, --bucket-bytes, --clip, --dtype)");
   distributed::check_same(fnv1a(tokens.data(), tokens.size() * sizeof(int64_t)), "corpus (--data)");
   // names, shapes and dtypes, then rank 0's weights everywhere
   distributed::broadcast_parameters(model.named_parameters(), loaded);
@@ -86,6 +86,9 @@ void print_banner(const Human& say, const TrainOptions& o, const DataParallel& d
               config.tie_embeddings ? " (lm_head tied to wte)" : "", static_cast<long long>(o.batch),
               o.policy.c_str(), num_threads());
   say("device: %s\n", device_summary(l.device).c_str());
+  if (o.dtype != "f32")
+    say("precision: %s activations and saved values, float32 master weights, optimizer state and loss\n",
+        o.dtype.c_str());
 }
 
 // A dynamic: budget too small for a step fails at the first op that cannot fit, whose error can
@@ -141,7 +144,7 @@ RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const Check
   l.model->zero_grad();
 
   if (!o.save.empty() && dp.rank == 0) {
-    save_char_gpt(o.save, *l.model, char_gpt_metadata(l.config, l.tokenizer), o.format);
+    save_char_gpt(o.save, *l.model, char_gpt_metadata(l.config, l.tokenizer), o.format, save_dtype(o));
   }
   r.rank_peak_saved = distributed::all_gather(static_cast<double>(m.peak_saved));
   r.rank_peak_total = distributed::all_gather(static_cast<double>(m.peak_total));

@@ -21,6 +21,10 @@ void add_run_options(CLI::App* t, Numbers& n, TrainOptions& train) {
                  "micro-batches of --batch summed per step (and per rank under mpirun)");
   t->add_option("--reduce", train.reduce, "gradient sum over MPI ranks: ordered (rank order, exact) | native")
       ->capture_default_str();
+  t->add_option("--dtype", train.dtype,
+                "what the model computes in: f32 | bf16 | f16 (bf16, f16: mixed precision, float32 master weights "
+                "and optimizer state, activations and saved values in 16 bits, losses and statistics in float32)")
+      ->capture_default_str();
   t->add_option("--policy", train.policy,
                 "what is kept: save-all | every-layer | every-k:K | selective:OPS | budget:BYTES | budget:auto | "
                 "dynamic:BYTES; and where: +offload:DIR[,threshold=BYTES][,ram=BYTES] after any (e.g. "
@@ -44,6 +48,9 @@ void add_weight_and_output_options(CLI::App* t, TrainOptions& train, bool& quiet
   t->add_option("--save", train.save, "write the weights here (a safetensors file; for --format hf-gpt2 a directory)");
   t->add_option("--load", train.load, "start from these weights (architecture from the file; remat, nanoGPT or Hugging Face GPT-2 "
                 "layout; a file without remat metadata takes --heads and the vocabulary of --data)");
+  t->add_option("--save-dtype", train.save_dtype,
+                "the dtype of the weights --save writes: f32 | bf16 (the float32 weights rounded once)")
+      ->capture_default_str();
   t->add_option("--format", train.format, "names and layout of --save: remat | nanogpt | hf-gpt2 (a directory Transformers loads)")->capture_default_str();
   t->add_flag("--tie-embeddings", train.tie_embeddings,
               "the output layer shares the token embedding's weight (one parameter, as in nanoGPT and GPT-2; "

@@ -126,6 +126,8 @@ std::string configure_from_file(const TrainOptions& o, const CharGPTFile& weight
 
 }  // namespace
 
+DType save_dtype(const TrainOptions& o) { return o.save_dtype == "bf16" ? DType::bf16 : DType::f32; }
+
 Loaded load(const TrainOptions& o, Device device) {
   Loaded l;
   l.device = device;
@@ -134,6 +136,12 @@ Loaded load(const TrainOptions& o, Device device) {
   l.config = nn::GPTConfig{.vocab = 0, .layers = o.layers, .width = o.width, .heads = o.heads, .seq = o.seq,
                            .dropout = o.dropout, .dtype = DType::f32, .seed = o.seed,
                            .tie_embeddings = o.tie_embeddings};
+  REMAT_USAGE_CHECK(o.dtype == "f32" || o.dtype == "bf16" || o.dtype == "f16", "train: --dtype must be f32, bf16 or f16, "
+                    "got '", o.dtype, "'");
+  REMAT_USAGE_CHECK(o.save_dtype == "f32" || o.save_dtype == "bf16", "train: --save-dtype must be f32 or bf16, got '",
+                    o.save_dtype, "'");
+  if (o.dtype == "bf16") l.config.compute_dtype = DType::bf16;
+  if (o.dtype == "f16") l.config.compute_dtype = DType::f16;
   std::optional<CharGPTFile> weights;
   std::string source;  // where the architecture comes from, for errors
   if (!o.resume_state.empty()) {  // the architecture and the vocabulary of the state (train_state.h)
@@ -172,7 +180,7 @@ int evaluate_only(const TrainOptions& o, Loaded& l) {
                  o.load.c_str(), l.data_path.c_str(), val_loss, kValidationBatches, static_cast<long long>(o.batch),
                  static_cast<long long>(l.config.seq));
   if (!o.save.empty()) {
-    save_char_gpt(o.save, *l.model, char_gpt_metadata(l.config, l.tokenizer), o.format);
+    save_char_gpt(o.save, *l.model, char_gpt_metadata(l.config, l.tokenizer), o.format, save_dtype(o));
     if (o.progress)
       std::fprintf(stderr, "remat train --eval-only: the weights of %s written to %s (--format %s)\n", o.load.c_str(),
                    o.save.c_str(), o.format.c_str());

@@ -39,6 +39,8 @@ struct Loaded {
 };
 
 Loaded load(const TrainOptions& o, Device device);
+// The dtype of --save's weights (--save-dtype, checked by load).
+DType save_dtype(const TrainOptions& o);
 
 // The mean loss of kValidationBatches batches of the validation tokens, in eval mode, without
 // gradients; the model is back in train mode afterwards.

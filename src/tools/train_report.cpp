@@ -135,6 +135,7 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
   const StepMeasure &chosen = s.chosen, &save_all = s.save_all;
   nlohmann::json j = {{"version", REMAT_VERSION},
                       {"policy", policy.to_string()},
+                      {"dtype", o.dtype},
                       {"device", s.device},
                       {"steps", o.steps},
                       {"first_loss", m.first_loss},

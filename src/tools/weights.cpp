@@ -303,13 +303,15 @@ void check_save_path(const std::string& path, const std::string& format) {
   REMAT_USAGE_CHECK(path.empty() || format != "hf-gpt2" || directory_or_nothing(path), not_a_directory(path));
 }
 
-void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Metadata& metadata, const std::string& format) {
+void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Metadata& metadata, const std::string& format,
+                   DType dtype) {
   nn::GPTWeightNames names = nn::GPTWeightNames::remat;
   if (format == "nanogpt") names = nn::GPTWeightNames::nanogpt;
   else if (format == "hf-gpt2") names = nn::GPTWeightNames::hf_gpt2;
   else REMAT_CHECK(format == "remat", "--format must be remat, nanogpt or hf-gpt2, got \"", format, "\"");
   std::map<std::string, Tensor> tensors;
-  for (const auto& [name, p] : model.named_parameters()) tensors.emplace(name, p);
+  for (const auto& [name, p] : model.named_parameters())
+    tensors.emplace(name, p.dtype() == dtype ? p : p.detach().to(dtype));
   std::map<std::string, Tensor> renamed = nn::gpt_weights_from_remat(tensors, names);
   if (names == nn::GPTWeightNames::hf_gpt2) return save_hf_gpt2(path, renamed, model.config(), metadata);
   nn::save_safetensors(path, nn::NamedTensors(renamed.begin(), renamed.end()), metadata);

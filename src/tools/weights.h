@@ -47,7 +47,9 @@ CharTokenizer vocabulary_from_text(const CharGPTFile& weights, const std::string
 // that Transformers' GPT2LMHeadModel.from_pretrained loads: model.safetensors (GPT2LMHeadModel's
 // tensor names and layouts; metadata "format" = "pt", with remat's other keys beside it) and
 // config.json (a GPT2Config describing the same model: sizes, GELU, LayerNorm eps, tying).
-void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Metadata& metadata, const std::string& format);
+// `dtype`: the weights' dtype in the file (f32, or bf16: the float32 masters rounded once).
+void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Metadata& metadata, const std::string& format,
+                   DType dtype = DType::f32);
 
 // Before training: a usage error when `path` cannot take `format`'s output (for "hf-gpt2", a
 // path that is a file, not a directory). Empty `path`: nothing to check.

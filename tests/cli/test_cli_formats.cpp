@@ -266,3 +266,35 @@ TEST_F(Cli, HuggingFaceDirectory) {
   fs::create_directory(path("empty-dir"));
   expect_error(s + path("empty-dir"), {path("empty-dir"), "is a directory without model.safetensors"});
 }
+
+// A mixed-precision run (--dtype bf16) saves its float32 master weights, or with --save-dtype bf16
+// those weights rounded once, in every format; either file loads (sample, further training).
+TEST_F(Cli, MixedPrecisionRunSavesFloat32OrBf16Weights) {
+  for (const std::string format : {"remat", "nanogpt", "hf-gpt2"}) {
+    SCOPED_TRACE(format);
+    const std::string ext = format == "hf-gpt2" ? "" : ".safetensors";
+    const std::string f32 = path("mp-f32-" + format + ext), bf16 = path("mp-bf16-" + format + ext);
+    Result r = run(train_args({{"--dtype", "bf16"}, {"--steps", "2"}, {"--save", f32}, {"--format", format}}));
+    ASSERT_EQ(r.code, 0) << r.output;
+    r = run(train_args({{"--dtype", "bf16"}, {"--steps", "2"}, {"--save", bf16}, {"--format", format}, {"--save-dtype", "bf16"}}));
+    ASSERT_EQ(r.code, 0) << r.output;
+    auto file = [&](const std::string& p) { return format == "hf-gpt2" ? p + "/model.safetensors" : p; };
+    nn::SafetensorsFile a = nn::load_safetensors(file(f32)), b = nn::load_safetensors(file(bf16));
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (const auto& [name, t] : a.tensors) {
+      EXPECT_EQ(t.dtype(), DType::f32) << name;
+      const Tensor& h = b.tensors.at(name);
+      EXPECT_EQ(h.dtype(), DType::bf16) << name;
+      EXPECT_EQ(h.to(DType::f32).to_vector(), t.to(DType::bf16).to(DType::f32).to_vector()) << name;
+    }
+    const std::string s = "sample --threads 1 --tokens 20 --temperature 0 --load ";
+    for (const std::string& w : {f32, bf16}) {
+      Result sampled = run(s + w);
+      EXPECT_EQ(sampled.code, 0) << sampled.output;
+      Result more = run(train_args({{"--steps", "1"}, {"--dtype", "bf16"}}) + " --load " + w);
+      EXPECT_EQ(more.code, 0) << more.output;
+    }
+  }
+  expect_usage_error(train_args({{"--dtype", "f8"}}), {"--dtype must be f32, bf16 or f16", "'f8'"});
+  expect_usage_error(train_args({{"--save-dtype", "f16"}}), {"--save-dtype must be f32 or bf16", "'f16'"});
+}

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "remat/nn/containers.h"
@@ -48,6 +49,9 @@ struct GPTConfig {
   bool fused_attention = true;  // false: attention written out (scores, mask, softmax; keeps [B, H, T, T])
   bool tanh_gelu = false;       // the MLP's GELU: exact (nanoGPT) or the tanh approximation (GPT-2, Hugging Face)
   bool tie_embeddings = false;  // lm_head's weight is wte's (one parameter; see below)
+  // Mixed precision: the dtype the model computes in (bf16, f16), the parameters staying in
+  // `dtype` (Module::set_compute_dtype); nullopt: compute in `dtype`.
+  std::optional<DType> compute_dtype;
 };
 
 class GPT : public Module {

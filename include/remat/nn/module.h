@@ -204,13 +204,29 @@ class Module : public std::enable_shared_from_this<Module> {
   void set_parameter_init(const std::string& dotted_name, Init init);
   Init parameter_init(const std::string& dotted_name) const;
 
+  // ---- mixed precision (docs/precision.md)
+  // Computes in `dtype` (bf16 or f16) while the parameters stay as they are (float32 master
+  // weights, which the optimizer updates): each call of this module that is not inside another
+  // call (a step's forward) first makes one copy of every parameter of the tree in `dtype`, once
+  // per tensor (a tied weight gets one copy), recorded so that gradients reach the masters in
+  // their own dtype; the layers compute with those copies (compute_weight) until the next such
+  // call, so a recomputation in the backward pass reads exactly what the forward read. The copies
+  // count as parameter memory. Activations, and so saved values, are then in `dtype`; statistics
+  // and losses are float32 (accumulate_dtype). nullopt turns it off. Set it on the model's root:
+  // every module below it shares the setting.
+  //   model->set_compute_dtype(DType::bf16);
+  //   Tensor loss = model->loss(ids, targets);   // bf16 forward, float32 loss
+  //   loss.backward();                           // float32 gradients on the parameters
+  Module& set_compute_dtype(std::optional<DType> dtype);
+  std::optional<DType> compute_dtype() const;
+
   // ---- weight files (safetensors; see remat/nn/safetensors.h)
   // Writes named_parameters() atomically.
   void save(const std::string& path, const Metadata& metadata = {}) const;
   // Reads a file written by save() (or by PyTorch for the same structure). Missing, unexpected
   // or mismatched (shape or dtype) tensors give one remat::Error listing every problem, and
-  // leave the parameters untouched; a corrupt file gives remat::Error too. Returns the file's
-  // metadata.
+  // leave the parameters untouched; a corrupt file gives remat::Error too. A bf16 or f16 tensor
+  // loads into an f32 or f64 parameter (widened exactly). Returns the file's metadata.
   Metadata load(const std::string& path);
   // The same check-everything-then-copy for tensors in memory; `source` names them in errors.
   void load_parameters(const std::map<std::string, Tensor>& tensors, const std::string& source = "tensors");
@@ -223,6 +239,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // Calls a child as this module's forward would (a layer call), with a policy for this call
   // alone that overrides the child's own (containers use it for per-child policies).
   static TensorList call_child(Module& child, const TensorList& inputs, const std::optional<Policy>& call_policy);
+  // The tensor a layer computes with for its parameter `p`: the step's copy of p in the compute
+  // dtype under set_compute_dtype, else p itself (an undefined p stays undefined).
+  Tensor compute_weight(const Tensor& p) const;
   void add_child(const std::string& name, std::shared_ptr<Module> module);
   // Weight tying: this module's own parameter `name` becomes `shared`, a parameter (a leaf that
   // requires grad) of the same shape and dtype from elsewhere in the model. Both names then hold
@@ -240,6 +259,8 @@ class Module : public std::enable_shared_from_this<Module> {
     std::string name;
     std::shared_ptr<Module> module;
   };
+  struct ComputeCopies;  // the step's compute copies of the parameters (mixed_precision.cpp)
+  void refresh_compute_copies();
   TensorList invoke(const TensorList& inputs, const std::optional<Policy>& call_policy);
   Tensor single_output(const TensorList& outputs) const;
   std::string child_name(const Module* child) const;
@@ -262,6 +283,7 @@ class Module : public std::enable_shared_from_this<Module> {
   bool warned_unregistered_ = false;  // called by a module that never registered it: warned once
   int height_ = 1;  // nesting depth of the tree under this module as registered (itself: 1)
   mutable std::shared_ptr<BudgetPlanner> planner_;
+  std::shared_ptr<ComputeCopies> compute_copies_;  // shared by the tree under set_compute_dtype
 };
 
 }  // namespace remat::nn

@@ -6,7 +6,8 @@
 //
 // Layout: 8 bytes little-endian header length N; N bytes of JSON
 //   {"__metadata__": {"key": "value", ...},
-//    "name": {"dtype": "F32" | "F64" | "I64", "shape": [d0, d1, ...], "data_offsets": [begin, end]}, ...}
+//    "name": {"dtype": "F32" | "F64" | "I64" | "BF16" | "F16", "shape": [d0, d1, ...],
+//             "data_offsets": [begin, end]}, ...}
 // padded with spaces to a multiple of 8; then the raw little-endian data, offsets relative to
 // its start. Files are written atomically (a temporary file in the same directory, renamed over
 // the target), so a reader never sees half a file.
@@ -19,8 +20,9 @@
 //     flat arrays), checked as the parser reads, before anything deeper is built; a key appears
 //     once per object;
 //   - "__metadata__", if present, maps strings to strings;
-//   - each tensor has a dtype remat reads (F32, F64, I64, and F16 and BF16, which are converted
-//     to f32 tensors exactly on load; others, e.g. F8_E4M3 or I32, are errors naming them),
+//   - each tensor has a dtype remat reads (F32, F64, I64, BF16 and F16, read as tensors of that
+//     dtype, or as f32 tensors, exactly, with LoadOptions::widen_16bit_floats; others, e.g.
+//     F8_E4M3 or I32, are errors naming them),
 //     a shape of at most kMaxRank sizes, each a plain JSON integer (no sign, fraction or exponent)
 //     whose byte count (and stride) fits in 63 bits, and data_offsets [begin, end] with
 //     begin <= end, end - begin = the shape's byte count;
@@ -41,12 +43,16 @@ struct SafetensorsFile {
   Metadata metadata;
 };
 
-// Writes `tensors` (any device, any layout; f32, f64 or i64) in the given order. Names must be
-// unique, non-empty and not "__metadata__".
+// Writes `tensors` (any device, any layout, any dtype: F32, F64, I64, BF16, F16) in the given
+// order. Names must be unique, non-empty and not "__metadata__".
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata = {});
-SafetensorsFile load_safetensors(const std::string& path);
+struct LoadOptions {
+  bool widen_16bit_floats = false;  // BF16 and F16 entries as f32 tensors (exact), not as bf16 / f16
+};
+SafetensorsFile load_safetensors(const std::string& path, const LoadOptions& options = {});
 // The same for the bytes of a whole file held in memory (e.g. received over a network); `name`
 // stands for the file in error messages.
-SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& name = "memory");
+SafetensorsFile parse_safetensors(std::string_view bytes, const std::string& name = "memory",
+                                  const LoadOptions& options = {});
 
 }  // namespace remat::nn

@@ -95,7 +95,7 @@ Tensor attention_op(const Tensor& q, const Tensor& k, const Tensor& v, bool caus
         Shape out_shape = q4.shape();
         out_shape[3] = v4.size(3);
         Tensor out = heads_view_buffer(out_shape, q4.dtype(), q4.device());
-        Tensor lse = kernels::empty({q4.size(0), q4.size(1), q4.size(2)}, q4.dtype(), q4.device());
+        Tensor lse = kernels::empty({q4.size(0), q4.size(1), q4.size(2)}, accumulate_dtype(q4.dtype()), q4.device());
         kernels::backend_of(q4).attention(q4, k4, v4, params, out, lse);
         return TensorList{as_input_rank(out, rank3), lse};
       },

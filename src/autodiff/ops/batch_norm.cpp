@@ -23,13 +23,14 @@ namespace {
 const OpSpec kBatchNorm{autodiff::OpKind::batch_norm, autodiff::save_inputs, 2, 0b001};
 const OpSpec kBatchNormAffine{autodiff::OpKind::batch_norm, autodiff::save_inputs, 2, 0b011};
 
-void check_channel_vector(const Tensor& v, const char* name, const Tensor& x) {
+// `statistics`: running statistics, which may also be float32 beside a 16-bit input.
+void check_channel_vector(const Tensor& v, const char* name, const Tensor& x, bool statistics = false) {
   if (!v.defined()) return;
   const int64_t c = x.shape()[1];
   REMAT_CHECK(v.shape() == Shape{c}, "batch_norm: ", name, " of shape ", shape_str(v.shape()), " does not match [", c,
               "] (the channels of the input of shape ", shape_str(x.shape()), ")");
-  REMAT_CHECK(v.dtype() == x.dtype(), "batch_norm: ", name, " dtype ", dtype_name(v.dtype()),
-              " differs from the input dtype ", dtype_name(x.dtype()));
+  REMAT_CHECK(v.dtype() == x.dtype() || (statistics && v.dtype() == accumulate_dtype(x.dtype())), "batch_norm: ",
+              name, " dtype ", dtype_name(v.dtype()), " differs from the input dtype ", dtype_name(x.dtype()));
   REMAT_CHECK(v.device() == x.device(), "batch_norm: ", name, " is on ", device_name(v.device()), ", the input on ",
               device_name(x.device()));
 }
@@ -41,7 +42,9 @@ Tensor reciprocal_std(const Tensor& var, double eps) {
 }
 
 // running = (1 - momentum) running + momentum batch, in place (no gradient).
-void update_running(const Tensor& running, const Tensor& batch, double momentum) {
+void update_running(const Tensor& running, const Tensor& batch_statistic, double momentum) {
+  const Tensor batch = batch_statistic.dtype() == running.dtype() ? batch_statistic
+                                                                   : kernels::convert(batch_statistic, running.dtype());
   Tensor blended = kernels::binary(BinaryOp::add, kernels::unary(UnaryOp::mul_scalar, running, 1.0 - momentum),
                                    kernels::unary(UnaryOp::mul_scalar, batch, momentum));
   kernels::backend_of(running).copy(blended, running);
@@ -53,13 +56,13 @@ void update_running(const Tensor& running, const Tensor& batch, double momentum)
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, bool training, double momentum, double eps) {
   REMAT_CHECK(x.defined(), "batch_norm: input is undefined");
-  REMAT_CHECK(is_floating(x.dtype()), "batch_norm: expects an f32 or f64 input, got ", dtype_name(x.dtype()));
+  REMAT_CHECK(is_floating(x.dtype()), "batch_norm: expects a floating input, got ", dtype_name(x.dtype()));
   REMAT_CHECK(x.dim() >= 2, "batch_norm: expects an input [N, C, ...], got shape ", shape_str(x.shape()));
   REMAT_CHECK(x.shape()[1] > 0, "batch_norm: the input of shape ", shape_str(x.shape()), " has no channels");
   check_channel_vector(weight, "weight", x);
   check_channel_vector(bias, "bias", x);
-  check_channel_vector(running_mean, "running_mean", x);
-  check_channel_vector(running_var, "running_var", x);
+  check_channel_vector(running_mean, "running_mean", x, true);
+  check_channel_vector(running_var, "running_var", x, true);
   REMAT_CHECK(running_mean.defined() == running_var.defined(),
               "batch_norm: give both running_mean and running_var, or neither");
   REMAT_CHECK(eps > 0.0 && std::isfinite(eps), "batch_norm: eps must be positive and finite, got ", eps);
@@ -91,8 +94,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
         const Shape channels{xc.shape()[1]};
         Tensor mean, rstd;
         if (training) {
-          mean = kernels::empty(channels, xc.dtype(), xc.device());
-          Tensor var = kernels::empty(channels, xc.dtype(), xc.device());
+          mean = kernels::empty(channels, accumulate_dtype(xc.dtype()), xc.device());
+          Tensor var = kernels::empty(channels, accumulate_dtype(xc.dtype()), xc.device());
           be.batch_norm_statistics(xc, mean, var);
           rstd = reciprocal_std(var, eps);
           if (rm.defined() && autodiff::recompute_depth() == 0) {
@@ -101,8 +104,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
             update_running(rv, kernels::unary(UnaryOp::mul_scalar, var, unbias), momentum);
           }
         } else {
-          mean = kernels::copy(rm);
-          rstd = reciprocal_std(rv, eps);
+          mean = kernels::convert(rm, accumulate_dtype(xc.dtype()));
+          rstd = reciprocal_std(kernels::convert(rv, accumulate_dtype(xc.dtype())), eps);
         }
         Tensor y = kernels::empty(xc.shape(), xc.dtype(), xc.device());
         be.batch_norm_apply(xc, mean, rstd, wi >= 0 ? in[wi] : Tensor(), bi >= 0 ? in[bi] : Tensor(), y);

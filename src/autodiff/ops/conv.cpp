@@ -27,7 +27,7 @@ ConvPlan check_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Size
                       Size2 dilation, int64_t groups) {
   const char* op = "conv2d";
   REMAT_CHECK(x.defined() && w.defined(), op, ": input or weight is undefined");
-  REMAT_CHECK(is_floating(x.dtype()), op, ": expects an f32 or f64 input, got ", dtype_name(x.dtype()));
+  REMAT_CHECK(is_floating(x.dtype()), op, ": expects a floating input (f32, f64, bf16, f16), got ", dtype_name(x.dtype()));
   REMAT_CHECK(w.dtype() == x.dtype(), op, ": weight dtype ", dtype_name(w.dtype()), " differs from the input dtype ",
               dtype_name(x.dtype()));
   REMAT_CHECK(x.dim() == 4, op, ": expects an input [N, C, H, W], got shape ", shape_str(x.shape()));

@@ -19,7 +19,7 @@ const OpSpec kDropout{autodiff::OpKind::dropout, autodiff::save_nothing};
 
 void check_dropout(const Tensor& x, double p) {
   REMAT_CHECK(x.defined(), "dropout: input is undefined");
-  REMAT_CHECK(is_floating(x.dtype()), "dropout: expects an f32 or f64 tensor, got ", dtype_name(x.dtype()),
+  REMAT_CHECK(is_floating(x.dtype()), "dropout: expects a floating tensor (f32, f64, bf16, f16), got ", dtype_name(x.dtype()),
               " of shape ", shape_str(x.shape()));
   REMAT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability p = ", p, " is outside [0, 1] (input of shape ",
               shape_str(x.shape()), ")");

@@ -35,7 +35,7 @@ void check_ids(const Tensor& ids, int64_t rows) {
 
 Tensor embedding(const Tensor& table, const Tensor& ids) {
   REMAT_CHECK(table.defined() && ids.defined(), "embedding: input is undefined");
-  REMAT_CHECK(is_floating(table.dtype()) && table.dim() == 2, "embedding: table must be a 2-D f32 or f64 tensor [V, D], got ",
+  REMAT_CHECK(is_floating(table.dtype()) && table.dim() == 2, "embedding: table must be a 2-D floating tensor [V, D], got ",
               dtype_name(table.dtype()), " of shape ", shape_str(table.shape()));
   REMAT_CHECK(ids.dtype() == DType::i64, "embedding: ids must be i64, got ", dtype_name(ids.dtype()), " of shape ",
               shape_str(ids.shape()));

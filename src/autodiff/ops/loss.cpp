@@ -25,7 +25,7 @@ const OpSpec kCrossEntropy{autodiff::OpKind::cross_entropy, autodiff::save_input
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_smoothing, int64_t ignore_index) {
   REMAT_CHECK(logits.defined() && targets.defined(), "cross_entropy: input is undefined");
   REMAT_CHECK(is_floating(logits.dtype()) && logits.dim() == 2,
-              "cross_entropy: logits must be a 2-D f32 or f64 tensor [N, C], got ", dtype_name(logits.dtype()),
+              "cross_entropy: logits must be a 2-D floating tensor [N, C], got ", dtype_name(logits.dtype()),
               " of shape ", shape_str(logits.shape()));
   REMAT_CHECK(targets.dtype() == DType::i64 && targets.dim() == 1 && targets.size(0) == logits.size(0),
               "cross_entropy: targets must be i64 of shape [", logits.size(0), "] for logits of shape ",
@@ -42,11 +42,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_s
       [n, classes, label_smoothing, ignore_index](const TensorList& in) {
         Tensor x = kernels::contiguous(in[0]);
         Backend& b = kernels::backend_of(x);
-        Tensor losses = kernels::empty({n}, x.dtype(), x.device());
+        // the loss, its rows and the mean's weight in float32 for 16-bit logits; logp, which the
+        // backward keeps, in the logits' dtype
+        const DType loss_dtype = accumulate_dtype(x.dtype());
+        Tensor losses = kernels::empty({n}, loss_dtype, x.device());
         Tensor logp = kernels::empty({n, classes}, x.dtype(), x.device());
-        Tensor scale = kernels::empty({}, x.dtype(), x.device());
+        Tensor scale = kernels::empty({}, loss_dtype, x.device());
         b.cross_entropy(x, in[1], label_smoothing, ignore_index, losses, logp, scale);
-        Tensor total = kernels::reduce(ReduceOp::sum, losses, {0}, false, x.dtype());
+        Tensor total = kernels::reduce(ReduceOp::sum, losses, {0}, false, loss_dtype);
         return TensorList{kernels::binary(BinaryOp::mul, total, scale), logp, scale};
       },
       [n, classes, label_smoothing, ignore_index](BackwardContext& ctx) {
@@ -55,7 +58,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_s
         Backend& b = kernels::backend_of(logp);
         // every row's loss enters the mean with weight 1 / count (ignored rows get 0 in the kernel)
         Tensor g = kernels::binary(BinaryOp::mul, ctx.grad_output(0), ctx.output(2));
-        Tensor gloss = kernels::empty({n}, logp.dtype(), logp.device());
+        Tensor gloss = kernels::empty({n}, accumulate_dtype(logp.dtype()), logp.device());
         b.copy(g, gloss);
         Tensor glogits = kernels::empty({n, classes}, logp.dtype(), logp.device());
         b.cross_entropy_backward(logp, ctx.input(1), gloss, label_smoothing, ignore_index, glogits);

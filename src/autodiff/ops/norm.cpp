@@ -26,7 +26,7 @@ const OpSpec kRmsNormAffine{autodiff::OpKind::rms_norm, autodiff::save_inputs, 1
 int64_t check_norm(const char* op, const Tensor& x, const Tensor& weight, const char* wname, const Tensor& bias,
                    double eps) {
   REMAT_CHECK(x.defined(), op, ": input is undefined");
-  REMAT_CHECK(is_floating(x.dtype()), op, ": expects an f32 or f64 tensor, got ", dtype_name(x.dtype()), " of shape ",
+  REMAT_CHECK(is_floating(x.dtype()), op, ": expects a floating tensor (f32, f64, bf16, f16), got ", dtype_name(x.dtype()), " of shape ",
               shape_str(x.shape()));
   REMAT_CHECK(x.dim() >= 1, op, ": expects a tensor of rank >= 1, got shape ", shape_str(x.shape()));
   const int64_t c = x.size(-1);
@@ -62,8 +62,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
         Tensor xc = kernels::contiguous(in[0]);
         Tensor w = wi >= 0 ? in[wi] : Tensor(), b = bi >= 0 ? in[bi] : Tensor();
         Tensor y = kernels::empty(xc.shape(), xc.dtype(), xc.device());
-        Tensor mean = kernels::empty({rows}, xc.dtype(), xc.device());
-        Tensor rstd = kernels::empty({rows}, xc.dtype(), xc.device());
+        Tensor mean = kernels::empty({rows}, accumulate_dtype(xc.dtype()), xc.device());
+        Tensor rstd = kernels::empty({rows}, accumulate_dtype(xc.dtype()), xc.device());
         kernels::backend_of(xc).layer_norm(xc, w, b, eps, y, mean, rstd);
         return TensorList{y, mean, rstd};
       },
@@ -101,7 +101,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
         Tensor xc = kernels::contiguous(in[0]);
         Tensor w = wi >= 0 ? in[wi] : Tensor();
         Tensor y = kernels::empty(xc.shape(), xc.dtype(), xc.device());
-        Tensor rstd = kernels::empty({rows}, xc.dtype(), xc.device());
+        Tensor rstd = kernels::empty({rows}, accumulate_dtype(xc.dtype()), xc.device());
         kernels::backend_of(xc).rms_norm(xc, w, eps, y, rstd);
         return TensorList{y, rstd};
       },

@@ -17,7 +17,7 @@ const OpSpec kAdaptiveAvgPool{autodiff::OpKind::adaptive_avg_pool2d, autodiff::s
 
 void check_image(const char* op, const Tensor& x) {
   REMAT_CHECK(x.defined(), op, ": input is undefined");
-  REMAT_CHECK(is_floating(x.dtype()), op, ": expects an f32 or f64 input, got ", dtype_name(x.dtype()));
+  REMAT_CHECK(is_floating(x.dtype()), op, ": expects a floating input (f32, f64, bf16, f16), got ", dtype_name(x.dtype()));
   REMAT_CHECK(x.dim() == 4, op, ": expects an input [N, C, H, W], got shape ", shape_str(x.shape()));
 }
 

@@ -21,7 +21,7 @@ const OpSpec kLogSoftmax{autodiff::OpKind::log_softmax, autodiff::save_outputs};
 Tensor softmax_op(const OpSpec& spec, bool log, const Tensor& x, int64_t axis) {
   const char* op = spec.name.c_str();
   REMAT_CHECK(x.defined(), op, ": input is undefined");
-  REMAT_CHECK(is_floating(x.dtype()), op, ": expects an f32 or f64 tensor, got ", dtype_name(x.dtype()), " of shape ",
+  REMAT_CHECK(is_floating(x.dtype()), op, ": expects a floating tensor (f32, f64, bf16, f16), got ", dtype_name(x.dtype()), " of shape ",
               shape_str(x.shape()));
   const int64_t rank = x.dim();
   REMAT_CHECK(rank >= 1, op, ": expects a tensor of rank >= 1, got shape ", shape_str(x.shape()));

@@ -12,7 +12,7 @@ namespace {
 
 void check_float(const Tensor& x, const char* op) {
   REMAT_CHECK(x.defined(), op, ": input is undefined");
-  REMAT_CHECK(is_floating(x.dtype()), op, ": expects an f32 or f64 tensor, got ", dtype_name(x.dtype()), " of shape ",
+  REMAT_CHECK(is_floating(x.dtype()), op, ": expects a floating tensor (f32, f64, bf16, f16), got ", dtype_name(x.dtype()), " of shape ",
               shape_str(x.shape()));
 }
 

@@ -552,7 +552,7 @@ Tensor unit_last_stride(const Tensor& t) {
 
 }  // namespace
 
-void CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionParams& params,
+void CpuKernels::attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionParams& params,
                            const Tensor& out, const Tensor& lse) {
   check_attention_out(out, "output");
   REMAT_ASSERT(lse.is_contiguous(), "attention: log-sum-exp must be contiguous");
@@ -564,7 +564,7 @@ void CpuBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor&
   });
 }
 
-void CpuBackend::attention_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& out_in,
+void CpuKernels::attention_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& out_in,
                                     const Tensor& lse, const Tensor& gout_in, const AttentionParams& params,
                                     const Tensor& gq, const Tensor& gk, const Tensor& gv) {
   check_attention_out(gq, "query gradient");

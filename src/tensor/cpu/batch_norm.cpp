@@ -135,12 +135,12 @@ void backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Ten
 
 }  // namespace
 
-void CpuBackend::batch_norm_statistics(const Tensor& x, const Tensor& mean, const Tensor& var) {
+void CpuKernels::batch_norm_statistics(const Tensor& x, const Tensor& mean, const Tensor& var) {
   Tensor xc = contiguous_input(x);
   dispatch_float(x.dtype(), "batch_norm", [&]<class T>() { statistics<T>(xc, mean, var); });
 }
 
-void CpuBackend::batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+void CpuKernels::batch_norm_apply(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                   const Tensor& bias, const Tensor& y) {
   Tensor xc = contiguous_input(x);
   dispatch_float(x.dtype(), "batch_norm", [&]<class T>() {
@@ -148,7 +148,7 @@ void CpuBackend::batch_norm_apply(const Tensor& x, const Tensor& mean, const Ten
   });
 }
 
-void CpuBackend::batch_norm_backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+void CpuKernels::batch_norm_backward(const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                      const Tensor& gy, bool batch_statistics, const Tensor& gx, const Tensor& gweight,
                                      const Tensor& gbias) {
   Tensor xc = contiguous_input(x), gyc = contiguous_input(gy);

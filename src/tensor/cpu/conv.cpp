@@ -316,7 +316,7 @@ Choice choose(DType dtype, double flops) {
 
 }  // namespace
 
-void CpuBackend::conv2d(const Tensor& xin, const Tensor& win, const Tensor& bin, const Conv2dGeometry& g,
+void CpuKernels::conv2d(const Tensor& xin, const Tensor& win, const Tensor& bin, const Conv2dGeometry& g,
                         const Tensor& y) {
   Tensor x = contiguous_input(xin), w = contiguous_input(win), bias = contiguous_input(bin);
   if (y.numel() == 0) return;
@@ -325,7 +325,7 @@ void CpuBackend::conv2d(const Tensor& xin, const Tensor& win, const Tensor& bin,
   dispatch_float(x.dtype(), "conv2d", [&]<class T>() { im2col_forward<T>(x, w, bias, g, y, c.threads); });
 }
 
-void CpuBackend::conv2d_backward_input(const Tensor& gyin, const Tensor& win, const Conv2dGeometry& g,
+void CpuKernels::conv2d_backward_input(const Tensor& gyin, const Tensor& win, const Conv2dGeometry& g,
                                        const Tensor& gx) {
   Tensor gy = contiguous_input(gyin), w = contiguous_input(win);
   if (gx.numel() == 0) return;
@@ -335,7 +335,7 @@ void CpuBackend::conv2d_backward_input(const Tensor& gyin, const Tensor& win, co
   dispatch_float(gy.dtype(), "conv2d_backward", [&]<class T>() { im2col_backward_input<T>(gy, w, g, gx, c.threads); });
 }
 
-void CpuBackend::conv2d_backward_weight(const Tensor& xin, const Tensor& gyin, const Conv2dGeometry& g,
+void CpuKernels::conv2d_backward_weight(const Tensor& xin, const Tensor& gyin, const Conv2dGeometry& g,
                                         const Tensor& gw, const Tensor& gbias) {
   Tensor x = contiguous_input(xin), gy = contiguous_input(gyin);
   if (!gw.defined() && !gbias.defined()) return;

@@ -61,12 +61,12 @@ namespace {
 std::atomic<int> configured_threads{0};
 }  // namespace
 
-void CpuBackend::set_num_threads(int threads) {
+void CpuKernels::set_num_threads(int threads) {
   configured_threads = threads;
   omp_set_num_threads(threads);
   set_gemm_threads(threads);
 }
-int CpuBackend::num_threads() const {
+int CpuKernels::num_threads() const {
   const int n = configured_threads.load();
   if (n > 0) return n;
   static const int initial = omp_get_max_threads();  // first asked before any thread yields
@@ -118,25 +118,29 @@ static void copy_from(const Tensor& src, const Tensor& dst) {
     case DType::f32: return copy_typed<Dst, float>(src, dst);
     case DType::f64: return copy_typed<Dst, double>(src, dst);
     case DType::i64: return copy_typed<Dst, int64_t>(src, dst);
+    case DType::bf16: return copy_typed<Dst, bfloat16>(src, dst);
+    case DType::f16: return copy_typed<Dst, float16>(src, dst);
   }
 }
 
 // Host memory is the CPU's memory: the device verbs are plain copies of contiguous bytes.
-void CpuBackend::copy_from_host(const void* host, const Tensor& dst) {
+void CpuKernels::copy_from_host(const void* host, const Tensor& dst) {
   REMAT_ASSERT(dst.is_contiguous(), "copy_from_host: the destination must be contiguous");
   if (dst.nbytes() > 0) std::memcpy(dst.raw_data(), host, dst.nbytes());
 }
-void CpuBackend::copy_to_host(const Tensor& src, void* host) {
+void CpuKernels::copy_to_host(const Tensor& src, void* host) {
   REMAT_ASSERT(src.is_contiguous(), "copy_to_host: the source must be contiguous");
   if (src.nbytes() > 0) std::memcpy(host, src.raw_data(), src.nbytes());
 }
 
-void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
+void CpuKernels::copy(const Tensor& src, const Tensor& dst) {
   if (dst.numel() == 0) return;
   switch (dst.dtype()) {
     case DType::f32: return copy_from<float>(src, dst);
     case DType::f64: return copy_from<double>(src, dst);
     case DType::i64: return copy_from<int64_t>(src, dst);
+    case DType::bf16: return copy_from<bfloat16>(src, dst);
+    case DType::f16: return copy_from<float16>(src, dst);
   }
 }
 
@@ -153,16 +157,18 @@ static void fill_typed(const Tensor& dst, T value) {
   });
 }
 
-void CpuBackend::fill(const Tensor& dst, double value) {
+void CpuKernels::fill(const Tensor& dst, double value) {
   if (dst.numel() == 0) return;
   switch (dst.dtype()) {
     case DType::f32: return fill_typed<float>(dst, static_cast<float>(value));
     case DType::f64: return fill_typed<double>(dst, value);
     case DType::i64: return fill_typed<int64_t>(dst, static_cast<int64_t>(value));
+    case DType::bf16: return fill_typed<bfloat16>(dst, bfloat16(value));
+    case DType::f16: return fill_typed<float16>(dst, float16(value));
   }
 }
 
-void CpuBackend::arange(const Tensor& dst, double start, double step) {
+void CpuKernels::arange(const Tensor& dst, double start, double step) {
   REMAT_ASSERT(dst.is_contiguous());
   int64_t n = dst.numel();
   switch (dst.dtype()) {
@@ -175,12 +181,14 @@ void CpuBackend::arange(const Tensor& dst, double start, double step) {
     case DType::i64:
       for (int64_t i = 0; i < n; ++i) dst.data<int64_t>()[i] = static_cast<int64_t>(start + step * static_cast<double>(i));
       break;
+    case DType::bf16:
+    case DType::f16: REMAT_ASSERT(false, "arange: 16-bit floats are widened first (widen.cpp)");
   }
 }
 
 // Element i of a random tensor uses words (offset + i) (uniform) or (offset + 2i, offset + 2i + 1)
 // (normal), so the values do not depend on how the loop is split across threads.
-void CpuBackend::rand_uniform(const Tensor& dst, RngState state, double low, double high) {
+void CpuKernels::rand_uniform(const Tensor& dst, RngState state, double low, double high) {
   REMAT_ASSERT(dst.is_contiguous());
   int64_t n = dst.numel();
   dispatch_float(dst.dtype(), "rand", [&]<class scalar_t>() {
@@ -196,7 +204,7 @@ void CpuBackend::rand_uniform(const Tensor& dst, RngState state, double low, dou
   });
 }
 
-void CpuBackend::rand_normal(const Tensor& dst, RngState state, double mean, double stddev) {
+void CpuKernels::rand_normal(const Tensor& dst, RngState state, double mean, double stddev) {
   REMAT_ASSERT(dst.is_contiguous());
   int64_t n = dst.numel();
   dispatch_float(dst.dtype(), "randn", [&]<class scalar_t>() {

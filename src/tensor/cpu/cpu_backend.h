@@ -14,9 +14,9 @@
 
 namespace remat::cpu {
 
-// Not final: the test-only emulated device (tests/emulated_backend.h) reuses these kernels on its
-// own memory.
-class CpuBackend : public Backend {
+// The kernels in f32, f64 and i64: every kernel of remat/backend.h, one family per .cpp file beside
+// this one. copy, fill and digest also take bf16 and f16 (a conversion, a constant, the bytes).
+class CpuKernels : public Backend {
  public:
   DeviceType device_type() const override { return DeviceType::cpu; }
   memory::Allocator& allocator() override { return memory::cpu(); }
@@ -24,9 +24,17 @@ class CpuBackend : public Backend {
   int num_threads() const override;
   void copy_from_host(const void* host, const Tensor& dst) override;
   void copy_to_host(const Tensor& src, void* host) override;
+  bool holds(DType) const override { return true; }
 
-  // every kernel of remat/backend.h, one family per .cpp file beside this one
   REMAT_OVERRIDE_KERNELS()
+};
+
+// The CPU backend: the kernels above, and bf16 and f16 computed in float32 (widen.cpp, Note
+// [16-bit floats on the CPU]). Not final: the test-only emulated device (tests/emulated_backend.h)
+// reuses these kernels on its own memory.
+class CpuBackend : public CpuKernels {
+ public:
+  REMAT_OPTIONAL_KERNELS(REMAT_KERNEL_OVERRIDE)
 };
 
 // Row-major C = alpha op(A) op(B) + beta C on raw pointers through the GEMM library of the dtype

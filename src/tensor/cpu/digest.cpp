@@ -56,7 +56,7 @@ void gather(const Tensor& t, const unsigned char* base, int64_t first, int64_t c
 
 }  // namespace
 
-void CpuBackend::digest(const Tensor& x, const Tensor& out) {
+void CpuKernels::digest(const Tensor& x, const Tensor& out) {
   REMAT_ASSERT(out.dtype() == DType::i64 && out.numel() == 1, "digest: out must be one i64");
   const int64_t item = static_cast<int64_t>(dtype_size(x.dtype()));
   const int64_t bytes = x.numel() * item;

@@ -251,14 +251,14 @@ void binary_kernel(const Tensor& a, const Tensor& b, const Tensor& out) {
 
 }  // namespace
 
-void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& y, double scalar) {
+void CpuKernels::unary(UnaryOp op, const Tensor& x, const Tensor& y, double scalar) {
   if (y.numel() == 0) return;
   dispatch_float(y.dtype(), unary_op_name(op), [&]<class scalar_t>() {
     dispatch_unary<scalar_t>(op, [&]<UnaryOp O, class T>() { unary_kernel<O, T>(x, y, scalar); });
   });
 }
 
-void CpuBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& gy, const Tensor& gx,
+void CpuKernels::unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, const Tensor& gy, const Tensor& gx,
                                 double scalar) {
   if (gx.numel() == 0) return;
   dispatch_float(gx.dtype(), unary_op_name(op), [&]<class scalar_t>() {
@@ -266,7 +266,7 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, co
   });
 }
 
-void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+void CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   if (out.numel() == 0) return;
   dispatch_float(out.dtype(), binary_op_name(op), [&]<class scalar_t>() {
     switch (op) {
@@ -299,13 +299,15 @@ static void where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b, c
   });
 }
 
-void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+void CpuKernels::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   if (out.numel() == 0) return;
   dispatch_float(out.dtype(), "where", [&]<class scalar_t>() {
     switch (cond.dtype()) {
       case DType::f32: return where_kernel<float, scalar_t>(cond, a, b, out);
       case DType::f64: return where_kernel<double, scalar_t>(cond, a, b, out);
       case DType::i64: return where_kernel<int64_t, scalar_t>(cond, a, b, out);
+      case DType::bf16:
+      case DType::f16: REMAT_ASSERT(false, "where: a 16-bit condition is widened first (widen.cpp)");
     }
   });
 }

@@ -59,7 +59,7 @@ template void gemm_rowmajor<float>(bool, bool, int64_t, int64_t, int64_t, float,
 template void gemm_rowmajor<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
                                     const double*, int64_t, double, double*, int64_t);
 
-void CpuBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, bool trans_b, const Tensor& c,
+void CpuKernels::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, bool trans_b, const Tensor& c,
                       double alpha, double beta) {
   REMAT_ASSERT(a_in.dim() == 3 && b_in.dim() == 3 && c.dim() == 3, "gemm expects rank-3 operands");
   REMAT_ASSERT(c.is_contiguous());
@@ -113,7 +113,7 @@ void CpuBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, bool
 }
 
 // The bias goes into c first and the product is added to it: the bits the op had before the kernel.
-void CpuBackend::gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+void CpuKernels::gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
                            const Tensor& c) {
   if (c.numel() == 0) return;
   copy(bias, c);

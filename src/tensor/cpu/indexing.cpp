@@ -173,7 +173,7 @@ void dropout_kernel(const T* x, T* y, int64_t n, double p, RngState state) {
 
 }  // namespace
 
-void CpuBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const Tensor& out) {
+void CpuKernels::embedding(const Tensor& table_in, const Tensor& ids_in, const Tensor& out) {
   check_out(out, "embedding");
   REMAT_ASSERT(table_in.dim() == 2 && ids_in.dtype() == DType::i64, "embedding: table ", shape_str(table_in.shape()),
                ", ids ", dtype_name(ids_in.dtype()));
@@ -197,7 +197,7 @@ void CpuBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const T
   });
 }
 
-void CpuBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in, const Tensor& gtable) {
+void CpuKernels::embedding_backward(const Tensor& ids_in, const Tensor& gout_in, const Tensor& gtable) {
   check_out(gtable, "embedding_backward");
   REMAT_ASSERT(gtable.dim() == 2 && ids_in.dtype() == DType::i64, "embedding_backward: gtable ",
                shape_str(gtable.shape()), ", ids ", dtype_name(ids_in.dtype()));
@@ -234,7 +234,7 @@ void CpuBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in,
   });
 }
 
-void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
+void CpuKernels::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
                                int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale) {
   check_out(losses, "cross_entropy");
   check_out(logp, "cross_entropy");
@@ -253,7 +253,7 @@ void CpuBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in
   });
 }
 
-void CpuBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& targets_in, const Tensor& gloss_in,
+void CpuKernels::cross_entropy_backward(const Tensor& logp_in, const Tensor& targets_in, const Tensor& gloss_in,
                                         double label_smoothing, int64_t ignore_index, const Tensor& glogits) {
   check_out(glogits, "cross_entropy_backward");
   Tensor logp = contiguous_input(logp_in), targets = contiguous_input(targets_in), gloss = contiguous_input(gloss_in);
@@ -270,7 +270,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& tar
   });
 }
 
-void CpuBackend::dropout(const Tensor& x_in, double p, RngState state, const Tensor& y) {
+void CpuKernels::dropout(const Tensor& x_in, double p, RngState state, const Tensor& y) {
   check_out(y, "dropout");
   REMAT_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability ", p, " is outside [0, 1]");
   const int64_t n = y.numel();

@@ -68,7 +68,7 @@ void adamw_kernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __
 
 }  // namespace
 
-void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& s) {
+void CpuKernels::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum, const SgdStep& s) {
   kernel::check_optimizer_state(param, param, "sgd_step", "parameter");
   kernel::check_optimizer_state(grad, param, "sgd_step", "gradient");
   kernel::check_optimizer_state(momentum, param, "sgd_step", "momentum buffer");
@@ -78,7 +78,7 @@ void CpuBackend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor&
   });
 }
 
-void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+void CpuKernels::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                             const AdamWStep& s) {
   kernel::check_optimizer_state(param, param, "adamw_step", "parameter");
   kernel::check_optimizer_state(grad, param, "adamw_step", "gradient");

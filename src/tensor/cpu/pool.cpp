@@ -160,37 +160,37 @@ void adaptive_backward(const Tensor& gy, const Tensor& gx) {
 
 }  // namespace
 
-void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y, const Tensor& indices) {
+void CpuKernels::max_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y, const Tensor& indices) {
   Tensor xc = contiguous_input(x);
   if (y.numel() == 0) return;
   dispatch_float(x.dtype(), "max_pool2d", [&]<class T>() { max_pool_forward<T>(xc, g, y, indices); });
 }
 
-void CpuBackend::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) {
+void CpuKernels::max_pool2d_backward(const Tensor& gy, const Tensor& indices, const Tensor& gx) {
   Tensor gyc = contiguous_input(gy), ic = contiguous_input(indices);
   if (gx.numel() == 0) return;
   dispatch_float(gx.dtype(), "max_pool2d_backward", [&]<class T>() { max_pool_backward<T>(gyc, ic, gx); });
 }
 
-void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) {
+void CpuKernels::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, const Tensor& y) {
   Tensor xc = contiguous_input(x);
   if (y.numel() == 0) return;
   dispatch_float(x.dtype(), "avg_pool2d", [&]<class T>() { avg_pool_forward<T>(xc, g, y); });
 }
 
-void CpuBackend::avg_pool2d_backward(const Tensor& gy, const Pool2dGeometry& g, const Tensor& gx) {
+void CpuKernels::avg_pool2d_backward(const Tensor& gy, const Pool2dGeometry& g, const Tensor& gx) {
   Tensor gyc = contiguous_input(gy);
   if (gx.numel() == 0) return;
   dispatch_float(gx.dtype(), "avg_pool2d_backward", [&]<class T>() { avg_pool_backward<T>(gyc, g, gx); });
 }
 
-void CpuBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& y) {
+void CpuKernels::adaptive_avg_pool2d(const Tensor& x, const Tensor& y) {
   Tensor xc = contiguous_input(x);
   if (y.numel() == 0) return;
   dispatch_float(x.dtype(), "adaptive_avg_pool2d", [&]<class T>() { adaptive_forward<T>(xc, y); });
 }
 
-void CpuBackend::adaptive_avg_pool2d_backward(const Tensor& gy, const Tensor& gx) {
+void CpuKernels::adaptive_avg_pool2d_backward(const Tensor& gy, const Tensor& gx) {
   Tensor gyc = contiguous_input(gy);
   if (gx.numel() == 0) return;
   dispatch_float(gx.dtype(), "adaptive_avg_pool2d_backward", [&]<class T>() { adaptive_backward<T>(gyc, gx); });

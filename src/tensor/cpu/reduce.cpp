@@ -85,7 +85,7 @@ void reduce_columns(ReduceOp op, const T* x, int64_t n, int64_t inner, void* out
 
 }  // namespace
 
-void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) {
+void CpuKernels::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) {
   REMAT_ASSERT(out.is_contiguous());
   const int64_t rank = x.dim();
   std::vector<bool> reduced(static_cast<size_t>(rank), false);

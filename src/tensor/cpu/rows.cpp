@@ -373,7 +373,7 @@ void check_out(const Tensor& t, const char* op) {
 
 }  // namespace
 
-void CpuBackend::softmax(const Tensor& x_in, const Tensor& y, bool log) {
+void CpuKernels::softmax(const Tensor& x_in, const Tensor& y, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   check_out(y, op);
   if (y.numel() == 0) return;
@@ -382,7 +382,7 @@ void CpuBackend::softmax(const Tensor& x_in, const Tensor& y, bool log) {
   dispatch_float(y.dtype(), op, [&]<class T>() { softmax_rows<T>(x.data<T>(), y.data<T>(), rows, cols, log); });
 }
 
-void CpuBackend::softmax_backward(const Tensor& y_in, const Tensor& gy_in, const Tensor& gx, bool log) {
+void CpuKernels::softmax_backward(const Tensor& y_in, const Tensor& gy_in, const Tensor& gx, bool log) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
   check_out(gx, op);
   if (gx.numel() == 0) return;
@@ -393,7 +393,7 @@ void CpuBackend::softmax_backward(const Tensor& y_in, const Tensor& gy_in, const
   });
 }
 
-void CpuBackend::layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps,
+void CpuKernels::layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps,
                             const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   check_out(y, "layer_norm");
   check_out(mean, "layer_norm");
@@ -407,7 +407,7 @@ void CpuBackend::layer_norm(const Tensor& x_in, const Tensor& weight_in, const T
   });
 }
 
-void CpuBackend::layer_norm_backward(const Tensor& x_in, const Tensor& weight_in, const Tensor& mean_in,
+void CpuKernels::layer_norm_backward(const Tensor& x_in, const Tensor& weight_in, const Tensor& mean_in,
                                      const Tensor& rstd_in, const Tensor& gy_in, const Tensor& gx,
                                      const Tensor& gweight, const Tensor& gbias) {
   check_out(gx, "layer_norm_backward");
@@ -427,7 +427,7 @@ void CpuBackend::layer_norm_backward(const Tensor& x_in, const Tensor& weight_in
   });
 }
 
-void CpuBackend::rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, const Tensor& y,
+void CpuKernels::rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps, const Tensor& y,
                           const Tensor& rstd) {
   check_out(y, "rms_norm");
   check_out(rstd, "rms_norm");
@@ -440,7 +440,7 @@ void CpuBackend::rms_norm(const Tensor& x_in, const Tensor& weight_in, double ep
   });
 }
 
-void CpuBackend::rms_norm_backward(const Tensor& x_in, const Tensor& weight_in, const Tensor& rstd_in,
+void CpuKernels::rms_norm_backward(const Tensor& x_in, const Tensor& weight_in, const Tensor& rstd_in,
                                    const Tensor& gy_in, const Tensor& gx, const Tensor& gweight) {
   check_out(gx, "rms_norm_backward");
   check_out(gweight, "rms_norm_backward");
