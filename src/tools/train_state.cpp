@@ -61,6 +61,7 @@ struct Kept {
   const char* flag;
   std::function<std::string(const TrainOptions&)> get;
   std::function<void(TrainOptions&, const std::string&)> set;
+  const char* absent = nullptr;  // the value of a state written before the option existed (else an error)
 };
 
 template <class T>
@@ -83,6 +84,11 @@ Kept text(const char* key, const char* flag, std::string TrainOptions::*member) 
           [member](TrainOptions& o, const std::string& v) { o.*member = v; }};
 }
 
+Kept with_absent(Kept k, const char* value) {
+  k.absent = value;
+  return k;
+}
+
 // The options that define the run: given beside --resume they must agree with the state.
 const std::vector<Kept>& defining() {
   static const std::vector<Kept> kept = {
@@ -99,7 +105,8 @@ const std::vector<Kept>& defining() {
       boolean("shard_optimizer", "--shard-optimizer", &TrainOptions::shard_optimizer),
       boolean("fuse_optimizer", "--fuse-optimizer", &TrainOptions::fuse_optimizer),
       boolean("allow_nonfinite", "--allow-nonfinite", &TrainOptions::allow_nonfinite),
-      boolean("tie_embeddings", "--tie-embeddings", &TrainOptions::tie_embeddings)};
+      boolean("tie_embeddings", "--tie-embeddings", &TrainOptions::tie_embeddings),
+      with_absent(text("dtype", "--dtype", &TrainOptions::dtype), "f32")};
   return kept;
 }
 
@@ -175,10 +182,12 @@ void apply_resume(TrainOptions& o) {
   std::string disagree;
   for (const Kept& k : defining()) {
     auto it = c.find(k.key);
-    REMAT_CHECK(it != c.end(), "train --resume ", o.resume_state, ": the state has no \"", k.key, "\" in its configuration");
-    if (o.given.count(k.flag) != 0 && k.get(o) != it->second)
-      disagree += detail::concat(disagree.empty() ? "" : ", ", k.flag, " ", k.get(o), " (the state's: ", it->second, ")");
-    k.set(o, it->second);
+    REMAT_CHECK(it != c.end() || k.absent != nullptr, "train --resume ", o.resume_state, ": the state has no \"", k.key,
+                "\" in its configuration");
+    const std::string value = it != c.end() ? it->second : k.absent;
+    if (o.given.count(k.flag) != 0 && k.get(o) != value)
+      disagree += detail::concat(disagree.empty() ? "" : ", ", k.flag, " ", k.get(o), " (the state's: ", value, ")");
+    k.set(o, value);
   }
   REMAT_USAGE_CHECK(disagree.empty(), "train --resume ", o.resume_state, ": ", disagree, " disagree",
                     disagree.find(',') == std::string::npos ? "s" : "", " with the run in the state; a resumed run "

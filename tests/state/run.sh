@@ -241,6 +241,18 @@ case $test in
     [[ "$(field resumed_from_step "$dir/finished.out")" == 12 ]] || fail "the finished run was trained again"
     run with_load "$remat" train --resume "$states" --load "$dir/x.safetensors"
     expect_rc with_load 2
+    # the precision is part of the run: a bf16 state resumes in bf16, and --dtype f32 beside it is refused
+    run straight16 "$remat" train "${model[@]}" --steps 8 --dtype bf16
+    run first16 "$remat" train "${model[@]}" --steps 8 --dtype bf16 --state-dir "$dir/states16" --state-every 4
+    expect_rc first16 0
+    rm -rf "$dir/states16/step-00000008"
+    run other_dtype "$remat" train --resume "$dir/states16" --dtype f32
+    expect_rc other_dtype 2
+    expect_text other_dtype "--dtype f32 (the state's: bf16) disagrees with the run in the state"
+    run resumed16 "$remat" train --resume "$dir/states16" --json --quiet
+    expect_rc resumed16 0
+    same straight16 resumed16
+    [[ "$(field dtype "$dir/resumed16.out")" == "\"bf16\"" ]] || fail "the bf16 state was resumed in another precision"
     run every_alone "$remat" train "${model[@]}" --steps 2 --state-every 1
     expect_rc every_alone 2
     expect_text every_alone "there is no --state-dir"
