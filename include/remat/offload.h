@@ -1,11 +1,13 @@
 // remat/offload.h - kept values written to files and read back for the backward pass
 // (offload:DIR, KEEP+offload:DIR, and a budget plan's offloaded nodes).
 //
-//   // offload:DIR keeps everything; values of at least 1 MiB (threshold=) go to a file in DIR
-//   Tensor loss = remat::backward([&] { return model.loss(x, y); }, {Policy::parse("offload:" + dir)});
+//   // offload:DIR keeps everything; values of at least 1 MiB (threshold=) go to a file in DIR, and
+//   // with ram= no more than 2 MiB of them are in flight (being written) at once
+//   Tensor loss = remat::backward([&] { return model.loss(x, y); }, {Policy::parse("offload:" + dir + ",ram=2MiB")});
 //
-//   // or as a scope of its own, here with a threshold of 64 KiB
-//   { remat::OffloadScope scope({dir, 64 << 10}); Tensor l = f(x); l.backward(); }
+//   // or as a scope of its own, here with a threshold of 64 KiB; the backward pass may begin before
+//   // the writes end (it then reads the values still in memory): here it waits for them
+//   { remat::OffloadScope scope({dir, 64 << 10}); Tensor l = f(x); scope.wait_for_writes(); l.backward(); }
 //
 // Contract. While a scope is alive on a thread, every saved value of at least `threshold_bytes`
 // is written by a background thread to one nameless file in `directory` and dropped from memory
