@@ -71,7 +71,7 @@ struct ValueTotals {
   double transfer_seconds = 0;
 };
 ValueTotals value_totals(const std::vector<ValueDecision>& values);
-// One line a value, e.g. "  stage  2 h.1.input    64.0 KiB recompute  re-run x1, 1.20 MFLOP, +0.0012 s",
+// One line a value, e.g. "  stage   2 blocks.0.record   121.50 KiB recompute  re-run x1, 1.69M FLOP, +0.0013 s",
 // then the totals.
 std::string values_text(const std::vector<ValueDecision>& values);
 nlohmann::json values_json(const std::vector<ValueDecision>& values);  // an array, one object a value
