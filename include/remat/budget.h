@@ -65,6 +65,7 @@ struct RegionProfile {
   double forward_seconds = 0;    // first run (no recording)
   double recompute_seconds = 0;  // the re-run with recording, in the backward pass
   double backward_seconds = 0;   // the backward of the re-run sub-tape
+  double forward_flops = 0;      // the first run's FLOP estimate (autodiff::OpCounters::forward_flops)
   size_t boundary_bytes = 0;     // inputs kept by the region
   size_t output_bytes = 0;
   size_t saved_bytes = 0;        // what the re-run's ops kept (allocator-measured)
@@ -80,6 +81,7 @@ class BudgetPlanner {
     Shape input_shape;                 // the plan scope's first input
     std::vector<Shape> signature;      // all its inputs' shapes
     std::vector<std::string> stage_labels;  // the layer call of each stage
+    std::vector<double> stage_forward_flops;  // each stage's forward, FLOP estimate (profiled)
     std::string policy;                // the keep axis planned for, e.g. "budget:auto"
     size_t budget_bytes = 0;           // for budget:auto, the budget derived (see below)
     // budget:auto: the memory the run may use, what limited it, and what the run holds besides

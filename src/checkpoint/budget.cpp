@@ -172,7 +172,10 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   r.predicted_peak_bytes = r.plan.predicted_peak_bytes + outside;
   r.predicted_seconds = r.plan.predicted_time;
   r.predicted_offloaded_bytes = schedule::simulate(measured, r.plan).offloaded_bytes;
-  for (const auto& p : profiles) r.profiled_chain_seconds += p->forward_seconds + p->recompute_seconds + p->backward_seconds;
+  for (const auto& p : profiles) {
+    r.profiled_chain_seconds += p->forward_seconds + p->recompute_seconds + p->backward_seconds;
+    r.stage_forward_flops.push_back(p->forward_flops);
+  }
   costs = measured;
   report = std::move(r);  // the profile is kept: another budget re-plans from it
 }

@@ -85,6 +85,7 @@ void Region::open(Device device) {
   rng_ = rng_state();
   device_ = device;
   opened_at_ = backend(device_).mark_time();
+  flops_at_open_ = autodiff::op_counters().forward_flops;
   trace_.expect(label_);
   observer_ = std::make_unique<FirstRunObserver>(*this, autodiff::recording_observer());
   previous_observer_ = autodiff::set_recording_observer(observer_.get());
@@ -324,6 +325,7 @@ void Region::close() {
   if (profile_) {
     detail::add_device_seconds(device_, opened_at_, closed_at,
                                [p = profile_](double seconds) { p->forward_seconds = seconds; });
+    profile_->forward_flops = autodiff::op_counters().forward_flops - flops_at_open_;
     profile_->boundary_bytes = boundary;
     profile_->output_bytes = 0;
     for (const auto& m : this->outputs) profile_->output_bytes += static_cast<size_t>(shape_numel(m.shape)) * dtype_size(m.dtype);

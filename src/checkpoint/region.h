@@ -165,6 +165,7 @@ class Region final : public autodiff::Node {
   std::unique_ptr<CallRecorder> recorder_;  // while a call step's function runs (first run)
   RngState rng_;
   TimeMark opened_at_;  // on device_ (Note [timing without waiting] in src/tensor/device_time.cpp)
+  double flops_at_open_ = 0;  // autodiff::op_counters().forward_flops when opened (profile_'s forward FLOPs)
   autodiff::RecordingObserver* previous_observer_ = nullptr;
   std::unique_ptr<autodiff::RecordingObserver> observer_;
 

@@ -361,7 +361,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
                                    measured_smallest_budget() > 0
                                        ? concat("; the smallest feasible budget of the whole step, measured by "
                                                 "dynamic_feasible_range, is ", measured_smallest_budget(), " bytes (",
-                                                mib(measured_smallest_budget()), ")")
+                                                mib(measured_smallest_budget()), "; the step it last measured on this thread)")
                                        : std::string(", a lower bound from the part of the step run so far "
                                                      "(remat::dynamic_feasible_range measures the whole step's)")));
       }

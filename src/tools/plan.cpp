@@ -35,6 +35,7 @@ struct ModelProfile {
   std::optional<BudgetPlanner::FeasibleRange> budget_range;
   std::optional<DynamicRange> dynamic_range;
   std::vector<std::string> labels;  // the layer call of each stage (a model)
+  std::vector<double> flops;         // each stage's forward FLOPs (a model; --costs: none)
   // --offload DIR: the target, its measured bandwidth and the smallest budget with it
   std::string offload_target;
   OffloadBandwidth bandwidth;
@@ -74,7 +75,7 @@ ModelProfile profile_model(const PlanOptions& o) {
   auto report = model.planner()->report();
   REMAT_CHECK(report.has_value(), "plan: profiling the model produced no costs");
   ModelProfile profile{report->costs, report->outside_bytes, model.planner()->feasible_range(), std::nullopt,
-                       report->stage_labels};
+                       report->stage_labels, report->stage_forward_flops};
   profile.dynamic_range = dynamic_feasible_range([&] {
     model.zero_grad();
     manual_seed(o.train.seed);
@@ -213,6 +214,8 @@ Plans make_plans(const rs::ChainCosts& costs, size_t outside, size_t budget) {
 
 void print_plans_json(const ModelProfile& profile, const Plans& plans, size_t budget) {
   const size_t outside = profile.outside;
+  const std::vector<StageDecision> decisions = stage_decisions(profile.costs, plans.best, profile.flops);
+  const std::vector<ValueDecision> values = value_decisions(decisions, profile.labels);
   nlohmann::json j = {{"version", REMAT_VERSION},
                       {"budget_bytes", budget},
                       {"outside_bytes", outside},
@@ -220,7 +223,9 @@ void print_plans_json(const ModelProfile& profile, const Plans& plans, size_t bu
                       {"planner", plans.planner},
                       {"plan", plan_json("budget", plans.best, outside, budget)},
                       {"actions", rs::format_actions(plans.best.actions)},
-                      {"plan_stages", decisions_json(stage_decisions(profile.costs, plans.best), profile.labels)},
+                      {"plan_stages", decisions_json(decisions, profile.labels)},
+                      {"plan_values", values_json(values)},
+                      {"plan_values_total", totals_json(value_totals(values))},
                       {"uniform_segments", plan_json("uniform:" + std::to_string(plans.uniform_segments), plans.uniform,
                                                      outside, budget)},
                       {"every_layer", plan_json("every-layer", plans.every_layer, outside, budget)},
@@ -253,9 +258,9 @@ void print_plans_text(const ModelProfile& profile, const Plans& plans, size_t bu
   std::printf("plan (S = stage run with recording, R[a..b](...) = region re-run in the backward pass):\n  %s\n",
               rs::format_tree(best.tree).c_str());
   std::printf("%s", describe(best.tree).c_str());
-  std::printf("per stage: its input boundary kept or recomputed, its record kept or recomputed, and the forward "
-              "time recomputing costs:\n%s",
-              decisions_text(stage_decisions(profile.costs, best), profile.labels).c_str());
+  std::printf("per value (each stage's input boundary and record): its bytes, kept, offloaded or recomputed, and the "
+              "forward re-runs that make it again in the backward pass (FLOPs, measured forward time):\n%s",
+              values_text(value_decisions(stage_decisions(profile.costs, best, profile.flops), profile.labels)).c_str());
   std::printf("actions (Fn i / Fa i = stage i's forward without / with recording, L = the loss, B i = stage i's "
               "backward, D i = free boundary value i):\n  %s\n",
               rs::format_actions(best.actions).c_str());

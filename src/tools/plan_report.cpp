@@ -5,12 +5,14 @@
 
 #include "remat/error.h"
 #include "remat/memory.h"
+#include "progress.h"
 
 namespace remat::tools {
 
 namespace rs = remat::schedule;
 
-std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs::Plan& plan) {
+std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs::Plan& plan,
+                                           const std::vector<double>& forward_flops) {
   const int stages = costs.num_stages();
   std::vector<StageDecision> out(static_cast<size_t>(stages));
   for (int i = 0; i < stages; ++i) {
@@ -18,6 +20,7 @@ std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs
     d.stage = i;
     d.input_bytes = costs.boundary_bytes[static_cast<size_t>(i)];
     d.saved_bytes = costs.saved_bytes[static_cast<size_t>(i)];
+    if (forward_flops.size() == static_cast<size_t>(stages)) d.forward_flops = forward_flops[static_cast<size_t>(i)];
   }
   for (const rs::PlanNode& node : plan.tree) {
     StageDecision& d = out[static_cast<size_t>(node.first)];
@@ -32,8 +35,11 @@ std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs
     }
   }
   for (const rs::Action& a : plan.actions)
-    if (a.kind == rs::ActionKind::forward_no_save || a.kind == rs::ActionKind::forward_save_all)
-      ++out[static_cast<size_t>(a.index)].forward_runs;
+    if (a.kind == rs::ActionKind::forward_no_save || a.kind == rs::ActionKind::forward_save_all) {
+      StageDecision& d = out[static_cast<size_t>(a.index)];
+      d.reruns_recording += d.forward_runs > 0 && a.kind == rs::ActionKind::forward_save_all;
+      ++d.forward_runs;
+    }
   for (StageDecision& d : out)
     d.recompute_seconds = (d.forward_runs > 1 ? d.forward_runs - 1 : 0) * costs.forward_time[static_cast<size_t>(d.stage)];
   return out;
@@ -42,30 +48,6 @@ std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs
 namespace {
 const char* record_decision(const StageDecision& d) { return d.offload ? "offload" : d.keep ? "keep" : "recompute"; }
 }  // namespace
-
-std::string decisions_text(const std::vector<StageDecision>& decisions, const std::vector<std::string>& labels) {
-  std::string text;
-  char line[512];
-  for (const StageDecision& d : decisions) {
-    const std::string label = static_cast<size_t>(d.stage) < labels.size() ? labels[static_cast<size_t>(d.stage)] : "";
-    std::snprintf(line, sizeof line, "  stage %3d %-12s input %10s %-10s record %10s %s", d.stage, label.c_str(),
-                  memory::format_bytes(static_cast<double>(d.input_bytes)).c_str(),
-                  d.input_offloaded ? "offloaded" : d.input_kept ? "kept" : "recomputed",
-                  memory::format_bytes(static_cast<double>(d.saved_bytes)).c_str(), record_decision(d));
-    text += line;
-    if (d.transfer_bytes > 0) {
-      std::snprintf(line, sizeof line, " (transfer %s, +%.4f s)",
-                    memory::format_bytes(static_cast<double>(d.transfer_bytes)).c_str(), d.transfer_seconds);
-      text += line;
-    }
-    if (d.forward_runs > 1) {
-      std::snprintf(line, sizeof line, " (forward x%d, +%.4f s)", d.forward_runs, d.recompute_seconds);
-      text += line;
-    }
-    text += "\n";
-  }
-  return text;
-}
 
 nlohmann::json decisions_json(const std::vector<StageDecision>& decisions, const std::vector<std::string>& labels) {
   nlohmann::json rows = nlohmann::json::array();
@@ -78,10 +60,120 @@ nlohmann::json decisions_json(const std::vector<StageDecision>& decisions, const
                     {"saved_bytes", d.saved_bytes},
                     {"decision", record_decision(d)},
                     {"forward_runs", d.forward_runs},
+                    {"forward_flops", d.forward_flops < 0 ? nlohmann::json(nullptr) : nlohmann::json(d.forward_flops)},
                     {"recompute_seconds", d.recompute_seconds},
                     {"transfer_bytes", d.transfer_bytes},
                     {"transfer_seconds", d.transfer_seconds}});
   return rows;
+}
+
+std::vector<ValueDecision> value_decisions(const std::vector<StageDecision>& decisions,
+                                           const std::vector<std::string>& labels) {
+  std::vector<ValueDecision> values;
+  auto name = [&](size_t i, const char* value) {
+    return (i < labels.size() && !labels[i].empty() ? labels[i] : "stage " + std::to_string(i)) + "." + value;
+  };
+  auto reran = [](ValueDecision& v, const StageDecision& by, int runs) {
+    v.reruns = runs;
+    v.rerun_seconds = runs > 0 ? by.recompute_seconds * runs / (by.forward_runs - 1) : 0;
+    v.flops_rerun = by.forward_flops < 0 ? -1 : runs * by.forward_flops;
+  };
+  for (size_t i = 0; i < decisions.size(); ++i) {
+    const StageDecision& d = decisions[i];
+    const bool last = i + 1 == decisions.size();
+    const int reruns = std::max(0, d.forward_runs - 1);
+    ValueDecision input{d.stage, name(i, "input"), "input", d.input_bytes,
+                        d.input_offloaded ? "offload" : d.input_kept ? "keep" : "recompute"};
+    if (i > 0) {  // made again by the previous stage's re-runs without recording
+      const StageDecision& before = decisions[i - 1];
+      reran(input, before, std::max(0, before.forward_runs - 1) - before.reruns_recording);
+    } else {
+      input.flops_rerun = d.forward_flops < 0 ? -1 : 0;
+    }
+    if (d.input_offloaded) input.transfer_seconds = d.transfer_seconds;
+    values.push_back(std::move(input));
+    ValueDecision record{d.stage, name(i, "record"), "record", d.saved_bytes, record_decision(d)};
+    reran(record, d, last ? reruns : d.reruns_recording);
+    if (d.offload) record.transfer_seconds = d.transfer_seconds;
+    values.push_back(std::move(record));
+  }
+  return values;
+}
+
+std::vector<ValueDecision> plan_values(const BudgetPlanner::Report& report) {
+  return value_decisions(stage_decisions(report.costs, report.plan, report.stage_forward_flops), report.stage_labels);
+}
+
+ValueTotals value_totals(const std::vector<ValueDecision>& values) {
+  ValueTotals t;
+  for (const ValueDecision& v : values) {
+    if (v.decision == "keep") t.kept_bytes += v.bytes, ++t.kept;
+    else if (v.decision == "offload") t.offloaded_bytes += v.bytes, ++t.offloaded;
+    else t.recomputed_bytes += v.bytes, ++t.recomputed;
+    t.reruns += v.reruns;
+    t.rerun_seconds += v.rerun_seconds;
+    t.transfer_seconds += v.transfer_seconds;
+    t.flops_rerun = t.flops_rerun < 0 || v.flops_rerun < 0 ? -1 : t.flops_rerun + v.flops_rerun;
+  }
+  return t;
+}
+
+namespace {
+std::string flops_text(double flops) { return flops < 0 ? "FLOPs unknown" : human_count(flops) + " FLOP"; }
+std::string bytes_text(size_t b) { return memory::format_bytes(static_cast<double>(b)); }
+}  // namespace
+
+std::string values_text(const std::vector<ValueDecision>& values) {
+  std::string text;
+  char line[512];
+  for (const ValueDecision& v : values) {
+    std::snprintf(line, sizeof line, "  stage %3d %-24s %10s %-9s", v.stage, v.name.c_str(), bytes_text(v.bytes).c_str(),
+                  v.decision.c_str());
+    text += line;
+    if (v.reruns > 0) {
+      std::snprintf(line, sizeof line, "  re-run x%d, %s, +%.4f s", v.reruns, flops_text(v.flops_rerun).c_str(),
+                    v.rerun_seconds);
+      text += line;
+    }
+    if (v.decision == "offload") {
+      std::snprintf(line, sizeof line, "  written and read back, +%.4f s", v.transfer_seconds);
+      text += line;
+    }
+    text.erase(text.find_last_not_of(' ') + 1);
+    text += "\n";
+  }
+  const ValueTotals t = value_totals(values);
+  std::snprintf(line, sizeof line,
+                "  in all: kept %s (%d values), offloaded %s (%d), recomputed %s (%d); %d forward re-runs, %s, +%.4f s; "
+                "transfers +%.4f s\n",
+                bytes_text(t.kept_bytes).c_str(), t.kept, bytes_text(t.offloaded_bytes).c_str(), t.offloaded,
+                bytes_text(t.recomputed_bytes).c_str(), t.recomputed, t.reruns, flops_text(t.flops_rerun).c_str(),
+                t.rerun_seconds, t.transfer_seconds);
+  return text + line;
+}
+
+nlohmann::json values_json(const std::vector<ValueDecision>& values) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ValueDecision& v : values)
+    rows.push_back({{"stage", v.stage},
+                    {"name", v.name},
+                    {"value", v.value},
+                    {"bytes", v.bytes},
+                    {"decision", v.decision},
+                    {"reruns", v.reruns},
+                    {"rerun_seconds", v.rerun_seconds},
+                    {"flops_rerun", v.flops_rerun < 0 ? nlohmann::json(nullptr) : nlohmann::json(v.flops_rerun)},
+                    {"transfer_seconds", v.transfer_seconds}});
+  return rows;
+}
+
+nlohmann::json totals_json(const ValueTotals& t) {
+  return {{"kept_bytes", t.kept_bytes},           {"kept_values", t.kept},
+          {"offloaded_bytes", t.offloaded_bytes}, {"offloaded_values", t.offloaded},
+          {"recomputed_bytes", t.recomputed_bytes}, {"recomputed_values", t.recomputed},
+          {"reruns", t.reruns},                   {"rerun_seconds", t.rerun_seconds},
+          {"transfer_seconds", t.transfer_seconds},
+          {"flops_rerun", t.flops_rerun < 0 ? nlohmann::json(nullptr) : nlohmann::json(t.flops_rerun)}};
 }
 
 namespace {

@@ -1,8 +1,10 @@
 // src/tools/plan_report.h - what a budget plan decides for each stage (layer call) of its chain,
 // as `remat plan` and `remat train --explain` / `--json` print it.
 //
-//   for (const StageDecision& d : stage_decisions(report.costs, report.plan)) ...
-//   say("%s", decisions_text(decisions, report.stage_labels).c_str());
+//   auto decisions = stage_decisions(report.costs, report.plan, report.stage_forward_flops);
+//   std::vector<ValueDecision> values = value_decisions(decisions, report.stage_labels);
+//   say("%s", values_text(values).c_str());           // one line a value, then the totals
+//   j["plan_values"] = values_json(values);            // [{"stage": 0, "name": ..., "decision": ...}, ...]
 //   j["plan_stages"] = decisions_json(decisions, report.stage_labels);
 #pragma once
 
@@ -33,14 +35,50 @@ struct StageDecision {
   size_t transfer_bytes = 0;   // written and read back per step
   double transfer_seconds = 0; // transfer_bytes x the plan's offload cost per byte
   int forward_runs = 0;        // the stage's forwards in the plan (1: never recomputed)
+  int reruns_recording = 0;    // of the forwards after its first, those with recording (they make the record)
   double recompute_seconds = 0;  // (forward_runs - 1) x its measured forward time
+  double forward_flops = -1;   // one forward's FLOP estimate (profiled); negative: unknown (--costs)
 };
 
-std::vector<StageDecision> stage_decisions(const schedule::ChainCosts& costs, const schedule::Plan& plan);
-// A table, one row per stage: "  stage  3 block2  input 64.0 KiB kept  record 256.0 KiB recompute x2 (+0.0012 s)"
-// (an offloaded value: "offloaded" / "offload", with the transfer's bytes and seconds).
-// `labels` may be empty.
-std::string decisions_text(const std::vector<StageDecision>& decisions, const std::vector<std::string>& labels);
+// `forward_flops`: each stage's FLOP estimate, or empty where none was measured.
+std::vector<StageDecision> stage_decisions(const schedule::ChainCosts& costs, const schedule::Plan& plan,
+                                           const std::vector<double>& forward_flops = {});
+
+// One value the plan decides on: a stage's input boundary ("input") or its record ("record"),
+// its bytes, "keep", "offload" or "recompute", and the forward re-runs that make it again in the
+// backward pass: a stage's re-runs with recording make its record, those without make its output,
+// the next stage's input (the last stage's count with its record). So the re-runs of all values
+// add up to the plan's: sum of (forward_runs - 1) over the stages, in runs, seconds and FLOPs.
+// The chain's input (stage 0's) is always kept; it is listed, and its own re-runs are none.
+struct ValueDecision {
+  int stage = 0;
+  std::string name;   // "<layer call>.input" / ".record", or "stage N.input" without labels
+  std::string value;  // "input" or "record"
+  size_t bytes = 0;
+  std::string decision;  // "keep", "offload" or "recompute"
+  int reruns = 0;
+  double rerun_seconds = 0;
+  double flops_rerun = -1;  // reruns x the stage's FLOPs; negative: unknown
+  double transfer_seconds = 0;  // offload: writing it out and reading it back, predicted
+};
+std::vector<ValueDecision> value_decisions(const std::vector<StageDecision>& decisions,
+                                           const std::vector<std::string>& labels);
+// The totals per decision: bytes and values, and the re-runs' seconds and FLOPs.
+struct ValueTotals {
+  size_t kept_bytes = 0, offloaded_bytes = 0, recomputed_bytes = 0;
+  int kept = 0, offloaded = 0, recomputed = 0, reruns = 0;
+  double rerun_seconds = 0, flops_rerun = 0;  // flops_rerun negative: unknown
+  double transfer_seconds = 0;
+};
+ValueTotals value_totals(const std::vector<ValueDecision>& values);
+// One line a value, e.g. "  stage   2 blocks.0.record   121.50 KiB recompute  re-run x1, 1.69M FLOP, +0.0013 s",
+// then the totals.
+std::string values_text(const std::vector<ValueDecision>& values);
+nlohmann::json values_json(const std::vector<ValueDecision>& values);  // an array, one object a value
+nlohmann::json totals_json(const ValueTotals& totals);
+// A budget plan's values, with its labels and profiled FLOPs.
+std::vector<ValueDecision> plan_values(const BudgetPlanner::Report& report);
+// The stages' rows of --json ("plan_stages"). `labels` may be empty.
 nlohmann::json decisions_json(const std::vector<StageDecision>& decisions, const std::vector<std::string>& labels);
 
 // budget:auto: what the budget was derived from and which case the plan is, e.g. "budget:auto:

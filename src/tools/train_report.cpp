@@ -60,9 +60,9 @@ void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m,
         bytes_text(s.plan->predicted_peak_bytes).c_str(), s.predicted_step_seconds * 1e3,
         bytes_text(chosen.peak_saved).c_str(), chosen.seconds * 1e3, s.step_median * 1e3);
     if (o.explain)
-      say("  per layer call of the plan (%s): input boundary kept, offloaded or recomputed, record kept, offloaded or "
-          "recomputed:\n%s",
-          s.plan->planner.c_str(), decisions_text(stage_decisions(s.plan->costs, s.plan->plan), s.plan->stage_labels).c_str());
+      say("  per value of the plan (%s; each layer call's input boundary and record): bytes, kept, offloaded or "
+          "recomputed, and the forward re-runs that make it again:\n%s",
+          s.plan->planner.c_str(), values_text(plan_values(*s.plan)).c_str());
   }
 }
 
@@ -71,8 +71,8 @@ void print_policy_counters(const Human& say, const TrainOptions& o, const Policy
                            const RunSummary& s) {
   const DynamicCounters& dynamic = m.dynamic;
   if (policy.saved.dynamic_bytes > 0) {
-    say("  dynamic: %llu evictions, %llu rematerializations (%s FLOP, %.3f s) over the run; the smallest feasible "
-        "budget seen: %s\n",
+    say("  dynamic: %llu evictions, %llu rematerializations (%s FLOP, %.3f s) over the run; the largest need seen: "
+        "%s (a lower bound of the smallest feasible budget; remat plan measures it)\n",
         static_cast<unsigned long long>(dynamic.evictions), static_cast<unsigned long long>(dynamic.rematerializations),
         human_count(dynamic.remat_flops).c_str(), dynamic.remat_seconds,
         bytes_text(dynamic.smallest_feasible_bytes).c_str());
@@ -133,6 +133,7 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                    const RunSummary& s) {
   const DynamicCounters& dynamic = m.dynamic;
   const StepMeasure &chosen = s.chosen, &save_all = s.save_all;
+  const std::vector<ValueDecision> values = s.plan ? plan_values(*s.plan) : std::vector<ValueDecision>{};
   nlohmann::json j = {{"version", REMAT_VERSION},
                       {"policy", policy.to_string()},
                       {"dtype", o.dtype},
@@ -188,8 +189,12 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                                                             {"read_bytes_per_second", s.plan->offload_read_bytes_per_second},
                                                             {"predicted_offloaded_bytes", s.plan->predicted_offloaded_bytes}}
                                            : nlohmann::json(nullptr)},
-                      {"plan_stages", s.plan ? decisions_json(stage_decisions(s.plan->costs, s.plan->plan), s.plan->stage_labels)
+                      {"plan_stages", s.plan ? decisions_json(stage_decisions(s.plan->costs, s.plan->plan,
+                                                                              s.plan->stage_forward_flops),
+                                                             s.plan->stage_labels)
                                              : nlohmann::json::array()},
+                      {"plan_values", values_json(values)},
+                      {"plan_values_total", s.plan ? totals_json(value_totals(values)) : nlohmann::json(nullptr)},
                       {"layer_calls", chosen.counters.layer_calls},
                       {"regions_created", chosen.counters.regions_created},
                       {"regions", regions_json(chosen.counters)},
