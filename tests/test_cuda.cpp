@@ -257,6 +257,36 @@ TEST(Cuda, TrainingOnTheGpuFollowsTheCpu) {
   EXPECT_LT(cpu.back(), cpu.front());  // it trained
 }
 
+// The gradient norm's sum of squares (sum_squares) on the GPU, on the default path or the
+// grad_norm switch's two launches: within float64 rounding of the CPU's for gradients of many
+// sizes (chunk boundaries, an empty one, more than one batch of tensors with 300), the same bits
+// on every call, and a list of one dtype and of mixed contiguity handled.
+TEST(Cuda, GradientNormFollowsTheCpuAndRepeatsItsBits) {
+  REQUIRE_GPU();
+  for (const size_t count : {size_t{7}, size_t{300}}) {
+    TensorList cpu_grads, gpu_grads;
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t n = i % 7 == 3 ? 0 : static_cast<int64_t>((i * 7919) % 40000 + 1);
+      const Tensor g = randn({n}, DType::f32, RngState{900 + i, 0});
+      cpu_grads.push_back(g);
+      gpu_grads.push_back(g.to(kGpu));
+    }
+    gpu_grads.push_back(randn({16, 20}, DType::f32, RngState{7, 0}).to(kGpu).transpose(0, 1));
+    cpu_grads.push_back(gpu_grads.back().to(kCpu));
+    const Tensor on_cpu = Tensor::empty({}, DType::f64);
+    backend(kCpu).sum_squares(cpu_grads, on_cpu);
+    double first = 0;
+    for (int call = 0; call < 3; ++call) {
+      const Tensor out = Tensor::empty({}, DType::f64, memory::Tag::other, kGpu);
+      backend(kGpu).sum_squares(gpu_grads, out);
+      const double value = out.to(kCpu).item();
+      if (call == 0) first = value;
+      EXPECT_EQ(std::memcmp(&value, &first, sizeof(double)), 0) << "call " << call << " of " << count;
+    }
+    EXPECT_NEAR(first, on_cpu.item(), 1e-6 * on_cpu.item()) << count << " gradients";
+  }
+}
+
 TEST(Cuda, Tf32IsOffByDefaultAndSwitchable) {
   REQUIRE_GPU();
   EXPECT_FALSE(allow_tf32());

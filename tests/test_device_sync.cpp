@@ -273,3 +273,34 @@ TEST(DeviceSync, ALinearLayersProductAndBiasAreOneKernelCall) {
   EXPECT_EQ(counts[1][1], counts[0][1]) << "a recomputed linear layer ran a plain GEMM";
   EXPECT_EQ(counts[1][2], counts[0][2]) << "a recomputed linear layer copied its bias";
 }
+
+// The gradient norm of a GPT step is one kernel call (sum_squares over every gradient, in
+// parameter order) and one wait (its value read), with the CPU's bits; scaling the gradients
+// when the norm is above the limit adds a product and a copy per gradient.
+TEST(DeviceSync, TheGradientNormIsOneKernelCallAndOneWait) {
+  EmulatedDevice dev;
+  nn::GPTConfig config = tiny_gpt();
+  config.dropout = 0.0;
+  nn::GPT model(config), on_cpu(config);
+  model.to(dev.device);
+  const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, false);
+  const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
+  backward([&] { return model.loss(ids, targets); }, GradOptions{Policy::parse("save-all")});
+  backward([&] { return on_cpu.loss(ids.to(kCpu), targets.to(kCpu)); }, GradOptions{Policy::parse("save-all")});
+  const size_t params = model.parameters().size();
+  const DeviceActivity before = device_activity(dev.device);
+  const double norm = nn::clip_grad_norm(model.parameters(), 1e30);
+  const DeviceActivity after = device_activity(dev.device);
+  EXPECT_EQ(after.calls_by_kernel[static_cast<size_t>(Kernel::sum_squares)] -
+                before.calls_by_kernel[static_cast<size_t>(Kernel::sum_squares)],
+            1u);
+  EXPECT_EQ(after.kernel_calls - before.kernel_calls, 1u) << "was 4 per gradient less one: square, sum, widen, add";
+  EXPECT_EQ(after.host_synchronizations - before.host_synchronizations, 1u);
+  EXPECT_EQ(norm, nn::clip_grad_norm(on_cpu.parameters(), 1e30)) << "not the CPU's bits";
+  const double clipped = nn::clip_grad_norm(model.parameters(), norm / 2);
+  const DeviceActivity scaled = device_activity(dev.device);
+  EXPECT_EQ(clipped, norm);
+  std::printf("gradient norm of %zu gradients: %llu kernel call(s), %llu with the gradients scaled\n", params,
+              static_cast<unsigned long long>(after.kernel_calls - before.kernel_calls),
+              static_cast<unsigned long long>(scaled.kernel_calls - after.kernel_calls));
+}

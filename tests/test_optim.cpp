@@ -149,6 +149,29 @@ TEST(Optim, ClipGradNorm) {
   EXPECT_NEAR(a.grad().to_vector()[0], 3.0 * k, 1e-15);  // left as it was
 }
 
+// The norm's square is each gradient's sum(square(g)), in its dtype, added in float64 in parameter
+// order: the bits of that composition of ops, for every floating dtype and a strided gradient.
+TEST(Optim, ClipGradNormAddsEachGradientsSumOfSquaresInOrder) {
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    TensorList params;
+    uint64_t seed = 40;
+    for (Shape shape : {Shape{37}, Shape{5, 300}, Shape{1}, Shape{4097}, Shape{3, 0}}) {
+      Tensor p = Tensor::empty(shape, dtype, memory::Tag::parameter).requires_grad_();
+      p.set_grad(randn(shape, dtype, RngState{seed++, 0}));
+      params.push_back(p);
+    }
+    Tensor strided = Tensor::empty({6, 4}, dtype, memory::Tag::parameter).requires_grad_();
+    strided.set_grad(randn({4, 6}, dtype, RngState{seed++, 0}).transpose(0, 1));
+    params.push_back(strided);
+    params.push_back(params[1]);  // listed twice: counted once
+    double want = 0.0;
+    for (size_t i = 0; i + 1 < params.size(); ++i) want += sum(square(params[i].grad())).to(DType::f64).item();
+    const std::vector<double> before = params[1].grad().to_vector();
+    EXPECT_EQ(nn::clip_grad_norm(params, 1e30), std::sqrt(want)) << dtype_name(dtype);
+    EXPECT_EQ(params[1].grad().to_vector(), before);
+  }
+}
+
 TEST(Optim, WarmupCosineSchedule) {
   nn::WarmupCosine s{.max_lr = 1.0, .min_lr = 0.1, .warmup_steps = 10, .total_steps = 110};
   EXPECT_DOUBLE_EQ(s(0), 0.1);

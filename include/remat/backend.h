@@ -111,10 +111,17 @@ struct AttentionParams {
 //   parameters  the virtual's parameter list
 //   arguments   a call forwarding them, each tensor marked in(t) (only read) or inout(t) (written:
 //               the CPU fallback copies it to host memory and back, so a tensor updated in place or
-//               accumulated into keeps its contents)
+//               accumulated into keeps its contents); a list of tensors only read is each_in(in, ts)
 // REMAT_REQUIRED_KERNELS are supported by every backend (the fallback itself needs them); the
 // dispatcher asks supports() for the REMAT_OPTIONAL_KERNELS only. Adding a kernel: the checklist
 // in docs/backends.md.
+template <class Mark>
+TensorList each_in(const Mark& in, const TensorList& tensors) {
+  TensorList marked;
+  marked.reserve(tensors.size());
+  for (const Tensor& t : tensors) marked.push_back(in(t));
+  return marked;
+}
 #define REMAT_REQUIRED_KERNELS(X)                                                                                      \
   /* ---- data movement */                                                                                             \
   /* dst[...] = src[...] with broadcasting of src to dst's shape; dtypes may differ (conversion). */                   \
@@ -247,6 +254,12 @@ struct AttentionParams {
   X(adamw_step, param, (const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,      \
                         const AdamWStep& step),                                                                        \
     (inout(param), in(grad), inout(exp_avg), inout(exp_avg_sq), step))                                                 \
+  /* out (0-d f64) = the sum, in list order and in float64, of each tensor's sum of squares: the                      \
+     value of sum(square(t)) in t's dtype (f32, f64, bf16, f16; any strides), widened. Fixed order: the                \
+     same bits on every call. Tensors on out's device; a backend may add up in float64 from the                        \
+     first element (REMAT_CUDA_FAST=grad_norm), one or two launches for many tensors. */                               \
+  X(sum_squares, (tensors.empty() ? out : tensors.front()), (const TensorList& tensors, const Tensor& out),            \
+    (each_in(in, tensors), inout(out)))                                                                                \
                                                                                                                        \
   /* ---- fused attention, per batch b and head h, never forming the [Tq, Tk] probabilities:                           \
        out[b, h] = dropout(softmax(q[b, h] @ k[b, h]^T * scale, causal mask)) @ v[b, h]                                \

@@ -275,20 +275,24 @@ FusedOptimizerStep::FusedOptimizerStep(Optimizer& optimizer, FusedStepOptions op
 double clip_grad_norm(const TensorList& params, double max_norm) {
   REMAT_CHECK(max_norm >= 0.0, "clip_grad_norm: max_norm must be non-negative, got ", max_norm);
   NoGradGuard no_grad;
-  // The sum of squares is added up on the gradients' device, in float64 and in parameter order
-  // (each parameter's sum rounded to float64 first, as the host sum did), and read once.
-  Tensor total_sq;
+  // The sum of squares is one kernel call on the gradients' device (Backend::sum_squares: each
+  // parameter's sum(square(g)) added in float64 in parameter order), read once.
   TensorList grads;
   std::unordered_set<const TensorImpl*> seen;  // a parameter listed twice counts once
   for (const auto& p : params) {
     REMAT_CHECK(p.defined(), "clip_grad_norm: a parameter is undefined");
     Tensor g = p.grad();
     if (!g.defined() || !seen.insert(g.impl_ptr().get()).second) continue;
+    REMAT_CHECK(grads.empty() || g.device() == grads.front().device(), "clip_grad_norm: gradients on ",
+                device_name(grads.empty() ? g.device() : grads.front().device()), " and ", device_name(g.device()));
     grads.push_back(g);
-    Tensor s = sum(square(g.detach())).to(DType::f64);
-    total_sq = total_sq.defined() ? add(total_sq, s) : s;
   }
-  const double total = std::sqrt(total_sq.defined() ? total_sq.to(kCpu).item() : 0.0);
+  double total = 0.0;
+  if (!grads.empty()) {
+    Tensor total_sq = Tensor::empty({}, DType::f64, memory::Tag::other, grads.front().device());
+    backend(grads.front().device()).sum_squares(grads, total_sq);
+    total = std::sqrt(total_sq.to(kCpu).item());
+  }
   const double coefficient = max_norm / (total + 1e-6);
   if (std::isfinite(total) && coefficient < 1.0) {
     for (auto& g : grads) g.copy_(mul_scalar(g.detach(), coefficient));

@@ -2,8 +2,14 @@
 // (decoupled weight decay), each one pass over the parameter, its gradient and its state,
 // written in place. The formulas are PyTorch's torch.optim.SGD / AdamW (see remat/nn/optim.h);
 // every element is independent, so results do not depend on the thread count.
+//
+// sum_squares, the gradient norm's sum: per tensor the square and the sum kernels of the
+// CPU backend (widening 16-bit tensors as any kernel does), so each tensor's sum has the bits of
+// sum(square(t)), then those sums added in float64 in list order.
 #include <cmath>
+#include <numeric>
 
+#include "tensor/allocate.h"
 #include "tensor/cpu/cpu_backend.h"
 
 namespace remat::cpu {
@@ -90,4 +96,24 @@ void CpuKernels::adamw_step(const Tensor& param, const Tensor& grad, const Tenso
   });
 }
 
+void CpuKernels::sum_squares(const TensorList& tensors, const Tensor& out) {
+  REMAT_ASSERT(out.dtype() == DType::f64 && out.numel() == 1, "sum_squares: out must be one f64 value, got ",
+               dtype_name(out.dtype()), " of shape ", shape_str(out.shape()));
+  double total = 0.0;
+  for (const Tensor& t : tensors) {
+    REMAT_ASSERT(t.defined() && is_floating(t.dtype()), "sum_squares: an operand is undefined or not floating");
+    Tensor squares = detail::allocate_tensor("sum_squares squares", t.shape(), t.dtype(), memory::Tag::other, t.device());
+    cpu_backend().unary(UnaryOp::square, t, squares, 0.0);
+    std::vector<int64_t> axes(static_cast<size_t>(t.dim()));
+    std::iota(axes.begin(), axes.end(), int64_t{0});
+    Tensor one = detail::allocate_tensor("sum_squares sum", {}, t.dtype(), memory::Tag::other, t.device());
+    cpu_backend().reduce(ReduceOp::sum, squares, axes, one);
+    Tensor wide = detail::allocate_tensor("sum_squares sum", {}, DType::f64, memory::Tag::other, t.device());
+    cpu_backend().copy(one, wide);
+    total += *wide.data<double>();
+  }
+  cpu_backend().fill(out, total);
+}
+
 }  // namespace remat::cpu
+

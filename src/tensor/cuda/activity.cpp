@@ -45,7 +45,7 @@ constexpr FastName kFastNames[] = {
     {"elementwise", Fast::elementwise, false},       {"allocator", Fast::allocator, false},
     {"layer_norm", Fast::layer_norm, false},         {"digest", Fast::digest, false},
     {"gemm_epilogue", Fast::gemm_epilogue, false},   {"bias_grad", Fast::bias_grad, false},
-    {"cross_entropy", Fast::cross_entropy, false},
+    {"cross_entropy", Fast::cross_entropy, false},   {"grad_norm", Fast::grad_norm, false},
 };
 
 uint32_t fast_bits() {

@@ -1,10 +1,14 @@
 // CUDA optimizer updates: SGD and AdamW in place, one thread per element, with the CPU's formulas
 // and constants (src/tensor/cpu/optim.cpp): every element is independent, so the results do not
 // depend on the launch shape, nor on whether a parameter's update is launched alone or gathered
-// with others (Note [gathered optimizer updates]).
+// with others (Note [gathered optimizer updates]). sum_squares, the gradient norm's sum: the
+// composition of square, sum and a float64 add per tensor by default, or two launches in a fixed
+// order (Note [the gradient norm in two launches]).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <type_traits>
 
 #include "tensor/cuda/device_common.cuh"
@@ -220,4 +224,120 @@ void CudaBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tens
   });
 }
 
+// ---- the gradient norm's sum of squares (REMAT_CUDA_FAST=grad_norm)
+//
+// Note [the gradient norm in two launches]. The tensors are cut into chunks of kSquaresChunk
+// elements, numbered tensor by tensor in list order. The first launch gives each chunk to one
+// block, which adds the squares of its elements in float64 (thread i takes elements i, i + 256,
+// ..., then the block adds its threads in block_sum's fixed tree) into partial[chunk]; the
+// second launch, one block, adds the partials the same way. Which element goes into which sum
+// depends on the tensors' sizes only, so the result has the same bits on every call and under
+// every launch shape of the grid; it is the float64 sum of the squares (not each tensor's
+// sum rounded to its dtype first, as the default path and the CPU do). Up to kSquaresTensors
+// tensors go in one first-stage launch (their pointers are a kernel argument); a longer list
+// takes one more launch per kSquaresTensors.
+
+namespace {
+
+inline constexpr int64_t kSquaresChunk = 16384;
+inline constexpr int kSquaresTensors = 256;
+
+template <class T>
+struct SquaresBatch {
+  const T* data[kSquaresTensors];
+  int64_t numel[kSquaresTensors];
+  int64_t first_chunk[kSquaresTensors + 1];  // chunk numbers, relative to the batch's first
+  int count = 0;
+};
+
+template <class T>
+__global__ void squares_partials_kernel(SquaresBatch<T> batch, double* partial) {
+  __shared__ double shared[32];
+  const int64_t chunks = batch.first_chunk[batch.count];
+  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    int lo = 0, hi = batch.count - 1;  // the tensor holding the chunk: first_chunk[i] <= chunk
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (batch.first_chunk[mid] <= chunk) lo = mid;
+      else hi = mid - 1;
+    }
+    const T* x = batch.data[lo];
+    const int64_t begin = (chunk - batch.first_chunk[lo]) * kSquaresChunk;
+    const int64_t end = begin + kSquaresChunk < batch.numel[lo] ? begin + kSquaresChunk : batch.numel[lo];
+    double s = 0.0;
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const double v = static_cast<double>(x[i]);
+      s += v * v;
+    }
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) partial[chunk] = s;
+  }
+}
+
+__global__ void squares_total_kernel(const double* partial, int64_t n, double* out) {
+  __shared__ double shared[32];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) *out = s;
+}
+
+// Each tensor alone: square, sum in its dtype, widen, add in order (the ops' kernels, their bits).
+void sum_squares_composed(CudaBackend& be, const TensorList& tensors, const Tensor& out) {
+  bool first = true;
+  for (const Tensor& t : tensors) {
+    Tensor squares = be.scratch(t.shape(), t.dtype());
+    be.unary(UnaryOp::square, t, squares, 0.0);
+    std::vector<int64_t> axes(static_cast<size_t>(t.dim()));
+    std::iota(axes.begin(), axes.end(), int64_t{0});
+    Tensor one = be.scratch({}, t.dtype());
+    be.reduce(ReduceOp::sum, squares, axes, one);
+    if (first) {
+      be.copy(one, out);
+    } else {
+      Tensor wide = be.scratch({}, DType::f64);
+      be.copy(one, wide);
+      be.binary(BinaryOp::add, out, wide, out);
+    }
+    first = false;
+  }
+  if (first) be.fill(out, 0.0);
+}
+
+}  // namespace
+
+void CudaBackend::sum_squares(const TensorList& tensors, const Tensor& out) {
+  REMAT_ASSERT(out.dtype() == DType::f64 && out.numel() == 1 && out.is_contiguous(),
+               "sum_squares: out must be one contiguous f64 value");
+  const DType dtype = tensors.empty() ? DType::f64 : tensors.front().dtype();
+  bool gathered = fast(Fast::grad_norm) && (dtype == DType::f32 || dtype == DType::f64);
+  for (const Tensor& t : tensors) gathered = gathered && t.dtype() == dtype && t.is_contiguous();
+  if (!gathered) return sum_squares_composed(*this, tensors, out);
+  DeviceGuard guard(device_);
+  dispatch_float(dtype, "sum_squares", [&]<class T>() {
+    std::vector<int64_t> first_chunk(tensors.size() + 1, 0);
+    for (size_t i = 0; i < tensors.size(); ++i)
+      first_chunk[i + 1] = first_chunk[i] + (tensors[i].numel() + kSquaresChunk - 1) / kSquaresChunk;
+    const int64_t chunks = first_chunk.back();
+    Tensor partial = scratch({std::max<int64_t>(chunks, 1)}, DType::f64);
+    for (size_t at = 0; at < tensors.size(); at += kSquaresTensors) {
+      SquaresBatch<T> b;
+      b.count = static_cast<int>(std::min<size_t>(kSquaresTensors, tensors.size() - at));
+      for (int i = 0; i < b.count; ++i) {
+        b.data[i] = ptr<T>(tensors[at + i]);
+        b.numel[i] = tensors[at + i].numel();
+        b.first_chunk[i] = first_chunk[at + i] - first_chunk[at];
+      }
+      b.first_chunk[b.count] = first_chunk[at + b.count] - first_chunk[at];
+      if (b.first_chunk[b.count] == 0) continue;
+      squares_partials_kernel<T><<<grid_for(b.first_chunk[b.count], 1), kThreads, 0, stream_>>>(
+          b, ptr<double>(partial) + first_chunk[at]);
+      check_launch("sum_squares (chunks)");
+    }
+    squares_total_kernel<<<1, kThreads, 0, stream_>>>(ptr<double>(partial), chunks, ptr<double>(out));
+    check_launch("sum_squares (total)");
+  });
+}
+
 }  // namespace remat::cuda
+
