@@ -70,6 +70,11 @@ stop_at() {
   # "step N": the run holds after step N until the signal comes (REMAT_TEST_PAUSE_AFTER_STEP)
   local pause=()
   [[ $when == step* ]] && pause=(env "REMAT_TEST_PAUSE_AFTER_STEP=${when#step }")
+  # emptied here, before the start: the background job truncates them only once it runs, and a
+  # poll that read an earlier seed's lines would signal a process that has not yet installed its
+  # handler (a background job starts with SIGINT ignored, so that signal would be lost)
+  : >"$dir/$name.out"
+  : >"$dir/$name.err"
   "${pause[@]}" "$@" >"$dir/$name.out" 2>"$dir/$name.err" &
   local pid=$! start=$SECONDS
   while kill -0 "$pid" 2>/dev/null; do
