@@ -226,6 +226,9 @@ SCRIPT
     stop_job() {
       local name=$1 signal=$2 who=$3 step=$4
       shift 4
+      # emptied before the start: the job truncates it only once it runs, and a poll that read an
+      # earlier job's lines would signal before the session (or its ranks) exist
+      : >"$dir/$name.out"
       setsid "$@" >"$dir/$name.out" 2>&1 &
       local pid=$! start=$SECONDS
       while kill -0 "$pid" 2>/dev/null && ! grep -q "\"step\":$step,\"train_loss\"" "$dir/$name.out"; do
