@@ -66,7 +66,8 @@ Result run(nn::GPT& model, const std::function<Tensor()>& loss_fn, const Policy&
 void expect_same_bits(const Result& a, const Result& b, const std::string& what) {
   EXPECT_TRUE(bitwise_equal(a.loss, b.loss)) << what << ": loss " << a.loss.item() << " vs " << b.loss.item();
   ASSERT_EQ(a.grads.size(), b.grads.size());
-  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(bitwise_equal(a.grads[i], b.grads[i])) << what << ": gradient " << i;
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(a.grads[i], b.grads[i])) << what << ": gradient " << i;
 }
 
 // FNV-1a over the loss's and the gradients' bytes, printed for the record.

@@ -1,7 +1,8 @@
 // CPU row kernels over the last axis: softmax / log-softmax, layer norm and RMS norm, forward and
 // backward, and layer norm with the residual add fused in (add_layer_norm: each row's sum, then
-// the layer-norm row code on it; its backward adds the residual's gradient to each row's gx). A tensor is viewed as [rows, cols]; rows run in parallel (OpenMP, one range of rows
-// per thread) when the tensor is large, and each row is processed by one thread with hand-
+// the layer-norm row code on it; its backward adds the residual's gradient to each row's gx). A
+// tensor is viewed as [rows, cols]; rows run in parallel (OpenMP, one range of rows per thread)
+// when the tensor is large, and each row is processed by one thread with hand-
 // vectorised loops (row_ops.h) compiled for AVX2 + FMA and for baseline x86-64 (picked at load
 // time). Sums of f32 end in f64 (row_ops.h, WideSum).
 //
