@@ -382,6 +382,55 @@ TEST(Cuda, CrossEntropyOfMaskedAndInfiniteRowsFollowsTheCpu) {
   }
 }
 
+// The residual add fused into layer norm (add_layer_norm; with REMAT_CUDA_FAST=residual_norm one
+// kernel each way, residual_norm.cu) at GPT-2 small's width and past the fused kernel's 2048
+// columns: the sum, the norm and every gradient against float64, the same bits on a second call,
+// and the bits of the unfused kernels (add, then layer_norm; layer_norm_backward, then add).
+TEST(Cuda, ResidualNormMatchesFloat64AndTheUnfusedKernelsBitwise) {
+  REQUIRE_GPU();
+  for (const Shape shape : {Shape{2, 96, 768}, Shape{3, 2100}}) {
+    const int64_t c = shape.back();
+    const Tensor x = randn(shape, DType::f32, RngState{21, 0}), r = randn(shape, DType::f32, RngState{22, 0});
+    const Tensor w = randn({c}, DType::f32, RngState{23, 0}, 1.0, 0.2), b = randn({c}, DType::f32, RngState{24, 0});
+    const Tensor gs = randn(shape, DType::f32, RngState{25, 0}), gy = randn(shape, DType::f32, RngState{26, 0});
+    auto fused = [](const TensorList& in, const TensorList& cotangents) {
+      const TensorList hn = add_layer_norm(in[0], in[1], in[2], in[3]);
+      TensorList out = {hn[0].detach(), hn[1].detach()};
+      for (const Tensor& g : grad(hn, in, cotangents)) out.push_back(g);
+      return out;
+    };
+    auto unfused = [](const TensorList& in, const TensorList& cotangents) {
+      const Tensor s = add(in[0], in[1]);
+      const TensorList hn = {s, layer_norm(s, in[2], in[3])};
+      TensorList out = {hn[0].detach(), hn[1].detach()};
+      for (const Tensor& g : grad(hn, in, cotangents)) out.push_back(g);
+      return out;
+    };
+    auto on = [](const Tensor& t, Device d, DType dtype) { return t.to(dtype).to(d).requires_grad_(); };
+    const TensorList in_gpu = {on(x, kGpu, DType::f32), on(r, kGpu, DType::f32), on(w, kGpu, DType::f32),
+                               on(b, kGpu, DType::f32)};
+    const TensorList cot_gpu = {gs.to(kGpu), gy.to(kGpu)};
+    const TensorList first = fused(in_gpu, cot_gpu), second = fused(in_gpu, cot_gpu), plain = unfused(in_gpu, cot_gpu);
+    const TensorList in64 = {on(x, kCpu, DType::f64), on(r, kCpu, DType::f64), on(w, kCpu, DType::f64),
+                             on(b, kCpu, DType::f64)};
+    const TensorList want = unfused(in64, {gs.to(DType::f64), gy.to(DType::f64)});
+    const char* names[] = {"s", "y", "dx", "dr", "dweight", "dbias"};
+    ASSERT_EQ(first.size(), 6u);
+    for (size_t i = 0; i < first.size(); ++i) {
+      EXPECT_TRUE(same_bits(first[i], second[i])) << names[i] << " " << shape_str(shape) << ": a second call differs";
+      EXPECT_TRUE(same_bits(first[i], plain[i])) << names[i] << " " << shape_str(shape) << ": not the unfused bits";
+      const std::vector<double> got = first[i].to(kCpu).to_vector(), ref = want[i].to_vector();
+      ASSERT_EQ(got.size(), ref.size());
+      double error = 0, magnitude = 0;
+      for (size_t k = 0; k < got.size(); ++k) {
+        error = std::max(error, std::abs(got[k] - ref[k]));
+        magnitude = std::max(magnitude, std::abs(ref[k]));
+      }
+      EXPECT_LE(error, 1e-5 * (1 + magnitude) * (i >= 4 ? 64 : 1)) << names[i] << " " << shape_str(shape);
+    }
+  }
+}
+
 TEST(Cuda, DescribesTheDevice) {
   REQUIRE_GPU();
   const std::string text = describe_device(kGpu);

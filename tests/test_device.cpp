@@ -146,11 +146,12 @@ TensorList every_kernel(Device device) {
   TensorList results = {arange(0.0, 6.0, 1.5, DType::f32, device),                               // arange
                         rand({3, 4}, DType::f32, RngState{50, 0}, -1.0, 1.0, device),               // rand_uniform
                         randn({3, 4}, DType::f32, RngState{51, 0}, 0.0, 1.0, device)};              // rand_normal
-  // rows: gemm, gemm_bias, layer and RMS norm, unary, binary, softmax, where, embedding, cross-entropy
+  // rows: gemm, gemm_bias, layer and RMS norm (and add_layer_norm), unary, binary, softmax, where, embedding, cross-entropy
   Tensor x = leaf({4, 6}), w = leaf({6, 5}), gain = leaf({5}), shift = leaf({5}), table = leaf({7, 5});
   Tensor lw = leaf({5, 6});
   Tensor h = matmul(x, w) + linear(x, lw, shift);
-  Tensor rows = softmax(tanh(layer_norm(h, gain, shift)) + rms_norm(h, gain));
+  TensorList hn = add_layer_norm(h, tanh(h), gain, shift);  // the residual add and norm, both outputs used
+  Tensor rows = softmax(tanh(layer_norm(h, gain, shift)) + rms_norm(h, gain) + hn[0] * hn[1]);
   Tensor cond = from_vector(std::vector<double>{1, 0, 0, 1, 1}, {5}, DType::f32, memory::Tag::other, device);
   Tensor logits = where(cond, rows, h) + embedding(table, from_indices({6, 0, 2, 2}, {4}, device));
   Tensor ce = cross_entropy(logits, from_indices({0, 3, 1, 4}, {4}, device), 0.1);

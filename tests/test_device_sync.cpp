@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,11 @@ StepCount step(nn::GPT& model, nn::SGD& optimizer, const Tensor& ids, const Tens
   c.deferred_checks = after.deferred_checks - before.deferred_checks;
   c.uploads = after.copies_from_host - before.copies_from_host;
   return c;
+}
+
+// The calls of kernel k between two readings of a device's activity.
+uint64_t calls_between(const DeviceActivity& from, const DeviceActivity& to, Kernel k) {
+  return to.calls_by_kernel[static_cast<size_t>(k)] - from.calls_by_kernel[static_cast<size_t>(k)];
 }
 
 }  // namespace
@@ -237,9 +243,7 @@ TEST(DeviceSync, ALinearLayersProductAndBiasAreOneKernelCall) {
   const DeviceActivity before = device_activity(dev.device);
   const Tensor on_device = layer.forward(xd);
   const DeviceActivity after = device_activity(dev.device);
-  auto calls = [&](Kernel k) {
-    return after.calls_by_kernel[static_cast<size_t>(k)] - before.calls_by_kernel[static_cast<size_t>(k)];
-  };
+  auto calls = [&](Kernel k) { return calls_between(before, after, k); };
   EXPECT_EQ(calls(Kernel::gemm_bias), 1u);
   EXPECT_EQ(calls(Kernel::gemm), 0u);
   EXPECT_EQ(calls(Kernel::copy), 0u);
@@ -303,4 +307,60 @@ TEST(DeviceSync, TheGradientNormIsOneKernelCallAndOneWait) {
   std::printf("gradient norm of %zu gradients: %llu kernel call(s), %llu with the gradients scaled\n", params,
               static_cast<unsigned long long>(after.kernel_calls - before.kernel_calls),
               static_cast<unsigned long long>(scaled.kernel_calls - after.kernel_calls));
+}
+
+// The residual add fused into layer norm (add_layer_norm) is one kernel call forward and one
+// backward, where the add and the layer norm were two each way (binary and layer_norm forward;
+// layer_norm_backward and the engine's binary adding the sum's two gradients backward). In a GPT
+// step each block's second norm is fused: one call per block each way under save-all, and under
+// every-layer one more forward call per block for the recomputation.
+TEST(DeviceSync, TheResidualAddAndNormAreOneKernelCallEachWay) {
+  EmulatedDevice dev;
+  std::optional<ScopedPolicy> keep_all(Policy::save_all());  // the op alone, outside any layer call
+  const Tensor x = randn({4, 8, 16}, DType::f32, RngState{1, 0}).to(dev.device).requires_grad_();
+  const Tensor r = randn({4, 8, 16}, DType::f32, RngState{2, 0}).to(dev.device).requires_grad_();
+  const Tensor w = randn({16}, DType::f32, RngState{3, 0}).to(dev.device).requires_grad_();
+  const Tensor b = randn({16}, DType::f32, RngState{4, 0}).to(dev.device).requires_grad_();
+  const DeviceActivity start = device_activity(dev.device);
+  const TensorList hn = add_layer_norm(x, r, w, b);
+  const DeviceActivity forward_done = device_activity(dev.device);
+  EXPECT_EQ(forward_done.kernel_calls - start.kernel_calls, 1u);
+  EXPECT_EQ(calls_between(start, forward_done, Kernel::add_layer_norm), 1u);
+  const Tensor gs = randn({4, 8, 16}, DType::f32, RngState{5, 0}).to(dev.device);
+  const Tensor gy = randn({4, 8, 16}, DType::f32, RngState{6, 0}).to(dev.device);
+  const DeviceActivity backward_start = device_activity(dev.device);
+  const TensorList grads = grad(hn, {x, r, w, b}, TensorList{gs, gy});
+  const DeviceActivity backward_done = device_activity(dev.device);
+  EXPECT_EQ(calls_between(backward_start, backward_done, Kernel::add_layer_norm_backward), 1u);
+  EXPECT_EQ(calls_between(backward_start, backward_done, Kernel::layer_norm_backward), 0u);
+  EXPECT_EQ(calls_between(backward_start, backward_done, Kernel::binary), 0u);
+  EXPECT_EQ(backward_done.kernel_calls - backward_start.kernel_calls, 1u);
+  EXPECT_EQ(std::memcmp(grads[0].to(kCpu).raw_data(), grads[1].to(kCpu).raw_data(), grads[0].nbytes()), 0)
+      << "x and r get the same gradient";
+  keep_all.reset();
+
+  nn::GPTConfig config = tiny_gpt();
+  config.dropout = 0.0;
+  RecomputationCheck check_off(false);
+  for (const char* text : {"save-all", "every-layer"}) {
+    nn::GPT model(config);
+    model.to(dev.device);
+    nn::SGD optimizer(model.parameters(), {.lr = 1e-2});
+    const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, false);
+    const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
+    step(model, optimizer, ids, targets, Policy::parse(text), dev.device);
+    const DeviceActivity from = device_activity(dev.device);
+    const StepCount c = step(model, optimizer, ids, targets, Policy::parse(text), dev.device);
+    const DeviceActivity to = device_activity(dev.device);
+    auto step_calls = [&](Kernel k) { return calls_between(from, to, k); };
+    const uint64_t layers = static_cast<uint64_t>(config.layers);
+    const bool recomputes = std::string(text) != "save-all";
+    EXPECT_EQ(step_calls(Kernel::add_layer_norm), recomputes ? 2 * layers : layers) << text;
+    EXPECT_EQ(step_calls(Kernel::add_layer_norm_backward), layers) << text;
+    EXPECT_EQ(step_calls(Kernel::layer_norm_backward), layers + 1) << text << ": ln1 of each block and ln_f";
+    std::printf("%s: %llu kernel calls per step, %llu add_layer_norm forward and %llu backward\n", text,
+                static_cast<unsigned long long>(c.kernel_calls),
+                static_cast<unsigned long long>(step_calls(Kernel::add_layer_norm)),
+                static_cast<unsigned long long>(step_calls(Kernel::add_layer_norm_backward)));
+  }
 }

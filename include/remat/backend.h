@@ -179,6 +179,18 @@ TensorList each_in(const Mark& in, const TensorList& tensors) {
   X(layer_norm_backward, x, (const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,            \
                              const Tensor& gy, const Tensor& gx, const Tensor& gweight, const Tensor& gbias),          \
     (in(x), in(weight), in(mean), in(rstd), in(gy), inout(gx), inout(gweight), inout(gbias)))                          \
+  /* The residual add fused into layer norm: s = x + r (x, r, s of one shape), then the layer_norm                    \
+     kernel's y, mean and rstd of s, in s's dtype: the bits of binary(add, x, r) followed by layer_norm(s). */          \
+  X(add_layer_norm, x, (const Tensor& x, const Tensor& r, const Tensor& weight, const Tensor& bias, double eps,         \
+                        const Tensor& s, const Tensor& y, const Tensor& mean, const Tensor& rstd),                     \
+    (in(x), in(r), in(weight), in(bias), eps, inout(s), inout(y), inout(mean), inout(rstd)))                           \
+  /* layer_norm_backward of s with the residual's gradient gs added to the input gradient:                             \
+     gx = layer_norm_backward's gx, rounded to the dtype, + gs (the bits of layer_norm_backward followed by             \
+     binary(add)); gweight, gbias as layer_norm_backward's (each may be undefined; gx is defined). */                   \
+  X(add_layer_norm_backward, s, (const Tensor& s, const Tensor& weight, const Tensor& mean, const Tensor& rstd,        \
+                                 const Tensor& gy, const Tensor& gs, const Tensor& gx, const Tensor& gweight,          \
+                                 const Tensor& gbias),                                                                 \
+    (in(s), in(weight), in(mean), in(rstd), in(gy), in(gs), inout(gx), inout(gweight), inout(gbias)))                  \
   /* y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps) */                                                          \
   X(rms_norm, x, (const Tensor& x, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd),             \
     (in(x), in(weight), eps, inout(y), inout(rstd)))                                                                   \

@@ -35,6 +35,7 @@
   X(abs, unary, abs)                                                                          \
   X(adaptive_avg_pool2d, pool, adaptive_avg_pool2d)                                           \
   X(add, binary, add, operators)                                                              \
+  X(add_layer_norm, norm, add_layer_norm)                                                     \
   X(add_scalar, unary, add_scalar)                                                            \
   X(avg_pool2d, pool, avg_pool2d)                                                             \
   X(batch_norm, batch_norm, batch_norm)                                                       \
@@ -146,6 +147,14 @@ Tensor log_softmax(const Tensor& x, int64_t axis = -1);
 // weight and bias [C] may be undefined Tensors (no affine part).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// The residual add fused into layer norm (a pre-LN block's `h = x + r; n = layer_norm(h)`):
+// returns {s, y} with s = x + r and y = layer_norm(s, weight, bias, eps), x and r of one shape,
+// dtype and device (no broadcasting). Bitwise the add followed by layer_norm, forward and backward
+// (x and r each get s's gradient plus the norm's input gradient), in one kernel call each way.
+//   TensorList hn = add_layer_norm(x, attn_out, weight, bias);   // x, attn_out [B, T, C]; weight, bias [C]
+//   Tensor out = add(hn[0], gelu(hn[1]));                         // hn[0] = x + attn_out, hn[1] its norm
+TensorList add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& weight, const Tensor& bias,
+                          double eps = 1e-5);
 
 // ---- indexing and losses
 // table [V, D], ids (i64, any shape S) -> [S..., D]

@@ -77,8 +77,12 @@ const std::vector<std::string>& op_kinds() {
   return kinds;
 }
 
-OpSpec::OpSpec(OpKind kind, unsigned save_, int num_aux_, uint32_t saved_inputs_mask_)
-    : name(op_kind_name(kind)), save(save_), num_aux(num_aux_), saved_inputs_mask(saved_inputs_mask_) {}
+OpSpec::OpSpec(OpKind kind, unsigned save_, int num_aux_, uint32_t saved_inputs_mask_, uint32_t saved_outputs_mask_)
+    : name(op_kind_name(kind)),
+      save(save_),
+      num_aux(num_aux_),
+      saved_inputs_mask(saved_inputs_mask_),
+      saved_outputs_mask(saved_outputs_mask_) {}
 
 // ---- BackwardContext
 
@@ -227,6 +231,12 @@ TensorList forward_outputs(const OpSpec& spec, const TensorList& inputs, const F
   return outputs;
 }
 
+// Whether output i of an op with `visible` visible outputs is kept for its backward.
+bool saves_output(const OpSpec& spec, size_t i, size_t visible) {
+  if (i >= visible) return true;
+  return (spec.save & save_outputs) != 0 && i < 32 && ((spec.saved_outputs_mask >> i) & 1u) != 0;
+}
+
 // The op's flops: as given, or (negative) one per element of the visible outputs.
 double op_flops(double flops, const TensorList& outputs, size_t visible) {
   double f = flops;
@@ -260,7 +270,7 @@ void notify(const OpSpec& spec, const TensorList& inputs, TensorList& outputs, s
   event.saves_input = [&spec](size_t i) {
     return (spec.save & save_inputs) != 0 && i < 32 && ((spec.saved_inputs_mask >> i) & 1u) != 0;
   };
-  event.saves_output = [&spec, visible](size_t i) { return (spec.save & save_outputs) != 0 || i >= visible; };
+  event.saves_output = [&spec, visible](size_t i) { return saves_output(spec, i, visible); };
   event.flops = f;
   event.make_replay = [&spec, &forward, &backward, f]() -> std::shared_ptr<OpReplay> {
     return std::make_shared<StoredOp>(spec, forward, backward, f);
@@ -297,7 +307,7 @@ void record(const OpSpec& spec, const TensorList& inputs, TensorList& outputs, s
     for (size_t i = 0; i < inputs.size(); ++i)
       node->saved_inputs.emplace_back(i < 32 && ((spec.saved_inputs_mask >> i) & 1u) ? inputs[i] : Tensor());
   for (size_t i = 0; i < outputs.size(); ++i)
-    node->saved_outputs.emplace_back((spec.save & save_outputs) || i >= visible ? outputs[i] : Tensor());
+    node->saved_outputs.emplace_back(saves_output(spec, i, visible) ? outputs[i] : Tensor());
   outputs.resize(visible);
   for (size_t i = 0; i < visible; ++i) {
     Tensor& out = outputs[i];

@@ -36,10 +36,12 @@ struct OpSpec {
   unsigned save = save_nothing;
   int num_aux = 0;          // trailing forward results kept for backward only
   uint32_t saved_inputs_mask = ~0u;  // with save_inputs: which inputs (bit i = input i) are kept
+  uint32_t saved_outputs_mask = ~0u;  // with save_outputs: which visible outputs are kept (aux ones always are)
 
   OpSpec() = default;  // for custom ops, which fill in "custom:NAME" themselves
   // A built-in op of kind `kind` (its name: op_kind_name(kind)).
-  OpSpec(OpKind kind, unsigned save = save_nothing, int num_aux = 0, uint32_t saved_inputs_mask = ~0u);
+  OpSpec(OpKind kind, unsigned save = save_nothing, int num_aux = 0, uint32_t saved_inputs_mask = ~0u,
+         uint32_t saved_outputs_mask = ~0u);
 };
 
 class OpNode;

@@ -62,6 +62,16 @@ Tensor LayerNorm::forward_impl(const Tensor& x) {
   return layer_norm(x, compute_weight(weight), compute_weight(bias), eps_);
 }
 
+TensorList LayerNorm::forward_list_impl(const TensorList& inputs) {
+  REMAT_CHECK(inputs.size() == 1 || inputs.size() == 2, type_name(),
+              ": expects one input (x) or two (x and a residual added to it), got ", inputs.size());
+  if (inputs.size() == 1) return TensorList{forward_impl(inputs[0])};
+  const Tensor& x = inputs[0];
+  REMAT_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == dim_, type_name(), ": expects an input of shape [..., ",
+              dim_, "], got ", x.defined() ? shape_str(x.shape()) : "an undefined tensor");
+  return add_layer_norm(x, inputs[1], compute_weight(weight), compute_weight(bias), eps_);
+}
+
 RMSNorm::RMSNorm(int64_t dim, double eps, DType dtype) : dim_(dim), eps_(eps) {
   REMAT_CHECK(dim > 0, "RMSNorm: dim must be positive, got ", dim);
   weight = register_parameter("weight", {dim}, dtype, Init::ones());

@@ -90,8 +90,9 @@ TransformerBlock::TransformerBlock(int64_t width, int64_t heads, double dropout,
 }
 
 Tensor TransformerBlock::forward_impl(const Tensor& x) {
-  Tensor h = add(x, attn->forward(ln1->forward(x)));
-  return add(h, mlp->forward(ln2->forward(h)));
+  // h = x + attn(ln1(x)) and ln2(h) in one op (add_layer_norm): the bits of the add and the norm
+  TensorList hn = ln2->forward(TensorList{x, attn->forward(ln1->forward(x))});
+  return add(hn[0], mlp->forward(hn[1]));
 }
 
 }  // namespace remat::nn

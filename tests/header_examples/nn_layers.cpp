@@ -16,6 +16,14 @@ REMAT_EXAMPLE(include/remat/nn/layers.h: auto fc = std::make_shared<remat::nn::L
   EXPECT_EQ(h.shape(), (Shape{2, 3, 256}));
 }
 
+TEST(NnLayersH, LayerNormWithAResidual) {
+  Tensor x = randn({2, 3, 64}, DType::f32, RngState{1, 0}), attn_out = randn({2, 3, 64}, DType::f32, RngState{2, 0});
+REMAT_EXAMPLE(include/remat/nn/layers.h: auto ln = std::make_shared<remat::nn::LayerNorm>(64);)
+  ASSERT_EQ(hn.size(), 2u);
+  EXPECT_EQ(hn[0].to_vector(), add(x, attn_out).to_vector());
+  EXPECT_EQ(hn[1].to_vector(), ln->forward(hn[0]).to_vector());
+}
+
 TEST(NnLossH, Losses) {
   Tensor pred = randn({4, 3}, DType::f64, RngState{1, 0}), target = randn({4, 3}, DType::f64, RngState{2, 0});
   Tensor logits = randn({4, 5}, DType::f64, RngState{3, 0});

@@ -20,6 +20,16 @@ REMAT_EXAMPLE(include/remat/ops.h: Tensor h = gelu(add(matmul(x, w), b));)
   EXPECT_GT(loss.item(), 0.0);
 }
 
+TEST(OpsH, ResidualNorm) {
+  const int64_t B = 2, T = 5, C = 8;
+  Tensor x = randn({B, T, C}, DType::f32, RngState{1, 0}), attn_out = randn({B, T, C}, DType::f32, RngState{2, 0});
+  Tensor weight = randn({C}, DType::f32, RngState{3, 0}), bias = randn({C}, DType::f32, RngState{4, 0});
+REMAT_EXAMPLE(include/remat/ops.h: TensorList hn = add_layer_norm(x, attn_out, weight, bias);)
+  EXPECT_EQ(out.shape(), (Shape{B, T, C}));
+  EXPECT_EQ(hn[0].to_vector(), add(x, attn_out).to_vector());
+  EXPECT_EQ(hn[1].to_vector(), layer_norm(hn[0], weight, bias).to_vector());
+}
+
 TEST(OpsH, Images) {
   Tensor x = randn({8, 3, 32, 32}, DType::f32, RngState{1, 0});
   Tensor w = randn({16, 3, 3, 3}, DType::f32, RngState{2, 0}), b = zeros({16});

@@ -46,10 +46,16 @@ class Embedding : public Module {
 };
 
 // Normalises the last axis: (x - mean) / sqrt(var + eps) * weight + bias; weight 1, bias 0.
+// Called with two inputs {x, r} (a pre-LN block's residual stream and the branch added to it), it
+// returns {x + r, the norm of x + r}: the add fused into the norm (add_layer_norm, remat/ops.h),
+// the bits of add(x, r) followed by forward(x + r).
+//   auto ln = std::make_shared<remat::nn::LayerNorm>(64);
+//   TensorList hn = ln->forward(TensorList{x, attn_out});    // hn[0] = x + attn_out, hn[1] its norm
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5, bool affine = true, DType dtype = DType::f32);
   Tensor forward_impl(const Tensor& x) override;
+  TensorList forward_list_impl(const TensorList& inputs) override;
   std::string type_name() const override;
   Tensor weight, bias;  // undefined without affine
 

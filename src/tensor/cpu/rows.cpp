@@ -1,6 +1,8 @@
 // CPU row kernels over the last axis: softmax / log-softmax, layer norm and RMS norm, forward and
-// backward. A tensor is viewed as [rows, cols]; rows run in parallel (OpenMP, one range of rows
-// per thread) when the tensor is large, and each row is processed by one thread with hand-
+// backward, and layer norm with the residual add fused in (add_layer_norm: each row's sum, then
+// the layer-norm row code on it; its backward adds the residual's gradient to each row's gx). A
+// tensor is viewed as [rows, cols]; rows run in parallel (OpenMP, one range of rows per thread)
+// when the tensor is large, and each row is processed by one thread with hand-
 // vectorised loops (row_ops.h) compiled for AVX2 + FMA and for baseline x86-64 (picked at load
 // time). Sums of f32 end in f64 (row_ops.h, WideSum).
 //
@@ -231,6 +233,7 @@ struct NormBackwardArgs {
   const T* gy;
   T* gx;  // may be null
   int64_t cols;
+  const T* gres = nullptr;  // add_layer_norm_backward: the residual's gradient, added to gx
 };
 
 // gx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = gy * w, xhat = (x - mean) * rstd (RMS
@@ -287,6 +290,36 @@ REMAT_SIMD_INLINE void norm_backward_row(const NormBackwardArgs<T>& a, int64_t r
   }
 }
 
+// gx += gres over one row, after the row's gx is stored. Not inlined, so that no compiler can
+// contract gx's last product with this addition into a fused multiply-add: gx is rounded to T
+// first, as when layer_norm_backward's gx and the residual's gradient are added by binary(add).
+template <class T>
+__attribute__((noinline)) void add_residual_row(T* __restrict gx, const T* __restrict gres, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) gx[k] = gx[k] + gres[k];
+}
+
+// add_layer_norm's operands: s = x + r row by row, then layer_norm_row of s (norm.x is s).
+template <class T>
+struct AddNormArgs {
+  const T* x;
+  const T* r;
+  T* s;
+  NormArgs<T> norm;
+};
+
+template <class T>
+REMAT_SIMD_INLINE void add_layer_norm_row(const AddNormArgs<T>& a, int64_t row) {
+  using namespace rowops;
+  const int64_t n = a.norm.cols;
+  const T* __restrict xr = a.x + row * n;
+  const T* __restrict rr = a.r + row * n;
+  T* __restrict sr = a.s + row * n;
+  map<T>(
+      n, [&](int64_t k) REMAT_ROW_LAMBDA { store(sr + k, load(xr + k) + load(rr + k)); },
+      [&](int64_t k) REMAT_ROW_LAMBDA { sr[k] = xr[k] + rr[k]; });
+  layer_norm_row<T>(a.norm, row);
+}
+
 // Rows [r0, r1) of a block: partials pw32/pb32 (float32 for float; T) are added into the block's
 // float64 partials pw64/pb64 every kFlushRows rows and at the end.
 template <class T>
@@ -305,6 +338,7 @@ REMAT_SIMD_INLINE void norm_backward_block(const NormBackwardArgs<T>& a, int64_t
     if (p) std::fill(p, p + n, 0.0);
   for (int64_t r = r0; r < r1; ++r) {
     norm_backward_row(a, r, pw32, pb32);
+    if (a.gres) add_residual_row(a.gx + r * n, a.gres + r * n, n);
     if ((pw32 || pb32) && ((r - r0 + 1) % kFlushRows == 0 || r + 1 == r1)) flush();
   }
 }
@@ -312,6 +346,9 @@ REMAT_SIMD_INLINE void norm_backward_block(const NormBackwardArgs<T>& a, int64_t
 #define REMAT_NORM_RANGES(T, suffix)                                                                              \
   REMAT_CPU_CLONES void layer_norm_range_##suffix(const NormArgs<T>& a, int64_t r0, int64_t r1) {                  \
     for (int64_t r = r0; r < r1; ++r) layer_norm_row<T>(a, r);                                                   \
+  }                                                                                                               \
+  REMAT_CPU_CLONES void add_layer_norm_range_##suffix(const AddNormArgs<T>& a, int64_t r0, int64_t r1) {           \
+    for (int64_t r = r0; r < r1; ++r) add_layer_norm_row<T>(a, r);                                               \
   }                                                                                                               \
   REMAT_CPU_CLONES void rms_norm_range_##suffix(const NormArgs<T>& a, int64_t r0, int64_t r1) {                    \
     for (int64_t r = r0; r < r1; ++r) rms_norm_row<T>(a, r);                                                     \
@@ -329,6 +366,13 @@ void layer_norm_rows(const NormArgs<T>& a, int64_t rows) {
   for_row_ranges(rows, a.cols, [&](int64_t r0, int64_t r1) {
     if constexpr (sizeof(T) == 4) layer_norm_range_f32(a, r0, r1);
     else layer_norm_range_f64(a, r0, r1);
+  });
+}
+template <class T>
+void add_layer_norm_rows(const AddNormArgs<T>& a, int64_t rows) {
+  for_row_ranges(rows, a.norm.cols, [&](int64_t r0, int64_t r1) {
+    if constexpr (sizeof(T) == 4) add_layer_norm_range_f32(a, r0, r1);
+    else add_layer_norm_range_f64(a, r0, r1);
   });
 }
 template <class T>
@@ -423,6 +467,40 @@ void CpuKernels::layer_norm_backward(const Tensor& x_in, const Tensor& weight_in
       return;
     }
     NormBackwardArgs<T> a{x.data<T>(), cdata<T>(w), mean.data<T>(), rstd.data<T>(), gy.data<T>(), mdata<T>(gx), cols};
+    norm_backward_rows<T>(a, rows, mdata<T>(gweight), mdata<T>(gbias));
+  });
+}
+
+void CpuKernels::add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& weight_in, const Tensor& bias_in,
+                                double eps, const Tensor& s, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  for (const Tensor* t : {&s, &y, &mean, &rstd}) check_out(*t, "add_layer_norm");
+  Tensor x = contiguous_input(x_in), r = contiguous_input(r_in), w = contiguous_input(weight_in),
+         b = contiguous_input(bias_in);
+  const int64_t cols = row_length(x), rows = row_count(x, cols);
+  if (rows == 0) return;
+  dispatch_float(y.dtype(), "add_layer_norm", [&]<class T>() {
+    AddNormArgs<T> a{x.data<T>(), r.data<T>(), s.data<T>(),
+                     {s.data<T>(), cdata<T>(w), cdata<T>(b), eps, y.data<T>(), mean.data<T>(), rstd.data<T>(), cols}};
+    add_layer_norm_rows<T>(a, rows);
+  });
+}
+
+void CpuKernels::add_layer_norm_backward(const Tensor& s_in, const Tensor& weight_in, const Tensor& mean_in,
+                                         const Tensor& rstd_in, const Tensor& gy_in, const Tensor& gs_in,
+                                         const Tensor& gx, const Tensor& gweight, const Tensor& gbias) {
+  for (const Tensor* t : {&gx, &gweight, &gbias}) check_out(*t, "add_layer_norm_backward");
+  REMAT_ASSERT(gx.defined(), "add_layer_norm_backward: the input gradient is undefined");
+  Tensor s = contiguous_input(s_in), w = contiguous_input(weight_in), mean = contiguous_input(mean_in),
+         rstd = contiguous_input(rstd_in), gy = contiguous_input(gy_in), gs = contiguous_input(gs_in);
+  const int64_t cols = row_length(s), rows = row_count(s, cols);
+  dispatch_float(s.dtype(), "add_layer_norm_backward", [&]<class T>() {
+    if (rows == 0) {  // empty batch: parameter gradients are zero
+      for (T* p : {mdata<T>(gweight), mdata<T>(gbias)})
+        if (p) std::fill(p, p + cols, T(0));
+      return;
+    }
+    NormBackwardArgs<T> a{s.data<T>(), cdata<T>(w), mean.data<T>(), rstd.data<T>(), gy.data<T>(), gx.data<T>(), cols,
+                          gs.data<T>()};
     norm_backward_rows<T>(a, rows, mdata<T>(gweight), mdata<T>(gbias));
   });
 }

@@ -65,6 +65,7 @@ enum class Fast : uint32_t {
   bias_grad = 1u << 9,       // column sums (the bias gradient) in one vectorised fixed-order pass (reduce.cu)
   cross_entropy = 1u << 10,  // cross-entropy's row read twice (online max and sum), a block per row backward
   grad_norm = 1u << 11,      // the gradient norm's sum of squares in two fixed-order launches (optim.cu)
+  residual_norm = 1u << 12,  // the residual add fused into layer norm: one kernel each way (residual_norm.cu)
 };
 bool fast(Fast path);
 
