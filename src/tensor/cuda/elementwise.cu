@@ -292,6 +292,8 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
         where_kernel<int64_t, T>
             <<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<int64_t>(cond), base<T>(a), base<T>(b));
         break;
+      default:  // a 16-bit condition arrives widened to f32 (cuda/widen.cpp)
+        throw Error(detail::concat("where: unsupported condition dtype ", dtype_name(cond.dtype())));
     }
   });
   check_launch("where");
