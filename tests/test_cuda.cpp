@@ -119,13 +119,13 @@ void check_policies(nn::Module& model, const std::function<Tensor()>& loss, cons
 
 // The GPT and the ResNet of the tests below, with their inputs on the GPU.
 struct GptCase {
-  nn::GPT model{small_gpt()};
+  nn::GPT model;
   Tensor ids, targets;
-  GptCase() {
+  explicit GptCase(const nn::GPTConfig& config = small_gpt()) : model(config) {
     model.to(kGpu);
-    const int64_t batch = 4, seq = small_gpt().seq;
-    ids = from_indices(token_ids(batch * seq, 61, 1), {batch, seq}, kGpu);
-    targets = from_indices(token_ids(batch * seq, 61, 2), {batch, seq}, kGpu);
+    const int64_t batch = 4, seq = config.seq;
+    ids = from_indices(token_ids(batch * seq, config.vocab, 1), {batch, seq}, kGpu);
+    targets = from_indices(token_ids(batch * seq, config.vocab, 2), {batch, seq}, kGpu);
   }
   std::function<Tensor()> loss() {
     return [this] { return model.loss(ids, targets); };
@@ -429,13 +429,9 @@ TEST(Cuda, Bf16GptStepUnderEveryPolicyEqualsSaveAll) {
   if (!backend(kGpu).holds(DType::bf16)) GTEST_SKIP() << "cuda:0 holds no bf16 tensors without REMAT_CUDA_FAST=bf16";
   nn::GPTConfig config = small_gpt();
   config.compute_dtype = DType::bf16;
-  nn::GPT model(config);
-  model.to(kGpu);
-  const int64_t batch = 4;
-  const Tensor ids = from_indices(token_ids(batch * config.seq, config.vocab, 1), {batch, config.seq}, kGpu);
-  const Tensor targets = from_indices(token_ids(batch * config.seq, config.vocab, 2), {batch, config.seq}, kGpu);
-  check_policies(model, [&] { return model.loss(ids, targets); }, "bf16 GPT");
-  for (const auto& p : model.parameters()) EXPECT_EQ(p.grad().dtype(), DType::f32) << "master gradients are float32";
+  GptCase c(config);
+  check_policies(c.model, c.loss(), "bf16 GPT");
+  for (const auto& p : c.model.parameters()) EXPECT_EQ(p.grad().dtype(), DType::f32) << "master gradients are float32";
 }
 
 TEST(Cuda, DescribesTheDevice) {
