@@ -5,12 +5,14 @@
 // raises. With it on, every kernel runs on bf16 and f16 tensors, in float32 arithmetic, rounding
 // each result once:
 //   - natively, on the 16-bit data: copy (conversions, rounded to nearest even, copy.cu), fill and
-//     arange, the digest (bytes), and the matrix products (gemm.cpp: cuBLAS and cuBLASLt with
-//     16-bit operands and float32 accumulation, CUBLAS_COMPUTE_32F, the bias epilogue included);
+//     arange, the digest (bytes), the matrix products (gemm.cpp: cuBLAS and cuBLASLt with 16-bit
+//     operands and float32 accumulation, CUBLAS_COMPUTE_32F, the bias epilogue included), and the
+//     elementwise kernels (unary ops and their derivatives, binary ops, where: elementwise.cu, each
+//     element widened to float, computed, rounded once);
 //   - every other kernel on float32 stand-ins made on the device: each 16-bit operand is widened
 //     exactly into a float32 scratch tensor by the copy kernel, the float32 kernel runs, and the
 //     operands it writes are rounded back once (tensor/widen.h, the CPU's mechanism). So a row
-//     kernel (norms, softmax, cross-entropy, GELU, reductions, embedding, attention) computes what
+//     kernel (norms, softmax, cross-entropy, reductions, embedding, attention) computes what
 //     the CPU reference computes, the float32 result on the 16-bit values rounded once, with the
 //     float32 kernel's summation order; it costs a float32 copy of each operand per call, which a
 //     row kernel reading and writing 16 bits itself would not.
@@ -24,7 +26,17 @@
 namespace remat::cuda {
 
 bool native_16bit(Kernel kernel) {
-  return kernel == Kernel::arange || kernel == Kernel::digest || kernel == Kernel::gemm || kernel == Kernel::gemm_bias;
+  switch (kernel) {
+    case Kernel::arange:
+    case Kernel::digest:
+    case Kernel::gemm:
+    case Kernel::gemm_bias:
+    case Kernel::unary:
+    case Kernel::unary_backward:
+    case Kernel::binary:
+    case Kernel::where: return true;
+    default: return false;
+  }
 }
 
 #define REMAT_WIDEN_KERNEL(name, dtype_of, parameters, arguments) \
