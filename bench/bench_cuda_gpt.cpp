@@ -5,11 +5,13 @@
 //   build/bench/bench_cuda_gpt [--device cuda:0] [--layers 12] [--width 768] [--heads 12] [--seq 1024]
 //                              [--batch 8] [--vocab 50304] [--steps 5] [--warmup 3]
 //                              [--budget-fraction 0.5] [--tf32] [--optimizer sgd|adamw]
-//                              [--policies save-all,every-layer,budget] [--profile-steps N]
+//                              [--policies save-all,every-layer,budget] [--profile-steps N] [--dtype f32|bf16]
 //   build/bench/bench_cuda_gpt --list-switches     (the names REMAT_CUDA_FAST takes, one a line)
 //
 // Defaults are GPT-2 small (12 layers, width 768, 12 heads, context 1024, vocabulary padded to
-// 50304 as nanoGPT does), float32, TF32 off. A step: drop the gradients, forward, loss, backward,
+// 50304 as nanoGPT does), float32, TF32 off; --dtype bf16 trains in mixed precision (float32
+// master weights and AdamW state, bf16 compute: docs/precision.md), which on CUDA needs
+// REMAT_CUDA_FAST=bf16. A step: drop the gradients, forward, loss, backward,
 // the update (SGD lr 1e-4, no momentum, or AdamW lr 1e-4; as bench/peers), then the loss read back
 // to the host, which waits for the device. The budget run's B lies between every-layer's and
 // save-all's measured peak saved bytes: every-layer's + --budget-fraction x the difference (it
@@ -57,6 +59,7 @@ struct Options {
   double budget_fraction = 0.5;
   bool tf32 = false;
   std::string optimizer = "sgd";
+  std::string dtype = "f32";  // the compute dtype: f32, or bf16 (mixed precision)
   std::vector<std::string> policies = {"save-all", "every-layer", "budget"};
 };
 
@@ -70,6 +73,7 @@ struct Result {
   std::string policy;
   std::vector<double> seconds, losses;
   size_t peak_saved = 0, peak_total = 0;
+  int64_t parameters = 0;  // elements of the model's parameters (for the report's MFU)
   uint64_t fallback_calls = 0;
   std::vector<uint64_t> launches, kernel_calls, synchronizations;  // per measured step
   std::vector<Profile> profiles;
@@ -92,8 +96,11 @@ Result run(const Options& o, Device device, const std::string& policy_text) {
   Result r;
   r.policy = policy_text;
   const Policy policy = Policy::parse(policy_text);
-  nn::GPT model(o.config);
+  nn::GPTConfig config = o.config;
+  if (o.dtype == "bf16") config.compute_dtype = DType::bf16;
+  nn::GPT model(config);
   model.to(device);
+  for (const Tensor& p : model.parameters()) r.parameters += p.numel();
   const Shape shape{o.batch, o.config.seq};
   const size_t n = static_cast<size_t>(o.batch * o.config.seq);
   const Tensor ids = from_indices(tokens(n, o.config.vocab, 1), shape, device);
@@ -150,25 +157,27 @@ void emit(const Options& o, Device device, const Result& r, size_t budget_bytes)
   auto number = [](auto v) { return detail::concat(v); };
   std::printf("{\"system\":\"remat\",\"device\":\"%s\",\"description\":\"%s\",\"policy\":\"%s\",\"layers\":%lld,"
               "\"width\":%lld,\"heads\":%lld,\"seq\":%lld,\"batch\":%lld,\"vocab\":%lld,\"tf32\":%s,"
-              "\"optimizer\":\"%s\",\"switches\":[%s],"
+              "\"optimizer\":\"%s\",\"dtype\":\"%s\",\"switches\":[%s],"
               "\"step_seconds\":[%s],\"median_seconds\":%.6f,\"peak_saved_bytes\":%zu,\"peak_total_bytes\":%zu,"
-              "\"budget_bytes\":%zu,\"fallback_calls\":%llu,\"launches\":[%s],\"kernel_calls\":[%s],"
+              "\"budget_bytes\":%zu,\"parameters\":%lld,\"fallback_calls\":%llu,\"launches\":[%s],\"kernel_calls\":[%s],"
               "\"synchronizations\":[%s],\"losses\":[%s]}\n",
               device_name(device).c_str(), describe_device(device).c_str(), r.policy.c_str(),
               static_cast<long long>(o.config.layers), static_cast<long long>(o.config.width),
               static_cast<long long>(o.config.heads), static_cast<long long>(o.config.seq),
               static_cast<long long>(o.batch), static_cast<long long>(o.config.vocab), o.tf32 ? "true" : "false",
-              o.optimizer.c_str(), join(fast_paths_on(), quoted).c_str(), join(r.seconds, number).c_str(), r.median(),
-              r.peak_saved, r.peak_total, budget_bytes, static_cast<unsigned long long>(r.fallback_calls),
+              o.optimizer.c_str(), o.dtype.c_str(), join(fast_paths_on(), quoted).c_str(), join(r.seconds, number).c_str(),
+              r.median(),
+              r.peak_saved, r.peak_total, budget_bytes, static_cast<long long>(r.parameters),
+              static_cast<unsigned long long>(r.fallback_calls),
               join(r.launches, number).c_str(), join(r.kernel_calls, number).c_str(),
               join(r.synchronizations, number).c_str(), join(r.losses, number).c_str());
   for (const Profile& p : r.profiles) {
     std::string kernels = join(p.kernels, [](const KernelTime& k) {
       return detail::concat("{\"name\":\"", k.name, "\",\"launches\":", k.launches, ",\"seconds\":", k.seconds, "}");
     });
-    std::printf("{\"system\":\"remat\",\"kind\":\"profile\",\"policy\":\"%s\",\"switches\":[%s],"
+    std::printf("{\"system\":\"remat\",\"kind\":\"profile\",\"policy\":\"%s\",\"dtype\":\"%s\",\"switches\":[%s],"
                 "\"step_seconds\":%.6f,\"kernels\":[%s]}\n",
-                r.policy.c_str(), join(fast_paths_on(), quoted).c_str(), p.step_seconds, kernels.c_str());
+                r.policy.c_str(), o.dtype.c_str(), join(fast_paths_on(), quoted).c_str(), p.step_seconds, kernels.c_str());
   }
   std::fflush(stdout);
 }
@@ -177,7 +186,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: bench_cuda_gpt [--device D] [--layers N] [--width C] [--heads H] [--seq T] [--batch B] "
                "[--vocab V] [--steps N] [--warmup N] [--budget-fraction F] [--tf32] [--optimizer sgd|adamw] "
-               "[--policies P,...] [--profile-steps N]\n");
+               "[--policies P,...] [--profile-steps N] [--dtype f32|bf16]\n");
 }
 
 Options parse(int argc, char** argv) {
@@ -207,6 +216,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--tf32") o.tf32 = true;
     else if (a == "--optimizer") o.optimizer = value();
     else if (a == "--profile-steps") o.profile_steps = std::stoi(value());
+    else if (a == "--dtype") o.dtype = value();
     else if (a == "--policies") {
       o.policies.clear();
       std::string list = value();
@@ -235,6 +245,7 @@ int main(int argc, char** argv) {
     REMAT_CHECK(o.optimizer == "sgd" || o.optimizer == "adamw", "bench_cuda_gpt: --optimizer sgd or adamw, not ",
                 o.optimizer);
     REMAT_CHECK(o.profile_steps >= 0, "bench_cuda_gpt: --profile-steps must be >= 0");
+    REMAT_CHECK(o.dtype == "f32" || o.dtype == "bf16", "bench_cuda_gpt: --dtype f32 or bf16, not ", o.dtype);
     const Device device = parse_device(o.device);
     use_device(device);
     set_allow_tf32(o.tf32);

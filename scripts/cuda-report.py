@@ -100,6 +100,54 @@ def profile_tables(title, kernels, top=15):
     return out + [""]
 
 
+# Dense bf16 tensor-core peak by device name (NVIDIA's data sheets, SXM parts, no sparsity), for MFU.
+PEAK_BF16_FLOPS = [("H200", 989e12), ("H100", 989e12), ("A100", 312e12)]
+
+
+def model_flops(r):
+    """Training FLOPs of one step (forward and backward) as llm.c counts them: 6 per parameter and
+    token, and 12 x layers x width x context per token for attention's two products."""
+    tokens = r["batch"] * r["seq"]
+    return tokens * (6 * r["parameters"] + 12 * r["layers"] * r["width"] * r["seq"])
+
+
+def mfu(r, device):
+    peak = next((f for name, f in PEAK_BF16_FLOPS if name in device), None)
+    if peak is None or "parameters" not in r:
+        return "-"
+    return f"{model_flops(r) / r['median_seconds'] / peak:.3f}"
+
+
+def bf16_section(work):
+    out = ["## bf16 mixed precision (REMAT_CUDA_FAST=bf16)", "",
+           "GPT-2 small, float32 master weights and AdamW state, bf16 compute: remat --dtype bf16 against PyTorch "
+           "eager under torch.autocast(bfloat16) with its fused SDPA, measured in this run (3 steps after 2 of "
+           "warm-up; median). MFU: llm.c's count of training FLOPs per step (6 x parameters x tokens + 12 x layers x "
+           "width x context x tokens) over the step time and the device's dense bf16 peak.", "",
+           "| batch x context | remat save-all | remat every-layer | PyTorch bf16 | save-all / PyTorch (<= 0.9) | "
+           "every-layer / save-all (<= 1.15) | MFU save-all (>= 0.45 at batch 32) | peak saved, every-layer / "
+           "save-all | fallback calls |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = 0
+    for b in (8, 32):
+        remat = {r["policy"]: r for r in lines(f"{work}/switch-bf16-gpt-b{b}.out") if r.get("kind") != "profile"}
+        torch = [r for r in lines(f"{work}/switch-bf16-torch-b{b}.out") if "median_seconds" in r]
+        sa, el, pt = remat.get("save-all"), remat.get("every-layer"), torch[0] if torch else None
+        if not (sa or pt):
+            continue
+        rows += 1
+        seq = (sa or pt)["seq"]
+
+        def ratio(x, y):
+            return f"{x['median_seconds'] / y['median_seconds']:.2f}" if x and y else "-"
+        saved = f"{el['peak_saved_bytes'] / max(1, sa['peak_saved_bytes']):.3f}" if sa and el else "-"
+        falls = sum(r["fallback_calls"] for r in remat.values()) if remat else "-"
+        out.append(f"| {b} x {seq} | {ms(sa['median_seconds']) if sa else '-'} | "
+                   f"{ms(el['median_seconds']) if el else '-'} | {ms(pt['median_seconds']) if pt else '-'} | "
+                   f"{ratio(sa, pt)} | {ratio(el, sa)} | {mfu(sa, sa['description']) if sa else '-'} | {saved} | "
+                   f"{falls} |")
+    return out + [""] if rows else []
+
+
 def stage_status(stages, name):
     for row in stages:
         cells = [c.strip() for c in row.strip("|").split("|")]
@@ -213,6 +261,8 @@ def main():
             out.append(f"| {s} | {stage_status(stages, f'switch-{s}-ops')} | "
                        f"{stage_status(stages, f'switch-{s}-policies')} | {step} | {rel} | {loss} |")
         out.append("")
+
+    out += bf16_section(work)
 
     if remat_profiles or torch_profiles:
         out += ["## Where the step goes", "",

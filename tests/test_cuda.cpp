@@ -8,7 +8,9 @@
 //   - remat's device counters move with the driver's (cudaMemGetInfo) by the bytes allocated;
 //   - the same 50-step training on the CPU and on the GPU agrees in loss to 1e-4 relative;
 //   - a linear layer's product and bias match float64 and repeat bitwise, its bias gradient too;
-//   - cross-entropy over masked and infinite rows follows the CPU's.
+//   - cross-entropy over masked and infinite rows follows the CPU's;
+//   - bf16 and f16 tensors only with REMAT_CUDA_FAST=bf16, converted as on the CPU, and a bf16
+//     mixed-precision GPT step under every policy equal to save-all's.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -117,13 +119,13 @@ void check_policies(nn::Module& model, const std::function<Tensor()>& loss, cons
 
 // The GPT and the ResNet of the tests below, with their inputs on the GPU.
 struct GptCase {
-  nn::GPT model{small_gpt()};
+  nn::GPT model;
   Tensor ids, targets;
-  GptCase() {
+  explicit GptCase(const nn::GPTConfig& config = small_gpt()) : model(config) {
     model.to(kGpu);
-    const int64_t batch = 4, seq = small_gpt().seq;
-    ids = from_indices(token_ids(batch * seq, 61, 1), {batch, seq}, kGpu);
-    targets = from_indices(token_ids(batch * seq, 61, 2), {batch, seq}, kGpu);
+    const int64_t batch = 4, seq = config.seq;
+    ids = from_indices(token_ids(batch * seq, config.vocab, 1), {batch, seq}, kGpu);
+    targets = from_indices(token_ids(batch * seq, config.vocab, 2), {batch, seq}, kGpu);
   }
   std::function<Tensor()> loss() {
     return [this] { return model.loss(ids, targets); };
@@ -429,6 +431,56 @@ TEST(Cuda, ResidualNormMatchesFloat64AndTheUnfusedKernelsBitwise) {
       EXPECT_LE(error, 1e-5 * (1 + magnitude) * (i >= 4 ? 64 : 1)) << names[i] << " " << shape_str(shape);
     }
   }
+}
+
+// bf16 and f16 live on the GPU only with REMAT_CUDA_FAST=bf16 (docs/precision.md): without it,
+// making one there is a remat::Error naming the device and the dtype; with it, conversions to and
+// from them (the copy kernel) and fill give the CPU's bits, rounded once to nearest even.
+TEST(Cuda, SixteenBitTensorsOnlyWithTheBf16Switch) {
+  REQUIRE_GPU();
+  const bool on = backend(kGpu).holds(DType::bf16);
+  EXPECT_EQ(on, backend(kGpu).holds(DType::f16));
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    if (!on) {
+      try {
+        (void)zeros({3, 5}, dtype, memory::Tag::other, kGpu);
+        ADD_FAILURE() << "no error";
+      } catch (const Error& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find("cuda:0"), std::string::npos) << message;
+        EXPECT_NE(message.find(dtype_name(dtype)), std::string::npos) << message;
+      }
+      EXPECT_THROW((void)full({4}, 1.0, DType::f32).to(dtype).to(kGpu), Error);
+      continue;
+    }
+    // values across the range, ties and values rounding to infinity included, from f32 and f64
+    std::vector<double> values = {0.0, -0.0, 1.0 / 3.0, 1.00390625, 1.01171875, -2.5e-39, 65519.0, 65520.0, 3.4e38, -1e300};
+    const Tensor noise = randn({4096}, DType::f64, RngState{3, 0}, 0.0, 50.0);
+    for (double v : noise.to_vector()) values.push_back(v);
+    const auto n = static_cast<int64_t>(values.size());
+    for (DType wide : {DType::f32, DType::f64}) {
+      const Tensor x = from_vector(values, {n}, wide);
+      const Tensor on_gpu = x.to(kGpu).to(dtype);
+      EXPECT_TRUE(same_bits(x.to(dtype), on_gpu)) << "narrowing from " << dtype_name(wide);
+      EXPECT_TRUE(same_bits(x.to(dtype).to(wide), on_gpu.to(wide))) << "widening to " << dtype_name(wide);
+    }
+    EXPECT_TRUE(same_bits(full({7, 3}, 0.1, dtype), full({7, 3}, 0.1, dtype, memory::Tag::other, kGpu)));
+    const Tensor ids = from_indices({-3, 0, 7, 300, 70000}, {5});
+    EXPECT_TRUE(same_bits(ids.to(dtype), ids.to(kGpu).to(dtype)));
+  }
+}
+
+// Mixed precision on the GPU (bf16 compute, float32 master weights; REMAT_CUDA_FAST=bf16): every
+// policy gives save-all's gradients bitwise, on the device, and no kernel runs on the CPU.
+TEST(Cuda, Bf16GptStepUnderEveryPolicyEqualsSaveAll) {
+  REQUIRE_GPU();
+  if (!backend(kGpu).holds(DType::bf16)) GTEST_SKIP() << "cuda:0 holds no bf16 tensors without REMAT_CUDA_FAST=bf16";
+  nn::GPTConfig config = small_gpt();
+  config.compute_dtype = DType::bf16;
+  GptCase c(config);
+  check_policies(c.model, c.loss(), "bf16 GPT");
+  for (const auto& p : c.model.parameters()) EXPECT_EQ(p.grad().dtype(), DType::f32) << "master gradients are float32";
 }
 
 TEST(Cuda, DescribesTheDevice) {

@@ -57,6 +57,11 @@ TEST(CudaRuntime, SwitchesAreParsedAndUnknownNamesRefused) {
   const uint32_t all = remat::cuda::parse_fast_paths("all");
   EXPECT_EQ(static_cast<size_t>(__builtin_popcount(all)), names.size());
   EXPECT_EQ(defaults & ~all, 0u);
+  // bf16 and f16 on the device have not run on a GPU: their switch is off unless named
+  const uint32_t bf16 = remat::cuda::parse_fast_paths("none,bf16");
+  EXPECT_NE(std::find(names.begin(), names.end(), "bf16"), names.end());
+  EXPECT_EQ(__builtin_popcount(bf16), 1);
+  EXPECT_EQ(defaults & bf16, 0u);
   const uint32_t two = remat::cuda::parse_fast_paths("none,async,attention");
   EXPECT_EQ(__builtin_popcount(two), 2);
   EXPECT_EQ(remat::cuda::parse_fast_paths("none,attention,,async,"), two);

@@ -50,7 +50,8 @@ const std::vector<OpCase>& op_table() {
 // reference and finite differences with the CPU's tolerances (forward_tolerance: f32 2e-5 + 1e-4
 // relative, f64 1e-10 + 1e-9 relative, bf16 1.6e-2 + 1.6e-2 relative; the row's grad_tol_f32 /
 // grad_tol_f64 / grad_tol_16bit), not bit for bit against the CPU: the GPU sums in other orders.
-// bf16 rows on cuda:0 are skipped while the CUDA backend holds no bf16 tensors (Backend::holds).
+// bf16 rows on cuda:0 are skipped while the CUDA backend holds no bf16 tensors (Backend::holds:
+// only with REMAT_CUDA_FAST=bf16).
 Device device_of_axis(int axis) {
   return axis == 0 ? kCpu : axis == 1 ? emulated_device() : Device{DeviceType::cuda, 0};
 }
@@ -72,7 +73,8 @@ TEST_P(OpTest, ForwardAndGradient) {
     if (device_count(DeviceType::cuda) == 0) GTEST_SKIP() << "no CUDA device: " << unavailable_reason(DeviceType::cuda);
     use_device(device());
     if (!backend(device()).holds(dtype()))
-      GTEST_SKIP() << device_name(device()) << " holds no " << dtype_name(dtype()) << " tensors (Backend::holds)";
+      GTEST_SKIP() << device_name(device()) << " holds no " << dtype_name(dtype())
+                   << " tensors (Backend::holds; REMAT_CUDA_FAST=bf16 turns them on)";
   }
   const std::string where = " [" + std::string(dtype_name(dtype())) + ", " + device_name(device()) + "] ";
   CheckResult f = check_forward(op(), dtype(), device());

@@ -1,8 +1,12 @@
-"""PyTorch's side of bench/bench_cuda_gpt.cpp: GPT training steps on a CUDA device, eager, float32.
+"""PyTorch's side of bench/bench_cuda_gpt.cpp: GPT training steps on a CUDA device, eager, float32 or bf16.
 
   python3 torch_gpt_cuda.py [--policy none|per-block] [--layers 12] [--width 768] [--heads 12]
                             [--seq 1024] [--batch 8] [--vocab 50304] [--steps 5] [--warmup 3] [--tf32]
-                            [--optimizer sgd|adamw] [--profile-steps N]
+                            [--optimizer sgd|adamw] [--profile-steps N] [--dtype f32|bf16]
+
+--dtype bf16 runs the forward and the loss under torch.autocast(dtype=torch.bfloat16) with float32
+parameters, gradients and optimizer state (remat's --dtype bf16; SDPA then takes its fused bf16
+kernels, flash attention where the device has it).
 
 The model is torch_runner.py's GPT (remat::nn::GPT's structure and names: pre-norm blocks, fused
 qkv, exact GELU, untied lm_head) with nanoGPT's attention (scaled_dot_product_attention,
@@ -36,6 +40,7 @@ def main():
     ap.add_argument("--tf32", action="store_true")
     ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     ap.add_argument("--profile-steps", type=int, default=0)
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     a = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -58,6 +63,12 @@ def main():
     blocks = list(model.blocks)
 
     def loss_fn():
+        if a.dtype == "bf16":
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return forward_loss()
+        return forward_loss()
+
+    def forward_loss():
         h = model.wte(ids) + model.wpe(positions)
         for blk in blocks:
             h = checkpoint(blk, h, use_reentrant=False) if a.policy == "per-block" else blk(h)
@@ -92,7 +103,7 @@ def main():
     print(json.dumps({
         "system": "pytorch", "policy": a.policy, "device": torch.cuda.get_device_name(0), "version": torch.__version__,
         "layers": a.layers, "width": a.width, "heads": a.heads, "seq": a.seq, "batch": a.batch, "vocab": a.vocab,
-        "tf32": a.tf32, "optimizer": a.optimizer, "step_seconds": times, "median_seconds": med,
+        "tf32": a.tf32, "optimizer": a.optimizer, "dtype": a.dtype, "step_seconds": times, "median_seconds": med,
         "peak_total_bytes": peak, "losses": losses,
     }))
     if a.profile_steps > 0:
@@ -125,7 +136,7 @@ def profile(torch, step, a):
             syncs += 1
     n = a.profile_steps
     return {
-        "system": "pytorch", "kind": "profile", "policy": a.policy, "step_seconds": seconds,
+        "system": "pytorch", "kind": "profile", "policy": a.policy, "dtype": a.dtype, "step_seconds": seconds,
         "launches_per_step": launches / n, "synchronizations_per_step": syncs / n,
         "kernels": sorted(({"name": name, "launches": v[0] / n, "seconds": v[1] / n} for name, v in kernels.items()),
                           key=lambda k: -k["seconds"]),

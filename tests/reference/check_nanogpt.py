@@ -3,7 +3,9 @@
 
 Trains a small tied-embedding model (nanoGPT always ties lm_head to wte), saves it with nanoGPT's
 names, loads the file into nanoGPT's GPT and compares its logits with remat's
-(remat_reference_logits) to 1e-4.
+(remat_reference_logits) to 1e-4. It does so for a float32 run and for a mixed-precision run
+(--dtype bf16) saved as float32 and as bf16 (--save-dtype bf16; remat_run.VARIANTS), and checks
+that the bf16 file holds the float32 file's weights rounded once.
 
 nanoGPT's model.py is not vendored here (nor available offline in general):
   --model-py PATH  imports GPT and GPTConfig from PATH, nanoGPT's own model.py (Karpathy's
@@ -92,19 +94,29 @@ def main():
     remat, logits_tool = remat_run.executables(args.build)
     print(f"torch {torch.__version__}; reference: " +
           (f"nanoGPT's model.py at {args.model_py}" if args.model_py else "restated_forward (this script's re-statement)"))
+    ok = True
     with tempfile.TemporaryDirectory() as work:
-        path = os.path.join(work, "nanogpt.safetensors")
-        remat_run.train(remat, path, "nanogpt", ["--tie-embeddings"])
-        sd = load_file(path)
-        with safe_open(path, framework="pt") as f:
-            meta = f.metadata()
-        layers, heads, seq = int(meta["layers"]), int(meta["heads"]), int(meta["seq"])
-        ids = remat_run.token_ids(sd["transformer.wte.weight"].shape[0], seq)
-        ours = remat_run.remat_logits(logits_tool, path, ids)
-        with torch.no_grad():
-            theirs = (nanogpt_forward(args.model_py, sd, meta, ids) if args.model_py
-                      else restated_forward(sd, layers, heads, ids))
-        ok = remat_run.compare("nanogpt", ours, theirs.double().numpy())
+        exported = {}
+        for variant, extra in remat_run.VARIANTS:
+            name = f"nanogpt ({variant})"
+            path = os.path.join(work, variant.replace(" ", "_").replace(",", "") + ".safetensors")
+            remat_run.train(remat, path, "nanogpt", ["--tie-embeddings", *extra])
+            sd = load_file(path)
+            exported[variant] = sd
+            with safe_open(path, framework="pt") as f:
+                meta = f.metadata()
+            dtypes = sorted({str(t.dtype).replace("torch.", "") for t in sd.values()})
+            print(f"{name}: {len(sd)} entries, {', '.join(dtypes)}")
+            sd = {k: v.float() for k, v in sd.items()}  # bf16 widens exactly: both sides compute in float32
+            layers, heads, seq = int(meta["layers"]), int(meta["heads"]), int(meta["seq"])
+            ids = remat_run.token_ids(sd["transformer.wte.weight"].shape[0], seq)
+            ours = remat_run.remat_logits(logits_tool, path, ids)
+            with torch.no_grad():
+                theirs = (nanogpt_forward(args.model_py, sd, meta, ids) if args.model_py
+                          else restated_forward(sd, layers, heads, ids))
+            ok = remat_run.compare(name, ours, theirs.double().numpy()) and ok
+        ok = remat_run.same_as_rounded("nanogpt bf16 weights", exported["bf16 run, f32 weights"],
+                                       exported["bf16 run, bf16 weights"]) and ok
     print("check_nanogpt: " + ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
 

@@ -11,8 +11,21 @@ import subprocess
 import sys
 
 import numpy as np
+import torch
 
 TOLERANCE = 1e-4  # the largest absolute difference of a logit allowed
+
+# The exports each check loads: a float32 run, and a mixed-precision run (--dtype bf16: float32
+# master weights, bf16 compute) saved as its float32 masters and as those rounded once to bf16
+# (--save-dtype bf16). Every logit is computed in float32 on both sides, remat's and the
+# reference's, from the same weight values (bf16 weights widen to float32 exactly), so the
+# tolerance is TOLERANCE for each; a bf16 file's entries must also be the float32 file's rounded
+# to nearest even by torch, bit for bit (the two runs are the same deterministic run).
+VARIANTS = [
+    ("f32 run", []),
+    ("bf16 run, f32 weights", ["--dtype", "bf16"]),
+    ("bf16 run, bf16 weights", ["--dtype", "bf16", "--save-dtype", "bf16"]),
+]
 
 
 def executables(build):
@@ -29,6 +42,17 @@ def train(remat, save, fmt, extra=()):
     command = [remat, "train", "--steps", "150", "--layers", "2", "--width", "32", "--heads", "4", "--seq", "32",
                "--batch", "8", "--lr", "0.01", "--seed", "7", "--quiet", "--save", save, "--format", fmt, *extra]
     subprocess.run(command, check=True)
+
+
+def same_as_rounded(name, f32_tensors, bf16_tensors):
+    """Whether every entry of a --save-dtype bf16 export is the float32 export's entry rounded to bf16."""
+    bad = [k for k in f32_tensors if bf16_tensors[k].dtype != torch.bfloat16 or
+           not torch.equal(f32_tensors[k].to(torch.bfloat16), bf16_tensors[k])]
+    if sorted(f32_tensors) != sorted(bf16_tensors) or bad:
+        print(f"{name}: FAIL: the bf16 entries are not the float32 entries rounded once: {bad or 'names differ'}")
+        return False
+    print(f"{name}: ok: {len(bf16_tensors)} BF16 entries, each the float32 export's entry rounded to nearest even")
+    return True
 
 
 def remat_logits(logits_tool, weights, ids):

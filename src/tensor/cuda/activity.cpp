@@ -47,6 +47,7 @@ constexpr FastName kFastNames[] = {
     {"gemm_epilogue", Fast::gemm_epilogue, false},   {"bias_grad", Fast::bias_grad, false},
     {"cross_entropy", Fast::cross_entropy, false},   {"grad_norm", Fast::grad_norm, false},
     {"residual_norm", Fast::residual_norm, false},
+    {"bf16", Fast::bf16, false},
 };
 
 uint32_t fast_bits() {

@@ -1,6 +1,8 @@
 // CUDA data movement: copy (broadcasting a strided source to the destination's shape, converting
-// dtypes), fill and arange. Conversions are C++ static_casts, as on the CPU.
+// dtypes), fill and arange. Conversions round as the CPU's (half.cuh): bf16 and f16 are copied and
+// converted here, never widened (cuda/widen.cpp).
 #include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda {
 
@@ -11,7 +13,7 @@ __global__ void copy_kernel(Layout<2> l, Dst* dst, const Src* src) {
   REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[2];
     offsets_of(l, i, off);
-    dst[off[0]] = static_cast<Dst>(src[off[1]]);
+    dst[off[0]] = convert<Dst>(src[off[1]]);
   }
 }
 
@@ -27,17 +29,25 @@ __global__ void fill_kernel(Layout<1> l, T* dst, T value) {
 template <class T>
 __global__ void arange_kernel(T* dst, int64_t n, double start, double step) {
   // a rounded product, as on the CPU: a fused multiply-add would change the last bit
-  REMAT_GRID_LOOP(i, n) { dst[i] = static_cast<T>(start + __dmul_rn(step, static_cast<double>(i))); }
+  REMAT_GRID_LOOP(i, n) { dst[i] = convert<T>(start + __dmul_rn(step, static_cast<double>(i))); }
 }
 
-// Calls f.template operator()<T>() for T the C++ type of `dtype` (any of the three).
+// Calls f.template operator()<T>() for T the device type of `dtype` (any of the five).
 template <class F>
 void dispatch_any(DType dtype, F&& f) {
   switch (dtype) {
     case DType::f32: return f.template operator()<float>();
     case DType::f64: return f.template operator()<double>();
     case DType::i64: return f.template operator()<int64_t>();
+    case DType::bf16: return f.template operator()<__nv_bfloat16>();
+    case DType::f16: return f.template operator()<__half>();
   }
+  throw Error(detail::concat("cuda: no kernel for dtype ", static_cast<int>(dtype)));
+}
+
+// The value a 16-bit tensor is filled with, as its bits (rounded once on the host, as the CPU does).
+uint16_t bits_16(DType dtype, double value) {
+  return dtype == DType::bf16 ? bfloat16(value).bits : float16(value).bits;
 }
 
 }  // namespace
@@ -69,9 +79,15 @@ void CudaBackend::fill(const Tensor& dst, double value) {
   if (dst.numel() == 0) return;
   DeviceGuard guard(device_);
   const Layout<1> l = make_layout<1>(dst.shape(), {&dst});
+  if (is_16bit_float(dst.dtype())) {
+    fill_kernel<uint16_t><<<grid_for(l.numel), kThreads, 0, stream_>>>(
+        l, static_cast<uint16_t*>(dst.storage()->data()), bits_16(dst.dtype(), value));
+    return check_launch("fill");
+  }
   dispatch_any(dst.dtype(), [&]<class T>() {
-    fill_kernel<T>
-        <<<grid_for(l.numel), kThreads, 0, stream_>>>(l, static_cast<T*>(dst.storage()->data()), static_cast<T>(value));
+    if constexpr (!is_half_v<T>)
+      fill_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(l, static_cast<T*>(dst.storage()->data()),
+                                                                  static_cast<T>(value));
   });
   check_launch("fill");
 }

@@ -157,7 +157,7 @@ Backend& backend_for(int index) {
   std::lock_guard lock(mutex);
   if (backends->size() <= static_cast<size_t>(index)) backends->resize(static_cast<size_t>(index) + 1, nullptr);
   CudaBackend*& slot = (*backends)[static_cast<size_t>(index)];
-  if (slot == nullptr) slot = new CudaBackend(index);
+  if (slot == nullptr) slot = fast(Fast::bf16) ? new CudaDevice(index) : new CudaBackend(index);  // widen.cpp
   return *slot;
 }
 

@@ -66,6 +66,7 @@ enum class Fast : uint32_t {
   cross_entropy = 1u << 10,  // cross-entropy's row read twice (online max and sum), a block per row backward
   grad_norm = 1u << 11,      // the gradient norm's sum of squares in two fixed-order launches (optim.cu)
   residual_norm = 1u << 12,  // the residual add fused into layer norm: one kernel each way (residual_norm.cu)
+  bf16 = 1u << 13,           // bf16 and f16 tensors on the device (Backend::holds; widen.cpp, gemm.cpp, copy.cu)
 };
 bool fast(Fast path);
 
@@ -203,7 +204,9 @@ class DeferredChecks {
   uint64_t total_ = 0;
 };
 
-class CudaBackend final : public Backend {
+// The kernels of one device; backend_for makes one of these, or with REMAT_CUDA_FAST=bf16 a
+// CudaDevice (below).
+class CudaBackend : public Backend {
  public:
   explicit CudaBackend(int device);
   ~CudaBackend() override;
@@ -221,6 +224,8 @@ class CudaBackend final : public Backend {
   void raise_deferred_errors() override;
   DeviceActivity activity() const override;
   bool supports(Kernel kernel, DType dtype) const override;
+  // bf16 and f16 tensors only with REMAT_CUDA_FAST=bf16 (widen.cpp)
+  bool holds(DType dtype) const override { return !is_16bit_float(dtype) || fast(Fast::bf16); }
 
   // every kernel of REMAT_KERNELS (include/remat/backend.h)
   REMAT_OVERRIDE_KERNELS()
@@ -277,6 +282,17 @@ class CudaBackend final : public Backend {
   std::mutex events_mutex_;
   std::vector<cudaEvent_t> free_events_;
 };
+
+// The backend of one device with REMAT_CUDA_FAST=bf16: CudaBackend's kernels, each optional kernel
+// without a 16-bit kernel of its own run on float32 stand-ins of its bf16 and f16 operands, on the
+// device (widen.cpp, Note [16-bit floats on the GPU]).
+class CudaDevice final : public CudaBackend {
+ public:
+  using CudaBackend::CudaBackend;
+  REMAT_OPTIONAL_KERNELS(REMAT_KERNEL_OVERRIDE)
+};
+// Whether `kernel` has a 16-bit kernel of its own on CUDA (else CudaDevice widens its operands).
+bool native_16bit(Kernel kernel);
 
 // dtype dispatch over float and double (tensor/kernel_common.h; i64 is named in the error).
 using kernel::dispatch_float;

@@ -1,12 +1,15 @@
 // CUDA elementwise kernels: unary ops and their derivatives, broadcasting binary ops and where,
 // over strided inputs (one thread per output element; the index is decoded into each operand's
 // offset, device_common.cuh). The formulas are the CPU's (src/tensor/cpu/elementwise.cpp),
-// including NaN propagation of relu, maximum and minimum.
+// including NaN propagation of relu, maximum and minimum. bf16 and f16 operands (REMAT_CUDA_FAST=
+// bf16) take the generic kernels: each element widened to float, the float formula, the result
+// rounded once (half.cuh), as the CPU computes them.
 #include <array>
 #include <cmath>
 #include <cstdint>
 
 #include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda {
 
@@ -99,31 +102,46 @@ __device__ inline T binary_value(BinaryOp op, T a, T b) {
   return a;
 }
 
+// The arithmetic type of elements stored as T: float for bf16 and f16, T itself otherwise.
 template <class T>
-__global__ void unary_kernel(UnaryOp op, Layout<2> l, T* y, const T* x, T s) {
+using Compute = std::conditional_t<is_half_v<T>, float, T>;
+
+template <class T>
+__global__ void unary_kernel(UnaryOp op, Layout<2> l, T* y, const T* x, Compute<T> s) {
+  using A = Compute<T>;
   REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[2];
     offsets_of(l, i, off);
-    y[off[0]] = unary_value<T>(op, x[off[1]], s);
+    y[off[0]] = convert<T>(unary_value<A>(op, convert<A>(x[off[1]]), s));
   }
 }
 
 template <class T>
-__global__ void unary_backward_kernel(UnaryOp op, Layout<4> l, T* gx, const T* x, const T* y, const T* gy, T s) {
+__global__ void unary_backward_kernel(UnaryOp op, Layout<4> l, T* gx, const T* x, const T* y, const T* gy,
+                                      Compute<T> s) {
+  using A = Compute<T>;
   REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[4];
     offsets_of(l, i, off);
-    gx[off[0]] = unary_grad<T>(op, x[off[1]], y[off[2]], gy[off[3]], s);
+    gx[off[0]] = convert<T>(unary_grad<A>(op, convert<A>(x[off[1]]), convert<A>(y[off[2]]), convert<A>(gy[off[3]]), s));
   }
 }
 
 template <class T>
 __global__ void binary_kernel(BinaryOp op, Layout<3> l, T* out, const T* a, const T* b) {
+  using A = Compute<T>;
   REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[3];
     offsets_of(l, i, off);
-    out[off[0]] = binary_value<T>(op, a[off[1]], b[off[2]]);
+    out[off[0]] = convert<T>(binary_value<A>(op, convert<A>(a[off[1]]), convert<A>(b[off[2]])));
   }
+}
+
+// Whether a condition element is nonzero (a 16-bit one through float, which holds it exactly).
+template <class C>
+__device__ inline bool nonzero(C v) {
+  if constexpr (is_half_v<C>) return convert<float>(v) != 0.0f;
+  else return v != C(0);
 }
 
 template <class C, class T>
@@ -131,8 +149,17 @@ __global__ void where_kernel(Layout<4> l, T* out, const C* cond, const T* a, con
   REMAT_GRID_LOOP(i, l.numel) {
     int64_t off[4];
     offsets_of(l, i, off);
-    out[off[0]] = cond[off[1]] != C(0) ? a[off[2]] : b[off[3]];
+    out[off[0]] = nonzero(cond[off[1]]) ? a[off[2]] : b[off[3]];
   }
+}
+
+// dispatch_float, and with them __nv_bfloat16 and __half for bf16 and f16 (their elements widened
+// to float inside the kernels).
+template <class F>
+void dispatch_storage(DType dtype, const char* op, F&& f) {
+  if (dtype == DType::bf16) return f.template operator()<__nv_bfloat16>();
+  if (dtype == DType::f16) return f.template operator()<__half>();
+  dispatch_float(dtype, op, std::forward<F>(f));
 }
 
 // ---- contiguous operands (REMAT_CUDA_FAST=elementwise): every operand one unit-stride run of the
@@ -225,14 +252,15 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& y, double sca
   if (y.numel() == 0) return;
   DeviceGuard guard(device_);
   const Layout<2> l = make_layout<2>(y.shape(), {&y, &x});
-  dispatch_float(y.dtype(), unary_op_name(op), [&]<class T>() {
+  dispatch_storage(y.dtype(), unary_op_name(op), [&]<class T>() {
     T* yp = static_cast<T*>(y.storage()->data()) + l.offsets[0];
     const T* xp = base<T>(x) + l.offsets[1];
-    if (flat<2>(l, {yp, xp}))
-      return flat_kernel<T><<<flat_grid(l.numel, sizeof(T)), kThreads, 0, stream_>>>(
-          static_cast<int>(l.numel), UnaryFlat<T>{op, yp, xp, static_cast<T>(scalar)});
+    if constexpr (!is_half_v<T>)
+      if (flat<2>(l, {yp, xp}))
+        return flat_kernel<T><<<flat_grid(l.numel, sizeof(T)), kThreads, 0, stream_>>>(
+            static_cast<int>(l.numel), UnaryFlat<T>{op, yp, xp, static_cast<T>(scalar)});
     unary_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(op, l, static_cast<T*>(y.storage()->data()),
-                                                                 base<T>(x), static_cast<T>(scalar));
+                                                                 base<T>(x), static_cast<Compute<T>>(scalar));
   });
   check_launch(unary_op_name(op));
 }
@@ -245,14 +273,16 @@ void CudaBackend::unary_backward(UnaryOp op, const Tensor& x, const Tensor& y, c
   const Tensor& xs = x.defined() ? x : gy;
   const Tensor& ys = y.defined() ? y : gy;
   const Layout<4> l = make_layout<4>(gx.shape(), {&gx, &xs, &ys, &gy});
-  dispatch_float(gx.dtype(), unary_op_name(op), [&]<class T>() {
+  dispatch_storage(gx.dtype(), unary_op_name(op), [&]<class T>() {
     T* gp = static_cast<T*>(gx.storage()->data()) + l.offsets[0];
     const T *xp = base<T>(xs) + l.offsets[1], *yp = base<T>(ys) + l.offsets[2], *gyp = base<T>(gy) + l.offsets[3];
-    if (flat<4>(l, {gp, xp, yp, gyp}))
-      return flat_kernel<T><<<flat_grid(l.numel, sizeof(T)), kThreads, 0, stream_>>>(
-          static_cast<int>(l.numel), UnaryBackwardFlat<T>{op, gp, xp, yp, gyp, static_cast<T>(scalar)});
+    if constexpr (!is_half_v<T>)
+      if (flat<4>(l, {gp, xp, yp, gyp}))
+        return flat_kernel<T><<<flat_grid(l.numel, sizeof(T)), kThreads, 0, stream_>>>(
+            static_cast<int>(l.numel), UnaryBackwardFlat<T>{op, gp, xp, yp, gyp, static_cast<T>(scalar)});
     unary_backward_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(
-        op, l, static_cast<T*>(gx.storage()->data()), base<T>(xs), base<T>(ys), base<T>(gy), static_cast<T>(scalar));
+        op, l, static_cast<T*>(gx.storage()->data()), base<T>(xs), base<T>(ys), base<T>(gy),
+        static_cast<Compute<T>>(scalar));
   });
   check_launch(unary_op_name(op));
 }
@@ -261,12 +291,13 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Te
   if (out.numel() == 0) return;
   DeviceGuard guard(device_);
   const Layout<3> l = make_layout<3>(out.shape(), {&out, &a, &b});
-  dispatch_float(out.dtype(), binary_op_name(op), [&]<class T>() {
+  dispatch_storage(out.dtype(), binary_op_name(op), [&]<class T>() {
     T* op_out = static_cast<T*>(out.storage()->data()) + l.offsets[0];
     const T *ap = base<T>(a) + l.offsets[1], *bp = base<T>(b) + l.offsets[2];
-    if (flat<3>(l, {op_out, ap, bp}))
-      return flat_kernel<T><<<flat_grid(l.numel, sizeof(T)), kThreads, 0, stream_>>>(static_cast<int>(l.numel),
-                                                                                    BinaryFlat<T>{op, op_out, ap, bp});
+    if constexpr (!is_half_v<T>)
+      if (flat<3>(l, {op_out, ap, bp}))
+        return flat_kernel<T><<<flat_grid(l.numel, sizeof(T)), kThreads, 0, stream_>>>(
+            static_cast<int>(l.numel), BinaryFlat<T>{op, op_out, ap, bp});
     binary_kernel<T><<<grid_for(l.numel), kThreads, 0, stream_>>>(op, l, static_cast<T*>(out.storage()->data()),
                                                                   base<T>(a), base<T>(b));
   });
@@ -277,7 +308,7 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
   if (out.numel() == 0) return;
   DeviceGuard guard(device_);
   const Layout<4> l = make_layout<4>(out.shape(), {&out, &cond, &a, &b});
-  dispatch_float(out.dtype(), "where", [&]<class T>() {
+  dispatch_storage(out.dtype(), "where", [&]<class T>() {
     T* o = static_cast<T*>(out.storage()->data());
     switch (cond.dtype()) {
       case DType::f32:
@@ -291,6 +322,14 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
       case DType::i64:
         where_kernel<int64_t, T>
             <<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<int64_t>(cond), base<T>(a), base<T>(b));
+        break;
+      case DType::bf16:
+        where_kernel<__nv_bfloat16, T><<<grid_for(l.numel), kThreads, 0, stream_>>>(
+            l, o, base<__nv_bfloat16>(cond), base<T>(a), base<T>(b));
+        break;
+      case DType::f16:
+        where_kernel<__half, T>
+            <<<grid_for(l.numel), kThreads, 0, stream_>>>(l, o, base<__half>(cond), base<T>(a), base<T>(b));
         break;
     }
   });

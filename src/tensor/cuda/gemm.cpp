@@ -4,7 +4,9 @@
 // which reads the same memory. An operand whose strides are not a matrix with one unit stride
 // (row- or column-major with a leading dimension) is first copied to a contiguous one.
 // float32 is computed in float32 (CUBLAS_COMPUTE_32F) unless set_allow_tf32(true) permits TF32
-// tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32); float64 in float64.
+// tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32); float64 in float64; bf16 and f16 operands (with
+// REMAT_CUDA_FAST=bf16, cuda/widen.cpp) on tensor cores with float32 accumulation and float32
+// alpha and beta (CUBLAS_COMPUTE_32F), C read and written in 16 bits and rounded once.
 // A linear layer's product (gemm_bias) is the bias copied into C and a GEMM with beta 1, or, with
 // REMAT_CUDA_FAST=gemm_epilogue, one cuBLASLt call adding the bias in its epilogue (Note [the bias
 // epilogue]).
@@ -60,6 +62,21 @@ void view_of(CudaBackend& be, const Tensor& t, bool trans, Tensor& holder, Matri
   holder = be.scratch(t.shape(), t.dtype());
   be.copy(t, holder);
   matrix_view(holder, trans, view);
+}
+
+// cuBLAS's name of a floating dtype, and the compute type of its products.
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::f64: return CUDA_R_64F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: throw Error(detail::concat("matmul on cuda: unsupported dtype ", dtype_name(dtype)));
+  }
+}
+cublasComputeType_t compute_type(DType dtype) {
+  if (dtype == DType::f64) return CUBLAS_COMPUTE_64F;
+  return dtype == DType::f32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
 // The largest of 16, 8, 4, 2, 1 bytes that divides the address.
@@ -134,7 +151,7 @@ struct LtProblem {
 };
 
 void make_plan(cublasLtHandle_t handle, const LtProblem& p, CudaBackend::LtState::Plan& plan) {
-  const cudaDataType_t scale = p.type;
+  const cudaDataType_t scale = p.type == CUDA_R_64F ? CUDA_R_64F : CUDA_R_32F;  // float32 for 16-bit operands
   check(cublasLtMatmulDescCreate(&plan.desc, p.compute, scale), "cublasLtMatmulDescCreate");
   const cublasOperation_t op_a = p.vb.trans ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p.va.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -184,10 +201,9 @@ struct Operands {
 bool gemm_bias_lt(CudaBackend& be, const Operands& v, const Tensor& bias, const Tensor& c) {
   const int64_t batch = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
   const int64_t k = v.k;
-  const bool f32 = c.dtype() == DType::f32;
-  const cudaDataType_t type = f32 ? CUDA_R_32F : CUDA_R_64F;
-  const cublasComputeType_t compute =
-      f32 ? (allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
+  const bool f32 = c.dtype() != DType::f64;  // float32 alpha and beta (f32, bf16, f16)
+  const cudaDataType_t type = cuda_type(c.dtype());
+  const cublasComputeType_t compute = compute_type(c.dtype());
   void* cp = static_cast<char*>(c.storage()->data()) + c.offset() * static_cast<int64_t>(dtype_size(c.dtype()));
   const void* bp = static_cast<const char*>(bias.storage()->data()) + bias.offset() * static_cast<int64_t>(dtype_size(bias.dtype()));
   const int alignment = std::min({alignment_of(v.a.base), alignment_of(v.b.base), alignment_of(cp), alignment_of(bp)});
@@ -249,6 +265,8 @@ void CudaBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, boo
   const int64_t batch = c.shape()[0], m = c.shape()[1], n = c.shape()[2];
   const int64_t k = trans_a ? a_in.shape()[1] : a_in.shape()[2];
   if (batch == 0 || m == 0 || n == 0) return;
+  REMAT_CHECK(a_in.dtype() == c.dtype() && b_in.dtype() == c.dtype(), "matmul on cuda: operands ",
+              dtype_name(a_in.dtype()), " and ", dtype_name(b_in.dtype()), " into ", dtype_name(c.dtype()));
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   REMAT_CHECK(m <= kMaxInt && n <= kMaxInt && k <= kMaxInt && batch <= kMaxInt, "matmul on cuda: product of [", m, ", ",
               k, "] and [", k, ", ", n, "] (batch ", batch, ") has a dimension above 2^31 - 1");
@@ -273,26 +291,17 @@ void CudaBackend::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, boo
   }
   const cublasOperation_t op_a = va.trans ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = vb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   void* cp = static_cast<char*>(c.storage()->data()) + c.offset() * static_cast<int64_t>(dtype_size(c.dtype()));
-  if (c.dtype() == DType::f32) {
-    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
-    const cublasComputeType_t compute = allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    check(cublasGemmStridedBatchedEx(cublas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                                     &al, vb.base, CUDA_R_32F, static_cast<int>(vb.ld), vb.batch_stride, va.base,
-                                     CUDA_R_32F, static_cast<int>(va.ld), va.batch_stride, &be, cp, CUDA_R_32F,
-                                     static_cast<int>(n), m * n, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmStridedBatchedEx (f32)");
-    note_launch("gemm (cuBLAS)");
-  } else {
-    REMAT_CHECK(c.dtype() == DType::f64, "matmul on cuda: unsupported dtype ", dtype_name(c.dtype()));
-    const double al = alpha, be = beta;
-    check(cublasGemmStridedBatchedEx(cublas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                                     &al, vb.base, CUDA_R_64F, static_cast<int>(vb.ld), vb.batch_stride, va.base,
-                                     CUDA_R_64F, static_cast<int>(va.ld), va.batch_stride, &be, cp, CUDA_R_64F,
-                                     static_cast<int>(n), m * n, static_cast<int>(batch), CUBLAS_COMPUTE_64F,
-                                     CUBLAS_GEMM_DEFAULT),
-          "cublasGemmStridedBatchedEx (f64)");
-    note_launch("gemm (cuBLAS)");
-  }
+  const cudaDataType_t type = cuda_type(c.dtype());
+  const bool f64 = c.dtype() == DType::f64;
+  const float al_f = static_cast<float>(alpha), be_f = static_cast<float>(beta);
+  const void* al = f64 ? static_cast<const void*>(&alpha) : &al_f;
+  const void* be = f64 ? static_cast<const void*>(&beta) : &be_f;
+  check(cublasGemmStridedBatchedEx(cublas_, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), al,
+                                   vb.base, type, static_cast<int>(vb.ld), vb.batch_stride, va.base, type,
+                                   static_cast<int>(va.ld), va.batch_stride, be, cp, type, static_cast<int>(n), m * n,
+                                   static_cast<int>(batch), compute_type(c.dtype()), CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx");
+  note_launch("gemm (cuBLAS)");
 }
 
 }  // namespace remat::cuda

@@ -1,0 +1,47 @@
+// bf16 and f16 on CUDA, behind REMAT_CUDA_FAST=bf16 (cuda_internal.h, CudaDevice).
+//
+// Note [16-bit floats on the GPU]. With the switch off, the device holds no 16-bit tensor
+// (CudaBackend::holds): allocating one is the remat::Error every backend without 16-bit kernels
+// raises. With it on, every kernel runs on bf16 and f16 tensors, in float32 arithmetic, rounding
+// each result once:
+//   - natively, on the 16-bit data: copy (conversions, rounded to nearest even, copy.cu), fill and
+//     arange, the digest (bytes), the matrix products (gemm.cpp: cuBLAS and cuBLASLt with 16-bit
+//     operands and float32 accumulation, CUBLAS_COMPUTE_32F, the bias epilogue included), and the
+//     elementwise kernels (unary ops and their derivatives, binary ops, where: elementwise.cu, each
+//     element widened to float, computed, rounded once);
+//   - every other kernel on float32 stand-ins made on the device: each 16-bit operand is widened
+//     exactly into a float32 scratch tensor by the copy kernel, the float32 kernel runs, and the
+//     operands it writes are rounded back once (tensor/widen.h, the CPU's mechanism). So a row
+//     kernel (norms, softmax, cross-entropy, reductions, embedding, attention) computes what
+//     the CPU reference computes, the float32 result on the 16-bit values rounded once, with the
+//     float32 kernel's summation order; it costs a float32 copy of each operand per call, which a
+//     row kernel reading and writing 16 bits itself would not.
+// Determinism is the float32 kernels' and cuBLAS's (Note: determinism on the GPU, in
+// cuda_backend.cpp): a recomputation runs the same conversions and kernels on the same bits, so
+// every policy gives save-all's gradients on the same device. The results are not the CPU's bits
+// (other summation orders, cuBLAS's tiling), only close: the op test's 16-bit tolerances.
+#include "tensor/cuda/cuda_internal.h"
+#include "tensor/widen.h"
+
+namespace remat::cuda {
+
+bool native_16bit(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::arange:
+    case Kernel::digest:
+    case Kernel::gemm:
+    case Kernel::gemm_bias:
+    case Kernel::unary:
+    case Kernel::unary_backward:
+    case Kernel::binary:
+    case Kernel::where: return true;
+    default: return false;
+  }
+}
+
+#define REMAT_WIDEN_KERNEL(name, dtype_of, parameters, arguments) \
+  REMAT_WIDENED_KERNEL(CudaDevice, CudaBackend, native_16bit, name, parameters, arguments)
+REMAT_OPTIONAL_KERNELS(REMAT_WIDEN_KERNEL)
+#undef REMAT_WIDEN_KERNEL
+
+}  // namespace remat::cuda
