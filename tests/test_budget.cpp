@@ -408,3 +408,43 @@ TEST(BudgetPeaks, AGptWithOffloadedRegionsStaysWithinItsPrediction) {
   }
   EXPECT_GT(offloaded_regions, 0);
 }
+
+// The smallest budget of a grouped plan is the exact least peak where that is cheap to find: a
+// chain planned by the grouped planner (forced: 2 top-level parts, groups of 4) runs at the exact
+// least peak, below the grouped planner's own, with an offload target: within the budget and the
+// prediction, gradients save-all's, and with offloaded bytes (among the least-peak plans the
+// fastest offloads). With the exact least peak turned off the same budget is refused.
+TEST(Budget, TheSmallestGroupedBudgetIsTheExactLeastPeakAndItOffloads) {
+  TanhChain model(16, 64, DType::f32, 5);
+  Tensor x = randn({32, 64}, DType::f32, RngState{1, 0});
+  TensorList reference, got;
+  step_peak_saved(model, x, Policy::save_all(), &reference);
+  const std::string dir = remat::testing::fresh_dir("budget-least-peak");
+  const auto policy_for = [&](size_t budget) { return Policy::budget(budget).with_offload(OffloadTarget{dir, 0, 0}); };
+  model.chain.set_planner(std::make_shared<BudgetPlanner>());
+  rs::ChainPlanOptions options;
+  options.method = rs::RotorMethod::grouped;
+  options.top_parts = 2;
+  options.group = 4;
+  options.offload_seconds_per_byte = 1e-12;
+  model.chain.planner()->set_options(options);
+  ScopedPolicy scope(policy_for(size_t{1} << 40));
+  for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, policy_for(size_t{1} << 40));
+  const size_t smallest = model.chain.planner()->feasible_range()->smallest_budget_bytes;
+  rs::ChainPlanOptions grouped_only = options;
+  grouped_only.exact_max_work = 0;
+  model.chain.planner()->set_options(grouped_only);
+  const size_t grouped_smallest = model.chain.planner()->feasible_range()->smallest_budget_bytes;
+  ASSERT_LT(smallest, grouped_smallest);
+  EXPECT_THROW(step_peak_saved(model, x, policy_for(smallest)), Error);
+  model.chain.planner()->set_options(options);
+  reset_counters();
+  const size_t peak = step_peak_saved(model, x, policy_for(smallest), &got);
+  const BudgetPlanner::Report report = *model.chain.planner()->report();
+  EXPECT_LE(peak, report.predicted_peak_bytes) << report.tree;
+  EXPECT_LE(report.predicted_peak_bytes, smallest);
+  EXPECT_GT(report.predicted_offloaded_bytes, 0u) << report.tree;
+  EXPECT_GT(counters().dynamic.bytes_offloaded, 0u);
+  ASSERT_EQ(got.size(), reference.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
+}

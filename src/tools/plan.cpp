@@ -247,7 +247,7 @@ void print_profile_text(const ModelProfile& profile, std::optional<size_t> budge
               budget ? memory::format_bytes(static_cast<double>(*budget)).c_str() : "",
               outside ? (", " + memory::format_bytes(static_cast<double>(outside)) + " saved before the chain").c_str() : "",
               profile.after_chain ? (", " + memory::format_bytes(static_cast<double>(profile.after_chain)) +
-                                     " saved after it until its backward (counted with its output)").c_str()
+                                     " saved after the chain until its backward (counted with its output)").c_str()
                                   : "");
   std::printf("%s", feasible_text(profile).c_str());
   for (int i = 0; i < costs.num_stages(); ++i)
