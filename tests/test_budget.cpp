@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "checkpoint_models.h"
+#include "gpt_steps.h"
+#include "remat/nn.h"
 #include "remat/budget.h"
 #include "remat/dynamic.h"
 #include "remat/schedule.h"
@@ -356,4 +358,93 @@ TEST(BudgetPeaks, PredictedPeaksNeverRiseWhenTheLimitFalls) {
     }
   }
   EXPECT_EQ(plans, 3 * 2 * 3 * 25);
+}
+
+// A GPT under budget plans with an offload target (free offload, so that the plans offload
+// stages and regions side by side), at budgets from the smallest feasible one up: the measured
+// saved peak never exceeds the plan's prediction and gradients are save-all's. An offloaded
+// region's re-run is the step's peak there: the backward of a planned step reads nothing ahead
+// (values of the stages before the region, read a few nodes early, were counted during the
+// re-run and lifted the peak a boundary above the prediction), and what the loss saves after
+// the chain is counted with the chain's output, not during the re-runs.
+TEST(BudgetPeaks, AGptWithOffloadedRegionsStaysWithinItsPrediction) {
+  nn::GPTConfig config{.vocab = 13, .layers = 4, .width = 64, .heads = 2, .seq = 32, .dropout = 0.0,
+                       .dtype = DType::f32, .seed = 4};
+  nn::GPT model(config);
+  const Tensor ids = remat::testing::token_ids(6, 32, 13, 31), targets = remat::testing::token_ids(6, 32, 13, 32);
+  const auto step = [&](const Policy& policy, TensorList* grads) {
+    ScopedPolicy scope(policy);  // the offload runtime for the step, forward and backward
+    model.zero_grad();
+    memory::reset_peaks();
+    const size_t base = memory::live_bytes(memory::Tag::saved);
+    model.loss(ids, targets).backward();
+    if (grads) {
+      grads->clear();
+      for (auto& p : model.parameters()) grads->push_back(p.grad().clone());
+    }
+    return memory::peak_bytes(memory::Tag::saved) - base;
+  };
+  TensorList reference, got;
+  step(Policy::save_all(), &reference);
+  const std::string dir = remat::testing::fresh_dir("budget-gpt-peaks");
+  const auto policy_for = [&](size_t budget) { return Policy::budget(budget).with_offload(OffloadTarget{dir, 0, 0}); };
+  rs::ChainPlanOptions options;
+  options.offload_seconds_per_byte = 0;
+  model.planner()->set_options(options);
+  for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step(policy_for(size_t{1} << 40), nullptr);
+  const auto range = model.planner()->feasible_range();
+  ASSERT_TRUE(range.has_value());
+  int offloaded_regions = 0;
+  const size_t smallest = range->smallest_budget_bytes;
+  for (size_t budget : falling(smallest, smallest + (range->save_all_peak_bytes - smallest) / 3, 8)) {
+    SCOPED_TRACE(::testing::Message() << "budget " << budget);
+    const size_t peak = step(policy_for(budget), &got);
+    const BudgetPlanner::Report report = *model.planner()->report();
+    EXPECT_LE(peak, report.predicted_peak_bytes) << report.tree;
+    EXPECT_LE(report.predicted_peak_bytes, budget);
+    if (report.tree.find(")+o") != std::string::npos) ++offloaded_regions;
+    ASSERT_EQ(got.size(), reference.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
+  }
+  EXPECT_GT(offloaded_regions, 0);
+}
+
+// The smallest budget of a grouped plan is the exact least peak where that is cheap to find: a
+// chain planned by the grouped planner (forced: 2 top-level parts, groups of 4) runs at the exact
+// least peak, below the grouped planner's own, with an offload target: within the budget and the
+// prediction, gradients save-all's, and with offloaded bytes (among the least-peak plans the
+// fastest offloads). With the exact least peak turned off the same budget is refused.
+TEST(Budget, TheSmallestGroupedBudgetIsTheExactLeastPeakAndItOffloads) {
+  TanhChain model(16, 64, DType::f32, 5);
+  Tensor x = randn({32, 64}, DType::f32, RngState{1, 0});
+  TensorList reference, got;
+  step_peak_saved(model, x, Policy::save_all(), &reference);
+  const std::string dir = remat::testing::fresh_dir("budget-least-peak");
+  const auto policy_for = [&](size_t budget) { return Policy::budget(budget).with_offload(OffloadTarget{dir, 0, 0}); };
+  model.chain.set_planner(std::make_shared<BudgetPlanner>());
+  rs::ChainPlanOptions options;
+  options.method = rs::RotorMethod::grouped;
+  options.top_parts = 2;
+  options.group = 4;
+  options.offload_seconds_per_byte = 1e-12;
+  model.chain.planner()->set_options(options);
+  ScopedPolicy scope(policy_for(size_t{1} << 40));
+  for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, policy_for(size_t{1} << 40));
+  const size_t smallest = model.chain.planner()->feasible_range()->smallest_budget_bytes;
+  rs::ChainPlanOptions grouped_only = options;
+  grouped_only.exact_max_work = 0;
+  model.chain.planner()->set_options(grouped_only);
+  const size_t grouped_smallest = model.chain.planner()->feasible_range()->smallest_budget_bytes;
+  ASSERT_LT(smallest, grouped_smallest);
+  EXPECT_THROW(step_peak_saved(model, x, policy_for(smallest)), Error);
+  model.chain.planner()->set_options(options);
+  reset_counters();
+  const size_t peak = step_peak_saved(model, x, policy_for(smallest), &got);
+  const BudgetPlanner::Report report = *model.chain.planner()->report();
+  EXPECT_LE(peak, report.predicted_peak_bytes) << report.tree;
+  EXPECT_LE(report.predicted_peak_bytes, smallest);
+  EXPECT_GT(report.predicted_offloaded_bytes, 0u) << report.tree;
+  EXPECT_GT(counters().dynamic.bytes_offloaded, 0u);
+  ASSERT_EQ(got.size(), reference.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
 }

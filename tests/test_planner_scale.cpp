@@ -240,6 +240,36 @@ TEST(PlannerScale, GroupedInfeasibleOnlyBelowItsLeastPeak) {
   }
 }
 
+// Below the grouped planner's own least peak, a chain whose exact least-peak programme is cheap
+// (L^3 / 6 within exact_max_work) gets the exact least-peak plan: with and without an offload
+// target, the least limit plan_chain accepts is min_feasible_memory, and the plan there is valid.
+// With exact_max_work = 0 the grouped planner's own least peak stands, above it on these chains.
+TEST(PlannerScale, BelowItsLeastPeakTheGroupedPlannerUsesTheExactLeastPeakPlan) {
+  int lower = 0;
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    for (double per_byte : {-1.0, 1e-4}) {
+      rs::ChainCosts c = random_chain(100, seed);
+      c.offload_seconds_per_byte = per_byte;
+      SCOPED_TRACE(testing::Message() << "seed " << seed << ", " << per_byte << " s a byte");
+      rs::ChainPlanOptions without = grouped();
+      without.exact_max_work = 0;
+      const size_t exact_least = rs::min_feasible_memory(c);
+      const size_t grouped_least = rs::chain_min_feasible_memory(c, without);
+      EXPECT_GE(grouped_least, exact_least);
+      EXPECT_EQ(rs::chain_min_feasible_memory(c, grouped()), exact_least);
+      const rs::ChainPlan plan = rs::plan_chain(c, exact_least, grouped());
+      expect_valid(c, plan.plan, exact_least);
+      EXPECT_EQ(plan.plan.predicted_peak_bytes, exact_least);
+      if (exact_least < grouped_least) {
+        ++lower;
+        EXPECT_EQ(plan.method, rs::RotorMethod::exact);
+        EXPECT_THROW(rs::plan_chain(c, exact_least, without), rs::InfeasibleError);
+      }
+    }
+  }
+  EXPECT_GT(lower, 0);
+}
+
 TEST(PlannerScale, TenThousandStagesArePlannedWithProgress) {
   const rs::ChainCosts c = random_chain(10000, 11);
   const rs::Plan save_all = rs::plan_save_all(c);

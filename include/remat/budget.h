@@ -98,7 +98,8 @@ class BudgetPlanner {
     std::string offload_target;
     double offload_write_bytes_per_second = 0, offload_read_bytes_per_second = 0;
     size_t predicted_offloaded_bytes = 0;
-    size_t outside_bytes = 0;        // saved bytes outside the chain (before + after it)
+    size_t outside_bytes = 0;        // saved before the chain, live through it
+    size_t after_chain_bytes = 0;    // saved after the chain up to the loss (in costs' x[L], not in outside_bytes)
     size_t chain_limit_bytes = 0;    // what the chain was planned within
     schedule::ChainCosts costs;
     schedule::Plan plan;

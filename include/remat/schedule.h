@@ -246,6 +246,9 @@ Plan plan_min_memory(const ChainCosts& costs);
 // programme's cost model; an offload target never raises its least peak.
 // The grouped planner throws InfeasibleError only when memory_limit is below the least peak it
 // can reach (carried in the error; at least min_feasible_memory, and above it on some chains).
+// Below its own least peak it returns the exact least-peak plan (plan_min_memory) when that
+// fits and L^3 / 6 is at most exact_max_work (then method is exact): the least peak of
+// such chains is min_feasible_memory.
 enum class RotorMethod { automatic, exact, grouped };
 struct ChainPlanOptions {
   int slots = 500;                // memory units of the top-level programme (plan_rotor's slots)
@@ -269,9 +272,9 @@ struct ChainPlan {
 };
 ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options = {});
 // The least memory_limit from which plan_chain plans with these options: min_feasible_memory(costs)
-// when it runs the exact programme (one byte less is refused), else the least peak of the grouped
-// planner's fixed-scale programme, which it plans once to find (progress as plan_chain reports
-// it). Every limit from it up is planned; a slightly smaller one may be too (finer units).
+// when it runs the exact programme or the chain's least peak is cheap (one byte less is refused),
+// else the least peak of the grouped planner's fixed-scale programme, which it plans once to find
+// (progress as plan_chain reports it). Every limit from it up is planned; a slightly smaller one may be too (finer units).
 size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions& options = {});
 
 // Fixed plans.

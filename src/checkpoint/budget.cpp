@@ -56,24 +56,32 @@ schedule::ChainCosts BudgetPlanner::State::measured_costs() const {
     c.boundary_bytes.push_back(p->boundary_bytes);
     c.saved_bytes.push_back(p->saved_bytes);
   }
-  c.boundary_bytes.push_back(profiles.back()->output_bytes);
+  // Note [saved bytes outside the chain]. What the step saves outside its layer calls is counted
+  // by when it lives. What was saved before the chain started lives through the whole chain: the
+  // outside bytes, added to every point of the plan. What the ops after the chain save (up to the
+  // loss) lives from the chain's end until the backward reaches the chain, when the chain holds
+  // only what its plan kept at the top level: it is counted with the chain's output a_L, which the
+  // model holds over exactly that span (the last stage's forward and the loss; a re-run that makes
+  // a_L again counts it too, which errs on the safe side), so it is not in the peak of the chain's
+  // re-runs, where a deep chain's least peak lies.
+  c.boundary_bytes.push_back(profiles.back()->output_bytes + measured_after_chain_bytes());
   c.gradients_counted = false;  // the budget bounds saved bytes; gradient buffers are not saved values
   return c;
 }
 
-size_t BudgetPlanner::State::measured_outside_bytes() const {
-  // Before the chain: what was saved when it started. After it (up to the loss): the step's saved
-  // peak when the backward reached the chain, beyond what was live at entry plus the chain's own
-  // boundaries, if that peak was reached during this step.
+size_t BudgetPlanner::State::measured_after_chain_bytes() const {
+  // the step's saved peak when the backward reached the chain, beyond what was live at entry
+  // plus the chain's own boundaries, if that peak was reached during this step
   size_t boundaries = 0;
   for (const auto& p : profiles) boundaries += p->boundary_bytes;
   const RegionProfile& last = *profiles.back();
-  size_t after = 0;
   if (last.saved_peak_at_backward > saved_peak_at_entry &&
       last.saved_peak_at_backward > saved_live_at_entry + boundaries)
-    after = last.saved_peak_at_backward - saved_live_at_entry - boundaries;
-  return saved_live_at_entry + after;
+    return last.saved_peak_at_backward - saved_live_at_entry - boundaries;
+  return 0;
 }
+
+size_t BudgetPlanner::State::measured_outside_bytes() const { return saved_live_at_entry; }
 
 }  // namespace remat
 
@@ -147,6 +155,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   r.signature = shapes;
   r.stage_labels = stage_labels;
   r.outside_bytes = outside;
+  r.after_chain_bytes = measured_after_chain_bytes();
   r.chain_limit_bytes = limit;
   r.costs = measured;
   std::string inputs;

@@ -28,7 +28,10 @@ struct BudgetPlanner::State {
 
   bool profile_complete() const;
   schedule::ChainCosts measured_costs() const;
+  // saved before the chain (live through it) and after it (up to the loss; counted with a_L):
+  // Note [saved bytes outside the chain] in budget.cpp
   size_t measured_outside_bytes() const;
+  size_t measured_after_chain_bytes() const;
 
   // Is the plan in force for these input shapes and this budget?
   bool planned_for(const std::vector<Shape>& shapes, const Policy& budget) const;

@@ -322,8 +322,17 @@ void expand_sequence(const std::vector<Part>& parts, const std::vector<PartNode>
   }
 }
 
+// Whether the exact least-peak programme (min_feasible_memory: L^2 entries, L^3 / 6 steps)
+// is cheap next to the grouped planner: the same work bound as the exact rotor programme's,
+// without its memory units (about 840 stages with the default bound, under a second).
+bool least_peak_is_cheap(int stages, const ChainPlanOptions& options) {
+  const double l = stages;
+  return l * l * l / 6 <= options.exact_max_work;
+}
+
 // The grouped planner at the top level: the fastest plan within memory_limit, or else the plan
-// of least peak it reaches when that fits, or else InfeasibleError.
+// of least peak it reaches (or, where that is cheap, the exact least-peak plan) when that fits,
+// or else InfeasibleError.
 ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options) {
   const int stages = costs.num_stages();
   GroupBuilder builder(costs, options);
@@ -373,6 +382,16 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
     }
     if (!lowest) throw Error("plan_chain: the grouped planner found no plan at any memory (internal error)");
     Plan plan = std::move(*lowest);
+    if (plan.predicted_peak_bytes > memory_limit && least_peak_is_cheap(stages, options)) {
+      // Below the grouped planner's least peak: the exact least-peak plan, where it is cheap
+      // (its regions need not end on part boundaries, so it may reach lower).
+      Plan least = plan_min_memory(costs);
+      if (least.predicted_peak_bytes < plan.predicted_peak_bytes) {
+        plan = std::move(least);
+        result.method = RotorMethod::exact;
+        result.levels = 0;
+      }
+    }
     if (plan.predicted_peak_bytes > memory_limit) {
       std::ostringstream out;
       out << "plan_chain: memory limit " << memory_limit << " bytes is below the smallest peak the grouped planner "

@@ -31,7 +31,8 @@ namespace {
 // feasible budgets of budget: and dynamic:.
 struct ModelProfile {
   rs::ChainCosts costs;
-  size_t outside = 0;
+  size_t outside = 0;      // saved before the chain
+  size_t after_chain = 0;  // saved after it, up to the loss (counted with the chain's output)
   std::optional<BudgetPlanner::FeasibleRange> budget_range;
   std::optional<DynamicRange> dynamic_range;
   std::vector<std::string> labels;  // the layer call of each stage (a model)
@@ -74,7 +75,8 @@ ModelProfile profile_model(const PlanOptions& o) {
   }
   auto report = model.planner()->report();
   REMAT_CHECK(report.has_value(), "plan: profiling the model produced no costs");
-  ModelProfile profile{report->costs, report->outside_bytes, model.planner()->feasible_range(), std::nullopt,
+  ModelProfile profile{report->costs, report->outside_bytes, report->after_chain_bytes,
+                       model.planner()->feasible_range(), std::nullopt,
                        report->stage_labels, report->stage_forward_flops};
   profile.dynamic_range = dynamic_feasible_range([&] {
     model.zero_grad();
@@ -219,6 +221,7 @@ void print_plans_json(const ModelProfile& profile, const Plans& plans, size_t bu
   nlohmann::json j = {{"version", REMAT_VERSION},
                       {"budget_bytes", budget},
                       {"outside_bytes", outside},
+                      {"after_chain_bytes", profile.after_chain},
                       {"stages", profile.costs.num_stages()},
                       {"planner", plans.planner},
                       {"plan", plan_json("budget", plans.best, outside, budget)},
@@ -240,9 +243,12 @@ void print_plans_json(const ModelProfile& profile, const Plans& plans, size_t bu
 void print_profile_text(const ModelProfile& profile, std::optional<size_t> budget) {
   const rs::ChainCosts& costs = profile.costs;
   const size_t outside = profile.outside;
-  std::printf("remat plan: %d stages%s%s%s\n", costs.num_stages(), budget ? ", budget " : "",
+  std::printf("remat plan: %d stages%s%s%s%s\n", costs.num_stages(), budget ? ", budget " : "",
               budget ? memory::format_bytes(static_cast<double>(*budget)).c_str() : "",
-              outside ? (", " + memory::format_bytes(static_cast<double>(outside)) + " saved outside the chain").c_str() : "");
+              outside ? (", " + memory::format_bytes(static_cast<double>(outside)) + " saved before the chain").c_str() : "",
+              profile.after_chain ? (", " + memory::format_bytes(static_cast<double>(profile.after_chain)) +
+                                     " saved after the chain until its backward (counted with its output)").c_str()
+                                  : "");
   std::printf("%s", feasible_text(profile).c_str());
   for (int i = 0; i < costs.num_stages(); ++i)
     std::printf("  stage %2d: forward %.4f s, backward %.4f s, input %s, saves %s\n", i, costs.forward_time[i],
@@ -308,6 +314,7 @@ int run_plan(const PlanOptions& o) {
       std::printf("%s\n", nlohmann::json{{"version", REMAT_VERSION},
                                          {"stages", profile.costs.num_stages()},
                                          {"outside_bytes", profile.outside},
+                                         {"after_chain_bytes", profile.after_chain},
                                          {"feasible", feasible_json(profile)}}.dump().c_str());
     else
       print_profile_text(profile, std::nullopt);
