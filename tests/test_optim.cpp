@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numbers>
 
@@ -169,6 +170,44 @@ TEST(Optim, ClipGradNormAddsEachGradientsSumOfSquaresInOrder) {
     const std::vector<double> before = params[1].grad().to_vector();
     EXPECT_EQ(nn::clip_grad_norm(params, 1e30), std::sqrt(want)) << dtype_name(dtype);
     EXPECT_EQ(params[1].grad().to_vector(), before);
+  }
+}
+
+// Clipping scales every gradient in one kernel call (Backend::scale_each) with the bits the ops
+// gave before: g.copy_(mul_scalar(g, max_norm / (norm + 1e-6))), for every floating dtype, a
+// strided gradient and a parameter listed twice (scaled once); each gradient's storage is marked
+// as written.
+TEST(Optim, ClipGradNormScalesEachGradientAsMulScalarDid) {
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    TensorList params;
+    uint64_t seed = 60;
+    for (Shape shape : {Shape{37}, Shape{5, 300}, Shape{1}, Shape{4097}, Shape{3, 0}}) {
+      Tensor p = Tensor::empty(shape, dtype, memory::Tag::parameter).requires_grad_();
+      p.set_grad(randn(shape, dtype, RngState{seed++, 0}));
+      params.push_back(p);
+    }
+    Tensor strided = Tensor::empty({6, 4}, dtype, memory::Tag::parameter).requires_grad_();
+    strided.set_grad(randn({4, 6}, dtype, RngState{seed++, 0}).transpose(0, 1));
+    params.push_back(strided);
+    params.push_back(params[1]);  // listed twice: scaled once
+    TensorList before;
+    std::vector<uint64_t> versions;
+    for (size_t i = 0; i + 1 < params.size(); ++i) {
+      before.push_back(params[i].grad().clone());
+      versions.push_back(params[i].grad().storage()->version());
+    }
+    const double norm = nn::clip_grad_norm(params, 1e30);
+    const double max_norm = norm / 3;
+    EXPECT_EQ(nn::clip_grad_norm(params, max_norm), norm);
+    const double coefficient = max_norm / (norm + 1e-6);
+    for (size_t i = 0; i + 1 < params.size(); ++i) {
+      const Tensor want = mul_scalar(before[i], coefficient);
+      const Tensor got = params[i].grad().contiguous();
+      ASSERT_EQ(got.nbytes(), want.nbytes());
+      EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0) << "gradient " << i;
+      EXPECT_GT(params[i].grad().storage()->version(), versions[i]) << "gradient " << i;
+    }
   }
 }
 

@@ -88,7 +88,8 @@ struct HeldTensor {
 };
 
 struct OffloadEntry {
-  enum class State { memory, writing, on_disk, reading };
+  // copying: a device value's copy to host memory is in flight (Note [offload of device values])
+  enum class State { memory, copying, writing, on_disk, reading };
   std::shared_ptr<OffloadStore> store;
   DType dtype = DType::f32;
   int64_t numel = 0;
@@ -99,7 +100,10 @@ struct OffloadEntry {
   State state = State::memory;
   std::shared_ptr<JobStatus> job;  // the job in flight, if any
   HeldTensor ram;                  // the value in host memory (or, kept where it is, on home)
-  HeldTensor on_home;              // a device value copied back to its device
+  HeldTensor on_home;              // a device value copied back to its device (or being copied)
+  HeldTensor on_device;            // a device value, held while its copy to host memory runs
+  CopyTicket copy;                 // that copy, or the copy back to home, in flight
+  bool upload_when_read = false;   // prefetched for its device: copy it there once read
   ~OffloadEntry();
 };
 
@@ -150,8 +154,12 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       return entry;
     }
     wait_for_room(entry->bytes);
-    entry->ram.hold(to_host(whole));
     entry->range = std::make_shared<FileRange>(file_, entry->bytes);
+    if (whole.device().type != DeviceType::cpu) {
+      start_copy_to_host(entry, whole);
+      return entry;
+    }
+    entry->ram.hold(whole);
     start_job(entry, OffloadEntry::State::writing);
     return entry;
   }
@@ -159,12 +167,16 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   Tensor unpack(const std::shared_ptr<OffloadEntry>& entry) {
     end_window();  // the backward pass has begun (once; see the yielding rule below)
     collect();
-    if (entry->on_home.defined()) return entry->on_home.value;
-    if (entry->state == OffloadEntry::State::reading) wait_done(*entry);
-    throw_pending_error();
-    read_back(*entry);
-    if (entry->ram.value.device() == entry->home) return entry->ram.value;
-    return to_home(*entry);
+    if (entry->state == OffloadEntry::State::copying) return entry->on_device.value;  // still on its device
+    if (!entry->on_home.defined()) {
+      if (entry->state == OffloadEntry::State::reading) wait_done(*entry);
+      throw_pending_error();
+      read_back(*entry);
+      if (entry->ram.value.device() == entry->home) return entry->ram.value;
+      start_copy_home(*entry);
+    }
+    finish_copy_home(*entry);
+    return entry->on_home.value;
   }
 
   // Puts the value in entry.ram: as it is, from the file's mapped pages, or read now.
@@ -190,6 +202,9 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
 
   void wait_for_writes() {
     std::vector<std::shared_ptr<OffloadEntry>> writing;
+    for (const auto& e : copying_)
+      if (auto entry = e.lock(); entry && entry->state == OffloadEntry::State::copying) poll_copy(*entry, true);
+    collect();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const auto& weak : watched_)
@@ -202,20 +217,32 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
 
   void prefetch(const std::shared_ptr<OffloadEntry>& entry) {
     collect();
-    if (entry->on_home.defined() || entry->ram.defined() || entry->state != OffloadEntry::State::on_disk) return;
+    if (entry->on_home.defined() || entry->state == OffloadEntry::State::copying) return;
+    const bool for_device = entry->home.type != DeviceType::cpu;
+    if (entry->ram.defined()) {  // in host memory: a device value goes on to its device
+      if (for_device && entry->state != OffloadEntry::State::reading && entry->ram.value.device() != entry->home)
+        start_copy_home(*entry);
+      return;
+    }
+    if (entry->state != OffloadEntry::State::on_disk) return;
     if (map_resident(*entry)) {
       dynamic_counters().bytes_prefetched += entry->bytes;
+      if (for_device) start_copy_home(*entry);
       return;
     }
     if (options_.ram_bytes > 0 && in_flight_ + entry->bytes > options_.ram_bytes) return;  // read on demand
     entry->ram.hold(fresh_like(entry->dtype, entry->numel));
+    entry->upload_when_read = for_device;
     start_job(entry, OffloadEntry::State::reading);
     dynamic_counters().bytes_prefetched += entry->bytes;
   }
 
   void release_entry(OffloadEntry& entry) {
+    if (entry.state == OffloadEntry::State::copying) in_flight_ -= entry.bytes;
     entry.ram.drop();
     entry.on_home.drop();
+    entry.on_device.drop();
+    entry.copy = {};  // the backend keeps a copy's tensors until it is done
     if (entry.job) {
       in_flight_ -= entry.bytes;
       entry.job.reset();
@@ -233,8 +260,17 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     may_yield_ = false;
   }
 
-  // Notes finished jobs: drops the memory copies of written values.
+  // Notes finished copies to host memory (which start their writes) and finished jobs: drops the
+  // memory copies of written values.
   void collect() {
+    for (auto it = copying_.begin(); it != copying_.end();) {
+      std::shared_ptr<OffloadEntry> e = it->lock();
+      if (e && e->state == OffloadEntry::State::copying && !poll_copy(*e, false)) {
+        ++it;
+        continue;
+      }
+      it = copying_.erase(it);
+    }
     std::vector<std::pair<std::shared_ptr<OffloadEntry>, bool>> finished;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -267,6 +303,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       } else if (e->state == OffloadEntry::State::reading) {
         e->state = OffloadEntry::State::on_disk;  // and in memory again (ram holds it)
         if (!ok) e->ram.drop();  // read again on demand, with its error
+        if (ok && e->upload_when_read && !e->on_home.defined()) start_copy_home(*e);
+        e->upload_when_read = false;
       }
     }
   }
@@ -310,31 +348,99 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   }
 
   // Note [offload of device values]. A saved value on a device other than the CPU (an
-  // accelerator's memory) of at least the threshold is copied to host memory at pack, on the
-  // scope's thread, and from then on is a host value like any other: written to the file by the
-  // worker, its host copy dropped once written, read back ahead of need (mapped pages or a read
-  // job). Nothing keeps the device storage, so its bytes are freed as soon as the program's own
-  // tensors over it are gone. At unpack the host bytes are copied into a fresh device tensor,
-  // counted as saved on the device until the backward pass is done with the value, and the host
-  // copy is dropped; the bytes are the ones saved, so gradients equal save-all's bit for bit. A
-  // value under the threshold stays on its device. The copies go through the backend's device
-  // verbs (copy_between_devices: copy_to_host / copy_from_host); on CUDA those stage through the
-  // backend's two pinned buffers on its one stream and return when the copy is complete. The CUDA
-  // backend has no separate copy stream, so a device copy does not overlap the kernels around it:
-  // the disk's writes and read-ahead overlap computation, the device<->host copies do not.
-  static Tensor to_host(const Tensor& whole) {
-    if (whole.device().type == DeviceType::cpu) return whole;
-    Tensor host = fresh_like(whole.dtype(), whole.numel());
-    copy_between_devices(whole, host);
-    return host;
+  // accelerator's memory) of at least the threshold is copied to host memory behind the device's
+  // work: pack starts an asynchronous copy (Backend::copy_to_host_async) into host memory the
+  // backend can copy into directly (host_buffer: pinned on CUDA) and returns; the entry holds the
+  // device storage, counted as saved on the device, until the copy is over. collect(), run at every
+  // pack, unpack and prefetch, asks whether it is (copy_done: no wait), then lets the device storage
+  // go (its bytes are freed once the program's own tensors over it are gone too) and hands the host
+  // copy to the worker, as any host value: written to the file, its host copy dropped once
+  // written. A value unpacked while its copy still runs is read where it is, on its device. Read
+  // back, the host bytes are copied into a fresh device tensor (counted as saved on the device
+  // until the backward pass is done with the value) by copy_from_host_async, started by prefetch()
+  // a few nodes ahead of need (once a read job has brought the bytes in, or at once from mapped
+  // pages or a host copy still held), else at unpack; unpack makes the device's later work wait for
+  // the copy (wait_on_device: a stream wait, not a host wait) and drops the host copy. The bytes are
+  // the ones saved, so gradients equal save-all's bit for bit. A copy that fails raises at a
+  // defined point with nothing lost: one to host memory at the next pack or unpack (the pending
+  // error, as a failed write), the value kept on its device; one back to the device at the unpack
+  // that needed it, the host copy kept. On CUDA with REMAT_CUDA_FAST=offload_stream the copies run
+  // on a second stream (Note [the copy stream] in src/tensor/cuda/offload_copy.cpp), so the
+  // device<->host copies overlap the kernels around them as the disk's writes and read-ahead do;
+  // without it (and on the CPU) every copy is complete when its call returns, on CUDA through the
+  // backend's staging buffers on its one stream, and the copies do not overlap its kernels.
+  void start_copy_to_host(const std::shared_ptr<OffloadEntry>& entry, const Tensor& whole) {
+    Backend& device = backend(entry->home);
+    Tensor source = whole.is_contiguous() ? whole : whole.contiguous();
+    Tensor host = device.host_buffer(entry->dtype, entry->numel);
+    entry->copy = device.copy_to_host_async(source, host);
+    entry->ram.hold(host);
+    entry->on_device.hold(source);
+    entry->state = OffloadEntry::State::copying;
+    in_flight_ += entry->bytes;
+    copying_.push_back(entry);
+    if (!entry->copy.pending()) poll_copy(*entry, false);
   }
 
-  static Tensor to_home(OffloadEntry& entry) {
+  // Whether entry's copy to host memory is over (waiting for it with `wait`); once it is, its
+  // write starts, or, if it failed, the value stays on its device and the error is pending.
+  bool poll_copy(OffloadEntry& entry, bool wait) {
+    Backend& device = backend(entry.home);
+    std::string error;
+    try {
+      if (wait) device.wait_copy(entry.copy);
+      else if (!device.copy_done(entry.copy)) return false;
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    in_flight_ -= entry.bytes;
+    entry.copy = {};
+    if (!error.empty()) {
+      entry.ram.hold(entry.on_device.value);  // kept where it is: nothing lost
+      entry.on_device.drop();
+      entry.state = OffloadEntry::State::memory;
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (pending_error_.empty())
+        pending_error_ = detail::concat("policy offload: copying a saved value of ",
+                                        memory::format_bytes(static_cast<double>(entry.bytes)), " from ",
+                                        device_name(entry.home), " to host memory failed: ", error,
+                                        " (the value stays on its device; nothing was lost)");
+      return true;
+    }
+    entry.on_device.drop();
+    for (const auto& weak : copying_)
+      if (auto e = weak.lock(); e.get() == &entry) {
+        start_job(e, OffloadEntry::State::writing);
+        break;
+      }
+    return true;
+  }
+
+  // Starts copying entry.ram (host memory) into a fresh tensor on the value's device.
+  void start_copy_home(OffloadEntry& entry) {
     Tensor value = Tensor::empty({entry.numel}, entry.dtype, memory::Tag::other, entry.home);
-    copy_between_devices(entry.ram.value, value);
-    entry.ram.drop();  // the host copy (a buffer of ours or mapped pages); a job on it keeps its own
+    Tensor host = entry.ram.value.is_contiguous() ? entry.ram.value : entry.ram.value.contiguous();
+    entry.copy = backend(entry.home).copy_from_host_async(host, value);
+    // ids keep the range the host knows of them (as any upload), so no check of them is deferred
+    if (entry.dtype == DType::i64) detail::note_index_range(value, static_cast<const int64_t*>(host.raw_data()));
     entry.on_home.hold(value);
-    return value;
+  }
+
+  // The device's later work waits for the copy home; the host copy goes (a job on it keeps its
+  // own). A failed copy raises here, its host copy kept for another try.
+  void finish_copy_home(OffloadEntry& entry) {
+    try {
+      backend(entry.home).wait_on_device(entry.copy);
+    } catch (const Error& e) {
+      entry.copy = {};
+      entry.on_home.drop();
+      throw Error(detail::concat("policy offload: copying a saved value of ",
+                                 memory::format_bytes(static_cast<double>(entry.bytes)), " back to ",
+                                 device_name(entry.home), " failed: ", e.what(),
+                                 " (the value stays in host memory; nothing was lost)"));
+    }
+    entry.copy = {};
+    entry.ram.drop();
   }
 
   void throw_pending_error() {
@@ -498,6 +604,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   std::condition_variable cv_, done_cv_;
   std::deque<Job> jobs_;
   std::vector<std::weak_ptr<OffloadEntry>> watched_;
+  std::vector<std::weak_ptr<OffloadEntry>> copying_;  // copies to host memory in flight (scope's thread)
   size_t written_ = 0;
   std::atomic<double> busy_seconds_{0};
   std::string pending_error_;

@@ -65,11 +65,12 @@ class Widened {
 
 }  // namespace
 
-// Each optional kernel of the list, widened (digest reads the bytes as they are; sum_squares runs
-// the widening square and sum on each of its tensors itself).
+// Each optional kernel of the list, widened (digest reads the bytes as they are; sum_squares and
+// scale_each run the widening kernels on each of their tensors themselves).
 #define REMAT_WIDEN_KERNEL(name, dtype_of, parameters, arguments)                               \
   void CpuBackend::name parameters {                                                             \
-    Widened widened(*this, Kernel::name != Kernel::digest && Kernel::name != Kernel::sum_squares); \
+    Widened widened(*this, Kernel::name != Kernel::digest && Kernel::name != Kernel::sum_squares && \
+                               Kernel::name != Kernel::scale_each);                               \
     auto in = [&](const Tensor& t) -> const Tensor& { return widened.in(t); };                   \
     auto inout = [&](const Tensor& t) -> const Tensor& { return widened.inout(t); };             \
     (void)in;                                                                                    \

@@ -46,6 +46,7 @@ constexpr FastName kFastNames[] = {
     {"layer_norm", Fast::layer_norm, false},         {"digest", Fast::digest, false},
     {"gemm_epilogue", Fast::gemm_epilogue, false},   {"bias_grad", Fast::bias_grad, false},
     {"cross_entropy", Fast::cross_entropy, false},   {"grad_norm", Fast::grad_norm, false},
+    {"offload_stream", Fast::offload_stream, false},
 };
 
 uint32_t fast_bits() {
