@@ -43,6 +43,20 @@ Tensor save_all_gradient(const Tensor& x, const Tensor& weight) {
   return remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];
 }
 
+// The chain's inputs on a device (seeds `seed` and `seed + 1`), its save-all gradient, and a target
+// in `dir` that offloads every value of the chain (threshold 1 KiB).
+struct ChainCase {
+  Tensor weight, x, reference;
+  OffloadTarget options;
+  ChainCase(Device device, uint64_t seed, const std::string& dir) {
+    weight = randn({64, 64}, DType::f32, RngState{seed, 0}, 0.0, 0.12).to(device).requires_grad_();
+    x = randn({64, 64}, DType::f32, RngState{seed + 1, 0}).to(device);
+    reference = save_all_gradient(x, weight);
+    options.directory = dir;
+    options.threshold_bytes = 1024;
+  }
+};
+
 }  // namespace
 
 TEST(OffloadOnADevice, GradientsEqualSaveAllAndSavedBytesLeaveTheDevice) {
@@ -100,12 +114,9 @@ TEST(OffloadOnADevice, GradientsEqualSaveAllAndSavedBytesLeaveTheDevice) {
 TEST(OffloadOnADevice, AFailedWriteKeepsTheValueAndItComesBackToTheDevice) {
   EmulatedDevice dev;
   const std::string dir = fresh_dir("offload-device-full");
-  Tensor weight = randn({64, 64}, DType::f32, RngState{5, 0}, 0.0, 0.12).to(dev.device).requires_grad_();
-  Tensor x = randn({64, 64}, DType::f32, RngState{6, 0}).to(dev.device);
-  const Tensor reference = save_all_gradient(x, weight);
-  OffloadTarget options;
-  options.directory = dir;
-  options.threshold_bytes = 1024;
+  ChainCase c(dev.device, 5, dir);
+  const Tensor &weight = c.weight, &x = c.x, &reference = c.reference;
+  const OffloadTarget& options = c.options;
   OffloadFaults full;
   full.fail_after_bytes = 4 * kValueBytes;  // the fifth write fails, as on a full disk
   bool failed = false;
@@ -137,15 +148,11 @@ TEST(OffloadOnADevice, AFailedWriteKeepsTheValueAndItComesBackToTheDevice) {
 TEST(OffloadOnADevice, DeviceValuesAreHeldUntilTheirCopiesAreDone) {
   EmulatedDevice dev;
   const std::string dir = fresh_dir("offload-device-async");
-  Tensor weight = randn({64, 64}, DType::f32, RngState{3, 0}, 0.0, 0.12).to(dev.device).requires_grad_();
-  Tensor x = randn({64, 64}, DType::f32, RngState{4, 0}).to(dev.device);
-  const Tensor reference = save_all_gradient(x, weight);
-  OffloadTarget options;
-  options.directory = dir;
-  options.threshold_bytes = 1024;
+  ChainCase c(dev.device, 3, dir);
+  const Tensor &weight = c.weight, &x = c.x;
   Tensor got;
   {
-    OffloadScope scope(options);
+    OffloadScope scope(c.options);
     const uint64_t waits = dev.backend.waits;
     Tensor loss = tanh_chain(x, weight, kLayers);
     EXPECT_EQ(dev.backend.waits, waits) << "a copy to host memory waited for the device";
@@ -157,7 +164,7 @@ TEST(OffloadOnADevice, DeviceValuesAreHeldUntilTheirCopiesAreDone) {
     EXPECT_EQ(device_saved(dev.device), 0u);
     got = remat::grad(TensorList{loss}, {weight})[0];
   }
-  EXPECT_TRUE(same_bits(got, reference));
+  EXPECT_TRUE(same_bits(got, c.reference));
   release_offload_files();
   std::filesystem::remove_all(dir);
 }
@@ -169,12 +176,9 @@ TEST(OffloadOnADevice, DeviceValuesAreHeldUntilTheirCopiesAreDone) {
 TEST(OffloadOnADevice, AFailedCopyRaisesAndLosesNothing) {
   EmulatedDevice dev;
   const std::string dir = fresh_dir("offload-device-copy-fault");
-  Tensor weight = randn({64, 64}, DType::f32, RngState{5, 0}, 0.0, 0.12).to(dev.device).requires_grad_();
-  Tensor x = randn({64, 64}, DType::f32, RngState{6, 0}).to(dev.device);
-  const Tensor reference = save_all_gradient(x, weight);
-  OffloadTarget options;
-  options.directory = dir;
-  options.threshold_bytes = 1024;
+  ChainCase c(dev.device, 5, dir);
+  const Tensor &weight = c.weight, &x = c.x, &reference = c.reference;
+  const OffloadTarget& options = c.options;
   const uint64_t values = kLayers + 2;
   for (const uint64_t failing : {uint64_t{3}, values + 4}) {  // the third copy out; the fourth back
     SCOPED_TRACE(failing);

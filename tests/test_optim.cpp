@@ -150,21 +150,29 @@ TEST(Optim, ClipGradNorm) {
   EXPECT_NEAR(a.grad().to_vector()[0], 3.0 * k, 1e-15);  // left as it was
 }
 
+// Parameters of `dtype` with gradients for clip_grad_norm: odd sizes, an empty one, a strided
+// gradient, and the second parameter listed again at the end.
+namespace {
+TensorList clip_test_parameters(DType dtype, uint64_t seed) {
+  TensorList params;
+  for (Shape shape : {Shape{37}, Shape{5, 300}, Shape{1}, Shape{4097}, Shape{3, 0}}) {
+    Tensor p = Tensor::empty(shape, dtype, memory::Tag::parameter).requires_grad_();
+    p.set_grad(randn(shape, dtype, RngState{seed++, 0}));
+    params.push_back(p);
+  }
+  Tensor strided = Tensor::empty({6, 4}, dtype, memory::Tag::parameter).requires_grad_();
+  strided.set_grad(randn({4, 6}, dtype, RngState{seed++, 0}).transpose(0, 1));
+  params.push_back(strided);
+  params.push_back(params[1]);
+  return params;
+}
+}  // namespace
+
 // The norm's square is each gradient's sum(square(g)), in its dtype, added in float64 in parameter
 // order: the bits of that composition of ops, for every floating dtype and a strided gradient.
 TEST(Optim, ClipGradNormAddsEachGradientsSumOfSquaresInOrder) {
   for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
-    TensorList params;
-    uint64_t seed = 40;
-    for (Shape shape : {Shape{37}, Shape{5, 300}, Shape{1}, Shape{4097}, Shape{3, 0}}) {
-      Tensor p = Tensor::empty(shape, dtype, memory::Tag::parameter).requires_grad_();
-      p.set_grad(randn(shape, dtype, RngState{seed++, 0}));
-      params.push_back(p);
-    }
-    Tensor strided = Tensor::empty({6, 4}, dtype, memory::Tag::parameter).requires_grad_();
-    strided.set_grad(randn({4, 6}, dtype, RngState{seed++, 0}).transpose(0, 1));
-    params.push_back(strided);
-    params.push_back(params[1]);  // listed twice: counted once
+    const TensorList params = clip_test_parameters(dtype, 40);
     double want = 0.0;
     for (size_t i = 0; i + 1 < params.size(); ++i) want += sum(square(params[i].grad())).to(DType::f64).item();
     const std::vector<double> before = params[1].grad().to_vector();
@@ -180,17 +188,7 @@ TEST(Optim, ClipGradNormAddsEachGradientsSumOfSquaresInOrder) {
 TEST(Optim, ClipGradNormScalesEachGradientAsMulScalarDid) {
   for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(dtype));
-    TensorList params;
-    uint64_t seed = 60;
-    for (Shape shape : {Shape{37}, Shape{5, 300}, Shape{1}, Shape{4097}, Shape{3, 0}}) {
-      Tensor p = Tensor::empty(shape, dtype, memory::Tag::parameter).requires_grad_();
-      p.set_grad(randn(shape, dtype, RngState{seed++, 0}));
-      params.push_back(p);
-    }
-    Tensor strided = Tensor::empty({6, 4}, dtype, memory::Tag::parameter).requires_grad_();
-    strided.set_grad(randn({4, 6}, dtype, RngState{seed++, 0}).transpose(0, 1));
-    params.push_back(strided);
-    params.push_back(params[1]);  // listed twice: scaled once
+    const TensorList params = clip_test_parameters(dtype, 60);  // the last is listed twice: scaled once
     TensorList before;
     std::vector<uint64_t> versions;
     for (size_t i = 0; i + 1 < params.size(); ++i) {

@@ -26,6 +26,7 @@
 
 #include "dynamic_internal.h"
 #include "remat/autodiff.h"
+#include "offload_entry.h"
 #include "offload_file.h"
 #include "tensor/allocate.h"
 #include "remat/backend.h"
@@ -55,57 +56,6 @@ OffloadGate::~OffloadGate() {
   offload_gate = previous_;
   offload_cap = previous_cap_;
 }
-
-class OffloadStore;
-
-// What the worker reports about one job (guarded by the store's mutex); shared by the entry and
-// the job, so that the worker never holds an entry (whose end belongs to the scope's thread).
-struct JobStatus {
-  bool done = false;
-  bool ok = false;
-};
-
-// A tensor an entry keeps, holding a saved reference on its storage (the allocator then counts
-// it as saved, on its device) unless the storage is a parameter's or a gradient's.
-struct HeldTensor {
-  Tensor value;
-  bool counted = false;
-  bool defined() const { return value.defined(); }
-  void hold(Tensor t) {
-    drop();
-    value = std::move(t);
-    const memory::Tag tag = value.storage()->tag();
-    if (tag == memory::Tag::other || tag == memory::Tag::saved) {
-      value.storage()->add_saved_reference();
-      counted = true;
-    }
-  }
-  void drop() {
-    if (counted) value.storage()->remove_saved_reference();
-    counted = false;
-    value = Tensor();
-  }
-};
-
-struct OffloadEntry {
-  // copying: a device value's copy to host memory is in flight (Note [offload of device values])
-  enum class State { memory, copying, writing, on_disk, reading };
-  std::shared_ptr<OffloadStore> store;
-  DType dtype = DType::f32;
-  int64_t numel = 0;
-  size_t bytes = 0;
-  Device home = kCpu;                // where the value was saved (Note [offload of device values])
-  std::shared_ptr<FileRange> range;  // its range of the store's file, if it has one
-  // owned by the scope's thread
-  State state = State::memory;
-  std::shared_ptr<JobStatus> job;  // the job in flight, if any
-  HeldTensor ram;                  // the value in host memory (or, kept where it is, on home)
-  HeldTensor on_home;              // a device value copied back to its device (or being copied)
-  HeldTensor on_device;            // a device value, held while its copy to host memory runs
-  CopyTicket copy;                 // that copy, or the copy back to home, in flight
-  bool upload_when_read = false;   // prefetched for its device: copy it there once read
-  ~OffloadEntry();
-};
 
 class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
  public:
@@ -347,36 +297,9 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     return true;
   }
 
-  // Note [offload of device values]. A saved value on a device other than the CPU (an
-  // accelerator's memory) of at least the threshold is copied to host memory behind the device's
-  // work: pack starts an asynchronous copy (Backend::copy_to_host_async) into host memory the
-  // backend can copy into directly (host_buffer: pinned on CUDA) and returns; the entry holds the
-  // device storage, counted as saved on the device, until the copy is over. collect(), run at every
-  // pack, unpack and prefetch, asks whether it is (copy_done: no wait), then lets the device storage
-  // go (its bytes are freed once the program's own tensors over it are gone too) and hands the host
-  // copy to the worker, as any host value: written to the file, its host copy dropped once
-  // written. A value unpacked while its copy still runs is read where it is, on its device. Read
-  // back, the host bytes are copied into a fresh device tensor (counted as saved on the device
-  // until the backward pass is done with the value) by copy_from_host_async, started by prefetch()
-  // a few nodes ahead of need (once a read job has brought the bytes in, or at once from mapped
-  // pages or a host copy still held), else at unpack; unpack makes the device's later work wait for
-  // the copy (wait_on_device: a stream wait, not a host wait) and drops the host copy. The bytes are
-  // the ones saved, so gradients equal save-all's bit for bit. A copy that fails raises at a
-  // defined point with nothing lost: one to host memory at the next pack or unpack (the pending
-  // error, as a failed write), the value kept on its device; one back to the device at the unpack
-  // that needed it, the host copy kept. On CUDA with REMAT_CUDA_FAST=offload_stream the copies run
-  // on a second stream (Note [the copy stream] in src/tensor/cuda/offload_copy.cpp), so the
-  // device<->host copies overlap the kernels around them as the disk's writes and read-ahead do;
-  // without it (and on the CPU) every copy is complete when its call returns, on CUDA through the
-  // backend's staging buffers on its one stream, and the copies do not overlap its kernels.
+  // A device value's copy to host memory (Note [offload of device values] in offload_device.cpp).
   void start_copy_to_host(const std::shared_ptr<OffloadEntry>& entry, const Tensor& whole) {
-    Backend& device = backend(entry->home);
-    Tensor source = whole.is_contiguous() ? whole : whole.contiguous();
-    Tensor host = device.host_buffer(entry->dtype, entry->numel);
-    entry->copy = device.copy_to_host_async(source, host);
-    entry->ram.hold(host);
-    entry->on_device.hold(source);
-    entry->state = OffloadEntry::State::copying;
+    start_copy_out(*entry, whole);
     in_flight_ += entry->bytes;
     copying_.push_back(entry);
     if (!entry->copy.pending()) poll_copy(*entry, false);
@@ -385,62 +308,20 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   // Whether entry's copy to host memory is over (waiting for it with `wait`); once it is, its
   // write starts, or, if it failed, the value stays on its device and the error is pending.
   bool poll_copy(OffloadEntry& entry, bool wait) {
-    Backend& device = backend(entry.home);
     std::string error;
-    try {
-      if (wait) device.wait_copy(entry.copy);
-      else if (!device.copy_done(entry.copy)) return false;
-    } catch (const Error& e) {
-      error = e.what();
-    }
+    if (!poll_copy_out(entry, wait, error)) return false;
     in_flight_ -= entry.bytes;
-    entry.copy = {};
     if (!error.empty()) {
-      entry.ram.hold(entry.on_device.value);  // kept where it is: nothing lost
-      entry.on_device.drop();
-      entry.state = OffloadEntry::State::memory;
       std::lock_guard<std::mutex> lock(mutex_);
-      if (pending_error_.empty())
-        pending_error_ = detail::concat("policy offload: copying a saved value of ",
-                                        memory::format_bytes(static_cast<double>(entry.bytes)), " from ",
-                                        device_name(entry.home), " to host memory failed: ", error,
-                                        " (the value stays on its device; nothing was lost)");
+      if (pending_error_.empty()) pending_error_ = std::move(error);
       return true;
     }
-    entry.on_device.drop();
     for (const auto& weak : copying_)
       if (auto e = weak.lock(); e.get() == &entry) {
         start_job(e, OffloadEntry::State::writing);
         break;
       }
     return true;
-  }
-
-  // Starts copying entry.ram (host memory) into a fresh tensor on the value's device.
-  void start_copy_home(OffloadEntry& entry) {
-    Tensor value = Tensor::empty({entry.numel}, entry.dtype, memory::Tag::other, entry.home);
-    Tensor host = entry.ram.value.is_contiguous() ? entry.ram.value : entry.ram.value.contiguous();
-    entry.copy = backend(entry.home).copy_from_host_async(host, value);
-    // ids keep the range the host knows of them (as any upload), so no check of them is deferred
-    if (entry.dtype == DType::i64) detail::note_index_range(value, static_cast<const int64_t*>(host.raw_data()));
-    entry.on_home.hold(value);
-  }
-
-  // The device's later work waits for the copy home; the host copy goes (a job on it keeps its
-  // own). A failed copy raises here, its host copy kept for another try.
-  void finish_copy_home(OffloadEntry& entry) {
-    try {
-      backend(entry.home).wait_on_device(entry.copy);
-    } catch (const Error& e) {
-      entry.copy = {};
-      entry.on_home.drop();
-      throw Error(detail::concat("policy offload: copying a saved value of ",
-                                 memory::format_bytes(static_cast<double>(entry.bytes)), " back to ",
-                                 device_name(entry.home), " failed: ", e.what(),
-                                 " (the value stays in host memory; nothing was lost)"));
-    }
-    entry.copy = {};
-    entry.ram.drop();
   }
 
   void throw_pending_error() {
@@ -478,7 +359,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   // until it fits or nothing is in flight (what is left is the plan's own, which the plan
   // counted). So the writes run behind the nodes that follow, and the measured saved peak stays
   // within the prediction whenever the plan's model holds. The cap counts host memory only: a
-  // device value's host copy does not occupy the device (Note [offload of device values]).
+  // device value's host copy does not occupy the device (Note [offload of device values] in
+  // offload_device.cpp).
   void wait_below_cap(size_t adding) {
     const size_t cap = offload_cap;
     if (cap == 0) return;

@@ -95,6 +95,9 @@ struct CudaBackend::CopyStream : std::enable_shared_from_this<CudaBackend::CopyS
     return {p, bytes};
   }
 
+  CopyTicket issue(cudaStream_t compute, void* to, const void* from, size_t bytes, cudaMemcpyKind kind,
+                   const Tensor& device, const Tensor& host);
+
   // A host tensor over a pinned block, which goes back to the pool when the tensor's storage ends.
   Tensor pinned_tensor(DType dtype, int64_t numel) {
     const auto [p, size] = take_pinned(std::max<size_t>(static_cast<size_t>(numel) * dtype_size(dtype), 1));
@@ -131,11 +134,37 @@ bool pinned(const void* host) {
 
 const CopyEvent* event_of(const CopyTicket& ticket) { return static_cast<const CopyEvent*>(ticket.event.get()); }
 
+char* bytes_of(const Tensor& t) {
+  return static_cast<char*>(t.storage()->data()) + t.offset() * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
 }  // namespace
 
 Tensor CudaBackend::host_buffer(DType dtype, int64_t numel) {
   if (!fast(Fast::offload_stream)) return Backend::host_buffer(dtype, numel);
   return copy_stream().pinned_tensor(dtype, numel);
+}
+
+// Copies `bytes` from `from` to `to` on the copy stream once the compute stream's work issued so
+// far is done (it may still read `device`'s block, or use it as another tensor's), holding both
+// tensors until the copy's event has fired.
+CopyTicket CudaBackend::CopyStream::issue(cudaStream_t compute, void* to, const void* from, size_t bytes,
+                                          cudaMemcpyKind kind, const Tensor& device, const Tensor& host) {
+  const cudaEvent_t ready = new_event();
+  check(cudaEventRecord(ready, compute), "cudaEventRecord");
+  check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
+  (void)cudaEventDestroy(ready);  // the wait holds on to it
+  check(cudaMemcpyAsync(to, from, bytes, kind, stream), "cudaMemcpyAsync");
+  note_launch(kind == cudaMemcpyDeviceToHost ? "copy to host (copy stream)" : "copy from host (copy stream)");
+  auto event = std::make_shared<CopyEvent>();
+  event->done = new_event();
+  check(cudaEventRecord(event->done, stream), "cudaEventRecord");
+  {
+    std::lock_guard lock(mutex);
+    flights.push_back({event, device, host});
+  }
+  ++copies;
+  return {event};
 }
 
 CopyTicket CudaBackend::copy_to_host_async(const Tensor& src, const Tensor& host) {
@@ -146,23 +175,8 @@ CopyTicket CudaBackend::copy_to_host_async(const Tensor& src, const Tensor& host
   DeviceGuard guard(device_);  // issues gathered work first
   CopyStream& cs = copy_stream();
   cs.reap();
-  const cudaEvent_t ready = new_event();
-  check(cudaEventRecord(ready, stream_), "cudaEventRecord");
-  check(cudaStreamWaitEvent(cs.stream, ready, 0), "cudaStreamWaitEvent");
-  (void)cudaEventDestroy(ready);  // the wait holds on to it
-  const char* device = static_cast<const char*>(src.storage()->data()) + src.offset() * dtype_size(src.dtype());
-  check(cudaMemcpyAsync(host.raw_data(), device, src.nbytes(), cudaMemcpyDeviceToHost, cs.stream), "cudaMemcpyAsync");
-  note_launch("copy to host (copy stream)");
-  auto event = std::make_shared<CopyEvent>();
-  event->done = new_event();
-  check(cudaEventRecord(event->done, cs.stream), "cudaEventRecord");
-  {
-    std::lock_guard lock(cs.mutex);
-    cs.flights.push_back({event, src, host});
-  }
   ++to_host_;
-  ++cs.copies;
-  return {event};
+  return cs.issue(stream_, host.raw_data(), bytes_of(src), src.nbytes(), cudaMemcpyDeviceToHost, src, host);
 }
 
 CopyTicket CudaBackend::copy_from_host_async(const Tensor& host, const Tensor& dst) {
@@ -177,24 +191,8 @@ CopyTicket CudaBackend::copy_from_host_async(const Tensor& host, const Tensor& d
     source = cs.pinned_tensor(host.dtype(), host.numel());
     std::memcpy(source.raw_data(), host.raw_data(), host.nbytes());
   }
-  // dst's block may have been another tensor's that kernels issued before still use
-  const cudaEvent_t ready = new_event();
-  check(cudaEventRecord(ready, stream_), "cudaEventRecord");
-  check(cudaStreamWaitEvent(cs.stream, ready, 0), "cudaStreamWaitEvent");
-  (void)cudaEventDestroy(ready);
-  char* device = static_cast<char*>(dst.storage()->data()) + dst.offset() * dtype_size(dst.dtype());
-  check(cudaMemcpyAsync(device, source.raw_data(), dst.nbytes(), cudaMemcpyHostToDevice, cs.stream), "cudaMemcpyAsync");
-  note_launch("copy from host (copy stream)");
-  auto event = std::make_shared<CopyEvent>();
-  event->done = new_event();
-  check(cudaEventRecord(event->done, cs.stream), "cudaEventRecord");
-  {
-    std::lock_guard lock(cs.mutex);
-    cs.flights.push_back({event, dst, source});
-  }
   ++from_host_;
-  ++cs.copies;
-  return {event};
+  return cs.issue(stream_, bytes_of(dst), source.raw_data(), dst.nbytes(), cudaMemcpyHostToDevice, dst, source);
 }
 
 bool CudaBackend::copy_done(const CopyTicket& ticket) {
