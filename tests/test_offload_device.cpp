@@ -55,6 +55,12 @@ struct ChainCase {
     options.directory = dir;
     options.threshold_bytes = 1024;
   }
+  // The chain under offload with nothing failing gives save-all's gradient.
+  void expect_a_healthy_run_equals_save_all() const {
+    OffloadScope scope(options);
+    Tensor got = remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];
+    EXPECT_TRUE(same_bits(got, reference));
+  }
 };
 
 }  // namespace
@@ -115,7 +121,7 @@ TEST(OffloadOnADevice, AFailedWriteKeepsTheValueAndItComesBackToTheDevice) {
   EmulatedDevice dev;
   const std::string dir = fresh_dir("offload-device-full");
   ChainCase c(dev.device, 5, dir);
-  const Tensor &weight = c.weight, &x = c.x, &reference = c.reference;
+  const Tensor &weight = c.weight, &x = c.x;
   const OffloadTarget& options = c.options;
   OffloadFaults full;
   full.fail_after_bytes = 4 * kValueBytes;  // the fifth write fails, as on a full disk
@@ -131,12 +137,7 @@ TEST(OffloadOnADevice, AFailedWriteKeepsTheValueAndItComesBackToTheDevice) {
   }
   EXPECT_TRUE(failed);
   EXPECT_EQ(device_saved(dev.device), 0u);
-  // the same program under a healthy disk
-  {
-    OffloadScope scope(options);
-    Tensor got = remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];
-    EXPECT_TRUE(same_bits(got, reference));
-  }
+  c.expect_a_healthy_run_equals_save_all();  // the same program under a healthy disk
   release_offload_files();
   std::filesystem::remove_all(dir);
 }
@@ -177,7 +178,7 @@ TEST(OffloadOnADevice, AFailedCopyRaisesAndLosesNothing) {
   EmulatedDevice dev;
   const std::string dir = fresh_dir("offload-device-copy-fault");
   ChainCase c(dev.device, 5, dir);
-  const Tensor &weight = c.weight, &x = c.x, &reference = c.reference;
+  const Tensor &weight = c.weight, &x = c.x;
   const OffloadTarget& options = c.options;
   const uint64_t values = kLayers + 2;
   for (const uint64_t failing : {uint64_t{3}, values + 4}) {  // the third copy out; the fourth back
@@ -213,11 +214,7 @@ TEST(OffloadOnADevice, AFailedCopyRaisesAndLosesNothing) {
     EXPECT_EQ(memory::live_bytes(memory::Tag::saved), 0u);
   }
   dev.backend.fail_async_copy = 0;
-  {
-    OffloadScope scope(options);
-    Tensor got = remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];
-    EXPECT_TRUE(same_bits(got, reference));
-  }
+  c.expect_a_healthy_run_equals_save_all();
   release_offload_files();
   std::filesystem::remove_all(dir);
 }
