@@ -8,7 +8,14 @@
 // It waits as an asynchronous device would: a copy to the host, synchronize() and a time reading
 // not yet ready count as host synchronisations; time marks become readable at the next wait; an
 // index check whose ids' range the host does not know is deferred to the next wait
-// (Backend::raise_deferred_errors) and its failure raised there.
+// (Backend::raise_deferred_errors) and its failure raised there. Its asynchronous copies
+// (copy_to_host_async, copy_from_host_async) run on an emulated copy engine: their bytes move only
+// when the copy completes, in issue order, at the second copy_done query of it, at a wait_copy or
+// wait_on_device of it or of a later copy, or at any host wait; so a device block dropped too early
+// or a value read before its copy was waited for gives wrong bits. `fail_async_copy = n` makes the
+// n-th asynchronous copy fail (its bytes are not moved; the error is raised once by a query of it);
+// `synchronous_copies = true` makes them the Backend's synchronous defaults, as a backend without
+// a copy stream (CUDA without REMAT_CUDA_FAST=offload_stream).
 //
 //   EmulatedDevice dev;                        // registers emulated:0 for the scope
 //   Tensor x = randn({4, 3}, DType::f32, 0.0, 1.0, dev.device);
@@ -16,6 +23,7 @@
 #pragma once
 
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <set>
 #include <string>
@@ -44,6 +52,40 @@ class EmulatedBackend final : public cpu::CpuBackend {
   void synchronize() override {
     ++synchronizations;
     wait();
+  }
+  // ---- asynchronous copies (see the top of the file)
+  CopyTicket copy_to_host_async(const Tensor& src, const Tensor& host) override {
+    if (synchronous_copies) return CpuBackend::copy_to_host_async(src, host);  // copy_to_host: a wait
+    ++device_to_host;
+    return issue(src, host);
+  }
+  CopyTicket copy_from_host_async(const Tensor& host, const Tensor& dst) override {
+    if (synchronous_copies) return CpuBackend::copy_from_host_async(host, dst);
+    ++host_to_device;
+    return issue(host, dst);
+  }
+  bool copy_done(const CopyTicket& ticket) override {
+    if (!ticket.pending()) return true;
+    Copy& c = *static_cast<Copy*>(ticket.event.get());
+    if (!c.done && ++c.queries >= 2) complete_through(c.number);
+    raise_failure(c);
+    return c.done;
+  }
+  void wait_copy(const CopyTicket& ticket) override {
+    if (!ticket.pending()) return;
+    Copy& c = *static_cast<Copy*>(ticket.event.get());
+    if (!c.done) {
+      ++waits;
+      complete_through(c.number);
+    }
+    raise_failure(c);
+  }
+  void wait_on_device(const CopyTicket& ticket) override {
+    if (!ticket.pending()) return;
+    Copy& c = *static_cast<Copy*>(ticket.event.get());
+    ++device_waits;
+    complete_through(c.number);
+    raise_failure(c);
   }
   // ---- time marks: ready once the host has waited for the device after making them
   TimeMark mark_time() override {
@@ -84,6 +126,8 @@ class EmulatedBackend final : public cpu::CpuBackend {
     a.copies_to_host = device_to_host;
     a.copies_from_host = host_to_device;
     a.deferred_checks = deferred_checks;
+    a.async_copies = async_copies;
+    a.device_waits = device_waits;
     return a;
   }
   bool supports(Kernel kernel, DType dtype) const override {
@@ -101,13 +145,54 @@ class EmulatedBackend final : public cpu::CpuBackend {
   uint64_t host_to_device = 0, device_to_host = 0, synchronizations = 0;
   uint64_t waits = 0;            // host synchronisations of every kind
   uint64_t deferred_checks = 0;  // index checks put off to the next wait
+  uint64_t async_copies = 0, device_waits = 0;
+  uint64_t fail_async_copy = 0;  // the asynchronous copy (counted from 1) that fails; 0: none
+  bool synchronous_copies = false;  // the asynchronous copies are the synchronous defaults (a backend without them)
+  size_t copies_in_flight() const { return in_flight_.size(); }
   mutable std::set<Kernel> asked;  // the kernels the dispatcher asked supports() for
 
  private:
   // The host waits for the device: time marks made before become readable, deferred checks are
   // read, and the first that failed is raised.
+  // An asynchronous copy: its ticket's event, and the engine's queue entry holding both tensors.
+  struct Copy {
+    uint64_t number = 0;
+    int queries = 0;
+    bool done = false;
+    std::string error;  // raised once
+  };
+  struct Flight {
+    std::shared_ptr<Copy> copy;
+    Tensor from, to;
+  };
+  CopyTicket issue(const Tensor& from, const Tensor& to) {
+    auto c = std::make_shared<Copy>();
+    c->number = ++async_copies;
+    in_flight_.push_back({c, from, to});
+    return {c};
+  }
+  static char* bytes_of(const Tensor& t) {
+    return static_cast<char*>(t.storage()->data()) + t.offset() * static_cast<int64_t>(dtype_size(t.dtype()));
+  }
+  // The copy engine finishes every copy up to number `last`, in order.
+  void complete_through(uint64_t last) {
+    while (!in_flight_.empty() && in_flight_.front().copy->number <= last) {
+      Flight f = std::move(in_flight_.front());
+      in_flight_.pop_front();
+      if (f.copy->number == fail_async_copy) f.copy->error = "emulated: an asynchronous copy failed (injected for a test)";
+      else std::memcpy(bytes_of(f.to), bytes_of(f.from), f.from.nbytes());
+      f.copy->done = true;
+    }
+  }
+  static void raise_failure(Copy& c) {
+    if (c.error.empty()) return;
+    const std::string message = std::move(c.error);
+    c.error.clear();
+    throw Error(message);
+  }
   void wait() {
     ++waits;
+    if (!in_flight_.empty()) complete_through(in_flight_.back().copy->number);
     checks_pending_ = false;
     if (deferred_error_.empty()) return;
     const std::string message = std::move(deferred_error_);
@@ -133,6 +218,7 @@ class EmulatedBackend final : public cpu::CpuBackend {
   std::string deferred_error_;
   memory::Allocator allocator_;
   std::set<std::pair<Kernel, DType>> refused_;
+  std::deque<Flight> in_flight_;  // after allocator_: its tensors go first
 };
 
 // Registers an emulated device for the life of the object (tensors on it must be gone first).

@@ -11,10 +11,12 @@
 //   - cross-entropy over masked and infinite rows follows the CPU's;
 //   - bf16 and f16 tensors only with REMAT_CUDA_FAST=bf16, converted as on the CPU, and a bf16
 //     mixed-precision GPT step under every policy equal to save-all's.
+//   - offloaded device values copied on the copy stream (REMAT_CUDA_FAST=offload_stream).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +27,7 @@
 #include "remat/nn.h"
 #include "remat/remat.h"
 #include "remat/scan.h"
+#include "tensor/cuda/cuda_backend.h"
 
 using namespace remat;
 
@@ -504,4 +507,61 @@ TEST(Cuda, OffloadEqualsSaveAll) {
   ResNetCase resnet;
   expect_same_gradients(run_steps(resnet.model, resnet.loss(), "save-all"),
                         run_steps(resnet.model, resnet.loss(), offload), "ResNet offload");
+}
+
+// every-layer with every kept value offloaded (threshold=0) gives save-all's gradients. With
+// REMAT_CUDA_FAST=offload_stream the values' copies run on the copy stream (Note [the copy
+// stream] in src/tensor/cuda/offload_copy.cpp), every value read back is waited for on the device,
+// and a step waits for the device no more often than every-layer in memory; without it no copy
+// is asynchronous (the synchronous copies of before).
+TEST(Cuda, OffloadEveryLayerCopiesOnTheCopyStream) {
+  REQUIRE_GPU();
+  TempDir dir;
+  GptCase gpt;
+  const std::string offload = "every-layer+offload:" + dir.path.string() + ",threshold=0";
+  const std::vector<std::string> on = cuda::fast_paths_on();
+  const bool copy_stream = std::find(on.begin(), on.end(), "offload_stream") != on.end();
+  const Gradients save_all = run_steps(gpt.model, gpt.loss(), "save-all");
+  auto one_step = [&](const std::string& policy, DeviceActivity& used) {
+    run_steps(gpt.model, gpt.loss(), policy, 1);  // sets things up
+    const DeviceActivity before = device_activity(kGpu);
+    Gradients g = run_steps(gpt.model, gpt.loss(), policy, 1);
+    const DeviceActivity after = device_activity(kGpu);
+    used.host_synchronizations = after.host_synchronizations - before.host_synchronizations;
+    used.async_copies = after.async_copies - before.async_copies;
+    used.device_waits = after.device_waits - before.device_waits;
+    return g;
+  };
+  DeviceActivity in_memory, offloaded;
+  expect_same_gradients(save_all, one_step("every-layer", in_memory), "every-layer");
+  expect_same_gradients(save_all, one_step(offload, offloaded), "every-layer offloaded");
+  if (!copy_stream) {
+    EXPECT_EQ(offloaded.async_copies, 0u);
+    return;
+  }
+  EXPECT_GT(offloaded.async_copies, 0u);
+  EXPECT_GT(offloaded.device_waits, 0u);
+  EXPECT_EQ(offloaded.host_synchronizations, in_memory.host_synchronizations);
+}
+
+// Clipping scales the gradients with the bits of x * T(coefficient) (the CPU's mul_scalar on the
+// same values), by default with the mul_scalar and copy kernels per gradient, with
+// REMAT_CUDA_FAST=grad_norm in one launch (scale_each).
+TEST(Cuda, ClipGradNormScalesAsMulScalar) {
+  REQUIRE_GPU();
+  GptCase gpt;
+  run_steps(gpt.model, gpt.loss(), "save-all", 1);
+  const TensorList params = gpt.model.parameters();
+  TensorList before;
+  for (const auto& p : params) before.push_back(p.grad().to(kCpu));
+  const double norm = nn::clip_grad_norm(params, 1e30);
+  const DeviceActivity from = device_activity(kGpu);
+  EXPECT_EQ(nn::clip_grad_norm(params, norm / 4), norm);
+  const DeviceActivity to = device_activity(kGpu);
+  EXPECT_EQ(to.calls_by_kernel[static_cast<size_t>(Kernel::scale_each)] -
+                from.calls_by_kernel[static_cast<size_t>(Kernel::scale_each)],
+            1u);
+  const double coefficient = (norm / 4) / (norm + 1e-6);
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(same_bits(params[i].grad().to(kCpu), mul_scalar(before[i], coefficient))) << "parameter " << i;
 }

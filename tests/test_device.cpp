@@ -172,6 +172,7 @@ TensorList every_kernel(Device device) {
   TensorList params = {x, w, gain, shift, table, image, filters, bias, scale, q, k, v, lw};
   for (const Tensor& p : params) results.push_back(p.grad());
   results.push_back(from_vector({nn::clip_grad_norm(params, 1e30)}, {1}, DType::f64).to(device));  // sum_squares
+  results.push_back(from_vector({nn::clip_grad_norm(params, 1e-3)}, {1}, DType::f64).to(device));  // scale_each
   nn::SGD sgd({x, w, gain, shift, table, image, lw}, {.lr = 0.1, .momentum = 0.9});   // sgd_step
   nn::AdamW adamw({filters, bias, scale, q, k, v}, {.lr = 0.1});                  // adamw_step
   for (int step = 0; step < 2; ++step) {

@@ -8,13 +8,15 @@
 //     backward pass; a bad one fails the backward before any gradient is committed, with the
 //     CPU's message, and a forward alone raises it at the next wait;
 //   - region times still reach the counters, after the step;
-//   - a linear layer's product and bias are one kernel call, recomputed with the same kernel.
+//   - a linear layer's product and bias are one kernel call, recomputed with the same kernel;
+//   - an every-layer step that offloads every kept value waits no more than one in memory.
 // The kernel calls per step (each a launch or more on a GPU) are printed for the record.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +24,8 @@
 #include "emulated_backend.h"
 #include "remat/nn.h"
 #include "remat/remat.h"
+#include "checkpoint_models.h"
+#include "temp_dir.h"
 
 using namespace remat;
 using remat::testing::EmulatedDevice;
@@ -280,7 +284,7 @@ TEST(DeviceSync, ALinearLayersProductAndBiasAreOneKernelCall) {
 
 // The gradient norm of a GPT step is one kernel call (sum_squares over every gradient, in
 // parameter order) and one wait (its value read), with the CPU's bits; scaling the gradients
-// when the norm is above the limit adds a product and a copy per gradient.
+// when the norm is above the limit adds one kernel call (scale_each), again with the CPU's bits.
 TEST(DeviceSync, TheGradientNormIsOneKernelCallAndOneWait) {
   EmulatedDevice dev;
   nn::GPTConfig config = tiny_gpt();
@@ -304,6 +308,17 @@ TEST(DeviceSync, TheGradientNormIsOneKernelCallAndOneWait) {
   const double clipped = nn::clip_grad_norm(model.parameters(), norm / 2);
   const DeviceActivity scaled = device_activity(dev.device);
   EXPECT_EQ(clipped, norm);
+  EXPECT_EQ(scaled.kernel_calls - after.kernel_calls, 2u) << "was 1 + 2 per gradient: the sum, then a product and a copy each";
+  EXPECT_EQ(scaled.calls_by_kernel[static_cast<size_t>(Kernel::scale_each)] -
+                after.calls_by_kernel[static_cast<size_t>(Kernel::scale_each)],
+            1u);
+  EXPECT_EQ(scaled.host_synchronizations - after.host_synchronizations, 1u);
+  EXPECT_EQ(nn::clip_grad_norm(on_cpu.parameters(), norm / 2), norm);
+  const TensorList device_params = model.parameters(), cpu_params = on_cpu.parameters();
+  for (size_t i = 0; i < params; ++i) {
+    const Tensor got = device_params[i].grad().to(kCpu), want = cpu_params[i].grad();
+    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0) << "clipped gradient " << i;
+  }
   std::printf("gradient norm of %zu gradients: %llu kernel call(s), %llu with the gradients scaled\n", params,
               static_cast<unsigned long long>(after.kernel_calls - before.kernel_calls),
               static_cast<unsigned long long>(scaled.kernel_calls - after.kernel_calls));
@@ -363,4 +378,71 @@ TEST(DeviceSync, TheResidualAddAndNormAreOneKernelCallEachWay) {
                 static_cast<unsigned long long>(step_calls(Kernel::add_layer_norm)),
                 static_cast<unsigned long long>(step_calls(Kernel::add_layer_norm_backward)));
   }
+}
+
+// Offload of device values behind the device's work (Note [offload of device values] in
+// src/saved/offload_device.cpp): an every-layer step whose kept values all go to host memory and a file
+// (offload:DIR,threshold=0) waits for the device no more often than every-layer in memory, copies
+// each offloaded value there and back asynchronously, its consumers waiting on the device, and
+// gives save-all's gradients bit for bit. With the copies synchronous (a backend without a copy
+// stream, as before), each value's copy to host memory was a wait of its own.
+TEST(DeviceSync, AnOffloadStepWaitsNoMoreThanInMemory) {
+  EmulatedDevice dev;
+  RecomputationCheck check_off(false);
+  const std::string dir = remat::testing::fresh_dir("device-sync-offload");
+  struct Run {
+    StepCount count;
+    uint64_t to_host = 0, from_host = 0, async = 0, device_waits = 0;
+    std::vector<Tensor> grads;
+  };
+  auto run = [&](const std::string& text, bool synchronous) {
+    dev.backend.synchronous_copies = synchronous;
+    nn::GPT model(tiny_gpt());
+    model.to(dev.device);
+    nn::SGD optimizer(model.parameters(), {.lr = 0.0});  // the gradients are compared, not the update
+    const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, false);
+    const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
+    const Policy policy = Policy::parse(text);
+    manual_seed(5);
+    step(model, optimizer, ids, targets, policy, dev.device);  // the first step sets things up
+    manual_seed(5);
+    const DeviceActivity before = device_activity(dev.device);
+    Run r;
+    r.count = step(model, optimizer, ids, targets, policy, dev.device);
+    const DeviceActivity after = device_activity(dev.device);
+    r.to_host = after.copies_to_host - before.copies_to_host;
+    r.from_host = after.copies_from_host - before.copies_from_host;
+    r.async = after.async_copies - before.async_copies;
+    r.device_waits = after.device_waits - before.device_waits;
+    for (const auto& p : model.parameters()) r.grads.push_back(p.grad().to(kCpu));
+    dev.backend.synchronous_copies = false;
+    return r;
+  };
+  const std::string offload = "every-layer+offload:" + dir + ",threshold=0";
+  const Run save_all = run("save-all", false);
+  const Run in_memory = run("every-layer", false);
+  const Run overlapped = run(offload, false);
+  const Run synchronous = run(offload, true);
+  for (const Run* r : {&overlapped, &synchronous}) {
+    ASSERT_EQ(r->grads.size(), save_all.grads.size());
+    for (size_t i = 0; i < r->grads.size(); ++i)
+      EXPECT_TRUE(remat::testing::bitwise_equal(r->grads[i], save_all.grads[i])) << "gradient " << i;
+  }
+  EXPECT_EQ(overlapped.count.waits, in_memory.count.waits) << "the offload step waited for the device more often";
+  EXPECT_GT(overlapped.async, 0u) << "no value was offloaded";
+  // every value went out and came back asynchronously (the loss read is the one copy to the host)
+  EXPECT_EQ(overlapped.to_host, in_memory.to_host + overlapped.from_host);
+  EXPECT_EQ(overlapped.async, 2 * overlapped.from_host);
+  EXPECT_EQ(overlapped.device_waits, overlapped.from_host) << "a consumer did not wait on the device for its copy";
+  EXPECT_EQ(synchronous.count.waits, in_memory.count.waits + synchronous.from_host)
+      << "synchronous copies: one wait per value copied to host memory";
+  std::printf("every-layer step, waits for the device: %llu in memory, %llu with offload:DIR,threshold=0 "
+              "(%llu values offloaded; %llu with synchronous copies); save-all %llu\n",
+              static_cast<unsigned long long>(in_memory.count.waits),
+              static_cast<unsigned long long>(overlapped.count.waits),
+              static_cast<unsigned long long>(overlapped.from_host),
+              static_cast<unsigned long long>(synchronous.count.waits),
+              static_cast<unsigned long long>(save_all.count.waits));
+  release_offload_files();
+  std::filesystem::remove_all(dir);
 }

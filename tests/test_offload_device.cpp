@@ -1,8 +1,9 @@
 // offload:DIR of values saved on a device other than the CPU, proven on the test-only emulated
 // device (emulated_backend.h): gradients bitwise equal to save-all on the same device, the
 // device's saved bytes gone while the values are offloaded and back (counted as saved) while the
-// backward pass uses them, small values kept on the device, and a GPT and a ResNet step with no
-// kernel run on the CPU.
+// backward pass uses them, small values kept on the device, the copies running behind the
+// device's work (held until done, failures raised with nothing lost), and a GPT and a ResNet step
+// with no kernel run on the CPU.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -41,6 +42,26 @@ Tensor save_all_gradient(const Tensor& x, const Tensor& weight) {
   ScopedPolicy keep(Policy::save_all());
   return remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];
 }
+
+// The chain's inputs on a device (seeds `seed` and `seed + 1`), its save-all gradient, and a target
+// in `dir` that offloads every value of the chain (threshold 1 KiB).
+struct ChainCase {
+  Tensor weight, x, reference;
+  OffloadTarget options;
+  ChainCase(Device device, uint64_t seed, const std::string& dir) {
+    weight = randn({64, 64}, DType::f32, RngState{seed, 0}, 0.0, 0.12).to(device).requires_grad_();
+    x = randn({64, 64}, DType::f32, RngState{seed + 1, 0}).to(device);
+    reference = save_all_gradient(x, weight);
+    options.directory = dir;
+    options.threshold_bytes = 1024;
+  }
+  // The chain under offload with nothing failing gives save-all's gradient.
+  void expect_a_healthy_run_equals_save_all() const {
+    OffloadScope scope(options);
+    Tensor got = remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];
+    EXPECT_TRUE(same_bits(got, reference));
+  }
+};
 
 }  // namespace
 
@@ -99,12 +120,9 @@ TEST(OffloadOnADevice, GradientsEqualSaveAllAndSavedBytesLeaveTheDevice) {
 TEST(OffloadOnADevice, AFailedWriteKeepsTheValueAndItComesBackToTheDevice) {
   EmulatedDevice dev;
   const std::string dir = fresh_dir("offload-device-full");
-  Tensor weight = randn({64, 64}, DType::f32, RngState{5, 0}, 0.0, 0.12).to(dev.device).requires_grad_();
-  Tensor x = randn({64, 64}, DType::f32, RngState{6, 0}).to(dev.device);
-  const Tensor reference = save_all_gradient(x, weight);
-  OffloadTarget options;
-  options.directory = dir;
-  options.threshold_bytes = 1024;
+  ChainCase c(dev.device, 5, dir);
+  const Tensor &weight = c.weight, &x = c.x;
+  const OffloadTarget& options = c.options;
   OffloadFaults full;
   full.fail_after_bytes = 4 * kValueBytes;  // the fifth write fails, as on a full disk
   bool failed = false;
@@ -119,12 +137,84 @@ TEST(OffloadOnADevice, AFailedWriteKeepsTheValueAndItComesBackToTheDevice) {
   }
   EXPECT_TRUE(failed);
   EXPECT_EQ(device_saved(dev.device), 0u);
-  // the same program under a healthy disk
+  c.expect_a_healthy_run_equals_save_all();  // the same program under a healthy disk
+  release_offload_files();
+  std::filesystem::remove_all(dir);
+}
+
+// The copies to host memory run behind the device's work (emulated: their bytes move when the copy
+// completes), so the device storage is held, and counted as saved on the device, until each copy
+// is done: the values saved last are still being copied when the forward ends, then
+// wait_for_writes lets them all go. No wait for the device was made for them.
+TEST(OffloadOnADevice, DeviceValuesAreHeldUntilTheirCopiesAreDone) {
+  EmulatedDevice dev;
+  const std::string dir = fresh_dir("offload-device-async");
+  ChainCase c(dev.device, 3, dir);
+  const Tensor &weight = c.weight, &x = c.x;
+  Tensor got;
   {
-    OffloadScope scope(options);
-    Tensor got = remat::grad(TensorList{tanh_chain(x, weight, kLayers)}, {weight})[0];
-    EXPECT_TRUE(same_bits(got, reference));
+    OffloadScope scope(c.options);
+    const uint64_t waits = dev.backend.waits;
+    Tensor loss = tanh_chain(x, weight, kLayers);
+    EXPECT_EQ(dev.backend.waits, waits) << "a copy to host memory waited for the device";
+    EXPECT_GT(dev.backend.copies_in_flight(), 0u);
+    EXPECT_EQ(device_saved(dev.device), dev.backend.copies_in_flight() * kValueBytes)
+        << "a value whose copy runs is not held on the device (or one whose copy is done still is)";
+    scope.wait_for_writes();
+    EXPECT_EQ(dev.backend.copies_in_flight(), 0u);
+    EXPECT_EQ(device_saved(dev.device), 0u);
+    got = remat::grad(TensorList{loss}, {weight})[0];
   }
+  EXPECT_TRUE(same_bits(got, c.reference));
+  release_offload_files();
+  std::filesystem::remove_all(dir);
+}
+
+// A copy that fails raises a remat::Error that says nothing was lost, at a defined point: a copy
+// to host memory at the next pack, unpack or wait_for_writes (the value stays on its device); a
+// copy back to the device at the unpack that needed it (the host copy stays), so the backward pass
+// fails before it commits a gradient. The same program then gives save-all's gradient.
+TEST(OffloadOnADevice, AFailedCopyRaisesAndLosesNothing) {
+  EmulatedDevice dev;
+  const std::string dir = fresh_dir("offload-device-copy-fault");
+  ChainCase c(dev.device, 5, dir);
+  const Tensor &weight = c.weight, &x = c.x;
+  const OffloadTarget& options = c.options;
+  const uint64_t values = kLayers + 2;
+  for (const uint64_t failing : {uint64_t{3}, values + 4}) {  // the third copy out; the fourth back
+    SCOPED_TRACE(failing);
+    dev.backend.fail_async_copy = dev.backend.async_copies + failing;
+    std::string error;
+    bool in_forward = false;
+    try {
+      OffloadScope scope(options);
+      Tensor loss = tanh_chain(x, weight, kLayers);
+      try {
+        scope.wait_for_writes();
+      } catch (const Error&) {
+        in_forward = true;
+        throw;
+      }
+      EXPECT_FALSE(weight.grad().defined());
+      loss.backward();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    ASSERT_FALSE(error.empty()) << "no error";
+    EXPECT_NE(error.find("nothing was lost"), std::string::npos) << error;
+    EXPECT_NE(error.find("injected for a test"), std::string::npos) << error;
+    if (failing <= values) {
+      EXPECT_NE(error.find("to host memory failed"), std::string::npos) << error;
+    } else {
+      EXPECT_FALSE(in_forward);
+      EXPECT_NE(error.find("back to emulated:0 failed"), std::string::npos) << error;
+    }
+    EXPECT_FALSE(weight.grad().defined()) << "a gradient was committed";
+    EXPECT_EQ(device_saved(dev.device), 0u);
+    EXPECT_EQ(memory::live_bytes(memory::Tag::saved), 0u);
+  }
+  dev.backend.fail_async_copy = 0;
+  c.expect_a_healthy_run_equals_save_all();
   release_offload_files();
   std::filesystem::remove_all(dir);
 }

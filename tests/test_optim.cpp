@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numbers>
 
@@ -149,26 +150,62 @@ TEST(Optim, ClipGradNorm) {
   EXPECT_NEAR(a.grad().to_vector()[0], 3.0 * k, 1e-15);  // left as it was
 }
 
+// Parameters of `dtype` with gradients for clip_grad_norm: odd sizes, an empty one, a strided
+// gradient, and the second parameter listed again at the end.
+namespace {
+TensorList clip_test_parameters(DType dtype, uint64_t seed) {
+  TensorList params;
+  for (Shape shape : {Shape{37}, Shape{5, 300}, Shape{1}, Shape{4097}, Shape{3, 0}}) {
+    Tensor p = Tensor::empty(shape, dtype, memory::Tag::parameter).requires_grad_();
+    p.set_grad(randn(shape, dtype, RngState{seed++, 0}));
+    params.push_back(p);
+  }
+  Tensor strided = Tensor::empty({6, 4}, dtype, memory::Tag::parameter).requires_grad_();
+  strided.set_grad(randn({4, 6}, dtype, RngState{seed++, 0}).transpose(0, 1));
+  params.push_back(strided);
+  params.push_back(params[1]);
+  return params;
+}
+}  // namespace
+
 // The norm's square is each gradient's sum(square(g)), in its dtype, added in float64 in parameter
 // order: the bits of that composition of ops, for every floating dtype and a strided gradient.
 TEST(Optim, ClipGradNormAddsEachGradientsSumOfSquaresInOrder) {
   for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
-    TensorList params;
-    uint64_t seed = 40;
-    for (Shape shape : {Shape{37}, Shape{5, 300}, Shape{1}, Shape{4097}, Shape{3, 0}}) {
-      Tensor p = Tensor::empty(shape, dtype, memory::Tag::parameter).requires_grad_();
-      p.set_grad(randn(shape, dtype, RngState{seed++, 0}));
-      params.push_back(p);
-    }
-    Tensor strided = Tensor::empty({6, 4}, dtype, memory::Tag::parameter).requires_grad_();
-    strided.set_grad(randn({4, 6}, dtype, RngState{seed++, 0}).transpose(0, 1));
-    params.push_back(strided);
-    params.push_back(params[1]);  // listed twice: counted once
+    const TensorList params = clip_test_parameters(dtype, 40);
     double want = 0.0;
     for (size_t i = 0; i + 1 < params.size(); ++i) want += sum(square(params[i].grad())).to(DType::f64).item();
     const std::vector<double> before = params[1].grad().to_vector();
     EXPECT_EQ(nn::clip_grad_norm(params, 1e30), std::sqrt(want)) << dtype_name(dtype);
     EXPECT_EQ(params[1].grad().to_vector(), before);
+  }
+}
+
+// Clipping scales every gradient in one kernel call (Backend::scale_each) with the bits the ops
+// gave before: g.copy_(mul_scalar(g, max_norm / (norm + 1e-6))), for every floating dtype, a
+// strided gradient and a parameter listed twice (scaled once); each gradient's storage is marked
+// as written.
+TEST(Optim, ClipGradNormScalesEachGradientAsMulScalarDid) {
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const TensorList params = clip_test_parameters(dtype, 60);  // the last is listed twice: scaled once
+    TensorList before;
+    std::vector<uint64_t> versions;
+    for (size_t i = 0; i + 1 < params.size(); ++i) {
+      before.push_back(params[i].grad().clone());
+      versions.push_back(params[i].grad().storage()->version());
+    }
+    const double norm = nn::clip_grad_norm(params, 1e30);
+    const double max_norm = norm / 3;
+    EXPECT_EQ(nn::clip_grad_norm(params, max_norm), norm);
+    const double coefficient = max_norm / (norm + 1e-6);
+    for (size_t i = 0; i + 1 < params.size(); ++i) {
+      const Tensor want = mul_scalar(before[i], coefficient);
+      const Tensor got = params[i].grad().contiguous();
+      ASSERT_EQ(got.nbytes(), want.nbytes());
+      EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0) << "gradient " << i;
+      EXPECT_GT(params[i].grad().storage()->version(), versions[i]) << "gradient " << i;
+    }
   }
 }
 

@@ -272,6 +272,10 @@ TensorList each_in(const Mark& in, const TensorList& tensors) {
      first element (REMAT_CUDA_FAST=grad_norm), one or two launches for many tensors. */                               \
   X(sum_squares, (tensors.empty() ? out : tensors.front()), (const TensorList& tensors, const Tensor& out),            \
     (each_in(in, tensors), inout(out)))                                                                                \
+  /* Each tensor t of `tensors` (floating, any strides, no two sharing storage; at least one) becomes                  \
+     t * scale in place, with the bits of unary(mul_scalar, t, tmp, scale) then copy(tmp, t), the                      \
+     tensors of one dtype. A backend may scale many tensors in one launch (gradient clipping). */                     \
+  X(scale_each, tensors.at(0), (const TensorList& tensors, double scale), (each_in(inout, tensors), scale))           \
                                                                                                                        \
   /* ---- fused attention, per batch b and head h, never forming the [Tq, Tk] probabilities:                           \
        out[b, h] = dropout(softmax(q[b, h] @ k[b, h]^T * scale, causal mask)) @ v[b, h]                                \
@@ -333,9 +337,19 @@ struct DeviceActivity {
   uint64_t launches = 0;               // device launches they made: kernels, library calls, memsets
   uint64_t host_synchronizations = 0;  // the host waited for the device (a copy to the host, a clock
                                        // read, a deferred check read, synchronize())
-  uint64_t copies_to_host = 0, copies_from_host = 0;
+  uint64_t copies_to_host = 0, copies_from_host = 0;  // each copy, synchronous or asynchronous
+  uint64_t async_copies = 0;           // of those, copies that ran behind the device's work
+  uint64_t device_waits = 0;           // the device's work waited for a copy (wait_on_device), not the host
   uint64_t deferred_checks = 0;        // validations recorded on the device, read at a later wait
   std::array<uint64_t, kKernelCount> calls_by_kernel{};  // kernel_calls per Kernel (by its enumerator)
+};
+
+// An asynchronous copy between host memory and a device (Backend::copy_to_host_async,
+// copy_from_host_async): the backend's record of the copy's end (a CUDA event on its copy
+// stream). An empty ticket is a copy that was complete when the call returned.
+struct CopyTicket {
+  std::shared_ptr<void> event;
+  bool pending() const { return event != nullptr; }
 };
 
 class Backend {
@@ -373,6 +387,25 @@ class Backend {
   // before a backward pass commits gradients, so bad input leaves every .grad() as it was. The
   // CPU's kernels throw at once and record nothing.
   virtual void raise_deferred_errors() {}
+  // Copies that run behind the device's work (offload's device values: Note [offload of device
+  // values] in src/saved/offload.cpp). host_buffer(dtype, numel) is a contiguous host tensor (on
+  // kCpu, counted by the CPU's allocator) that these copies may use directly: pinned memory on
+  // CUDA. copy_to_host_async(src, host) starts copying the contiguous device tensor `src` into
+  // `host` (src's dtype and numel, from host_buffer) after the work issued so far;
+  // copy_from_host_async(host, dst) starts copying the contiguous host tensor `host` into the
+  // contiguous device tensor `dst`. The backend keeps both tensors alive until the copy is done, so
+  // the caller may drop them at once: a device block is never reused before the copy has read it.
+  // copy_done(ticket) says whether the copy is over without waiting; wait_copy(ticket) waits for
+  // it on the host; wait_on_device(ticket) makes the device's later work wait for it (a stream
+  // wait: the host does not wait). A copy that failed raises its remat::Error from copy_done,
+  // wait_copy or wait_on_device, once; its tensors are as they were (dst's contents undefined).
+  // The defaults copy at once (copy_to_host / copy_from_host) and return an empty ticket.
+  virtual Tensor host_buffer(DType dtype, int64_t numel);
+  virtual CopyTicket copy_to_host_async(const Tensor& src, const Tensor& host);
+  virtual CopyTicket copy_from_host_async(const Tensor& host, const Tensor& dst);
+  virtual bool copy_done(const CopyTicket& ticket) { return !ticket.pending(); }
+  virtual void wait_copy(const CopyTicket& ticket) { (void)ticket; }
+  virtual void wait_on_device(const CopyTicket& ticket) { (void)ticket; }
   // This backend's counts (DeviceActivity); the dispatcher adds the kernel calls.
   virtual DeviceActivity activity() const { return {}; }
   // Whether this backend implements `kernel` for tensors of `dtype` (the dtype of the kernel's

@@ -295,7 +295,16 @@ double clip_grad_norm(const TensorList& params, double max_norm) {
   }
   const double coefficient = max_norm / (total + 1e-6);
   if (std::isfinite(total) && coefficient < 1.0) {
-    for (auto& g : grads) g.copy_(mul_scalar(g.detach(), coefficient));
+    // one kernel call scales every gradient of a dtype in place (Backend::scale_each: the bits of
+    // g.copy_(mul_scalar(g, coefficient)))
+    for (size_t first = 0; first < grads.size();) {
+      TensorList same;
+      size_t next = first;
+      for (; next < grads.size() && grads[next].dtype() == grads[first].dtype(); ++next) same.push_back(grads[next].detach());
+      backend(grads[first].device()).scale_each(same, coefficient);
+      for (const Tensor& g : same) g.storage()->bump_version();
+      first = next;
+    }
   }
   return total;
 }

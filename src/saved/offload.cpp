@@ -26,6 +26,7 @@
 
 #include "dynamic_internal.h"
 #include "remat/autodiff.h"
+#include "offload_entry.h"
 #include "offload_file.h"
 #include "tensor/allocate.h"
 #include "remat/backend.h"
@@ -55,53 +56,6 @@ OffloadGate::~OffloadGate() {
   offload_gate = previous_;
   offload_cap = previous_cap_;
 }
-
-class OffloadStore;
-
-// What the worker reports about one job (guarded by the store's mutex); shared by the entry and
-// the job, so that the worker never holds an entry (whose end belongs to the scope's thread).
-struct JobStatus {
-  bool done = false;
-  bool ok = false;
-};
-
-// A tensor an entry keeps, holding a saved reference on its storage (the allocator then counts
-// it as saved, on its device) unless the storage is a parameter's or a gradient's.
-struct HeldTensor {
-  Tensor value;
-  bool counted = false;
-  bool defined() const { return value.defined(); }
-  void hold(Tensor t) {
-    drop();
-    value = std::move(t);
-    const memory::Tag tag = value.storage()->tag();
-    if (tag == memory::Tag::other || tag == memory::Tag::saved) {
-      value.storage()->add_saved_reference();
-      counted = true;
-    }
-  }
-  void drop() {
-    if (counted) value.storage()->remove_saved_reference();
-    counted = false;
-    value = Tensor();
-  }
-};
-
-struct OffloadEntry {
-  enum class State { memory, writing, on_disk, reading };
-  std::shared_ptr<OffloadStore> store;
-  DType dtype = DType::f32;
-  int64_t numel = 0;
-  size_t bytes = 0;
-  Device home = kCpu;                // where the value was saved (Note [offload of device values])
-  std::shared_ptr<FileRange> range;  // its range of the store's file, if it has one
-  // owned by the scope's thread
-  State state = State::memory;
-  std::shared_ptr<JobStatus> job;  // the job in flight, if any
-  HeldTensor ram;                  // the value in host memory (or, kept where it is, on home)
-  HeldTensor on_home;              // a device value copied back to its device
-  ~OffloadEntry();
-};
 
 class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
  public:
@@ -155,8 +109,12 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       return entry;
     }
     wait_for_room(entry->bytes);
-    entry->ram.hold(to_host(whole));
     entry->range = std::make_shared<FileRange>(file_, entry->bytes);
+    if (whole.device().type != DeviceType::cpu) {
+      start_copy_to_host(entry, whole);
+      return entry;
+    }
+    entry->ram.hold(whole);
     start_job(entry, OffloadEntry::State::writing);
     return entry;
   }
@@ -165,12 +123,16 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     end_window();  // the backward pass has begun (once; see the yielding rule below)
     unpacked_ = true;
     collect();
-    if (entry->on_home.defined()) return entry->on_home.value;
-    if (entry->state == OffloadEntry::State::reading) wait_done(*entry);
-    throw_pending_error();
-    read_back(*entry);
-    if (entry->ram.value.device() == entry->home) return entry->ram.value;
-    return to_home(*entry);
+    if (entry->state == OffloadEntry::State::copying) return entry->on_device.value;  // still on its device
+    if (!entry->on_home.defined()) {
+      if (entry->state == OffloadEntry::State::reading) wait_done(*entry);
+      throw_pending_error();
+      read_back(*entry);
+      if (entry->ram.value.device() == entry->home) return entry->ram.value;
+      start_copy_home(*entry);
+    }
+    finish_copy_home(*entry);
+    return entry->on_home.value;
   }
 
   // Puts the value in entry.ram: as it is, from the file's mapped pages, or read now.
@@ -196,6 +158,9 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
 
   void wait_for_writes() {
     std::vector<std::shared_ptr<OffloadEntry>> writing;
+    for (const auto& e : copying_)
+      if (auto entry = e.lock(); entry && entry->state == OffloadEntry::State::copying) poll_copy(*entry, true);
+    collect();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const auto& weak : watched_)
@@ -208,21 +173,33 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
 
   void prefetch(const std::shared_ptr<OffloadEntry>& entry) {
     collect();
-    if (entry->on_home.defined() || entry->ram.defined() || entry->state != OffloadEntry::State::on_disk) return;
-    if (plan_cap_ > 0 && entry->home.type == DeviceType::cpu) return;  // Note [writes behind a plan's peak]
+    if (entry->on_home.defined() || entry->state == OffloadEntry::State::copying) return;
+    const bool for_device = entry->home.type != DeviceType::cpu;
+    if (entry->ram.defined()) {  // in host memory: a device value goes on to its device
+      if (for_device && entry->state != OffloadEntry::State::reading && entry->ram.value.device() != entry->home)
+        start_copy_home(*entry);
+      return;
+    }
+    if (entry->state != OffloadEntry::State::on_disk) return;
+    if (plan_cap_ > 0 && !for_device) return;  // Note [writes behind a plan's peak]
     if (map_resident(*entry)) {
       dynamic_counters().bytes_prefetched += entry->bytes;
+      if (for_device) start_copy_home(*entry);
       return;
     }
     if (options_.ram_bytes > 0 && in_flight_ + entry->bytes > options_.ram_bytes) return;  // read on demand
     entry->ram.hold(fresh_like(entry->dtype, entry->numel));
+    entry->upload_when_read = for_device;
     start_job(entry, OffloadEntry::State::reading);
     dynamic_counters().bytes_prefetched += entry->bytes;
   }
 
   void release_entry(OffloadEntry& entry) {
+    if (entry.state == OffloadEntry::State::copying) in_flight_ -= entry.bytes;
     entry.ram.drop();
     entry.on_home.drop();
+    entry.on_device.drop();
+    entry.copy = {};  // the backend keeps a copy's tensors until it is done
     if (entry.job) {
       in_flight_ -= entry.bytes;
       entry.job.reset();
@@ -240,8 +217,17 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     may_yield_ = false;
   }
 
-  // Notes finished jobs: drops the memory copies of written values.
+  // Notes finished copies to host memory (which start their writes) and finished jobs: drops the
+  // memory copies of written values.
   void collect() {
+    for (auto it = copying_.begin(); it != copying_.end();) {
+      std::shared_ptr<OffloadEntry> e = it->lock();
+      if (e && e->state == OffloadEntry::State::copying && !poll_copy(*e, false)) {
+        ++it;
+        continue;
+      }
+      it = copying_.erase(it);
+    }
     std::vector<std::pair<std::shared_ptr<OffloadEntry>, bool>> finished;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -274,6 +260,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       } else if (e->state == OffloadEntry::State::reading) {
         e->state = OffloadEntry::State::on_disk;  // and in memory again (ram holds it)
         if (!ok) e->ram.drop();  // read again on demand, with its error
+        if (ok && e->upload_when_read && !e->on_home.defined()) start_copy_home(*e);
+        e->upload_when_read = false;
       }
     }
   }
@@ -316,32 +304,31 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     return true;
   }
 
-  // Note [offload of device values]. A saved value on a device other than the CPU (an
-  // accelerator's memory) of at least the threshold is copied to host memory at pack, on the
-  // scope's thread, and from then on is a host value like any other: written to the file by the
-  // worker, its host copy dropped once written, read back ahead of need (mapped pages or a read
-  // job). Nothing keeps the device storage, so its bytes are freed as soon as the program's own
-  // tensors over it are gone. At unpack the host bytes are copied into a fresh device tensor,
-  // counted as saved on the device until the backward pass is done with the value, and the host
-  // copy is dropped; the bytes are the ones saved, so gradients equal save-all's bit for bit. A
-  // value under the threshold stays on its device. The copies go through the backend's device
-  // verbs (copy_between_devices: copy_to_host / copy_from_host); on CUDA those stage through the
-  // backend's two pinned buffers on its one stream and return when the copy is complete. The CUDA
-  // backend has no separate copy stream, so a device copy does not overlap the kernels around it:
-  // the disk's writes and read-ahead overlap computation, the device<->host copies do not.
-  static Tensor to_host(const Tensor& whole) {
-    if (whole.device().type == DeviceType::cpu) return whole;
-    Tensor host = fresh_like(whole.dtype(), whole.numel());
-    copy_between_devices(whole, host);
-    return host;
+  // A device value's copy to host memory (Note [offload of device values] in offload_device.cpp).
+  void start_copy_to_host(const std::shared_ptr<OffloadEntry>& entry, const Tensor& whole) {
+    start_copy_out(*entry, whole);
+    in_flight_ += entry->bytes;
+    copying_.push_back(entry);
+    if (!entry->copy.pending()) poll_copy(*entry, false);
   }
 
-  static Tensor to_home(OffloadEntry& entry) {
-    Tensor value = Tensor::empty({entry.numel}, entry.dtype, memory::Tag::other, entry.home);
-    copy_between_devices(entry.ram.value, value);
-    entry.ram.drop();  // the host copy (a buffer of ours or mapped pages); a job on it keeps its own
-    entry.on_home.hold(value);
-    return value;
+  // Whether entry's copy to host memory is over (waiting for it with `wait`); once it is, its
+  // write starts, or, if it failed, the value stays on its device and the error is pending.
+  bool poll_copy(OffloadEntry& entry, bool wait) {
+    std::string error;
+    if (!poll_copy_out(entry, wait, error)) return false;
+    in_flight_ -= entry.bytes;
+    if (!error.empty()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (pending_error_.empty()) pending_error_ = std::move(error);
+      return true;
+    }
+    for (const auto& weak : copying_)
+      if (auto e = weak.lock(); e.get() == &entry) {
+        start_job(e, OffloadEntry::State::writing);
+        break;
+      }
+    return true;
   }
 
   void throw_pending_error() {
@@ -379,7 +366,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   // until it fits or nothing is in flight (what is left is the plan's own, which the plan
   // counted). So the writes run behind the nodes that follow, and the measured saved peak stays
   // within the prediction whenever the plan's model holds. The cap counts host memory only: a
-  // device value's host copy does not occupy the device (Note [offload of device values]).
+  // device value's host copy does not occupy the device (Note [offload of device values] in
+  // offload_device.cpp).
   // The backward of a planned step reads nothing ahead: the plan brings an offloaded value back
   // just before its node's backward, and a value read (or mapped) a few nodes early is counted
   // during what runs between, which may be a region's re-run at the plan's peak (a GPT's record
@@ -512,6 +500,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   std::condition_variable cv_, done_cv_;
   std::deque<Job> jobs_;
   std::vector<std::weak_ptr<OffloadEntry>> watched_;
+  std::vector<std::weak_ptr<OffloadEntry>> copying_;  // copies to host memory in flight (scope's thread)
   size_t written_ = 0;
   std::atomic<double> busy_seconds_{0};
   std::string pending_error_;

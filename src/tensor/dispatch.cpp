@@ -80,6 +80,26 @@ void DeviceDispatch::raise_deferred_errors() {
   DeviceKernelScope scope;
   inner_.raise_deferred_errors();
 }
+CopyTicket DeviceDispatch::copy_to_host_async(const Tensor& src, const Tensor& host) {
+  DeviceKernelScope scope;
+  return inner_.copy_to_host_async(src, host);
+}
+CopyTicket DeviceDispatch::copy_from_host_async(const Tensor& host, const Tensor& dst) {
+  DeviceKernelScope scope;
+  return inner_.copy_from_host_async(host, dst);
+}
+bool DeviceDispatch::copy_done(const CopyTicket& ticket) {
+  DeviceKernelScope scope;
+  return inner_.copy_done(ticket);
+}
+void DeviceDispatch::wait_copy(const CopyTicket& ticket) {
+  DeviceKernelScope scope;
+  inner_.wait_copy(ticket);
+}
+void DeviceDispatch::wait_on_device(const CopyTicket& ticket) {
+  DeviceKernelScope scope;
+  inner_.wait_on_device(ticket);
+}
 
 DeviceActivity DeviceDispatch::activity() const {
   DeviceActivity a = inner_.activity();

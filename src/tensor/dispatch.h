@@ -31,6 +31,12 @@ class DeviceDispatch final : public Backend {
   bool time_ready(const TimeMark& mark) override { return inner_.time_ready(mark); }
   double seconds_between(const TimeMark& from, const TimeMark& to) override { return inner_.seconds_between(from, to); }
   void raise_deferred_errors() override;
+  Tensor host_buffer(DType dtype, int64_t numel) override { return inner_.host_buffer(dtype, numel); }
+  CopyTicket copy_to_host_async(const Tensor& src, const Tensor& host) override;
+  CopyTicket copy_from_host_async(const Tensor& host, const Tensor& dst) override;
+  bool copy_done(const CopyTicket& ticket) override;
+  void wait_copy(const CopyTicket& ticket) override;
+  void wait_on_device(const CopyTicket& ticket) override;
   // the inner backend's counts with the kernel calls of this dispatcher
   DeviceActivity activity() const override;
   bool supports(Kernel kernel, DType dtype) const override { return inner_.supports(kernel, dtype); }

@@ -88,6 +88,16 @@ TimeMark Backend::mark_time() {
   return {std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(), nullptr};
 }
 
+Tensor Backend::host_buffer(DType dtype, int64_t numel) { return Tensor::empty({numel}, dtype); }
+CopyTicket Backend::copy_to_host_async(const Tensor& src, const Tensor& host) {
+  copy_to_host(src, host.raw_data());
+  return {};
+}
+CopyTicket Backend::copy_from_host_async(const Tensor& host, const Tensor& dst) {
+  copy_from_host(host.raw_data(), dst);
+  return {};
+}
+
 }  // namespace remat
 
 namespace remat {

@@ -5,7 +5,8 @@
 //
 // sum_squares, the gradient norm's sum: per tensor the square and the sum kernels of the
 // CPU backend (widening 16-bit tensors as any kernel does), so each tensor's sum has the bits of
-// sum(square(t)), then those sums added in float64 in list order.
+// sum(square(t)), then those sums added in float64 in list order. scale_each, the clipping's
+// scaling: per tensor the mul_scalar and copy kernels, the bits of t.copy_(mul_scalar(t, scale)).
 #include <cmath>
 #include <numeric>
 
@@ -113,6 +114,15 @@ void CpuKernels::sum_squares(const TensorList& tensors, const Tensor& out) {
     total += *wide.data<double>();
   }
   cpu_backend().fill(out, total);
+}
+
+void CpuKernels::scale_each(const TensorList& tensors, double scale) {
+  for (const Tensor& t : tensors) {
+    REMAT_ASSERT(t.defined() && is_floating(t.dtype()), "scale_each: an operand is undefined or not floating");
+    Tensor scaled = detail::allocate_tensor("scale_each product", t.shape(), t.dtype(), memory::Tag::other, t.device());
+    cpu_backend().unary(UnaryOp::mul_scalar, t, scaled, scale);
+    cpu_backend().copy(scaled, t);
+  }
 }
 
 }  // namespace remat::cpu

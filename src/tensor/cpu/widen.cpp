@@ -19,9 +19,11 @@
 namespace remat::cpu {
 
 namespace {
-// digest reads the bytes as they are; sum_squares runs the widening square and sum on each of its
-// tensors itself.
-bool native_16bit(Kernel kernel) { return kernel == Kernel::digest || kernel == Kernel::sum_squares; }
+// digest reads the bytes as they are; sum_squares and scale_each run the widening kernels on each
+// of their tensors themselves.
+bool native_16bit(Kernel kernel) {
+  return kernel == Kernel::digest || kernel == Kernel::sum_squares || kernel == Kernel::scale_each;
+}
 }  // namespace
 
 // Each optional kernel of the list, widened (tensor/widen.h).

@@ -48,6 +48,7 @@ constexpr FastName kFastNames[] = {
     {"cross_entropy", Fast::cross_entropy, false},   {"grad_norm", Fast::grad_norm, false},
     {"residual_norm", Fast::residual_norm, false},
     {"bf16", Fast::bf16, false},
+    {"offload_stream", Fast::offload_stream, false},
 };
 
 uint32_t fast_bits() {

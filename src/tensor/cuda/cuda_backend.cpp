@@ -279,6 +279,7 @@ CudaBackend::~CudaBackend() {
   CudaBackend* self = this;
   backends_by_device[device_].compare_exchange_strong(self, nullptr);
   (void)cudaStreamSynchronize(stream_);
+  copy_stream_.reset();  // waits for its copies and lets their tensors go
   profiler_.reset();
   deferred_.release();
   for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
@@ -320,6 +321,8 @@ DeviceActivity CudaBackend::activity() const {
   a.copies_to_host = to_host_.load();
   a.copies_from_host = from_host_.load();
   a.deferred_checks = deferred_.total();
+  a.async_copies = async_copies();
+  a.device_waits = device_waits();
   return a;
 }
 

@@ -67,6 +67,7 @@ enum class Fast : uint32_t {
   grad_norm = 1u << 11,      // the gradient norm's sum of squares in two fixed-order launches (optim.cu)
   residual_norm = 1u << 12,  // the residual add fused into layer norm: one kernel each way (residual_norm.cu)
   bf16 = 1u << 13,           // bf16 and f16 tensors on the device (Backend::holds; widen.cpp, gemm.cpp, copy.cu)
+  offload_stream = 1u << 14, // offloaded values copied on a second stream behind compute (offload_copy.cpp)
 };
 bool fast(Fast path);
 
@@ -226,6 +227,13 @@ class CudaBackend : public Backend {
   bool supports(Kernel kernel, DType dtype) const override;
   // bf16 and f16 tensors only with REMAT_CUDA_FAST=bf16 (widen.cpp)
   bool holds(DType dtype) const override { return !is_16bit_float(dtype) || fast(Fast::bf16); }
+  // asynchronous copies on the copy stream (Fast::offload_stream; offload_copy.cpp)
+  Tensor host_buffer(DType dtype, int64_t numel) override;
+  CopyTicket copy_to_host_async(const Tensor& src, const Tensor& host) override;
+  CopyTicket copy_from_host_async(const Tensor& host, const Tensor& dst) override;
+  bool copy_done(const CopyTicket& ticket) override;
+  void wait_copy(const CopyTicket& ticket) override;
+  void wait_on_device(const CopyTicket& ticket) override;
 
   // every kernel of REMAT_KERNELS (include/remat/backend.h)
   REMAT_OVERRIDE_KERNELS()
@@ -258,6 +266,11 @@ class CudaBackend : public Backend {
   // The calling thread's innermost guarded backend, or null.
   static CudaBackend* current();
   static CudaBackend* of_device(int device);
+  // the copy stream, its pinned buffers and its copies in flight (offload_copy.cpp)
+  struct CopyStream;
+  CopyStream& copy_stream();
+  uint64_t async_copies() const;
+  uint64_t device_waits() const;
 
  private:
   void wait_for_stream();  // enqueues the deferred verdicts' copy, waits, raises a failure
@@ -278,6 +291,7 @@ class CudaBackend : public Backend {
   std::shared_ptr<OptimizerQueue> optimizer_queue_;
   std::shared_ptr<LtState> lt_;
   bool flushing_ = false;
+  std::shared_ptr<CopyStream> copy_stream_;  // made on first use
   // timing events (Fast::async), reused
   std::mutex events_mutex_;
   std::vector<cudaEvent_t> free_events_;

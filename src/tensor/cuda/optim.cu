@@ -3,7 +3,9 @@
 // depend on the launch shape, nor on whether a parameter's update is launched alone or gathered
 // with others (Note [gathered optimizer updates]). sum_squares, the gradient norm's sum: the
 // composition of square, sum and a float64 add per tensor by default, or two launches in a fixed
-// order (Note [the gradient norm in two launches]).
+// order (Note [the gradient norm in two launches]). scale_each, the clipping's scaling: the
+// mul_scalar and copy kernels per tensor by default, or one launch for up to kSquaresTensors
+// tensors with the same switch (each element x * T(scale), the mul_scalar kernel's product).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -339,5 +341,65 @@ void CudaBackend::sum_squares(const TensorList& tensors, const Tensor& out) {
   });
 }
 
-}  // namespace remat::cuda
+namespace {
 
+template <class T>
+struct ScaleBatch {
+  T* data[kSquaresTensors];
+  int64_t numel[kSquaresTensors];
+  int64_t first_chunk[kSquaresTensors + 1];
+  int count = 0;
+};
+
+// Chunk by chunk as squares_partials_kernel; every element is independent, so the launch shape
+// does not change the bits.
+template <class T>
+__global__ void scale_each_kernel(ScaleBatch<T> batch, T scale) {
+  const int64_t chunks = batch.first_chunk[batch.count];
+  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    int lo = 0, hi = batch.count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (batch.first_chunk[mid] <= chunk) lo = mid;
+      else hi = mid - 1;
+    }
+    T* x = batch.data[lo];
+    const int64_t begin = (chunk - batch.first_chunk[lo]) * kSquaresChunk;
+    const int64_t end = begin + kSquaresChunk < batch.numel[lo] ? begin + kSquaresChunk : batch.numel[lo];
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] = x[i] * scale;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::scale_each(const TensorList& tensors, double scale) {
+  const DType dtype = tensors.at(0).dtype();
+  bool gathered = fast(Fast::grad_norm) && (dtype == DType::f32 || dtype == DType::f64);
+  for (const Tensor& t : tensors) gathered = gathered && t.dtype() == dtype && t.is_contiguous();
+  if (!gathered) {
+    for (const Tensor& t : tensors) {  // the kernels of t.copy_(mul_scalar(t, scale))
+      Tensor scaled = scratch(t.shape(), t.dtype());
+      unary(UnaryOp::mul_scalar, t, scaled, scale);
+      copy(scaled, t);
+    }
+    return;
+  }
+  DeviceGuard guard(device_);
+  dispatch_float(dtype, "scale_each", [&]<class T>() {
+    for (size_t at = 0; at < tensors.size(); at += kSquaresTensors) {
+      ScaleBatch<T> b;
+      b.count = static_cast<int>(std::min<size_t>(kSquaresTensors, tensors.size() - at));
+      b.first_chunk[0] = 0;
+      for (int i = 0; i < b.count; ++i) {
+        b.data[i] = ptr<T>(tensors[at + i]);
+        b.numel[i] = tensors[at + i].numel();
+        b.first_chunk[i + 1] = b.first_chunk[i] + (b.numel[i] + kSquaresChunk - 1) / kSquaresChunk;
+      }
+      if (b.first_chunk[b.count] == 0) continue;
+      scale_each_kernel<T><<<grid_for(b.first_chunk[b.count], 1), kThreads, 0, stream_>>>(b, static_cast<T>(scale));
+      check_launch("scale_each");
+    }
+  });
+}
+
+}  // namespace remat::cuda

@@ -31,6 +31,7 @@ bool native_16bit(Kernel kernel) {
     case Kernel::digest:
     case Kernel::gemm:
     case Kernel::gemm_bias:
+    case Kernel::scale_each:  // each gradient through unary and copy, which take 16 bits themselves
     case Kernel::unary:
     case Kernel::unary_backward:
     case Kernel::binary:
