@@ -145,6 +145,12 @@ struct ChainCosts {
   // What writing a kept byte out and reading it back costs (seconds per byte), when kept values
   // may be offloaded; negative: there is no offload target, and no plan offloads.
   double offload_seconds_per_byte = -1;
+  // The part of offload_seconds_per_byte that writes the byte out (0 to all of it). A write runs on
+  // one disk worker, in the order of the offloads, behind the forward compute that follows its
+  // node up to the loss; only what the queue of writes runs past the loss is charged (the stall).
+  // The rest (the read back, just before the node's backward) is charged in full. 0: every
+  // transfer is charged serially (docs/planners.md, "the cost of a transfer").
+  double offload_write_seconds_per_byte = 0;
   bool can_offload() const { return offload_seconds_per_byte >= 0; }
   // Whether peaks count the backward pass's gradient buffers d_j (x[j] bytes each), as the rotor
   // paper's model does; false: boundaries and records only, what an allocator counts as saved
@@ -206,6 +212,7 @@ struct SimResult {
   int forward_evaluations = 0;  // forward actions
   int recomputed_forwards = 0;  // forward_evaluations - L
   size_t offloaded_bytes = 0;   // written to the offload target (and read back)
+  double write_stall_time = 0;  // of total_time: how long the queued writes run past the forward pass
 };
 
 // Checks a tree covers stages 0..num_stages-1 in order with valid regions; throws

@@ -149,6 +149,9 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
     measured.offload_seconds_per_byte =
         options.offload_seconds_per_byte >= 0 ? options.offload_seconds_per_byte : bandwidth.seconds_per_byte();
+    // the measured write runs behind the forward compute after its node; a given cost is serial
+    measured.offload_write_seconds_per_byte =
+        options.offload_seconds_per_byte >= 0 ? 0.0 : 1.0 / bandwidth.write_bytes_per_second;
   }
   const size_t limit = r.budget_bytes > outside ? r.budget_bytes - outside : 0;
   r.input_shape = shapes.empty() ? Shape{} : shapes[0];

@@ -104,6 +104,14 @@ void ChainCosts::validate() const {
     out << "offload_seconds_per_byte is " << offload_seconds_per_byte << "; it must be finite (negative: no offload)";
     invalid(function, out.str());
   }
+  if (!std::isfinite(offload_write_seconds_per_byte) || offload_write_seconds_per_byte < 0 ||
+      (can_offload() && offload_write_seconds_per_byte > offload_seconds_per_byte)) {
+    std::ostringstream out;
+    out << "offload_write_seconds_per_byte is " << offload_write_seconds_per_byte
+        << "; it must be finite, >= 0 and at most offload_seconds_per_byte (" << offload_seconds_per_byte
+        << "), the write being part of a transfer";
+    invalid(function, out.str());
+  }
   for (size_t i = 0; i < stages; ++i) {
     if (!std::isfinite(forward_time[i]) || forward_time[i] < 0 || !std::isfinite(backward_time[i]) ||
         backward_time[i] < 0) {
@@ -159,6 +167,15 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   boundary_live[0] = true;
   size_t live = x[0];
   int gradient = -1;  // index j of the live gradient d_j; -1 before the loss
+  // Note [writes behind the forward pass]. An offload's write goes to one disk worker, queued in
+  // the order of the offloads, and runs while the forward pass goes on: the runtime keeps the
+  // value in memory until it is written, within the plan's peak (Note [writes behind a plan's
+  // peak] in src/saved/offload.cpp). The forward compute after a node is its write's window; what
+  // the queue runs past the loss is a stall, charged once there: max over the offloaded nodes k of
+  // (the writes from k on) - (the forward compute after k). The read back is charged in full: a
+  // planned backward reads a value when its node runs, nothing ahead, so nothing hides it.
+  double forward_clock = 0;  // forward compute so far (the writes' clock)
+  double writes_done = 0;    // when the disk worker finishes the writes queued so far
   SimResult result;
   result.peak_bytes = live;
   for (size_t position = 0; position < actions.size(); ++position) {
@@ -188,6 +205,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         boundary_live[at + 1] = true;
         if (record) record_live[at] = true;
         result.total_time += costs.forward_time[at];
+        if (gradient < 0) forward_clock += costs.forward_time[at];
         ++result.forward_evaluations;
         break;
       }
@@ -202,6 +220,8 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (i != stages) fail("the loss index must be L = " + std::to_string(stages));
         if (gradient >= 0) fail("the loss already ran");
         if (!boundary_live[static_cast<size_t>(stages)]) fail("the chain output is not live");
+        result.write_stall_time = std::max(0.0, writes_done - forward_clock);
+        result.total_time += result.write_stall_time;
         live += costs.gradient_bytes(static_cast<size_t>(stages));
         result.peak_bytes = std::max(result.peak_bytes, live);
         live -= x[static_cast<size_t>(stages)];  // a_L freed, d_L stays
@@ -241,7 +261,15 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (out) {
           live -= bytes;
           result.offloaded_bytes += bytes;
-          result.total_time += costs.offload_seconds_per_byte * static_cast<double>(bytes);
+          const double write = costs.offload_write_seconds_per_byte * static_cast<double>(bytes);
+          result.total_time += (costs.offload_seconds_per_byte - costs.offload_write_seconds_per_byte) *
+                               static_cast<double>(bytes);
+          if (gradient >= 0) {  // after the loss: nothing left to hide the write behind
+            result.total_time += write;
+            result.write_stall_time += write;
+          } else {
+            writes_done = std::max(writes_done, forward_clock) + write;
+          }
         } else {
           live += bytes;
         }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "remat/schedule.h"
+#include "write_queue.h"
 
 namespace remat::schedule {
 
@@ -54,6 +55,7 @@ class RotorTable {
     top_cost_.assign(static_cast<size_t>(stages_) * width_, kInfinite);
     top_choice_.assign(static_cast<size_t>(stages_) * width_, -1);
     top_offloaded_.assign(costs.can_offload() ? static_cast<size_t>(stages_) * width_ : 0, 0);
+    top_queue_.assign(costs.can_offload() ? static_cast<size_t>(stages_) * width_ : 0, WriteQueue{});
     for (int length = 1; length <= stages_; ++length)
       for (int a = 0; a + length <= stages_; ++a) fill(a, a + length - 1, false);
     for (int a = stages_ - 1; a >= 0; --a) fill(a, stages_ - 1, true);
@@ -101,8 +103,15 @@ class RotorTable {
     return std::min(units_.budget, m - units_.x[static_cast<size_t>(c)] + units_.x_down[static_cast<size_t>(a)]);
   }
 
+  // A node's transfer of `bytes`: the read, charged in full, and the write, queued.
+  double read_time(size_t bytes) const {
+    return (costs_.offload_seconds_per_byte - costs_.offload_write_seconds_per_byte) * static_cast<double>(bytes);
+  }
+  double write_time(size_t bytes) const { return costs_.offload_write_seconds_per_byte * static_cast<double>(bytes); }
+  const WriteQueue* queue_row(int a) const { return top_queue_.data() + row(a, stages_ - 1, true); }
+
   // C(a, a, m): stage a recorded (at the top level, possibly offloaded while the loss runs).
-  void fill_single(int a, double* best, int16_t* pick, uint8_t* out) {
+  void fill_single(int a, double* best, int16_t* pick, uint8_t* out, WriteQueue* queue) {
     const auto& x = units_.x;
     const auto& xbar = units_.xbar;
     const auto& g = units_.g;
@@ -115,11 +124,13 @@ class RotorTable {
     }
     if (!out) return;
     const int64_t lower = std::max({x[at + 1] + xbar[at], xbar[at] + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
-    const double total = uf + costs_.offload_seconds_per_byte * static_cast<double>(costs_.saved_bytes[at]) + ub;
+    const WriteQueue alone = WriteQueue{}.ahead(write_time(costs_.saved_bytes[at]), 0.0);  // the loss is next
+    const double total = uf + read_time(costs_.saved_bytes[at]) + alone.stall() + ub;
     for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, units_.budget + 1); ++m) {
       best[m] = total;
       pick[m] = 0;
       out[m] = 1;
+      queue[m] = alone;
     }
   }
 
@@ -127,34 +138,39 @@ class RotorTable {
     double* best = (top ? top_cost_.data() : rerun_cost_.data()) + row(a, b, top);
     int16_t* pick = (top ? top_choice_.data() : rerun_choice_.data()) + row(a, b, top);
     uint8_t* out = top && costs_.can_offload() ? top_offloaded_.data() + row(a, b, true) : nullptr;
-    const double per_byte = costs_.offload_seconds_per_byte;
+    WriteQueue* queue = out ? top_queue_.data() + row(a, b, true) : nullptr;
     const int64_t budget = units_.budget;
     const auto& x = units_.x;
     const auto& xbar = units_.xbar;
     const auto& g = units_.g;
     const size_t at = static_cast<size_t>(a);
     const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
-    if (a == b) return fill_single(a, best, pick, out);
+    if (a == b) return fill_single(a, best, pick, out, queue);
     // Stage a with recording, then [a+1, b] with its record and output held. (An infinite
     // entry stays infinite through the sums and never wins a comparison.)
     const int64_t held = x[at + 1] + xbar[at];
     const int64_t need = std::max(xbar[at] + g[at + 1] + g[at], held);
     const double* after_stage = row_data(a + 1, b, top);
+    const WriteQueue* after_queue = queue ? queue_row(a + 1) : nullptr;
     for (int64_t m = need; m <= budget; ++m) {
       const double total = uf + after_stage[m - held] + ub;
       if (total < best[m]) {
         best[m] = total;
         pick[m] = 0;
+        if (queue) queue[m] = after_queue[m - held];
       }
     }
     if (out) {  // its record offloaded: only its output is held while [a+1, b] runs
-      const double transfer = per_byte * static_cast<double>(costs_.saved_bytes[at]);
+      const double read = read_time(costs_.saved_bytes[at]), write = write_time(costs_.saved_bytes[at]);
       for (int64_t m = need; m <= budget; ++m) {
-        const double total = uf + transfer + after_stage[m - x[at + 1]] + ub;
+        const WriteQueue& rest = after_queue[m - x[at + 1]];
+        const WriteQueue ahead = rest.ahead(write, forward_after_[at + 1]);
+        const double total = uf + read + after_stage[m - x[at + 1]] + (ahead.stall() - rest.stall()) + ub;
         if (total < best[m]) {
           best[m] = total;
           pick[m] = 0;
           out[m] = 1;
+          queue[m] = ahead;
         }
       }
     }
@@ -169,22 +185,28 @@ class RotorTable {
       const int64_t keep = x[static_cast<size_t>(c)];
       const double* after_region = row_data(c, b, top);
       const double* region = row_data(a, c - 1, false);
+      const WriteQueue* region_queue = queue ? queue_row(c) : nullptr;
       for (int64_t m = std::max(gradient + sweep_peak, keep); m <= budget; ++m) {
         const double total = sweep_time + after_region[m - keep] + region[m];
         if (total < best[m]) {
           best[m] = total;
           pick[m] = static_cast<int16_t>(c - a);
           if (out) out[m] = 0;
+          if (queue) queue[m] = region_queue[m - keep];
         }
       }
       if (out && a > 0) {  // its input a_a offloaded while [c, b] runs
-        const double transfer = per_byte * static_cast<double>(costs_.boundary_bytes[at]);
+        const double read = read_time(costs_.boundary_bytes[at]), write = write_time(costs_.boundary_bytes[at]);
         for (int64_t m = std::max(sweep_peak, keep); m <= budget; ++m) {
-          const double total = sweep_time + transfer + after_region[freed(m, c, a)] + region[m];
+          const WriteQueue& rest = region_queue[freed(m, c, a)];
+          const WriteQueue ahead = rest.ahead(write, forward_after_[static_cast<size_t>(c)]);
+          const double total =
+              sweep_time + read + after_region[freed(m, c, a)] + (ahead.stall() - rest.stall()) + region[m];
           if (total < best[m]) {
             best[m] = total;
             pick[m] = static_cast<int16_t>(c - a);
             out[m] = 1;
+            queue[m] = ahead;
           }
         }
       }
@@ -202,6 +224,8 @@ class RotorTable {
   std::vector<double> rerun_cost_, top_cost_;
   std::vector<int16_t> rerun_choice_, top_choice_;  // c - a < L <= 17320 under kMaxTableEntries
   std::vector<uint8_t> top_offloaded_;              // 1: the top-level choice offloads its node
+  std::vector<WriteQueue> top_queue_;               // the writes of the top-level entry's plan
+  std::vector<double> forward_after_ = forward_after(costs_);
 };
 
 // The least-peak plan, exact bytes; among least-peak choices the least time (per subproblem).
@@ -238,6 +262,7 @@ class MinPeak {
     double time = kInfinite;
     int choice = -1;
     bool offloaded = false;  // top level: the first node is offloaded
+    WriteQueue queue;        // top level: the writes of the plan
     bool better_than(const Entry& other) const {
       return peak < other.peak || (peak == other.peak && time < other.time);
     }
@@ -254,7 +279,14 @@ class MinPeak {
     const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
     Entry best;
     const bool offload = top && costs_.can_offload();
-    const double per_byte = costs_.offload_seconds_per_byte;
+    const double read_per_byte = costs_.offload_seconds_per_byte - costs_.offload_write_seconds_per_byte;
+    const double write_per_byte = costs_.offload_write_seconds_per_byte;
+    // `node` offloads `bytes` in front of the suffix `rest`, with `window` of forward compute left
+    const auto offloaded = [&](Entry& node, const Entry& rest, size_t bytes, double window) {
+      node.queue = rest.queue.ahead(write_per_byte * static_cast<double>(bytes), window);
+      node.time += read_per_byte * static_cast<double>(bytes) + node.queue.stall() - rest.queue.stall();
+      node.offloaded = true;
+    };
     const auto g = [this](size_t j) { return costs_.gradient_bytes(j); };
     if (a == b) {
       best.peak = xbar[at] + g(at + 1) + std::max(x[at + 1], g(at));
@@ -263,9 +295,9 @@ class MinPeak {
       if (offload) {  // the last stage's record offloaded while the loss runs
         Entry candidate;
         candidate.peak = std::max({x[at + 1] + xbar[at], xbar[at] + g(at + 1) + g(at), x[at + 1] + g(at + 1)});
-        candidate.time = uf + per_byte * static_cast<double>(xbar[at]) + ub;
+        candidate.time = uf + ub;
         candidate.choice = 0;
-        candidate.offloaded = true;
+        offloaded(candidate, Entry{}, xbar[at], 0.0);
         if (candidate.peak < best.peak) best = candidate;
       }
       return best;
@@ -274,12 +306,13 @@ class MinPeak {
     best.peak = std::max(x[at + 1] + xbar[at] + rest.peak, xbar[at] + g(at + 1) + g(at));
     best.time = uf + rest.time + ub;
     best.choice = 0;
+    best.queue = rest.queue;
     if (offload) {  // its record offloaded while [a+1, b] runs
       Entry candidate;
       candidate.peak = std::max({x[at + 1] + rest.peak, x[at + 1] + xbar[at], xbar[at] + g(at + 1) + g(at)});
-      candidate.time = uf + per_byte * static_cast<double>(xbar[at]) + rest.time + ub;
+      candidate.time = uf + rest.time + ub;
       candidate.choice = 0;
-      candidate.offloaded = true;
+      offloaded(candidate, rest, xbar[at], forward_after_[at + 1]);
       if (candidate.better_than(best)) best = candidate;
     }
     const size_t gradient = top ? 0 : g(static_cast<size_t>(b) + 1);
@@ -295,12 +328,12 @@ class MinPeak {
       candidate.peak = std::max({gradient + sweep_peak, x[static_cast<size_t>(c)] + after.peak, sub.peak});
       candidate.time = sweep_time + after.time + sub.time;
       candidate.choice = c - a;
+      candidate.queue = after.queue;
       if (candidate.better_than(best)) best = candidate;
       if (offload && a > 0) {  // its input a_a offloaded while [c, b] runs
         const size_t during = x[static_cast<size_t>(c)] + after.peak;
         candidate.peak = std::max({sweep_peak, during > x[at] ? during - x[at] : 0, sub.peak});
-        candidate.time += per_byte * static_cast<double>(x[at]);
-        candidate.offloaded = true;
+        offloaded(candidate, after, x[at], forward_after_[static_cast<size_t>(c)]);
         if (candidate.better_than(best)) best = candidate;
       }
     }
@@ -309,6 +342,7 @@ class MinPeak {
 
   const ChainCosts& costs_;
   int stages_;
+  std::vector<double> forward_after_ = forward_after(costs_);
   std::vector<Entry> rerun_, top_;
 };
 

@@ -92,6 +92,7 @@ class GroupBuilder {
   GroupBuilder(const ChainCosts& costs, const ChainPlanOptions& options) : costs_(costs), options_(options) {
     model_.gradients_counted = costs.gradients_counted;
     model_.offload_seconds_per_byte = costs.offload_seconds_per_byte;
+    model_.offload_write_seconds_per_byte = costs.offload_write_seconds_per_byte;
   }
   const Model& model() const { return model_; }
 
@@ -183,7 +184,8 @@ class GroupBuilder {
     o.bwd = record + model_.gradient(x[at + 1]) + model_.gradient(x[at]);
     p.options.push_back(o);
     if (model_.can_offload()) {  // recorded, the record offloaded until its backward
-      o.time += model_.offload_seconds_per_byte * static_cast<double>(record);
+      o.time += model_.read_time(costs_.saved_bytes[at]);
+      o.queue = WriteQueue::single(model_.write_time(costs_.saved_bytes[at]));
       o.kept = out;
       o.offloads = o.offload_record = true;
       p.options.push_back(o);
@@ -210,7 +212,8 @@ void prune(std::vector<Option>& options) {
   for (Option& o : options) {
     bool dominated = false;
     for (const Option& k : kept)
-      if (k.time <= o.time && k.fwd <= o.fwd && k.kept <= o.kept && k.bwd <= o.bwd && (!k.offloads || o.offloads))
+      if (k.time <= o.time && k.fwd <= o.fwd && k.kept <= o.kept && k.bwd <= o.bwd && (!k.offloads || o.offloads) &&
+          k.queue.no_worse_than(o.queue))
         dominated = true;
     if (!dominated) kept.push_back(std::move(o));
   }
@@ -229,6 +232,7 @@ Option option_at(const Part& g, const grouped::MenuTable& table, int64_t m, Mode
     o.fwd = s.fwd;
     o.kept = s.kept;
     o.bwd = s.bwd;
+    o.queue = s.queue;
     o.offloads = grouped::offloads(parts, o.plan);
   } else {
     o.whole_region = true;

@@ -39,6 +39,7 @@ Summary summarize(const std::vector<Part>& parts, const std::vector<PartNode>& s
   Summary s;
   int64_t live = gradient;
   std::vector<int64_t> base, own_bwd;
+  std::vector<std::pair<WriteQueue, double>> writes;  // each node's writes and forward time
   for (const PartNode& node : sequence) {
     base.push_back(live - gradient);
     if (node.option >= 0) {
@@ -47,20 +48,29 @@ Summary summarize(const std::vector<Part>& parts, const std::vector<PartNode>& s
       live += o.kept;
       s.time += o.time;
       own_bwd.push_back(o.bwd);
+      writes.emplace_back(o.queue, parts[static_cast<size_t>(node.first)].forward_time);
       continue;
     }
     const Part& first = parts[static_cast<size_t>(node.first)];
     s.fwd = std::max(s.fwd, live + static_cast<int64_t>(region_sweep(parts, node.first, node.last)));
     live += static_cast<int64_t>(parts[static_cast<size_t>(node.last)].x_out);
+    WriteQueue write;
     if (node.offloaded) {  // its input leaves memory after the sweep, and comes back for the re-run
       live -= static_cast<int64_t>(first.x_in);
-      s.time += model.offload_seconds_per_byte * static_cast<double>(first.x_in);
+      s.time += model.read_time(first.x_in);
+      write = WriteQueue::single(model.write_time(first.x_in));
     }
+    writes.emplace_back(write, region_time(parts, node.first, node.last));
     const Summary rerun = summarize(parts, node.children, false, model);
     s.time += region_time(parts, node.first, node.last) + rerun.time;
     own_bwd.push_back(rerun.peak());
   }
   s.kept = live - gradient;
+  double after = 0;
+  for (size_t k = writes.size(); k-- > 0;) {
+    s.queue = s.queue.ahead(writes[k].first, after);
+    after += writes[k].second;
+  }
   for (size_t k = 0; k < sequence.size(); ++k) s.bwd = std::max(s.bwd, base[k] + own_bwd[k]);
   return s;
 }
@@ -87,6 +97,10 @@ MenuTable::MenuTable(const std::vector<Part>& parts, const Model& model, size_t 
     for (int a = n_ - 1; a >= 0; --a) fill(a, n_ - 1, Mode::top);
   }
   if (top_offload && model_.can_offload()) {
+    forward_after_.assign(static_cast<size_t>(n_) + 1, 0.0);
+    for (int e = n_ - 1; e >= 0; --e)
+      forward_after_[static_cast<size_t>(e)] = forward_after_[static_cast<size_t>(e) + 1] + parts_[static_cast<size_t>(e)].forward_time;
+    offload_queue_.assign(static_cast<size_t>(n_) * width_, WriteQueue{});
     offload_cost_.assign(static_cast<size_t>(n_) * width_, kInfinite);
     offload_choice_.assign(static_cast<size_t>(n_) * width_, -1);
     for (int a = n_ - 1; a >= 0; --a) fill(a, n_ - 1, Mode::top_offload);
@@ -163,6 +177,9 @@ void MenuTable::fill_options(int a, int b, Mode mode, double* best, int16_t* pic
   const int64_t gradient = top ? 0 : units(model_.gradient(parts_[static_cast<size_t>(b)].x_out));
   const int64_t out_gradient = units(model_.gradient(part.x_out));
   const double* rest = a < b ? row(a + 1, b, mode) : nullptr;
+  WriteQueue* queue = mode == Mode::top_offload ? offload_queue_.data() + offset(a, b, mode) : nullptr;
+  const WriteQueue* rest_queue = queue && a < b ? offload_queue_.data() + offset(a + 1, b, mode) : nullptr;
+  const WriteQueue none;
   for (size_t k = 0; k < part.options.size(); ++k) {
     const Option& o = part.options[k];
     if (o.offloads && mode != Mode::top_offload) continue;
@@ -173,10 +190,18 @@ void MenuTable::fill_options(int a, int b, Mode mode, double* best, int16_t* pic
     else  // the last part: at the top level the loss runs with what it keeps; in a re-run, its gradient is held
       need = top ? std::max({fwd, kept + out_gradient, bwd}) : std::max(fwd + out_gradient, bwd);
     for (int64_t m = std::max<int64_t>(need, 0); m <= budget; ++m) {
-      const double total = o.time + (rest ? rest[std::min(budget, m - kept)] : 0.0);
+      const int64_t next = std::min(budget, m - kept);
+      double total = o.time + (rest ? rest[next] : 0.0);
+      WriteQueue ahead;
+      if (queue) {  // its writes ahead of the rest's: the stall they add
+        const WriteQueue& after = rest_queue ? rest_queue[next] : none;
+        ahead = after.ahead(o.queue, forward_after_[static_cast<size_t>(a) + 1]);
+        total += ahead.stall() - after.stall();
+      }
       if (total < best[m]) {
         best[m] = total;
         pick[m] = static_cast<int16_t>(k);
+        if (queue) queue[m] = ahead;
       }
     }
   }
@@ -191,8 +216,10 @@ void MenuTable::fill_regions(int a, int b, Mode mode, double* best, int16_t* pic
   const Part& part = parts_[static_cast<size_t>(a)];
   const int64_t gradient = top ? 0 : units(model_.gradient(parts_[static_cast<size_t>(b)].x_out));
   const bool offload = mode == Mode::top_offload && part.first > 0;
-  const double transfer = offload ? model_.offload_seconds_per_byte * static_cast<double>(part.x_in) : 0;
+  const double transfer = offload ? model_.read_time(part.x_in) : 0;
+  const WriteQueue write = WriteQueue::single(offload ? model_.write_time(part.x_in) : 0);
   const int64_t credit = units_down(part.x_in);
+  WriteQueue* queue = mode == Mode::top_offload ? offload_queue_.data() + offset(a, b, mode) : nullptr;
   size_t sweep = 0;
   double sweep_time = 0;
   for (int c = a + 1; c <= b; ++c) {
@@ -203,19 +230,25 @@ void MenuTable::fill_regions(int a, int b, Mode mode, double* best, int16_t* pic
     const int64_t sweep_units = units(static_cast<int64_t>(sweep));
     const double* after = row(c, b, mode);
     const double* region = row(a, c - 1, Mode::rerun);
+    const WriteQueue* after_queue = queue ? offload_queue_.data() + offset(c, b, mode) : nullptr;
     for (int64_t m = std::max(gradient + sweep_units, keep); m <= budget; ++m) {
       const double total = sweep_time + after[m - keep] + region[m];
       if (total < best[m]) {
         best[m] = total;
         pick[m] = static_cast<int16_t>(kRegion + (c - a));
+        if (queue) queue[m] = after_queue[m - keep];
       }
     }
     if (!offload) continue;
     for (int64_t m = std::max(sweep_units, keep); m <= budget; ++m) {
-      const double total = sweep_time + transfer + after[std::min(budget, m - keep + credit)] + region[m];
+      const int64_t next = std::min(budget, m - keep + credit);
+      const WriteQueue ahead = after_queue[next].ahead(write, forward_after_[static_cast<size_t>(c)]);
+      const double total =
+          sweep_time + transfer + after[next] + (ahead.stall() - after_queue[next].stall()) + region[m];
       if (total < best[m]) {
         best[m] = total;
         pick[m] = static_cast<int16_t>(kOffloaded + (c - a));
+        queue[m] = ahead;
       }
     }
   }

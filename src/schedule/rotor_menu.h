@@ -7,15 +7,21 @@
 #include <vector>
 
 #include "remat/schedule.h"
+#include "write_queue.h"
 
 namespace remat::schedule::grouped {
 
 // The cost model both planners share (docs/planners.md): whether gradient buffers count, and the
-// cost of an offloaded byte (negative: no offload target).
+// cost of an offloaded byte (negative: no offload target), of which the write is queued.
 struct Model {
   bool gradients_counted = true;
   double offload_seconds_per_byte = -1;
+  double offload_write_seconds_per_byte = 0;
   bool can_offload() const { return offload_seconds_per_byte >= 0; }
+  double read_time(size_t bytes) const {
+    return (offload_seconds_per_byte - offload_write_seconds_per_byte) * static_cast<double>(bytes);
+  }
+  double write_time(size_t bytes) const { return offload_write_seconds_per_byte * static_cast<double>(bytes); }
   int64_t gradient(size_t bytes) const { return gradients_counted ? static_cast<int64_t>(bytes) : 0; }
 };
 
@@ -30,10 +36,11 @@ struct PartNode {
 
 // A plan for a part's stages spliced into the enclosing sequence, summarised relative to what is
 // live before it: the peak of its forward part (fwd), what it keeps after it (kept: its output
-// boundary included, less an offloaded input, so it may be negative), and the peak of its
-// backward part (bwd).
+// backward part (bwd); its time leaves out the stall of its writes (queue, counted to its end),
+// which depends on what follows it.
 struct Option {
   double time = 0;
+  WriteQueue queue;
   int64_t fwd = 0, kept = 0, bwd = 0;
   bool whole_region = false;  // the part as one region, re-run by `plan`
   bool offloads = false;      // the plan offloads a node: usable in top-level sequences only
@@ -51,7 +58,8 @@ struct Part {
 };
 
 struct Summary {
-  double time = 0;
+  double time = 0;    // without the stall of the writes
+  WriteQueue queue;   // top level: the sequence's writes, counted to its end
   int64_t fwd = 0, kept = 0, bwd = 0;
   int64_t peak() const { return fwd > bwd ? fwd : bwd; }
 };
@@ -98,6 +106,8 @@ class MenuTable {
   int n_;
   size_t unit_, width_;
   std::vector<double> rerun_cost_, top_cost_, offload_cost_;
+  std::vector<WriteQueue> offload_queue_;  // the writes of each top_offload entry's plan
+  std::vector<double> forward_after_;      // forward time of parts e..n-1, e = 0..n
   std::vector<int16_t> rerun_choice_, top_choice_, offload_choice_;
 };
 

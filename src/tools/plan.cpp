@@ -305,6 +305,7 @@ int run_plan(const PlanOptions& o) {
     profile.offload_target = OffloadTarget{o.offload}.to_string();
     profile.bandwidth = offload_bandwidth(o.offload);
     profile.costs.offload_seconds_per_byte = profile.bandwidth.seconds_per_byte();
+    profile.costs.offload_write_seconds_per_byte = 1.0 / profile.bandwidth.write_bytes_per_second;
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: the smallest feasible budget with offload");
     profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;

@@ -1,0 +1,107 @@
+// The planners' transfer cost: an offload's write queued on one disk worker behind the forward
+// compute after its node, charged for its stall only; the read back charged in full
+// (docs/planners.md, "the cost of a transfer").
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "remat/schedule.h"
+
+namespace rs = remat::schedule;
+using rs::ChainCosts;
+using rs::PlanNode;
+
+namespace {
+
+// Four equal stages: forward 1 s, backward 2 s, boundaries 10 bytes, records 100 bytes. Recomputing
+// a record costs 1 s; a transfer of one costs 1.2 s, 0.8 s of it the write.
+ChainCosts four_stages() {
+  ChainCosts costs = ChainCosts::uniform(4, 1.0, 2.0, 10, 100);
+  costs.offload_seconds_per_byte = 0.012;
+  costs.offload_write_seconds_per_byte = 0.008;
+  return costs;
+}
+
+bool offloads(const rs::Plan& plan) { return rs::format_tree(plan.tree).find("+o") != std::string::npos; }
+
+}  // namespace
+
+TEST(TransferCost, AWriteThatFitsBehindTheFollowingForwardsIsNotCharged) {
+  ChainCosts costs = four_stages();
+  const double save_all = rs::plan_save_all(costs).predicted_time;
+  // S0's write (0.8 s) runs behind S1..S3's forwards (3 s): only its read (0.4 s) is charged.
+  const rs::Plan first = rs::make_plan(costs, {PlanNode::stage(0).offload(), PlanNode::stage(1), PlanNode::stage(2),
+                                               PlanNode::stage(3)});
+  const rs::SimResult early = rs::simulate(costs, first);
+  EXPECT_NEAR(early.total_time, save_all + 0.4, 1e-12);
+  EXPECT_EQ(early.write_stall_time, 0.0);
+  // S3's write has no forward after it: the loss waits for all of it.
+  const rs::Plan last = rs::make_plan(costs, {PlanNode::stage(0), PlanNode::stage(1), PlanNode::stage(2),
+                                              PlanNode::stage(3).offload()});
+  EXPECT_NEAR(rs::simulate(costs, last).write_stall_time, 0.8, 1e-12);
+  EXPECT_NEAR(last.predicted_time, save_all + 1.2, 1e-12);
+  // All writes serial (none queued) is the charge of before: the whole transfer.
+  costs.offload_write_seconds_per_byte = 0;
+  EXPECT_NEAR(rs::simulate(costs, first).total_time, save_all + 1.2, 1e-12);
+}
+
+TEST(TransferCost, QueuedWritesOnABusyDiskAreChargedTheirStall) {
+  ChainCosts costs = four_stages();
+  costs.offload_seconds_per_byte = 0.03;  // a write of 2 s a record, a read of 1 s
+  costs.offload_write_seconds_per_byte = 0.02;
+  const double save_all = rs::plan_save_all(costs).predicted_time;
+  // S0, S1 and S2 written at 1, 2 and 3 s: the one worker finishes them at 3, 5 and 7 s, the loss
+  // comes at 4 s, so it waits 3 s. Each write alone would fit behind what follows it but S2's
+  // (2 s after 1 s): charged singly, 1 s; serially, 6 s.
+  const rs::Plan three = rs::make_plan(costs, {PlanNode::stage(0).offload(), PlanNode::stage(1).offload(),
+                                               PlanNode::stage(2).offload(), PlanNode::stage(3)});
+  const rs::SimResult queued = rs::simulate(costs, three);
+  EXPECT_NEAR(queued.write_stall_time, 3.0, 1e-12);
+  EXPECT_NEAR(queued.total_time, save_all + 3 * 1.0 + 3.0, 1e-12);
+  // A region's input joins the same queue: R[1..2] writes a_1 (0.2 s) after S2's forward at 3 s,
+  // behind S0's record (done at 3 s), and is done by the loss at 4 s; S2's record queued after
+  // S0's instead finishes at 5 s.
+  const std::vector<PlanNode> region = {PlanNode::stage(0).offload(),
+                                        PlanNode::region(1, 2, {PlanNode::stage(1), PlanNode::stage(2)}).offload(),
+                                        PlanNode::stage(3)};
+  EXPECT_EQ(rs::simulate(costs, rs::make_plan(costs, region)).write_stall_time, 0.0);
+  const rs::Plan two = rs::make_plan(costs, {PlanNode::stage(0).offload(), PlanNode::stage(1),
+                                             PlanNode::stage(2).offload(), PlanNode::stage(3)});
+  EXPECT_NEAR(rs::simulate(costs, two).write_stall_time, 1.0, 1e-12);
+}
+
+TEST(TransferCost, PlannersOffloadWhereOnlyTheReadIsCharged) {
+  ChainCosts costs = four_stages();
+  // Room for all but one record: serially a transfer (1.2 s) is dearer than a recomputation (1 s).
+  const size_t limit = rs::plan_save_all(costs).predicted_peak_bytes - 100;
+  costs.offload_write_seconds_per_byte = 0;
+  const rs::Plan serial = rs::plan_rotor(costs, limit);
+  EXPECT_FALSE(offloads(serial)) << rs::format_tree(serial.tree);
+  costs.offload_write_seconds_per_byte = 0.008;
+  const rs::Plan overlapped = rs::plan_rotor(costs, limit);
+  EXPECT_TRUE(offloads(overlapped)) << rs::format_tree(overlapped.tree);
+  EXPECT_LT(overlapped.predicted_time, rs::simulate(costs, serial).total_time);
+  EXPECT_NEAR(overlapped.predicted_time, rs::plan_save_all(costs).predicted_time + 0.4, 1e-12);
+  EXPECT_EQ(rs::simulate(costs, overlapped).write_stall_time, 0.0);
+  // The grouped planner, on the same model, makes the same choice.
+  rs::ChainPlanOptions grouped;
+  grouped.method = rs::RotorMethod::grouped;
+  grouped.top_parts = 2;
+  grouped.group = 2;
+  const rs::ChainPlan chain = rs::plan_chain(costs, limit, grouped);
+  EXPECT_EQ(chain.method, rs::RotorMethod::grouped);
+  EXPECT_TRUE(offloads(chain.plan)) << rs::format_tree(chain.plan.tree);
+  EXPECT_NEAR(chain.plan.predicted_time, overlapped.predicted_time, 1e-12);
+}
+
+TEST(TransferCost, AWriteIsPartOfTheTransferAndFinite) {
+  ChainCosts costs = four_stages();
+  costs.offload_write_seconds_per_byte = 0.02;  // more than the whole transfer
+  EXPECT_THROW(costs.validate(), remat::Error);
+  costs.offload_write_seconds_per_byte = -1;
+  EXPECT_THROW(costs.validate(), remat::Error);
+  costs.offload_write_seconds_per_byte = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(costs.validate(), remat::Error);
+}
