@@ -232,8 +232,10 @@ Plan make_plan(const ChainCosts& costs, std::vector<PlanNode> tree);
 // rounded up to units of about memory_limit / slots bytes (slots >= 1). The plan never exceeds
 // memory_limit, and is exactly optimal when the unit is one byte (docs/planners.md, "rotor": the
 // bound otherwise, and the cost, O(L^2 * slots) memory and O(L^3 * slots) time).
-// When costs.can_offload(), each top-level node may also be offloaded, at its kept bytes times
-// the offload cost ("Offload" in docs/planners.md); the least peak then counts offloading too.
+// When costs.can_offload(), each top-level node may also be offloaded, at its kept bytes' read
+// and the stall of its queued write ("the cost of a transfer" in docs/planners.md: with queued
+// writes the programme prices every plan exactly but may miss the optimum); the least peak then
+// counts offloading too.
 // Throws InfeasibleError if memory_limit < min_feasible_memory(costs).
 Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots = 500);
 // The least peak (exact bytes, a_0 included) of any plan, and a plan that attains it (least
