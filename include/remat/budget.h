@@ -93,8 +93,9 @@ class BudgetPlanner {
     std::string capacity_source;      // e.g. "the memory limit", "the host's available memory"
     size_t held_besides_saved_bytes = 0;
     // KEEP+offload:DIR: where offloaded nodes go (else empty), the directory's measured bandwidth
-    // (remat::offload_bandwidth, which costs.offload_seconds_per_byte is drawn from) and what the
-    // plan offloads per step.
+    // (remat::offload_bandwidth, which costs.offload_seconds_per_byte, 1/write + 1/read, and
+    // costs.offload_write_seconds_per_byte, 1/write, queued behind the forward pass, are drawn
+    // from) and what the plan offloads per step.
     std::string offload_target;
     double offload_write_bytes_per_second = 0, offload_read_bytes_per_second = 0;
     size_t predicted_offloaded_bytes = 0;
