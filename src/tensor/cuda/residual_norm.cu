@@ -6,28 +6,21 @@
 // backward (the default path's bits, three and two or more launches). With
 // REMAT_CUDA_FAST=residual_norm (not yet run on a GPU) each is one kernel plus the parameter sums:
 // - forward: a block per row; thread t adds x + r at columns t, t + blockDim.x, ... (at most
-//   kRowColumns of them), writes s and keeps it in registers, then forms the row's mean and centred
-//   sum of squares in the order of layer_norm's kernel (rows.cu) and writes y: its bits;
-// - backward: a block per chunk of kChunkRows rows, walked in order (the layer_norm switch's
-//   one-pass kernel): gx = the norm's input gradient, rounded, plus gs (an addition written with
-//   __fadd_rn / __dadd_rn, so that nvcc cannot contract it with the product before it), and each
-//   thread's column sums of gy * xhat and gy over the chunk, in registers; combine_partials adds
-//   the chunks in order, as the default path's parameter sums do.
-// Rows longer than blockDim.x * kRowColumns run the default path.
-#include <utility>
-
-#include "tensor/cuda/device_common.cuh"
+//   kFusedColumns of them), writes s and keeps it in registers, then forms the row's mean and
+//   centred sum of squares in the order of layer_norm's kernel (rows.cu) and writes y: its bits;
+// - backward: the layer_norm switch's one-pass kernel (norm_rows.cuh), a block per chunk of
+//   kChunkRows rows walked in order: gx = the norm's input gradient, rounded, plus gs (an
+//   addition written with __fadd_rn / __dadd_rn, so that nvcc cannot contract it with the product
+//   before it), and each thread's column sums of gy * xhat and gy over the chunk, in registers;
+//   combine_partials adds the chunks in order, as the default path's parameter sums do.
+// Rows longer than blockDim.x * kFusedColumns run the default path.
+#include "tensor/cuda/norm_rows.cuh"
 
 namespace remat::cuda {
 
 namespace {
 
-constexpr int kRowColumns = 8;  // columns a thread holds: rows of up to 2048 with 256 threads
-
-__device__ inline float add_rounded(float a, float b) { return __fadd_rn(a, b); }
-__device__ inline double add_rounded(double a, double b) { return __dadd_rn(a, b); }
-
-// s = x + r, y = (s - mean) * rstd * w + b, per row of cols <= blockDim.x * kRowColumns.
+// s = x + r, y = (s - mean) * rstd * w + b, per row of cols <= blockDim.x * kFusedColumns.
 template <class T>
 __global__ void add_layer_norm_kernel(const T* x, const T* res, const T* w, const T* b, double eps, T* s, T* y,
                                       T* mean, T* rstd, int64_t rows, int64_t cols) {
@@ -35,10 +28,10 @@ __global__ void add_layer_norm_kernel(const T* x, const T* res, const T* w, cons
   const Acc<T> n = static_cast<Acc<T>>(cols);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t base = r * cols;
-    T v[kRowColumns];
+    T v[kFusedColumns];
     Acc<T> sum = 0;
 #pragma unroll
-    for (int k = 0; k < kRowColumns; ++k) {
+    for (int k = 0; k < kFusedColumns; ++k) {
       const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
       if (c >= cols) break;
       v[k] = x[base + c] + res[base + c];
@@ -48,7 +41,7 @@ __global__ void add_layer_norm_kernel(const T* x, const T* res, const T* w, cons
     const T mu = static_cast<T>(block_sum(sum, shared) / n);
     Acc<T> squares = 0;
 #pragma unroll
-    for (int k = 0; k < kRowColumns; ++k) {
+    for (int k = 0; k < kFusedColumns; ++k) {
       const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
       if (c >= cols) break;
       const T d = v[k] - mu;
@@ -61,7 +54,7 @@ __global__ void add_layer_norm_kernel(const T* x, const T* res, const T* w, cons
       rstd[r] = rs;
     }
 #pragma unroll
-    for (int k = 0; k < kRowColumns; ++k) {
+    for (int k = 0; k < kFusedColumns; ++k) {
       const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
       if (c >= cols) break;
       T out = (v[k] - mu) * rs;
@@ -72,64 +65,7 @@ __global__ void add_layer_norm_kernel(const T* x, const T* res, const T* w, cons
   }
 }
 
-// gx = rstd * (g - mean(g) - xhat * mean(g * xhat)) + gs, g = gy * w, xhat = (s - mean) * rstd;
-// the chunk's column sums of gy * xhat and gy into partial_w, partial_b (each may be null).
-template <class T>
-__global__ void add_layer_norm_backward_kernel(const T* s, const T* w, const T* mean, const T* rstd, const T* gy,
-                                               const T* gs, T* gx, int64_t rows, int64_t cols, Acc<T>* partial_w,
-                                               Acc<T>* partial_b) {
-  __shared__ Acc<T> shared[32];
-  const Acc<T> n = static_cast<Acc<T>>(cols);
-  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
-  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    Acc<T> sum_w[kRowColumns], sum_b[kRowColumns];
-#pragma unroll
-    for (int k = 0; k < kRowColumns; ++k) sum_w[k] = sum_b[k] = 0;
-    const int64_t r1 = min(rows, (chunk + 1) * kChunkRows);
-    for (int64_t r = chunk * kChunkRows; r < r1; ++r) {
-      const T* sr = s + r * cols;
-      const T* gr = gy + r * cols;
-      const T* gsr = gs + r * cols;
-      T* out = gx + r * cols;
-      const T mu = mean[r], rs = rstd[r];
-      Acc<T> sg = 0, sgx = 0;
-#pragma unroll
-      for (int k = 0; k < kRowColumns; ++k) {
-        const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
-        if (c >= cols) break;
-        const T g = w ? gr[c] * w[c] : gr[c];
-        sg += static_cast<Acc<T>>(g);
-        sgx += static_cast<Acc<T>>(g * ((sr[c] - mu) * rs));
-      }
-      sg = block_sum(sg, shared);
-      sgx = block_sum(sgx, shared);
-      const T mg = static_cast<T>(sg / n);
-      const T mgx = static_cast<T>(sgx / n);
-#pragma unroll
-      for (int k = 0; k < kRowColumns; ++k) {
-        const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
-        if (c >= cols) break;
-        const T g = w ? gr[c] * w[c] : gr[c];
-        const T norm_grad = rs * (g - mg - (sr[c] - mu) * rs * mgx);
-        out[c] = add_rounded(norm_grad, gsr[c]);
-        sum_w[k] += static_cast<Acc<T>>(gr[c] * ((sr[c] - mu) * rs));
-        sum_b[k] += static_cast<Acc<T>>(gr[c]);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kRowColumns; ++k) {
-      const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
-      if (c >= cols) break;
-      if (partial_w) partial_w[chunk * cols + c] = sum_w[k];
-      if (partial_b) partial_b[chunk * cols + c] = sum_b[k];
-    }
-  }
-}
-
-int64_t row_length(const Tensor& t) { return t.dim() == 0 ? 1 : t.shape().back(); }
-int64_t row_count(const Tensor& t, int64_t cols) { return cols == 0 ? 0 : t.numel() / cols; }
-
-bool fused_row(int64_t cols) { return fast(Fast::residual_norm) && cols <= int64_t{kThreads} * kRowColumns; }
+bool fused_row(int64_t cols) { return fast(Fast::residual_norm) && fits_one_pass(cols); }
 
 }  // namespace
 
@@ -169,20 +105,8 @@ void CudaBackend::add_layer_norm_backward(const Tensor& s_in, const Tensor& weig
   Tensor s = contiguous(s_in), w = contiguous(weight), mean = contiguous(mean_in), rstd = contiguous(rstd_in),
          gy = contiguous(gy_in), gs = contiguous(gs_in);
   dispatch_float(s.dtype(), "add_layer_norm_backward", [&]<class T>() {
-    const int64_t chunks = chunk_count(rows);
-    Tensor partial_w, partial_b;
-    if (gweight.defined()) partial_w = scratch({chunks, cols}, DType::f64);  // Acc<T> is double
-    if (gbias.defined()) partial_b = scratch({chunks, cols}, DType::f64);
-    add_layer_norm_backward_kernel<T><<<grid_for(chunks, 1), kThreads, 0, stream_>>>(
-        ptr<T>(s), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), ptr<T>(gs), ptr<T>(gx), rows, cols,
-        ptr<Acc<T>>(partial_w), ptr<Acc<T>>(partial_b));
-    check_launch("add_layer_norm backward");
-    for (const auto& [g, partial] : {std::pair{&gweight, &partial_w}, std::pair{&gbias, &partial_b}}) {
-      if (!g->defined()) continue;
-      combine_partials<Acc<T>, T>
-          <<<grid_for(cols), kThreads, 0, stream_>>>(ptr<Acc<T>>(*partial), chunks, cols, Acc<T>(1), ptr<T>(*g));
-      check_launch("add_layer_norm backward (parameter sums)");
-    }
+    norm_backward_one_pass<T>(*this, s, w, mean, rstd, gy, gs, gx, gweight, gbias, rows, cols,
+                              "add_layer_norm backward", "add_layer_norm backward (parameter sums)");
   });
 }
 

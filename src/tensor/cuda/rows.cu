@@ -6,14 +6,11 @@
 #include <cmath>
 #include <utility>
 
-#include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/norm_rows.cuh"
 
 namespace remat::cuda {
 
 namespace {
-
-int64_t row_length(const Tensor& x) { return x.dim() == 0 ? 1 : x.shape().back(); }
-int64_t row_count(const Tensor& x, int64_t cols) { return cols == 0 ? 0 : x.numel() / cols; }
 
 #define REMAT_FOR_ROWS(r, rows) for (int64_t r = blockIdx.x; r < (rows); r += gridDim.x)
 #define REMAT_FOR_COLS(c, cols) for (int64_t c = threadIdx.x; c < (cols); c += blockDim.x)
@@ -133,58 +130,6 @@ __global__ void norm_backward_kernel(const T* x, const T* w, const T* mean, cons
   }
 }
 
-// The same gx, and the per-chunk column sums of the parameter gradients (column_partials' values,
-// the same sums in the same order), in one pass over x and gy (REMAT_CUDA_FAST=layer_norm): a block
-// per chunk of kChunkRows rows walks them in order; thread t keeps the sums of columns t,
-// t + blockDim.x, ... (at most kFusedColumns of them) in registers. The results are the default
-// path's bits.
-constexpr int kFusedColumns = 8;
-template <class T>
-__global__ void norm_backward_fused_kernel(const T* x, const T* w, const T* mean, const T* rstd, const T* gy, T* gx,
-                                           int64_t rows, int64_t cols, Acc<T>* partial_w, Acc<T>* partial_b) {
-  __shared__ Acc<T> shared[32];
-  const Acc<T> n = static_cast<Acc<T>>(cols);
-  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
-  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    Acc<T> sum_w[kFusedColumns], sum_b[kFusedColumns];
-#pragma unroll
-    for (int k = 0; k < kFusedColumns; ++k) sum_w[k] = sum_b[k] = 0;
-    const int64_t r1 = min(rows, (chunk + 1) * kChunkRows);
-    for (int64_t r = chunk * kChunkRows; r < r1; ++r) {
-      const T* xr = x + r * cols;
-      const T* gr = gy + r * cols;
-      T* out = gx + r * cols;
-      const T mu = mean ? mean[r] : T(0), rs = rstd[r];
-      Acc<T> sg = 0, sgx = 0;
-      REMAT_FOR_COLS(c, cols) {
-        const T g = w ? gr[c] * w[c] : gr[c];
-        sg += static_cast<Acc<T>>(g);
-        sgx += static_cast<Acc<T>>(g * ((xr[c] - mu) * rs));
-      }
-      sg = block_sum(sg, shared);
-      sgx = block_sum(sgx, shared);
-      const T mg = mean ? static_cast<T>(sg / n) : T(0);
-      const T mgx = static_cast<T>(sgx / n);
-#pragma unroll
-      for (int k = 0; k < kFusedColumns; ++k) {
-        const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
-        if (c >= cols) break;
-        const T g = w ? gr[c] * w[c] : gr[c];
-        out[c] = rs * (g - mg - (xr[c] - mu) * rs * mgx);
-        sum_w[k] += static_cast<Acc<T>>(gr[c] * ((xr[c] - mu) * rs));
-        sum_b[k] += static_cast<Acc<T>>(gr[c]);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kFusedColumns; ++k) {
-      const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
-      if (c >= cols) break;
-      if (partial_w) partial_w[chunk * cols + c] = sum_w[k];
-      if (partial_b) partial_b[chunk * cols + c] = sum_b[k];
-    }
-  }
-}
-
 // gy * xhat (the weight gradient's terms) or gy (the bias gradient's)
 template <class T>
 struct NormParamTerm {
@@ -277,20 +222,9 @@ void norm_backward(CudaBackend& be, const Tensor& x, const Tensor& w, const Tens
     return;
   }
   const int64_t chunks = chunk_count(rows);
-  if (fast(Fast::layer_norm) && gx.defined() && cols <= int64_t{kThreads} * kFusedColumns) {
-    Tensor partial_w, partial_b;
-    if (gweight.defined()) partial_w = be.scratch({chunks, cols}, DType::f64);
-    if (gbias.defined()) partial_b = be.scratch({chunks, cols}, DType::f64);
-    norm_backward_fused_kernel<T><<<grid_for(chunks, 1), kThreads, 0, stream>>>(
-        ptr<T>(x), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), ptr<T>(gx), rows, cols,
-        ptr<Acc<T>>(partial_w), ptr<Acc<T>>(partial_b));
-    check_launch("norm backward (one pass)");
-    for (const auto& [g, partial] : {std::pair{&gweight, &partial_w}, std::pair{&gbias, &partial_b}}) {
-      if (!g->defined()) continue;
-      combine_partials<Acc<T>, T>
-          <<<grid_for(cols), kThreads, 0, stream>>>(ptr<Acc<T>>(*partial), chunks, cols, Acc<T>(1), ptr<T>(*g));
-      check_launch("norm backward (parameter sums)");
-    }
+  if (fast(Fast::layer_norm) && gx.defined() && fits_one_pass(cols)) {  // the results are the default path's bits
+    norm_backward_one_pass<T>(be, x, w, mean, rstd, gy, Tensor(), gx, gweight, gbias, rows, cols,
+                              "norm backward (one pass)", "norm backward (parameter sums)");
     return;
   }
   if (gx.defined()) {
