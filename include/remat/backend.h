@@ -388,7 +388,7 @@ class Backend {
   // CPU's kernels throw at once and record nothing.
   virtual void raise_deferred_errors() {}
   // Copies that run behind the device's work (offload's device values: Note [offload of device
-  // values] in src/saved/offload.cpp). host_buffer(dtype, numel) is a contiguous host tensor (on
+  // values] in src/saved/offload_device.cpp). host_buffer(dtype, numel) is a contiguous host tensor (on
   // kCpu, counted by the CPU's allocator) that these copies may use directly: pinned memory on
   // CUDA. copy_to_host_async(src, host) starts copying the contiguous device tensor `src` into
   // `host` (src's dtype and numel, from host_buffer) after the work issued so far;

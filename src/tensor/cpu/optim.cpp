@@ -126,4 +126,3 @@ void CpuKernels::scale_each(const TensorList& tensors, double scale) {
 }
 
 }  // namespace remat::cpu
-
