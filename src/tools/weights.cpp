@@ -198,11 +198,23 @@ namespace remat::tools {
 
 namespace {
 
+// PyTorch's name of a floating-point dtype, as Transformers' config.json writes it.
+const char* torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return "float64";
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
+    default: return "float32";
+  }
+}
+
 // Transformers' GPT2Config for `model` (see save_char_gpt). remat's LayerNorms (blocks and ln_f)
 // use eps 1e-5; its MLP is 4 x width; its GELU is the exact (erf) one, Transformers' "gelu", unless
 // tanh_gelu, Transformers' "gelu_new". A character vocabulary has no special tokens: the
-// beginning and end of text are both newline's id when it has one, else 0.
-std::string hf_gpt2_config(const nn::GPTConfig& c, const nn::Metadata& metadata) {
+// beginning and end of text are both newline's id when it has one, else 0. "dtype" (Transformers 5;
+// "torch_dtype" for earlier ones) names the precision of the saved weights, which from_pretrained
+// loads them in by default.
+std::string hf_gpt2_config(const nn::GPTConfig& c, const nn::Metadata& metadata, DType saved) {
   int64_t newline = 0;
   if (auto v = metadata.find("vocabulary"); v != metadata.end()) {
     const CharTokenizer tokenizer = CharTokenizer::from_string(v->second);
@@ -228,6 +240,8 @@ std::string hf_gpt2_config(const nn::GPTConfig& c, const nn::Metadata& metadata)
       {"tie_word_embeddings", c.tie_embeddings},
       {"bos_token_id", newline},
       {"eos_token_id", newline},
+      {"dtype", torch_dtype_name(saved)},
+      {"torch_dtype", torch_dtype_name(saved)},
   };
   return config.dump(2) + "\n";
 }
@@ -285,7 +299,7 @@ std::string not_a_directory(const std::string& path) {
 
 // The --format hf-gpt2 directory: model.safetensors and config.json.
 void save_hf_gpt2(const std::string& dir, const std::map<std::string, Tensor>& tensors, const nn::GPTConfig& config,
-                  nn::Metadata metadata) {
+                  nn::Metadata metadata, DType saved) {
   REMAT_CHECK(directory_or_nothing(dir), not_a_directory(dir));
   std::error_code ec;
   std::filesystem::create_directory(dir, ec);
@@ -293,7 +307,7 @@ void save_hf_gpt2(const std::string& dir, const std::map<std::string, Tensor>& t
   metadata["format"] = kTorchFormat;
   const std::filesystem::path root(dir);
   nn::save_safetensors((root / kWeightsName).string(), nn::NamedTensors(tensors.begin(), tensors.end()), metadata);
-  nn::io::write_file_atomically((root / kConfigName).string(), hf_gpt2_config(config, metadata), "train --save");
+  nn::io::write_file_atomically((root / kConfigName).string(), hf_gpt2_config(config, metadata, saved), "train --save");
   write_hf_tokenizer(root, metadata, config.seq);
 }
 
@@ -313,7 +327,7 @@ void save_char_gpt(const std::string& path, const nn::GPT& model, const nn::Meta
   for (const auto& [name, p] : model.named_parameters())
     tensors.emplace(name, p.dtype() == dtype ? p : p.detach().to(dtype));
   std::map<std::string, Tensor> renamed = nn::gpt_weights_from_remat(tensors, names);
-  if (names == nn::GPTWeightNames::hf_gpt2) return save_hf_gpt2(path, renamed, model.config(), metadata);
+  if (names == nn::GPTWeightNames::hf_gpt2) return save_hf_gpt2(path, renamed, model.config(), metadata, dtype);
   nn::save_safetensors(path, nn::NamedTensors(renamed.begin(), renamed.end()), metadata);
 }
 

@@ -176,6 +176,8 @@ TEST_F(Cli, HuggingFaceDirectory) {
   EXPECT_EQ(config.at("activation_function"), "gelu");  // remat's exact GELU; "gelu_new" is the tanh form
   EXPECT_EQ(config.at("layer_norm_epsilon"), 1e-5);
   EXPECT_EQ(config.at("tie_word_embeddings"), true);
+  EXPECT_EQ(config.at("dtype"), "float32");  // the saved weights' precision, from_pretrained's default
+  EXPECT_EQ(config.at("torch_dtype"), "float32");
   for (const char* id : {"bos_token_id", "eos_token_id"}) {
     EXPECT_GE(config.at(id).get<int64_t>(), 0) << id;
     EXPECT_LT(config.at(id).get<int64_t>(), vocab) << id;
@@ -287,6 +289,11 @@ TEST_F(Cli, MixedPrecisionRunSavesFloat32OrBf16Weights) {
       EXPECT_EQ(h.dtype(), DType::bf16) << name;
       EXPECT_EQ(h.to(DType::f32).to_vector(), t.to(DType::bf16).to(DType::f32).to_vector()) << name;
     }
+    if (format == "hf-gpt2")  // config.json names each directory's weights' precision
+      for (const auto& [dir, dtype] : {std::pair{f32, "float32"}, std::pair{bf16, "bfloat16"}}) {
+        std::ifstream in(dir + "/config.json");
+        EXPECT_EQ(nlohmann::json::parse(in).at("dtype"), dtype) << dir;
+      }
     const std::string s = "sample --threads 1 --tokens 20 --temperature 0 --load ";
     for (const std::string& w : {f32, bf16}) {
       Result sampled = run(s + w);
