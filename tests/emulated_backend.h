@@ -109,15 +109,15 @@ class EmulatedBackend final : public cpu::CpuBackend {
     checked(ids, 0, gtable.size(0), Tensor(), [&] { CpuBackend::embedding_backward(ids, gout, gtable); });
   }
   void cross_entropy(const Tensor& logits, const Tensor& targets, double smoothing, int64_t ignore, const Tensor& losses,
-                     const Tensor& logp, const Tensor& scale) override {
-    checked(targets, 0, logits.size(1), logp, [&] {
-      CpuBackend::cross_entropy(logits, targets, smoothing, ignore, losses, logp, scale);
+                     const Tensor& lse, const Tensor& scale) override {
+    checked(targets, 0, logits.size(1), lse, [&] {
+      CpuBackend::cross_entropy(logits, targets, smoothing, ignore, losses, lse, scale);
     });
   }
-  void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss, double smoothing,
-                              int64_t ignore, const Tensor& glogits) override {
-    checked(targets, 0, logp.size(1), glogits, [&] {
-      CpuBackend::cross_entropy_backward(logp, targets, gloss, smoothing, ignore, glogits);
+  void cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, const Tensor& gloss,
+                              double smoothing, int64_t ignore, const Tensor& glogits) override {
+    checked(targets, 0, logits.size(1), glogits, [&] {
+      CpuBackend::cross_entropy_backward(logits, lse, targets, gloss, smoothing, ignore, glogits);
     });
   }
   DeviceActivity activity() const override {

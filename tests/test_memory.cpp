@@ -266,6 +266,26 @@ TEST(Memory, ForwardBackwardCycleReturnsToStart) {
   EXPECT_EQ(memory::stats().live(Tag::gradient), start.live(Tag::gradient) - (64 + 8) * kF32);
 }
 
+// Cross entropy keeps its input logits (no new storage) and one log-sum-exp per row, never an
+// [N, C] log-softmax: the forward's new live bytes are lse [N] + the mean's weight + the loss, its
+// peak adds the per-row losses [N] and their sum, and the backward reads the logits back.
+TEST(Memory, CrossEntropyKeepsOneLogSumExpPerRow) {
+  const int64_t n = 8, classes = 1000;
+  Tensor logits = randn({n, classes}, DType::f32, RngState{61, 0}).requires_grad_();
+  Tensor targets = from_indices({0, 999, 5, -100, 17, 3, 400, 2}, {n});
+  memory::reset_peaks();
+  const memory::Stats before = memory::stats();
+  Tensor loss = cross_entropy(logits, targets, 0.1);
+  const memory::Stats after = memory::stats();
+  const size_t lse = n * kF32, scale = kF32, value = kF32;
+  EXPECT_EQ(after.live_total - before.live_total, lse + scale + value);  // was n * classes * 4 + scale + value
+  EXPECT_LE(after.peak_total - before.live_total, lse + scale + value + n * kF32 + kF32);
+  // the node's saved values: the logits it was given, the targets, lse and the weight
+  EXPECT_EQ(loss.grad_fn()->saved_bytes(), n * classes * kF32 + n * sizeof(int64_t) + lse + scale);
+  Tensor g = remat::grad({loss}, {logits})[0];
+  for (int64_t c = 0; c < classes; ++c) EXPECT_EQ(g.at({3, c}), 0.0);  // the ignored row
+}
+
 TEST(Memory, ResetPeaks) {
   Delta d;
   memory::reset_peaks();

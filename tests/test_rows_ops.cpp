@@ -220,8 +220,8 @@ TEST(RowsCrossEntropy, Validation) {
   expect_error([&] { cross_entropy(x, zeros({3})); }, {"cross_entropy", "i64"});
   expect_error([&] { cross_entropy(zeros({3}), from_indices({0, 1, 2}, {3})); }, {"cross_entropy", "[3]"});
   expect_error([&] { cross_entropy(x, from_indices({0, 1, 2}, {3}), 1.5); }, {"cross_entropy", "label_smoothing", "1.5"});
-  Tensor losses = Tensor::empty({3}), logp = Tensor::empty({3, 4}), scale = Tensor::empty({});
-  expect_error([&] { cpu_backend().cross_entropy(x, from_indices({0, 9, 1}, {3}), 0.0, -100, losses, logp, scale); },
+  Tensor losses = Tensor::empty({3}), lse = Tensor::empty({3}), scale = Tensor::empty({});
+  expect_error([&] { cpu_backend().cross_entropy(x, from_indices({0, 9, 1}, {3}), 0.0, -100, losses, lse, scale); },
                {"target 9", "4 classes"});
 }
 

@@ -205,17 +205,21 @@ TensorList each_in(const Mark& in, const TensorList& tensors) {
   X(embedding_backward, gout, (const Tensor& ids, const Tensor& gout, const Tensor& gtable),                           \
     (in(ids), in(gout), inout(gtable)))                                                                                \
   /* Per-row loss of logits [N, C] against targets [N] (i64); rows whose target equals                                 \
-     ignore_index get loss 0. Also writes log-softmax into logp [N, C] for the backward, and into                      \
-     scale (a 0-d tensor of the logits' dtype) the weight of each row in the mean: 1 / (the number                     \
-     of rows not ignored), as a double rounded to the dtype, or 0 if every row is ignored. A target                    \
-     outside [0, C) that is not ignore_index is a remat::Error naming the row (so the op validates                     \
-     its targets without reading device memory on the host). */                                                        \
+     ignore_index get loss 0. Also writes into lse [N] (the logits' dtype, float32 for 16-bit                          \
+     ones) each row's log-sum-exp, rounded to lse's dtype, for the backward (log-softmax is                            \
+     x - lse; nothing [N, C] is written), and into scale (a 0-d tensor of the logits' dtype) the                       \
+     weight of each row in the mean: 1 / (the number of rows not ignored), as a double rounded to                      \
+     the dtype, or 0 if every row is ignored. A target outside [0, C) that is not ignore_index is a                    \
+     remat::Error naming the row (so the op validates its targets without reading device memory                        \
+     on the host). */                                                                                                  \
   X(cross_entropy, logits, (const Tensor& logits, const Tensor& targets, double label_smoothing,                       \
-                            int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale),      \
-    (in(logits), in(targets), label_smoothing, ignore_index, inout(losses), inout(logp), inout(scale)))                \
-  X(cross_entropy_backward, logp, (const Tensor& logp, const Tensor& targets, const Tensor& gloss,                     \
-                                   double label_smoothing, int64_t ignore_index, const Tensor& glogits),               \
-    (in(logp), in(targets), in(gloss), label_smoothing, ignore_index, inout(glogits)))                                 \
+                            int64_t ignore_index, const Tensor& losses, const Tensor& lse, const Tensor& scale),       \
+    (in(logits), in(targets), label_smoothing, ignore_index, inout(losses), inout(lse), inout(scale)))                 \
+  /* glogits = gloss[r] * (exp(logits - lse[r]) - smoothed one-hot target), 0 on ignored rows. */                      \
+  X(cross_entropy_backward, logits, (const Tensor& logits, const Tensor& lse, const Tensor& targets,                   \
+                                     const Tensor& gloss, double label_smoothing, int64_t ignore_index,                \
+                                     const Tensor& glogits),                                                           \
+    (in(logits), in(lse), in(targets), in(gloss), label_smoothing, ignore_index, inout(glogits)))                      \
   /* y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p. */                      \
   X(dropout, x, (const Tensor& x, double p, RngState state, const Tensor& y), (in(x), p, state, inout(y)))             \
                                                                                                                        \

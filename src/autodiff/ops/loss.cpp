@@ -3,9 +3,10 @@
 //   (1 - eps) * -logp[target] + eps * mean_c(-logp[c]),   logp = log_softmax(logits).
 // If every row is ignored (or N == 0) the loss is 0 and so is the gradient. The kernel validates
 // the targets and writes the mean's weight 1 / count (a 0-d tensor on the logits' device), so
-// nothing here reads the targets on the host. The backward keeps the log-softmax and that weight
-// (aux outputs) and the targets:
-//   glogits[r] = gloss * scale * (softmax[r] - ((1 - eps) * onehot(target[r]) + eps / C)).
+// nothing here reads the targets on the host. The backward keeps the logits and the targets (the
+// inputs), each row's log-sum-exp lse [N] and that weight (aux outputs), never an [N, C]
+// log-softmax of its own:
+//   glogits[r] = gloss * scale * (exp(logits[r] - lse[r]) - ((1 - eps) * onehot(target[r]) + eps / C)).
 #include <cmath>
 
 #include "autodiff/kernels.h"
@@ -18,7 +19,7 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kCrossEntropy{autodiff::OpKind::cross_entropy, autodiff::save_inputs, 2, 0b10};  // keeps the targets only
+const OpSpec kCrossEntropy{autodiff::OpKind::cross_entropy, autodiff::save_inputs, 2};  // logits and targets
 
 }  // namespace
 
@@ -42,26 +43,25 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_s
       [n, classes, label_smoothing, ignore_index](const TensorList& in) {
         Tensor x = kernels::contiguous(in[0]);
         Backend& b = kernels::backend_of(x);
-        // the loss, its rows and the mean's weight in float32 for 16-bit logits; logp, which the
-        // backward keeps, in the logits' dtype
+        // the loss, its rows, the rows' log-sum-exp and the mean's weight in float32 for 16-bit logits
         const DType loss_dtype = accumulate_dtype(x.dtype());
         Tensor losses = kernels::empty({n}, loss_dtype, x.device());
-        Tensor logp = kernels::empty({n, classes}, x.dtype(), x.device());
+        Tensor lse = kernels::empty({n}, loss_dtype, x.device());
         Tensor scale = kernels::empty({}, loss_dtype, x.device());
-        b.cross_entropy(x, in[1], label_smoothing, ignore_index, losses, logp, scale);
+        b.cross_entropy(x, in[1], label_smoothing, ignore_index, losses, lse, scale);
         Tensor total = kernels::reduce(ReduceOp::sum, losses, {0}, false, loss_dtype);
-        return TensorList{kernels::binary(BinaryOp::mul, total, scale), logp, scale};
+        return TensorList{kernels::binary(BinaryOp::mul, total, scale), lse, scale};
       },
       [n, classes, label_smoothing, ignore_index](BackwardContext& ctx) {
         if (!ctx.needs_input_grad(0)) return;
-        Tensor logp = ctx.output(1);
-        Backend& b = kernels::backend_of(logp);
+        Tensor x = kernels::contiguous(ctx.input(0));
+        Backend& b = kernels::backend_of(x);
         // every row's loss enters the mean with weight 1 / count (ignored rows get 0 in the kernel)
         Tensor g = kernels::binary(BinaryOp::mul, ctx.grad_output(0), ctx.output(2));
-        Tensor gloss = kernels::empty({n}, accumulate_dtype(logp.dtype()), logp.device());
+        Tensor gloss = kernels::empty({n}, accumulate_dtype(x.dtype()), x.device());
         b.copy(g, gloss);
-        Tensor glogits = kernels::empty({n, classes}, logp.dtype(), logp.device());
-        b.cross_entropy_backward(logp, ctx.input(1), gloss, label_smoothing, ignore_index, glogits);
+        Tensor glogits = kernels::empty({n, classes}, x.dtype(), x.device());
+        b.cross_entropy_backward(x, ctx.output(1), ctx.input(1), gloss, label_smoothing, ignore_index, glogits);
         ctx.set_input_grad(0, glogits);
       },
       4.0 * static_cast<double>(logits.numel()))[0];

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/row_ops.h"
@@ -42,75 +43,79 @@ int64_t check_targets(const int64_t* targets, int64_t n, int64_t classes, int64_
 
 // ---- cross entropy
 //
-// Forward row: logp = x - logsumexp(x) (max, then the float64 sum of exp(x - max)); the loss from
-// logp[target] and, with label smoothing, the row sum of logp. Backward row: the softmax exp(logp)
-// minus the smoothed one-hot target, times the row's loss gradient. Hand-vectorised (row_ops.h),
-// compiled for AVX2 + FMA and baseline x86-64.
+// Forward row: the shift lse = logsumexp(x) (max, then the float64 sum of exp(x - max)) rounded to
+// the row's dtype, written to lse[r]; the loss from logp = x - shift at the target and, with label
+// smoothing, the row sum of logp (formed in a scratch row, so it is the sum today's logp tensor
+// had). Backward row: the softmax exp(x - shift), the same bits as exp of a stored logp, minus the
+// smoothed one-hot target, times the row's loss gradient. Hand-vectorised (row_ops.h), compiled
+// for AVX2 + FMA and baseline x86-64.
 
 template <class T>
 struct CrossEntropyArgs {
-  const T* x;  // logits (forward) or logp (backward)
+  const T* x;  // logits
   const int64_t* targets;
   double eps;
   int64_t ignore_index;
-  T* losses;    // forward
-  T* logp;      // forward output
+  T* losses;       // forward
+  T* lse;          // forward output, backward input (const there)
   const T* gloss;  // backward
-  T* glogits;   // backward output
+  T* glogits;      // backward output
   int64_t cols;
 };
 
 template <class T>
-REMAT_SIMD_INLINE void cross_entropy_row(const CrossEntropyArgs<T>& a, int64_t r) {
+REMAT_SIMD_INLINE void cross_entropy_row(const CrossEntropyArgs<T>& a, int64_t r, T* __restrict scratch) {
   using namespace rowops;
   const int64_t cols = a.cols;
   const T* __restrict xr = a.x + r * cols;
-  T* __restrict lr = a.logp + r * cols;
   T m = rowops::max(xr, cols);
   if (m == -std::numeric_limits<T>::infinity()) m = T(0);
   const Acc<T> sum = exp_sum<T>(xr, m, nullptr, cols);
-  const Acc<T> lse = static_cast<Acc<T>>(m) + std::log(sum);
-  const T shift = static_cast<T>(lse);
-  map<T>(
-      cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(lr + c, load(xr + c) - shift); },
-      [&](int64_t c) REMAT_ROW_LAMBDA { lr[c] = xr[c] - shift; });
+  const T shift = static_cast<T>(static_cast<Acc<T>>(m) + std::log(sum));
+  a.lse[r] = shift;
   const int64_t t = a.targets[r];
   if (t == a.ignore_index) {
     a.losses[r] = T(0);
     return;
   }
   Acc<T> loss = 0;
-  if (a.eps < 1.0) loss += static_cast<Acc<T>>(1.0 - a.eps) * -static_cast<Acc<T>>(lr[t]);
-  if (a.eps > 0.0)  // mean over classes of -logp
-    loss += static_cast<Acc<T>>(a.eps) * -(rowops::sum(lr, cols) / static_cast<Acc<T>>(cols));
+  if (a.eps < 1.0) loss += static_cast<Acc<T>>(1.0 - a.eps) * -static_cast<Acc<T>>(xr[t] - shift);
+  if (a.eps > 0.0) {  // mean over classes of -logp
+    map<T>(
+        cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(scratch + c, load(xr + c) - shift); },
+        [&](int64_t c) REMAT_ROW_LAMBDA { scratch[c] = xr[c] - shift; });
+    loss += static_cast<Acc<T>>(a.eps) * -(rowops::sum(scratch, cols) / static_cast<Acc<T>>(cols));
+  }
   a.losses[r] = static_cast<T>(loss);
 }
 
-// glogits = gloss[row] * (softmax - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
+// glogits = gloss[row] * (exp(x - lse) - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
 template <class T>
 REMAT_SIMD_INLINE void cross_entropy_backward_row(const CrossEntropyArgs<T>& a, int64_t r) {
   using namespace rowops;
   const int64_t cols = a.cols;
-  const T* __restrict lr = a.x + r * cols;
+  const T* __restrict xr = a.x + r * cols;
   T* __restrict out = a.glogits + r * cols;
   const int64_t t = a.targets[r];
   if (t == a.ignore_index) {
     std::fill(out, out + cols, T(0));
     return;
   }
+  const T shift = a.lse[r];
   const T uniform = static_cast<T>(a.eps / static_cast<double>(cols));
   const T on_target = static_cast<T>(1.0 - a.eps);
   const T g = a.gloss[r];
   map<T>(
-      cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(out + c, g * (simd::exp<T>(load(lr + c)) - uniform)); },
-      [&](int64_t c) REMAT_ROW_LAMBDA { out[c] = g * (simd::exp_scalar<T>(lr[c]) - uniform); });
+      cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(out + c, g * (simd::exp<T>(load(xr + c) - shift) - uniform)); },
+      [&](int64_t c) REMAT_ROW_LAMBDA { out[c] = g * (simd::exp_scalar<T>(xr[c] - shift) - uniform); });
   out[t] -= g * on_target;
 }
 
 #define REMAT_CE_RANGES(T, suffix)                                                                \
   REMAT_CPU_CLONES void cross_entropy_range_##suffix(const CrossEntropyArgs<T>& a, int64_t r0,     \
                                                      int64_t r1) {                                \
-    for (int64_t r = r0; r < r1; ++r) cross_entropy_row<T>(a, r);                                \
+    std::vector<T> scratch(a.eps > 0.0 ? static_cast<size_t>(a.cols) : 0);                        \
+    for (int64_t r = r0; r < r1; ++r) cross_entropy_row<T>(a, r, scratch.data());                 \
   }                                                                                               \
   REMAT_CPU_CLONES void cross_entropy_backward_range_##suffix(const CrossEntropyArgs<T>& a, int64_t r0, \
                                                               int64_t r1) {                       \
@@ -121,9 +126,9 @@ REMAT_CE_RANGES(double, f64)
 #undef REMAT_CE_RANGES
 
 template <class T>
-void cross_entropy_rows(const T* x, const int64_t* targets, double eps, int64_t ignore_index, T* losses, T* logp,
+void cross_entropy_rows(const T* x, const int64_t* targets, double eps, int64_t ignore_index, T* losses, T* lse,
                         int64_t rows, int64_t cols) {
-  CrossEntropyArgs<T> a{x, targets, eps, ignore_index, losses, logp, nullptr, nullptr, cols};
+  CrossEntropyArgs<T> a{x, targets, eps, ignore_index, losses, lse, nullptr, nullptr, cols};
   for_row_ranges(rows, cols, [&](int64_t r0, int64_t r1) {
     if constexpr (sizeof(T) == 4) cross_entropy_range_f32(a, r0, r1);
     else cross_entropy_range_f64(a, r0, r1);
@@ -131,9 +136,9 @@ void cross_entropy_rows(const T* x, const int64_t* targets, double eps, int64_t 
 }
 
 template <class T>
-void cross_entropy_backward_rows(const T* logp, const int64_t* targets, const T* gloss, double eps,
+void cross_entropy_backward_rows(const T* x, const T* lse, const int64_t* targets, const T* gloss, double eps,
                                  int64_t ignore_index, T* glogits, int64_t rows, int64_t cols) {
-  CrossEntropyArgs<T> a{logp, targets, eps, ignore_index, nullptr, nullptr, gloss, glogits, cols};
+  CrossEntropyArgs<T> a{x, targets, eps, ignore_index, nullptr, const_cast<T*>(lse), gloss, glogits, cols};
   for_row_ranges(rows, cols, [&](int64_t r0, int64_t r1) {
     if constexpr (sizeof(T) == 4) cross_entropy_backward_range_f32(a, r0, r1);
     else cross_entropy_backward_range_f64(a, r0, r1);
@@ -235,12 +240,14 @@ void CpuKernels::embedding_backward(const Tensor& ids_in, const Tensor& gout_in,
 }
 
 void CpuKernels::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
-                               int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale) {
+                               int64_t ignore_index, const Tensor& losses, const Tensor& lse, const Tensor& scale) {
   check_out(losses, "cross_entropy");
-  check_out(logp, "cross_entropy");
+  check_out(lse, "cross_entropy");
   check_out(scale, "cross_entropy");
-  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0),
-               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()));
+  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0) &&
+                   lse.numel() == logits_in.size(0) && lse.dtype() == logits_in.dtype(),
+               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()),
+               ", lse ", dtype_name(lse.dtype()), " ", shape_str(lse.shape()));
   Tensor logits = contiguous_input(logits_in), targets = contiguous_input(targets_in);
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const int64_t* t = targets.data<int64_t>();
@@ -248,24 +255,27 @@ void CpuKernels::cross_entropy(const Tensor& logits_in, const Tensor& targets_in
   cpu_backend().fill(scale, counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0);
   if (rows == 0) return;
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
-    cross_entropy_rows<T>(logits.data<T>(), t, label_smoothing, ignore_index, losses.data<T>(), logp.data<T>(), rows,
+    cross_entropy_rows<T>(logits.data<T>(), t, label_smoothing, ignore_index, losses.data<T>(), lse.data<T>(), rows,
                           cols);
   });
 }
 
-void CpuKernels::cross_entropy_backward(const Tensor& logp_in, const Tensor& targets_in, const Tensor& gloss_in,
-                                        double label_smoothing, int64_t ignore_index, const Tensor& glogits) {
+void CpuKernels::cross_entropy_backward(const Tensor& logits_in, const Tensor& lse_in, const Tensor& targets_in,
+                                        const Tensor& gloss_in, double label_smoothing, int64_t ignore_index,
+                                        const Tensor& glogits) {
   check_out(glogits, "cross_entropy_backward");
-  Tensor logp = contiguous_input(logp_in), targets = contiguous_input(targets_in), gloss = contiguous_input(gloss_in);
-  REMAT_ASSERT(logp.dim() == 2 && targets.numel() == logp.size(0) && gloss.numel() == logp.size(0),
-               "cross_entropy_backward: logp ", shape_str(logp.shape()), ", targets ", shape_str(targets.shape()),
-               ", gloss ", shape_str(gloss.shape()));
-  const int64_t rows = logp.size(0), cols = logp.size(1);
+  Tensor logits = contiguous_input(logits_in), lse = contiguous_input(lse_in), targets = contiguous_input(targets_in),
+         gloss = contiguous_input(gloss_in);
+  REMAT_ASSERT(logits.dim() == 2 && lse.numel() == logits.size(0) && targets.numel() == logits.size(0) &&
+                   gloss.numel() == logits.size(0) && lse.dtype() == logits.dtype(),
+               "cross_entropy_backward: logits ", shape_str(logits.shape()), ", lse ", shape_str(lse.shape()),
+               ", targets ", shape_str(targets.shape()), ", gloss ", shape_str(gloss.shape()));
+  const int64_t rows = logits.size(0), cols = logits.size(1);
   const int64_t* t = targets.data<int64_t>();
   check_targets(t, rows, cols, ignore_index, "cross_entropy_backward");
   if (rows == 0 || cols == 0) return;
   dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
-    cross_entropy_backward_rows<T>(logp.data<T>(), t, gloss.data<T>(), label_smoothing, ignore_index,
+    cross_entropy_backward_rows<T>(logits.data<T>(), lse.data<T>(), t, gloss.data<T>(), label_smoothing, ignore_index,
                                    glogits.data<T>(), rows, cols);
   });
 }

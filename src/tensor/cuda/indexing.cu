@@ -120,7 +120,9 @@ __global__ void iota_kernel(int64_t* p, int64_t n) {
   REMAT_GRID_LOOP(i, n) { p[i] = i; }
 }
 
-// Forward row: logp = x - logsumexp(x); loss = (1 - eps) * -logp[t] + eps * mean(-logp); 0 if ignored.
+// Forward row: shift = logsumexp(x) in the row's dtype, written to lse[r]; with logp = x - shift,
+// loss = (1 - eps) * -logp[t] + eps * mean(-logp); 0 if ignored. No [N, C] log-softmax is written:
+// the backward recomputes exp(x - shift), the same bits as exp of a stored x - shift.
 // Checked (Fast::async): a target outside [0, cols) that is not `ignore` reads nothing, gives loss
 // 0, and its row goes to `flag`; `counted` (when not null) receives the rows not ignored.
 // Online (REMAT_CUDA_FAST=cross_entropy): the maximum and the sum of exponentials in one read of
@@ -149,14 +151,13 @@ __device__ inline Acc<T> row_exp_sum(const T* xr, int64_t cols, T& m, T* shared_
 }
 
 template <class T, bool Checked = false, bool Online = false>
-__global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses, T* logp,
+__global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses, T* lse,
                                      int64_t rows, int64_t cols, unsigned long long* flag = nullptr,
                                      unsigned long long* counted = nullptr) {
   __shared__ T shared_t[32];
   __shared__ Acc<T> shared[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
-    T* lr = logp + r * cols;
     T m = -INFINITY;
     Acc<T> sum = 0;
     if constexpr (Online) {
@@ -170,13 +171,12 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double 
     }
     const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
     Acc<T> row_sum = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const T v = xr[c] - shift;
-      lr[c] = v;
-      row_sum += static_cast<Acc<T>>(v);
+    if (eps > 0.0) {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row_sum += static_cast<Acc<T>>(xr[c] - shift);
+      row_sum = block_sum(row_sum, shared);
     }
-    if (eps > 0.0) row_sum = block_sum(row_sum, shared);
     if (threadIdx.x == 0) {
+      lse[r] = shift;
       const int64_t t = targets[r];
       if constexpr (Checked) {
         if (t != ignore && counted) atomicAdd(counted, 1ull);
@@ -198,10 +198,10 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double 
   }
 }
 
-// glogits = gloss[row] * (softmax - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
+// glogits = gloss[row] * (exp(x - lse[row]) - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
 template <class T>
-__global__ void cross_entropy_backward_kernel(const T* logp, const int64_t* targets, const T* gloss, double eps,
-                                              int64_t ignore, T* glogits, int64_t rows, int64_t cols) {
+__global__ void cross_entropy_backward_kernel(const T* x, const T* lse, const int64_t* targets, const T* gloss,
+                                              double eps, int64_t ignore, T* glogits, int64_t rows, int64_t cols) {
   const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
   REMAT_GRID_LOOP(i, rows * cols) {
     const int64_t r = i / cols, c = i % cols, t = targets[r];
@@ -210,7 +210,7 @@ __global__ void cross_entropy_backward_kernel(const T* logp, const int64_t* targ
       continue;
     }
     const T g = gloss[r];
-    T v = g * (exp(logp[i]) - uniform);
+    T v = g * (exp(x[i] - lse[r]) - uniform);
     if (c == t) v -= g * on_target;
     glogits[i] = v;
   }
@@ -219,20 +219,20 @@ __global__ void cross_entropy_backward_kernel(const T* logp, const int64_t* targ
 // The same, a block per row (REMAT_CUDA_FAST=cross_entropy): the row's target and gradient read
 // once, 32-bit column indices; the same bits.
 template <class T>
-__global__ void cross_entropy_backward_rows(const T* logp, const int64_t* targets, const T* gloss, double eps,
-                                            int64_t ignore, T* glogits, int64_t rows, int cols) {
+__global__ void cross_entropy_backward_rows(const T* x, const T* lse, const int64_t* targets, const T* gloss,
+                                            double eps, int64_t ignore, T* glogits, int64_t rows, int cols) {
   const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t t = targets[r];
-    const T* lr = logp + r * cols;
+    const T* xr = x + r * cols;
     T* gr = glogits + r * cols;
     if (t == ignore) {
       for (int c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = T(0);
       continue;
     }
-    const T g = gloss[r];
+    const T g = gloss[r], shift = lse[r];
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-      T v = g * (exp(lr[c]) - uniform);
+      T v = g * (exp(xr[c] - shift) - uniform);
       if (c == t) v -= g * on_target;
       gr[c] = v;
     }
@@ -353,8 +353,8 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
 }
 
 void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
-                                int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale) {
-  for (const Tensor* t : {&losses, &logp, &scale}) check_out(*t, "cross_entropy");
+                                int64_t ignore_index, const Tensor& losses, const Tensor& lse, const Tensor& scale) {
+  for (const Tensor* t : {&losses, &lse, &scale}) check_out(*t, "cross_entropy");
   REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0),
                "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()));
   DeviceGuard guard(device_);
@@ -368,7 +368,7 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
       auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, false, true> : cross_entropy_kernel<T>;
       kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(logits), ptr<int64_t>(targets), label_smoothing,
-                                                         ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols,
+                                                         ignore_index, ptr<T>(losses), ptr<T>(lse), rows, cols,
                                                          nullptr, nullptr);
     });
     check_launch(fast(Fast::cross_entropy) ? "cross_entropy (online)" : "cross_entropy");
@@ -393,7 +393,7 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
     auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, true, true> : cross_entropy_kernel<T, true>;
     kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols,
+        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(lse), rows, cols,
         d.flag, count);
     check_launch(fast(Fast::cross_entropy) ? "cross_entropy (online)" : "cross_entropy");
     if (count) {
@@ -403,15 +403,18 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   });
 }
 
-void CudaBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& targets_in, const Tensor& gloss_in,
-                                         double label_smoothing, int64_t ignore_index, const Tensor& glogits) {
+void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& lse_in, const Tensor& targets_in,
+                                         const Tensor& gloss_in, double label_smoothing, int64_t ignore_index,
+                                         const Tensor& glogits) {
   check_out(glogits, "cross_entropy_backward");
   DeviceGuard guard(device_);
-  Tensor logp = contiguous(logp_in), targets = contiguous(targets_in), gloss = contiguous(gloss_in);
-  REMAT_ASSERT(logp.dim() == 2 && targets.numel() == logp.size(0) && gloss.numel() == logp.size(0),
-               "cross_entropy_backward: logp ", shape_str(logp.shape()), ", targets ", shape_str(targets.shape()),
-               ", gloss ", shape_str(gloss.shape()));
-  const int64_t rows = logp.size(0), cols = logp.size(1);
+  Tensor logits = contiguous(logits_in), lse = contiguous(lse_in), targets = contiguous(targets_in),
+         gloss = contiguous(gloss_in);
+  REMAT_ASSERT(logits.dim() == 2 && lse.numel() == logits.size(0) && targets.numel() == logits.size(0) &&
+                   gloss.numel() == logits.size(0) && lse.dtype() == logits.dtype(),
+               "cross_entropy_backward: logits ", shape_str(logits.shape()), ", lse ", shape_str(lse.shape()),
+               ", targets ", shape_str(targets.shape()), ", gloss ", shape_str(gloss.shape()));
+  const int64_t rows = logits.size(0), cols = logits.size(1);
   const Deferred d = defer_check(*this, targets, cols, "cross_entropy_backward", true, rows, ignore_index);
   if (d.on) {
     check_ids_deferred(*this, targets, cols, true, ignore_index, d.flag);  // the kernel below reads only in-row
@@ -423,12 +426,13 @@ void CudaBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& ta
   dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
     if (fast(Fast::cross_entropy) && cols <= std::numeric_limits<int>::max()) {
       cross_entropy_backward_rows<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-          ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows,
-          static_cast<int>(cols));
+          ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
+          ptr<T>(glogits), rows, static_cast<int>(cols));
       return check_launch("cross_entropy_backward (rows)");
     }
     cross_entropy_backward_kernel<T><<<grid_for(rows * cols), kThreads, 0, stream_>>>(
-        ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows, cols);
+        ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
+        ptr<T>(glogits), rows, cols);
     check_launch("cross_entropy_backward");
   });
 }
