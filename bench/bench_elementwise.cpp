@@ -5,11 +5,12 @@
 //   relu, tanh, gelu, gelu_tanh   y = op(x)                              (read x, write y)
 //   softmax, log_softmax          y = op(x, -1)                          (read x, write y)
 //   layer_norm, rms_norm          y = op(x, weight[, bias])              (read x, write y)
-//   cross_entropy                 per-row loss and the log-softmax its backward keeps
-//                                                                        (read x, write logp)
+//   cross_entropy                 per-row loss and the log-sum-exp per row its backward keeps
+//                                 (read x; counted as read x, write [N, C], the traffic of the
+//                                 log-softmax it kept before, so figures compare with earlier runs)
 //   *_backward                    the backend's backward kernel, as the op's backward formula
 //                                 calls it (softmax: read y, gy, write gx; layer_norm: read x,
-//                                 gy, write gx; cross_entropy: read logp, write glogits; ...)
+//                                 gy, write gx; cross_entropy: read x, write glogits; ...)
 //   adamw_step                    one AdamW update of x's size, in place (read the parameter,
 //                                 its gradient and both moments, write the parameter and the
 //                                 moments: 7 x 16 MiB a step)

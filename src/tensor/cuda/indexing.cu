@@ -120,9 +120,7 @@ __global__ void iota_kernel(int64_t* p, int64_t n) {
   REMAT_GRID_LOOP(i, n) { p[i] = i; }
 }
 
-// Forward row: shift = logsumexp(x) in the row's dtype, written to lse[r]; with logp = x - shift,
-// loss = (1 - eps) * -logp[t] + eps * mean(-logp); 0 if ignored. No [N, C] log-softmax is written:
-// the backward recomputes exp(x - shift), the same bits as exp of a stored x - shift.
+// Forward row: logp = x - logsumexp(x); loss = (1 - eps) * -logp[t] + eps * mean(-logp); 0 if ignored.
 // Checked (Fast::async): a target outside [0, cols) that is not `ignore` reads nothing, gives loss
 // 0, and its row goes to `flag`; `counted` (when not null) receives the rows not ignored.
 // Online (REMAT_CUDA_FAST=cross_entropy): the maximum and the sum of exponentials in one read of
@@ -151,13 +149,14 @@ __device__ inline Acc<T> row_exp_sum(const T* xr, int64_t cols, T& m, T* shared_
 }
 
 template <class T, bool Checked = false, bool Online = false>
-__global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses, T* lse,
+__global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses, T* logp,
                                      int64_t rows, int64_t cols, unsigned long long* flag = nullptr,
                                      unsigned long long* counted = nullptr) {
   __shared__ T shared_t[32];
   __shared__ Acc<T> shared[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
+    T* lr = logp + r * cols;
     T m = -INFINITY;
     Acc<T> sum = 0;
     if constexpr (Online) {
@@ -171,12 +170,13 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double 
     }
     const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
     Acc<T> row_sum = 0;
-    if (eps > 0.0) {
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row_sum += static_cast<Acc<T>>(xr[c] - shift);
-      row_sum = block_sum(row_sum, shared);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const T v = xr[c] - shift;
+      lr[c] = v;
+      row_sum += static_cast<Acc<T>>(v);
     }
+    if (eps > 0.0) row_sum = block_sum(row_sum, shared);
     if (threadIdx.x == 0) {
-      lse[r] = shift;
       const int64_t t = targets[r];
       if constexpr (Checked) {
         if (t != ignore && counted) atomicAdd(counted, 1ull);
@@ -198,10 +198,10 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double 
   }
 }
 
-// glogits = gloss[row] * (exp(x - lse[row]) - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
+// glogits = gloss[row] * (softmax - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
 template <class T>
-__global__ void cross_entropy_backward_kernel(const T* x, const T* lse, const int64_t* targets, const T* gloss,
-                                              double eps, int64_t ignore, T* glogits, int64_t rows, int64_t cols) {
+__global__ void cross_entropy_backward_kernel(const T* logp, const int64_t* targets, const T* gloss, double eps,
+                                              int64_t ignore, T* glogits, int64_t rows, int64_t cols) {
   const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
   REMAT_GRID_LOOP(i, rows * cols) {
     const int64_t r = i / cols, c = i % cols, t = targets[r];
@@ -210,7 +210,7 @@ __global__ void cross_entropy_backward_kernel(const T* x, const T* lse, const in
       continue;
     }
     const T g = gloss[r];
-    T v = g * (exp(x[i] - lse[r]) - uniform);
+    T v = g * (exp(logp[i]) - uniform);
     if (c == t) v -= g * on_target;
     glogits[i] = v;
   }
@@ -219,19 +219,82 @@ __global__ void cross_entropy_backward_kernel(const T* x, const T* lse, const in
 // The same, a block per row (REMAT_CUDA_FAST=cross_entropy): the row's target and gradient read
 // once, 32-bit column indices; the same bits.
 template <class T>
-__global__ void cross_entropy_backward_rows(const T* x, const T* lse, const int64_t* targets, const T* gloss,
-                                            double eps, int64_t ignore, T* glogits, int64_t rows, int cols) {
+__global__ void cross_entropy_backward_rows(const T* logp, const int64_t* targets, const T* gloss, double eps,
+                                            int64_t ignore, T* glogits, int64_t rows, int cols) {
+  const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t t = targets[r];
+    const T* lr = logp + r * cols;
+    T* gr = glogits + r * cols;
+    if (t == ignore) {
+      for (int c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = T(0);
+      continue;
+    }
+    const T g = gloss[r];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+      T v = g * (exp(lr[c]) - uniform);
+      if (c == t) v -= g * on_target;
+      gr[c] = v;
+    }
+  }
+}
+
+// The [N] form (Note [what cross entropy keeps] in src/autodiff/ops/loss.cpp; the op keeps it
+// with REMAT_CUDA_FAST=cross_entropy, the kernels above otherwise): the online row kernel's
+// maximum and sum, each row's shift written to lse[r] and no [N, C] tensor; with smoothing the
+// row is read once more for the sum of x - shift, added in the order the kernel above adds logp.
+// So loss and shift are the bits of cross_entropy_kernel<T, Checked, true>.
+template <class T, bool Checked = false>
+__global__ void cross_entropy_lse_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses,
+                                         T* lse, int64_t rows, int64_t cols, unsigned long long* flag = nullptr,
+                                         unsigned long long* counted = nullptr) {
+  __shared__ T shared_t[32];
+  __shared__ Acc<T> shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    T m = -INFINITY;
+    const Acc<T> sum = row_exp_sum(xr, cols, m, shared_t, shared);
+    const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
+    Acc<T> row_sum = 0;
+    if (eps > 0.0) {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row_sum += static_cast<Acc<T>>(xr[c] - shift);
+      row_sum = block_sum(row_sum, shared);
+    }
+    if (threadIdx.x != 0) continue;
+    lse[r] = shift;
+    const int64_t t = targets[r];
+    if constexpr (Checked) {
+      if (t != ignore && counted) atomicAdd(counted, 1ull);
+      if (t != ignore && (t < 0 || t >= cols)) {
+        if (flag) atomicMin(flag, static_cast<unsigned long long>(r));
+        losses[r] = T(0);
+        continue;
+      }
+    }
+    Acc<T> loss = 0;
+    if (t != ignore && eps < 1.0) loss += static_cast<Acc<T>>(1.0 - eps) * -static_cast<Acc<T>>(xr[t] - shift);
+    if (t != ignore && eps > 0.0) loss += static_cast<Acc<T>>(eps) * -(row_sum / static_cast<Acc<T>>(cols));
+    losses[r] = static_cast<T>(loss);
+  }
+}
+
+// Its backward, a block per row as cross_entropy_backward_rows: exp(x - lse[row]), the bits of
+// exp(logp) for the logp the kernel above would have written. I: the column index (int where the
+// row allows, as there).
+template <class T, class I>
+__global__ void cross_entropy_backward_lse(const T* x, const T* lse, const int64_t* targets, const T* gloss, double eps,
+                                           int64_t ignore, T* glogits, int64_t rows, I cols) {
   const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t t = targets[r];
     const T* xr = x + r * cols;
     T* gr = glogits + r * cols;
     if (t == ignore) {
-      for (int c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = T(0);
+      for (I c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = T(0);
       continue;
     }
     const T g = gloss[r], shift = lse[r];
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (I c = threadIdx.x; c < cols; c += blockDim.x) {
       T v = g * (exp(xr[c] - shift) - uniform);
       if (c == t) v -= g * on_target;
       gr[c] = v;
@@ -352,11 +415,21 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
   check_launch("embedding_backward");
 }
 
+// kept: the [N, C] log-softmax, written by the kernels checked on a device (the two-pass row
+// kernel, or the online one with REMAT_CUDA_FAST=cross_entropy), or lse [N] (the switch's form,
+// cross_entropy_lse_kernel), as its shape says.
 void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
-                                int64_t ignore_index, const Tensor& losses, const Tensor& lse, const Tensor& scale) {
-  for (const Tensor* t : {&losses, &lse, &scale}) check_out(*t, "cross_entropy");
-  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0),
-               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()));
+                                int64_t ignore_index, const Tensor& losses, const Tensor& kept, const Tensor& scale) {
+  for (const Tensor* t : {&losses, &kept, &scale}) check_out(*t, "cross_entropy");
+  const bool lse_form = kept.dim() == 1;
+  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0) &&
+                   (lse_form ? kept.numel() == logits_in.size(0) : kept.shape() == logits_in.shape()) &&
+                   kept.dtype() == logits_in.dtype(),
+               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()),
+               ", kept ", dtype_name(kept.dtype()), " ", shape_str(kept.shape()));
+  const char* name = lse_form                    ? "cross_entropy (lse)"
+                     : fast(Fast::cross_entropy) ? "cross_entropy (online)"
+                                                 : "cross_entropy";
   DeviceGuard guard(device_);
   Tensor logits = contiguous(logits_in), targets = contiguous(targets_in);
   const int64_t rows = logits.size(0), cols = logits.size(1);
@@ -367,11 +440,12 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     if (rows == 0) return;
     dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
       auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, false, true> : cross_entropy_kernel<T>;
+      if (lse_form) kernel = cross_entropy_lse_kernel<T>;
       kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(logits), ptr<int64_t>(targets), label_smoothing,
-                                                         ignore_index, ptr<T>(losses), ptr<T>(lse), rows, cols,
+                                                         ignore_index, ptr<T>(losses), ptr<T>(kept), rows, cols,
                                                          nullptr, nullptr);
     });
-    check_launch(fast(Fast::cross_entropy) ? "cross_entropy (online)" : "cross_entropy");
+    check_launch(name);
     return;
   }
   // Fast::async: targets checked in the row kernel, the mean's weight counted on the device unless
@@ -392,10 +466,11 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   auto* count = all_count ? nullptr : reinterpret_cast<unsigned long long*>(ptr<int64_t>(counted));
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
     auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, true, true> : cross_entropy_kernel<T, true>;
+    if (lse_form) kernel = cross_entropy_lse_kernel<T, true>;
     kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(lse), rows, cols,
+        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(kept), rows, cols,
         d.flag, count);
-    check_launch(fast(Fast::cross_entropy) ? "cross_entropy (online)" : "cross_entropy");
+    check_launch(name);
     if (count) {
       mean_weight_kernel<T><<<1, 1, 0, stream_>>>(count, ptr<T>(scale));
       check_launch("cross_entropy (mean weight)");
@@ -403,18 +478,23 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   });
 }
 
-void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& lse_in, const Tensor& targets_in,
+// kept: the [N, C] log-softmax (logits_in unread) or lse [N] with the logits, as its shape says.
+void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& kept_in, const Tensor& targets_in,
                                          const Tensor& gloss_in, double label_smoothing, int64_t ignore_index,
                                          const Tensor& glogits) {
   check_out(glogits, "cross_entropy_backward");
   DeviceGuard guard(device_);
-  Tensor logits = contiguous(logits_in), lse = contiguous(lse_in), targets = contiguous(targets_in),
+  const bool lse_form = kept_in.dim() == 1;
+  Tensor logp = lse_form ? Tensor() : contiguous(kept_in), targets = contiguous(targets_in),
          gloss = contiguous(gloss_in);
-  REMAT_ASSERT(logits.dim() == 2 && lse.numel() == logits.size(0) && targets.numel() == logits.size(0) &&
-                   gloss.numel() == logits.size(0) && lse.dtype() == logits.dtype(),
-               "cross_entropy_backward: logits ", shape_str(logits.shape()), ", lse ", shape_str(lse.shape()),
-               ", targets ", shape_str(targets.shape()), ", gloss ", shape_str(gloss.shape()));
-  const int64_t rows = logits.size(0), cols = logits.size(1);
+  Tensor logits = lse_form ? contiguous(logits_in) : Tensor(), lse = lse_form ? contiguous(kept_in) : Tensor();
+  const Tensor& x = lse_form ? logits : logp;  // what exp reads, less lse in the [N] form
+  REMAT_ASSERT(x.dim() == 2 && x.shape() == glogits.shape() && targets.numel() == x.size(0) &&
+                   gloss.numel() == x.size(0) && (!lse_form || (lse.numel() == x.size(0) && lse.dtype() == x.dtype())),
+               "cross_entropy_backward: ", lse_form ? "logits " : "logp ", shape_str(x.shape()), ", kept ",
+               shape_str(kept_in.shape()), ", targets ", shape_str(targets.shape()), ", gloss ",
+               shape_str(gloss.shape()));
+  const int64_t rows = x.size(0), cols = x.size(1);
   const Deferred d = defer_check(*this, targets, cols, "cross_entropy_backward", true, rows, ignore_index);
   if (d.on) {
     check_ids_deferred(*this, targets, cols, true, ignore_index, d.flag);  // the kernel below reads only in-row
@@ -424,15 +504,26 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& 
   }
   if (rows == 0 || cols == 0) return;
   dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
+    if (lse_form) {
+      const unsigned grid = grid_for(rows, 1);
+      if (cols <= std::numeric_limits<int>::max())
+        cross_entropy_backward_lse<T, int><<<grid, kThreads, 0, stream_>>>(
+            ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
+            ptr<T>(glogits), rows, static_cast<int>(cols));
+      else
+        cross_entropy_backward_lse<T, int64_t><<<grid, kThreads, 0, stream_>>>(
+            ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
+            ptr<T>(glogits), rows, cols);
+      return check_launch("cross_entropy_backward (lse)");
+    }
     if (fast(Fast::cross_entropy) && cols <= std::numeric_limits<int>::max()) {
       cross_entropy_backward_rows<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-          ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
-          ptr<T>(glogits), rows, static_cast<int>(cols));
+          ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows,
+          static_cast<int>(cols));
       return check_launch("cross_entropy_backward (rows)");
     }
     cross_entropy_backward_kernel<T><<<grid_for(rows * cols), kThreads, 0, stream_>>>(
-        ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
-        ptr<T>(glogits), rows, cols);
+        ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows, cols);
     check_launch("cross_entropy_backward");
   });
 }
