@@ -109,17 +109,20 @@ class EmulatedBackend final : public cpu::CpuBackend {
     checked(ids, 0, gtable.size(0), Tensor(), [&] { CpuBackend::embedding_backward(ids, gout, gtable); });
   }
   void cross_entropy(const Tensor& logits, const Tensor& targets, double smoothing, int64_t ignore, const Tensor& losses,
-                     const Tensor& logp, const Tensor& scale) override {
-    checked(targets, 0, logits.size(1), logp, [&] {
-      CpuBackend::cross_entropy(logits, targets, smoothing, ignore, losses, logp, scale);
+                     const Tensor& kept, const Tensor& scale) override {
+    checked(targets, 0, logits.size(1), kept, [&] {
+      CpuBackend::cross_entropy(logits, targets, smoothing, ignore, losses, kept, scale);
     });
   }
-  void cross_entropy_backward(const Tensor& logp, const Tensor& targets, const Tensor& gloss, double smoothing,
-                              int64_t ignore, const Tensor& glogits) override {
-    checked(targets, 0, logp.size(1), glogits, [&] {
-      CpuBackend::cross_entropy_backward(logp, targets, gloss, smoothing, ignore, glogits);
+  void cross_entropy_backward(const Tensor& logits, const Tensor& kept, const Tensor& targets, const Tensor& gloss,
+                              double smoothing, int64_t ignore, const Tensor& glogits) override {
+    checked(targets, 0, glogits.size(1), glogits, [&] {
+      CpuBackend::cross_entropy_backward(logits, kept, targets, gloss, smoothing, ignore, glogits);
     });
   }
+  // keeps_log_softmax = true: cross_entropy keeps the [N, C] log-softmax (as CUDA without its switch)
+  bool cross_entropy_keeps_log_softmax() const override { return keeps_log_softmax; }
+  bool keeps_log_softmax = false;
   DeviceActivity activity() const override {
     DeviceActivity a;
     a.host_synchronizations = waits;

@@ -345,12 +345,21 @@ TEST(Cuda, LinearProductAndBiasMatchFloat64AndRepeatBitwise) {
   }
 }
 
+// Whether this process runs with REMAT_CUDA_FAST=cross_entropy (alone or in "all").
+bool cross_entropy_switch() {
+  const std::vector<std::string> on = cuda::fast_paths_on();
+  return std::find(on.begin(), on.end(), "cross_entropy") != on.end();
+}
+
 // Cross-entropy over rows with masked (-inf) logits, a row masked but for its target, and rows with
 // a +inf or a NaN logit: the loss and the logits' gradient follow the CPU's (NaN where it has NaN),
-// with label smoothing, on the default kernels and on the online row kernel
-// (REMAT_CUDA_FAST=cross_entropy), which must keep the two-pass results for infinities.
+// with label smoothing, on the default kernels (the op keeps the [N, C] log-softmax) and with
+// REMAT_CUDA_FAST=cross_entropy (it keeps the logits and lse [N]: the online row kernel, which
+// must keep the two-pass results for infinities, and the lse backward).
 TEST(Cuda, CrossEntropyOfMaskedAndInfiniteRowsFollowsTheCpu) {
   REQUIRE_GPU();
+  const bool lse_form = cross_entropy_switch();
+  EXPECT_EQ(backend(kGpu).cross_entropy_keeps_log_softmax(), !lse_form);
   const int64_t rows = 6, cols = 700;
   std::vector<double> v(static_cast<size_t>(rows * cols));
   for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37 * static_cast<double>(i)) * 4.0;
@@ -367,6 +376,9 @@ TEST(Cuda, CrossEntropyOfMaskedAndInfiniteRowsFollowsTheCpu) {
     for (const Device device : {kCpu, kGpu}) {
       const Tensor logits = from_vector(v, {rows, cols}, DType::f32).to(device).requires_grad_();
       const Tensor loss = cross_entropy(logits, from_indices(t, {rows}).to(device), smoothing);
+      // saved: the targets, the weight and lse [N] with the logits, or the [N, C] log-softmax
+      const size_t kept = device == kGpu && !lse_form ? rows * cols * 4 : rows * 4 + rows * cols * 4;
+      EXPECT_EQ(loss.grad_fn()->saved_bytes(), rows * sizeof(int64_t) + 4 + kept) << device_name(device);
       loss.backward();
       results[device == kGpu].push_back({loss.detach().to(kCpu).item()});
       results[device == kGpu].push_back(logits.grad().to(kCpu).to_vector());
@@ -383,6 +395,42 @@ TEST(Cuda, CrossEntropyOfMaskedAndInfiniteRowsFollowsTheCpu) {
         EXPECT_NEAR(gpu[i], cpu[i], 1e-5 * (1 + std::abs(cpu[i]))) << "result " << k << " element " << i
                                                                     << " smoothing " << smoothing;
       }
+    }
+  }
+}
+
+// The kernels' two forms called directly, whatever the switch (so the default stage of the device
+// check runs the [N] form too, and REMAT_CUDA_FAST=async its checked kernel): at GPT-2's
+// vocabulary with ignored rows and smoothing, lse [N] and the [N, C] log-softmax give the same
+// losses and gradients; bit for bit with the switch, where both forward kernels are the online
+// one, within float32 rounding against the default two-pass kernel; the gradient of the [N, C]
+// form does not read the logits (they are undefined).
+TEST(Cuda, CrossEntropyKernelFormsAgree) {
+  REQUIRE_GPU();
+  const int64_t rows = 24, cols = 50257;
+  const Tensor x = randn({rows, cols}, DType::f32, RngState{71, 0}, 0.0, 3.0).to(kGpu);
+  std::vector<int64_t> t(rows);
+  for (int64_t r = 0; r < rows; ++r) t[static_cast<size_t>(r)] = r % 5 == 2 ? -100 : (r * 7919) % cols;
+  const Tensor targets = from_indices(t, {rows}).to(kGpu), gloss = full({rows}, 1.0 / rows).to(kGpu);
+  Backend& b = backend(kGpu);
+  for (const double smoothing : {0.0, 0.1}) {
+    auto empty = [](const Shape& shape) { return Tensor::empty(shape, DType::f32, memory::Tag::other, kGpu); };
+    Tensor losses[2] = {empty({rows}), empty({rows})}, grads[2] = {empty({rows, cols}), empty({rows, cols})};
+    Tensor scale = empty({}), lse = empty({rows}), logp = empty({rows, cols});
+    b.cross_entropy(x, targets, smoothing, -100, losses[0], lse, scale);
+    b.cross_entropy(x, targets, smoothing, -100, losses[1], logp, scale);
+    b.cross_entropy_backward(x, lse, targets, gloss, smoothing, -100, grads[0]);
+    b.cross_entropy_backward(Tensor(), logp, targets, gloss, smoothing, -100, grads[1]);
+    if (cross_entropy_switch()) {
+      EXPECT_TRUE(same_bits(losses[0], losses[1])) << smoothing;
+      EXPECT_TRUE(same_bits(grads[0], grads[1])) << smoothing;
+      continue;
+    }
+    for (int k = 0; k < 2; ++k) {
+      const std::vector<double> a = (k ? grads : losses)[0].to(kCpu).to_vector();
+      const std::vector<double> c = (k ? grads : losses)[1].to(kCpu).to_vector();
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_NEAR(a[i], c[i], 1e-5 * (std::abs(c[i]) + (k ? 1.0 / rows : 1.0))) << k << " " << i << " " << smoothing;
     }
   }
 }

@@ -9,7 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include "emulated_backend.h"
 #include "remat/autodiff.h"
+#include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
 
@@ -264,6 +266,53 @@ TEST(Memory, ForwardBackwardCycleReturnsToStart) {
   w.zero_grad();
   g.zero_grad();
   EXPECT_EQ(memory::stats().live(Tag::gradient), start.live(Tag::gradient) - (64 + 8) * kF32);
+}
+
+// Cross entropy keeps its input logits (no new storage) and one log-sum-exp per row, never an
+// [N, C] log-softmax: the forward's new live bytes are lse [N] + the mean's weight + the loss, its
+// peak adds the per-row losses [N] and their sum, and the backward reads the logits back.
+TEST(Memory, CrossEntropyKeepsOneLogSumExpPerRow) {
+  const int64_t n = 8, classes = 1000;
+  Tensor logits = randn({n, classes}, DType::f32, RngState{61, 0}).requires_grad_();
+  Tensor targets = from_indices({0, 999, 5, -100, 17, 3, 400, 2}, {n});
+  memory::reset_peaks();
+  const memory::Stats before = memory::stats();
+  Tensor loss = cross_entropy(logits, targets, 0.1);
+  const memory::Stats after = memory::stats();
+  const size_t lse = n * kF32, scale = kF32, value = kF32;
+  EXPECT_EQ(after.live_total - before.live_total, lse + scale + value);  // was n * classes * 4 + scale + value
+  EXPECT_LE(after.peak_total - before.live_total, lse + scale + value + n * kF32 + kF32);
+  // the node's saved values: the logits it was given, the targets, lse and the weight
+  EXPECT_EQ(loss.grad_fn()->saved_bytes(), n * classes * kF32 + n * sizeof(int64_t) + lse + scale);
+  Tensor g = remat::grad({loss}, {logits})[0];
+  for (int64_t c = 0; c < classes; ++c) EXPECT_EQ(g.at({3, c}), 0.0);  // the ignored row
+}
+
+// Where the backend keeps the [N, C] log-softmax instead (Backend::cross_entropy_keeps_log_softmax:
+// CUDA without REMAT_CUDA_FAST=cross_entropy; here the emulated device, told to), the op keeps it
+// and the targets, not the logits, on the device's own counters: the forward's new live bytes are
+// logp + the weight + the loss, the node's saved bytes targets + logp + the weight, and the
+// gradient is the CPU's, bit for bit.
+TEST(Memory, CrossEntropyKeepsTheLogSoftmaxWhereTheBackendDoes) {
+  remat::testing::EmulatedDevice dev;
+  dev.backend.keeps_log_softmax = true;
+  const int64_t n = 8, classes = 1000;
+  Tensor host = randn({n, classes}, DType::f32, RngState{61, 0});
+  Tensor logits = host.to(dev.device).requires_grad_();
+  Tensor targets = from_indices({0, 999, 5, -100, 17, 3, 400, 2}, {n});
+  Tensor device_targets = targets.to(dev.device);
+  reset_peaks(dev.device);
+  const memory::Stats before = memory_stats(dev.device);
+  Tensor loss = cross_entropy(logits, device_targets, 0.1);
+  const memory::Stats after = memory_stats(dev.device);
+  const size_t logp = n * classes * kF32, scale = kF32, value = kF32;
+  EXPECT_EQ(after.live_total - before.live_total, logp + scale + value);
+  EXPECT_LE(after.peak_total - before.live_total, logp + scale + value + n * kF32 + kF32);
+  EXPECT_EQ(loss.grad_fn()->saved_bytes(), n * sizeof(int64_t) + logp + scale);
+  const Tensor g = remat::grad({loss}, {logits})[0].to(kCpu);
+  const Tensor host_logits = host.requires_grad_();
+  const Tensor want = remat::grad({cross_entropy(host_logits, targets, 0.1)}, {host_logits})[0];
+  EXPECT_EQ(g.to_vector(), want.to_vector());
 }
 
 TEST(Memory, ResetPeaks) {

@@ -6,11 +6,13 @@
 // gradients on small shapes, other axes and strided operands are rows of the harness.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "emulated_backend.h"
 #include "op_reference.h"
 #include "remat/backend.h"
 #include "remat/ops.h"
@@ -212,6 +214,100 @@ TEST(RowsCrossEntropy, AllRowsIgnored) {
   for (double v : g.to_vector()) EXPECT_EQ(v, 0.0);
 }
 
+// Both forms cross_entropy may keep for its backward (Backend::cross_entropy_keeps_log_softmax:
+// lse [N], the CPU's, or the [N, C] log-softmax, CUDA's without its switch; here the emulated
+// device keeping each) give the CPU's loss and gradient, on rows with label smoothing, an ignored
+// row, masked (-inf) logits, and a +inf or a NaN logit: bit for bit in f32 and f64 (exp(x - lse)
+// is exp of the stored x - lse), and in bf16 the loss bit for bit and the gradient within the
+// rounding of the stored log-softmax to bf16 (8 bits: p off by about p |logp| 2^-8).
+TEST(RowsCrossEntropy, BothKeptFormsGiveTheCpusResults) {
+  remat::testing::EmulatedDevice dev;
+  const int64_t rows = 9, cols = 301;
+  const std::vector<int64_t> targets = {3, 61, 5, -100, 9, 10, 200, 300, 0};
+  for (const bool specials : {false, true}) {
+    std::vector<double> v(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37 * static_cast<double>(i)) * 6.0;
+    auto at = [&](int64_t r, int64_t c) -> double& { return v[static_cast<size_t>(r * cols + c)]; };
+    for (int64_t c = 0; c < cols; c += 3) at(1, c) = -INFINITY;  // not the target, 61
+    for (int64_t c = 0; c < cols; ++c)
+      if (c != 5) at(2, c) = -INFINITY;
+    if (specials) at(4, 123) = INFINITY, at(5, 77) = NAN;
+    for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+      const Tensor x = from_vector(v, {rows, cols}, dtype);
+      // the float64 log-softmax of the values as rounded to dtype, for bf16's tolerance
+      const std::vector<double> xs = x.to_vector();
+      std::vector<double> logp(xs.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        double m = -INFINITY, sum = 0;
+        for (int64_t c = 0; c < cols; ++c) m = std::max(m, xs[static_cast<size_t>(r * cols + c)]);
+        for (int64_t c = 0; c < cols; ++c) sum += std::exp(xs[static_cast<size_t>(r * cols + c)] - m);
+        for (int64_t c = 0; c < cols; ++c)
+          logp[static_cast<size_t>(r * cols + c)] = xs[static_cast<size_t>(r * cols + c)] - m - std::log(sum);
+      }
+      for (const double smoothing : {0.0, 0.1, 1.0}) {
+        const Tensor xh = x.detach().requires_grad_();
+        const Tensor want_loss = cross_entropy(xh, from_indices(targets, {rows}), smoothing);
+        const std::vector<double> want = remat::grad({want_loss}, {xh})[0].to_vector();
+        for (const bool keeps : {false, true}) {
+          dev.backend.keeps_log_softmax = keeps;
+          const std::string what = detail::concat(dtype_name(dtype), " smoothing ", smoothing, keeps ? " logp" : " lse",
+                                                  specials ? " with inf and NaN" : "");
+          const Tensor xd = x.to(dev.device).requires_grad_();
+          const Tensor loss = cross_entropy(xd, from_indices(targets, {rows}, dev.device), smoothing);
+          const std::vector<double> got = remat::grad({loss}, {xd})[0].to(kCpu).to_vector();
+          const double l = loss.to(kCpu).item(), wl = want_loss.item();
+          EXPECT_TRUE(l == wl || (std::isnan(l) && std::isnan(wl))) << what << ": loss " << l << ", CPU " << wl;
+          ASSERT_EQ(got.size(), want.size());
+          const bool bitwise = !keeps || dtype != DType::bf16;
+          for (size_t i = 0; i < got.size(); ++i) {
+            if (std::isnan(want[i]) || (got[i] == want[i] && std::signbit(got[i]) == std::signbit(want[i]))) {
+              EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i])) << what << " element " << i;
+              continue;
+            }
+            const double p = std::exp(logp[i]), gloss = 1.0 / (rows - 1);
+            if (bitwise || !std::isfinite(logp[i])) {
+              ADD_FAILURE() << what << " element " << i << ": " << got[i] << ", CPU " << want[i];
+              continue;
+            }
+            const double tol = std::ldexp(std::abs(want[i]) + gloss * p * (1 + std::abs(logp[i])), -7);
+            EXPECT_LE(std::abs(got[i] - want[i]), tol) << what << " element " << i << ": " << got[i] << ", CPU "
+                                                       << want[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+// The kernels' two forms directly: the [N, C] form writes x - lse in the logits' dtype, the
+// same losses, and its backward (logits undefined) writes the [N] form's gradient bits.
+TEST(RowsCrossEntropy, KernelFormsAgree) {
+  const int64_t rows = 64, cols = 257;  // several row ranges
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    const Tensor x = random({rows, cols}, dtype, 34, 3.0);
+    std::vector<int64_t> t(rows);
+    for (int64_t r = 0; r < rows; ++r) t[static_cast<size_t>(r)] = r % 7 == 3 ? -100 : (r * 31) % cols;
+    const Tensor targets = from_indices(t, {rows}), gloss = random({rows}, dtype, 35);
+    Tensor losses[2] = {Tensor::empty({rows}, dtype), Tensor::empty({rows}, dtype)};
+    Tensor scale = Tensor::empty({}, dtype), lse = Tensor::empty({rows}, dtype);
+    Tensor logp = Tensor::empty({rows, cols}, dtype);
+    cpu_backend().cross_entropy(x, targets, 0.1, -100, losses[0], lse, scale);
+    cpu_backend().cross_entropy(x, targets, 0.1, -100, losses[1], logp, scale);
+    EXPECT_EQ(losses[0].to_vector(), losses[1].to_vector()) << dtype_name(dtype);
+    const std::vector<double> xs = x.to_vector(), shifts = lse.to_vector(), lp = logp.to_vector();
+    for (size_t i = 0; i < lp.size(); ++i) {
+      const double want = dtype == DType::f32 ? static_cast<double>(static_cast<float>(xs[i]) -
+                                                                    static_cast<float>(shifts[i / cols]))
+                                              : xs[i] - shifts[i / cols];
+      ASSERT_EQ(lp[i], want) << dtype_name(dtype) << " element " << i;
+    }
+    Tensor g[2] = {Tensor::empty({rows, cols}, dtype), Tensor::empty({rows, cols}, dtype)};
+    cpu_backend().cross_entropy_backward(x, lse, targets, gloss, 0.1, -100, g[0]);
+    cpu_backend().cross_entropy_backward(Tensor(), logp, targets, gloss, 0.1, -100, g[1]);
+    EXPECT_EQ(g[0].to_vector(), g[1].to_vector()) << dtype_name(dtype);
+  }
+}
+
 TEST(RowsCrossEntropy, Validation) {
   Tensor x = zeros({3, 4});
   expect_error([&] { cross_entropy(x, from_indices({0, 4, 1}, {3})); }, {"cross_entropy", "target 4", "4 classes"});
@@ -220,8 +316,8 @@ TEST(RowsCrossEntropy, Validation) {
   expect_error([&] { cross_entropy(x, zeros({3})); }, {"cross_entropy", "i64"});
   expect_error([&] { cross_entropy(zeros({3}), from_indices({0, 1, 2}, {3})); }, {"cross_entropy", "[3]"});
   expect_error([&] { cross_entropy(x, from_indices({0, 1, 2}, {3}), 1.5); }, {"cross_entropy", "label_smoothing", "1.5"});
-  Tensor losses = Tensor::empty({3}), logp = Tensor::empty({3, 4}), scale = Tensor::empty({});
-  expect_error([&] { cpu_backend().cross_entropy(x, from_indices({0, 9, 1}, {3}), 0.0, -100, losses, logp, scale); },
+  Tensor losses = Tensor::empty({3}), lse = Tensor::empty({3}), scale = Tensor::empty({});
+  expect_error([&] { cpu_backend().cross_entropy(x, from_indices({0, 9, 1}, {3}), 0.0, -100, losses, lse, scale); },
                {"target 9", "4 classes"});
 }
 

@@ -205,17 +205,25 @@ TensorList each_in(const Mark& in, const TensorList& tensors) {
   X(embedding_backward, gout, (const Tensor& ids, const Tensor& gout, const Tensor& gtable),                           \
     (in(ids), in(gout), inout(gtable)))                                                                                \
   /* Per-row loss of logits [N, C] against targets [N] (i64); rows whose target equals                                 \
-     ignore_index get loss 0. Also writes log-softmax into logp [N, C] for the backward, and into                      \
+     ignore_index get loss 0. Also writes into `kept` what the backward reads, in the form                             \
+     cross_entropy_keeps_log_softmax() names: [N], each row's log-sum-exp rounded to kept's dtype                      \
+     (the logits' dtype, float32 for 16-bit logits; nothing [N, C] is written), or [N, C], the                         \
+     log-softmax x - that log-sum-exp in the logits' dtype. The CPU's kernels take either form (they                   \
+     are every backend's fallback); another backend may refuse the form it does not keep. Into                         \
      scale (a 0-d tensor of the logits' dtype) the weight of each row in the mean: 1 / (the number                     \
      of rows not ignored), as a double rounded to the dtype, or 0 if every row is ignored. A target                    \
      outside [0, C) that is not ignore_index is a remat::Error naming the row (so the op validates                     \
      its targets without reading device memory on the host). */                                                        \
   X(cross_entropy, logits, (const Tensor& logits, const Tensor& targets, double label_smoothing,                       \
-                            int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale),      \
-    (in(logits), in(targets), label_smoothing, ignore_index, inout(losses), inout(logp), inout(scale)))                \
-  X(cross_entropy_backward, logp, (const Tensor& logp, const Tensor& targets, const Tensor& gloss,                     \
-                                   double label_smoothing, int64_t ignore_index, const Tensor& glogits),               \
-    (in(logp), in(targets), in(gloss), label_smoothing, ignore_index, inout(glogits)))                                 \
+                            int64_t ignore_index, const Tensor& losses, const Tensor& kept, const Tensor& scale),      \
+    (in(logits), in(targets), label_smoothing, ignore_index, inout(losses), inout(kept), inout(scale)))                \
+  /* glogits = gloss[r] * (softmax[r] - smoothed one-hot target), 0 on ignored rows, from the forward's                \
+     kept: softmax = exp(logits - kept[r]) for the [N] form, exp(kept) for the [N, C] one (the same                    \
+     bits, since kept was logits - the log-sum-exp in that dtype); logits may then be undefined. */                    \
+  X(cross_entropy_backward, glogits, (const Tensor& logits, const Tensor& kept, const Tensor& targets,                 \
+                                      const Tensor& gloss, double label_smoothing, int64_t ignore_index,               \
+                                      const Tensor& glogits),                                                          \
+    (in(logits), in(kept), in(targets), in(gloss), label_smoothing, ignore_index, inout(glogits)))                     \
   /* y = x * keep / (1 - p), keep drawn from (state): element i kept iff uniform(word i) >= p. */                      \
   X(dropout, x, (const Tensor& x, double p, RngState state, const Tensor& y), (in(x), p, state, inout(y)))             \
                                                                                                                        \
@@ -420,6 +428,10 @@ class Backend {
   // them). f32, f64 and i64 by default; a backend whose kernels also take the 16-bit floats (bf16,
   // f16) says so. Allocating a tensor of a dtype its device does not hold is a remat::Error.
   virtual bool holds(DType dtype) const { return !is_16bit_float(dtype); }
+  // The form cross_entropy keeps for its backward (the kernels' `kept`): false, each row's
+  // log-sum-exp [N] (the default; the backward reads the logits again), or true, the [N, C]
+  // log-softmax (a backend whose [N] kernels have not yet been checked on its device).
+  virtual bool cross_entropy_keeps_log_softmax() const { return false; }
 
   // ---- the kernels: REMAT_KERNELS above, each with its contract
 #define REMAT_KERNEL_PURE_VIRTUAL(name, dtype_of, parameters, arguments) virtual void name parameters = 0;

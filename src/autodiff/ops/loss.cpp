@@ -3,9 +3,22 @@
 //   (1 - eps) * -logp[target] + eps * mean_c(-logp[c]),   logp = log_softmax(logits).
 // If every row is ignored (or N == 0) the loss is 0 and so is the gradient. The kernel validates
 // the targets and writes the mean's weight 1 / count (a 0-d tensor on the logits' device), so
-// nothing here reads the targets on the host. The backward keeps the log-softmax and that weight
-// (aux outputs) and the targets:
+// nothing here reads the targets on the host. The backward keeps that weight, the targets and a
+// statistic of the rows (Note [what cross entropy keeps]):
 //   glogits[r] = gloss * scale * (softmax[r] - ((1 - eps) * onehot(target[r]) + eps / C)).
+//
+// Note [what cross entropy keeps]. The softmax the backward needs is exp(logits - lse), lse each
+// row's log-sum-exp, and the log-softmax the forward computes is logits - lse in the same dtype,
+// so keeping the logits (an input: no new storage) and lse [N] gives the bits that keeping the
+// [N, C] log-softmax gives, without writing and reading back an [N, C] tensor (1.65 GB at GPT-2
+// small, 8 x 1024 x 50257 float32). (16-bit logits: lse is float32, the kernels' float32
+// stand-in's, so the softmax is that of the log-softmax before it would be rounded to 16 bits.)
+// A backend keeps that unless it says otherwise (Backend::cross_entropy_keeps_log_softmax): CUDA
+// keeps the [N, C] log-softmax and the targets only, unless REMAT_CUDA_FAST=cross_entropy (its [N]
+// kernels have not yet run on a device). The form is asked once per call: the kept statistic's
+// shape tells the backward kernel which form it reads, and a recomputation allocates the form its
+// first run did. Both forms give the same bits where the backend's forward kernels compute the
+// same log-sum-exp (the CPU's: tests/test_rows_ops.cpp).
 #include <cmath>
 
 #include "autodiff/kernels.h"
@@ -18,7 +31,9 @@ using autodiff::OpSpec;
 
 namespace {
 
-const OpSpec kCrossEntropy{autodiff::OpKind::cross_entropy, autodiff::save_inputs, 2, 0b10};  // keeps the targets only
+// keeping lse [N]: the logits and the targets; keeping the [N, C] log-softmax: the targets only
+const OpSpec kCrossEntropy{autodiff::OpKind::cross_entropy, autodiff::save_inputs, 2};
+const OpSpec kCrossEntropyLogSoftmax{autodiff::OpKind::cross_entropy, autodiff::save_inputs, 2, 0b10};
 
 }  // namespace
 
@@ -37,31 +52,35 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_s
   const int64_t n = logits.size(0), classes = logits.size(1);
   REMAT_CHECK(classes > 0 || n == 0, "cross_entropy: logits of shape ", shape_str(logits.shape()), " have no classes");
 
+  const bool keeps_log_softmax = backend(logits.device()).cross_entropy_keeps_log_softmax();
   return autodiff::apply(
-      kCrossEntropy, {logits, targets},
-      [n, classes, label_smoothing, ignore_index](const TensorList& in) {
+      keeps_log_softmax ? kCrossEntropyLogSoftmax : kCrossEntropy, {logits, targets},
+      [n, classes, label_smoothing, ignore_index, keeps_log_softmax](const TensorList& in) {
         Tensor x = kernels::contiguous(in[0]);
         Backend& b = kernels::backend_of(x);
-        // the loss, its rows and the mean's weight in float32 for 16-bit logits; logp, which the
-        // backward keeps, in the logits' dtype
+        // the loss, its rows, the rows' log-sum-exp and the mean's weight in float32 for 16-bit
+        // logits; the log-softmax in the logits' dtype
         const DType loss_dtype = accumulate_dtype(x.dtype());
         Tensor losses = kernels::empty({n}, loss_dtype, x.device());
-        Tensor logp = kernels::empty({n, classes}, x.dtype(), x.device());
+        Tensor kept = keeps_log_softmax ? kernels::empty({n, classes}, x.dtype(), x.device())
+                                        : kernels::empty({n}, loss_dtype, x.device());
         Tensor scale = kernels::empty({}, loss_dtype, x.device());
-        b.cross_entropy(x, in[1], label_smoothing, ignore_index, losses, logp, scale);
+        b.cross_entropy(x, in[1], label_smoothing, ignore_index, losses, kept, scale);
         Tensor total = kernels::reduce(ReduceOp::sum, losses, {0}, false, loss_dtype);
-        return TensorList{kernels::binary(BinaryOp::mul, total, scale), logp, scale};
+        return TensorList{kernels::binary(BinaryOp::mul, total, scale), kept, scale};
       },
-      [n, classes, label_smoothing, ignore_index](BackwardContext& ctx) {
+      [n, classes, label_smoothing, ignore_index, keeps_log_softmax](BackwardContext& ctx) {
         if (!ctx.needs_input_grad(0)) return;
-        Tensor logp = ctx.output(1);
-        Backend& b = kernels::backend_of(logp);
+        Tensor kept = ctx.output(1);
+        Tensor x = keeps_log_softmax ? Tensor() : kernels::contiguous(ctx.input(0));
+        Backend& b = kernels::backend_of(kept);
+        const DType dtype = ctx.input_meta(0).dtype;
         // every row's loss enters the mean with weight 1 / count (ignored rows get 0 in the kernel)
         Tensor g = kernels::binary(BinaryOp::mul, ctx.grad_output(0), ctx.output(2));
-        Tensor gloss = kernels::empty({n}, accumulate_dtype(logp.dtype()), logp.device());
+        Tensor gloss = kernels::empty({n}, accumulate_dtype(dtype), kept.device());
         b.copy(g, gloss);
-        Tensor glogits = kernels::empty({n, classes}, logp.dtype(), logp.device());
-        b.cross_entropy_backward(logp, ctx.input(1), gloss, label_smoothing, ignore_index, glogits);
+        Tensor glogits = kernels::empty({n, classes}, dtype, kept.device());
+        b.cross_entropy_backward(x, kept, ctx.input(1), gloss, label_smoothing, ignore_index, glogits);
         ctx.set_input_grad(0, glogits);
       },
       4.0 * static_cast<double>(logits.numel()))[0];

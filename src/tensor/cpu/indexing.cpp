@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/row_ops.h"
@@ -42,75 +43,83 @@ int64_t check_targets(const int64_t* targets, int64_t n, int64_t classes, int64_
 
 // ---- cross entropy
 //
-// Forward row: logp = x - logsumexp(x) (max, then the float64 sum of exp(x - max)); the loss from
-// logp[target] and, with label smoothing, the row sum of logp. Backward row: the softmax exp(logp)
-// minus the smoothed one-hot target, times the row's loss gradient. Hand-vectorised (row_ops.h),
-// compiled for AVX2 + FMA and baseline x86-64.
+// Forward row: the shift lse = logsumexp(x) (max, then the float64 sum of exp(x - max)) rounded to
+// the row's dtype; the loss from logp = x - shift at the target and, with label smoothing, the row
+// sum of logp. The kept form (Backend::cross_entropy_keeps_log_softmax): lse [N] gets the shift,
+// and the smoothing sum reads logp from a scratch row; logp [N, C] gets the row of logp, and the
+// sum reads it there (the same sum). Backward row: the softmax exp(x - shift), or exp(logp - 0)
+// from the [N, C] form (x - 0 is x, so the same bits), minus the smoothed one-hot target, times the
+// row's loss gradient. Hand-vectorised (row_ops.h), compiled for AVX2 + FMA and baseline x86-64.
 
 template <class T>
 struct CrossEntropyArgs {
-  const T* x;  // logits (forward) or logp (backward)
+  const T* x;  // logits, or in the backward of the [N, C] form the log-softmax
   const int64_t* targets;
   double eps;
   int64_t ignore_index;
-  T* losses;    // forward
-  T* logp;      // forward output
+  T* losses;       // forward
+  T* lse;          // forward output, backward input (const there); null in the [N, C] form
+  T* logp;         // forward output in the [N, C] form, else null
   const T* gloss;  // backward
-  T* glogits;   // backward output
+  T* glogits;      // backward output
   int64_t cols;
 };
 
 template <class T>
-REMAT_SIMD_INLINE void cross_entropy_row(const CrossEntropyArgs<T>& a, int64_t r) {
+REMAT_SIMD_INLINE void cross_entropy_row(const CrossEntropyArgs<T>& a, int64_t r, T* __restrict scratch) {
   using namespace rowops;
   const int64_t cols = a.cols;
   const T* __restrict xr = a.x + r * cols;
-  T* __restrict lr = a.logp + r * cols;
   T m = rowops::max(xr, cols);
   if (m == -std::numeric_limits<T>::infinity()) m = T(0);
   const Acc<T> sum = exp_sum<T>(xr, m, nullptr, cols);
-  const Acc<T> lse = static_cast<Acc<T>>(m) + std::log(sum);
-  const T shift = static_cast<T>(lse);
-  map<T>(
-      cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(lr + c, load(xr + c) - shift); },
-      [&](int64_t c) REMAT_ROW_LAMBDA { lr[c] = xr[c] - shift; });
+  const T shift = static_cast<T>(static_cast<Acc<T>>(m) + std::log(sum));
+  if (a.lse) a.lse[r] = shift;
+  T* __restrict lr = a.logp ? a.logp + r * cols : scratch;  // the row's logp, if kept or summed
+  if (lr)
+    map<T>(
+        cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(lr + c, load(xr + c) - shift); },
+        [&](int64_t c) REMAT_ROW_LAMBDA { lr[c] = xr[c] - shift; });
   const int64_t t = a.targets[r];
   if (t == a.ignore_index) {
     a.losses[r] = T(0);
     return;
   }
   Acc<T> loss = 0;
-  if (a.eps < 1.0) loss += static_cast<Acc<T>>(1.0 - a.eps) * -static_cast<Acc<T>>(lr[t]);
+  if (a.eps < 1.0) loss += static_cast<Acc<T>>(1.0 - a.eps) * -static_cast<Acc<T>>(xr[t] - shift);
   if (a.eps > 0.0)  // mean over classes of -logp
     loss += static_cast<Acc<T>>(a.eps) * -(rowops::sum(lr, cols) / static_cast<Acc<T>>(cols));
   a.losses[r] = static_cast<T>(loss);
 }
 
-// glogits = gloss[row] * (softmax - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
+// glogits = gloss[row] * (exp(x - lse) - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
 template <class T>
 REMAT_SIMD_INLINE void cross_entropy_backward_row(const CrossEntropyArgs<T>& a, int64_t r) {
   using namespace rowops;
   const int64_t cols = a.cols;
-  const T* __restrict lr = a.x + r * cols;
+  const T* __restrict xr = a.x + r * cols;
   T* __restrict out = a.glogits + r * cols;
   const int64_t t = a.targets[r];
   if (t == a.ignore_index) {
     std::fill(out, out + cols, T(0));
     return;
   }
+  const T shift = a.lse ? a.lse[r] : T(0);
   const T uniform = static_cast<T>(a.eps / static_cast<double>(cols));
   const T on_target = static_cast<T>(1.0 - a.eps);
   const T g = a.gloss[r];
   map<T>(
-      cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(out + c, g * (simd::exp<T>(load(lr + c)) - uniform)); },
-      [&](int64_t c) REMAT_ROW_LAMBDA { out[c] = g * (simd::exp_scalar<T>(lr[c]) - uniform); });
+      cols, [&](int64_t c) REMAT_ROW_LAMBDA { store(out + c, g * (simd::exp<T>(load(xr + c) - shift) - uniform)); },
+      [&](int64_t c) REMAT_ROW_LAMBDA { out[c] = g * (simd::exp_scalar<T>(xr[c] - shift) - uniform); });
   out[t] -= g * on_target;
 }
 
 #define REMAT_CE_RANGES(T, suffix)                                                                \
   REMAT_CPU_CLONES void cross_entropy_range_##suffix(const CrossEntropyArgs<T>& a, int64_t r0,     \
                                                      int64_t r1) {                                \
-    for (int64_t r = r0; r < r1; ++r) cross_entropy_row<T>(a, r);                                \
+    std::vector<T> scratch(a.eps > 0.0 && !a.logp ? static_cast<size_t>(a.cols) : 0);             \
+    T* row = scratch.empty() ? nullptr : scratch.data();                                          \
+    for (int64_t r = r0; r < r1; ++r) cross_entropy_row<T>(a, r, row);                            \
   }                                                                                               \
   REMAT_CPU_CLONES void cross_entropy_backward_range_##suffix(const CrossEntropyArgs<T>& a, int64_t r0, \
                                                               int64_t r1) {                       \
@@ -120,20 +129,24 @@ REMAT_CE_RANGES(float, f32)
 REMAT_CE_RANGES(double, f64)
 #undef REMAT_CE_RANGES
 
+// kept: lse [rows] or logp [rows, cols] (the forward's output), as its shape says.
 template <class T>
-void cross_entropy_rows(const T* x, const int64_t* targets, double eps, int64_t ignore_index, T* losses, T* logp,
-                        int64_t rows, int64_t cols) {
-  CrossEntropyArgs<T> a{x, targets, eps, ignore_index, losses, logp, nullptr, nullptr, cols};
+void cross_entropy_rows(const T* x, const int64_t* targets, double eps, int64_t ignore_index, T* losses, T* kept,
+                        bool log_softmax, int64_t rows, int64_t cols) {
+  T* lse = log_softmax ? nullptr : kept;
+  T* logp = log_softmax ? kept : nullptr;
+  CrossEntropyArgs<T> a{x, targets, eps, ignore_index, losses, lse, logp, nullptr, nullptr, cols};
   for_row_ranges(rows, cols, [&](int64_t r0, int64_t r1) {
     if constexpr (sizeof(T) == 4) cross_entropy_range_f32(a, r0, r1);
     else cross_entropy_range_f64(a, r0, r1);
   });
 }
 
+// x: the logits with lse [rows], or the log-softmax [rows, cols] with lse null.
 template <class T>
-void cross_entropy_backward_rows(const T* logp, const int64_t* targets, const T* gloss, double eps,
+void cross_entropy_backward_rows(const T* x, const T* lse, const int64_t* targets, const T* gloss, double eps,
                                  int64_t ignore_index, T* glogits, int64_t rows, int64_t cols) {
-  CrossEntropyArgs<T> a{logp, targets, eps, ignore_index, nullptr, nullptr, gloss, glogits, cols};
+  CrossEntropyArgs<T> a{x, targets, eps, ignore_index, nullptr, const_cast<T*>(lse), nullptr, gloss, glogits, cols};
   for_row_ranges(rows, cols, [&](int64_t r0, int64_t r1) {
     if constexpr (sizeof(T) == 4) cross_entropy_backward_range_f32(a, r0, r1);
     else cross_entropy_backward_range_f64(a, r0, r1);
@@ -235,12 +248,17 @@ void CpuKernels::embedding_backward(const Tensor& ids_in, const Tensor& gout_in,
 }
 
 void CpuKernels::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
-                               int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale) {
+                               int64_t ignore_index, const Tensor& losses, const Tensor& kept, const Tensor& scale) {
   check_out(losses, "cross_entropy");
-  check_out(logp, "cross_entropy");
+  check_out(kept, "cross_entropy");
   check_out(scale, "cross_entropy");
-  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0),
-               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()));
+  const bool log_softmax = kept.dim() == 2;
+  const bool kept_fits = log_softmax ? kept.shape() == logits_in.shape()
+                                     : kept.dim() == 1 && logits_in.dim() == 2 && kept.size(0) == logits_in.size(0);
+  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0) &&
+                   kept_fits && kept.dtype() == logits_in.dtype(),
+               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()),
+               ", kept ", dtype_name(kept.dtype()), " ", shape_str(kept.shape()));
   Tensor logits = contiguous_input(logits_in), targets = contiguous_input(targets_in);
   const int64_t rows = logits.size(0), cols = logits.size(1);
   const int64_t* t = targets.data<int64_t>();
@@ -248,25 +266,32 @@ void CpuKernels::cross_entropy(const Tensor& logits_in, const Tensor& targets_in
   cpu_backend().fill(scale, counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0);
   if (rows == 0) return;
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
-    cross_entropy_rows<T>(logits.data<T>(), t, label_smoothing, ignore_index, losses.data<T>(), logp.data<T>(), rows,
-                          cols);
+    cross_entropy_rows<T>(logits.data<T>(), t, label_smoothing, ignore_index, losses.data<T>(), kept.data<T>(),
+                          log_softmax, rows, cols);
   });
 }
 
-void CpuKernels::cross_entropy_backward(const Tensor& logp_in, const Tensor& targets_in, const Tensor& gloss_in,
-                                        double label_smoothing, int64_t ignore_index, const Tensor& glogits) {
+void CpuKernels::cross_entropy_backward(const Tensor& logits_in, const Tensor& kept_in, const Tensor& targets_in,
+                                        const Tensor& gloss_in, double label_smoothing, int64_t ignore_index,
+                                        const Tensor& glogits) {
   check_out(glogits, "cross_entropy_backward");
-  Tensor logp = contiguous_input(logp_in), targets = contiguous_input(targets_in), gloss = contiguous_input(gloss_in);
-  REMAT_ASSERT(logp.dim() == 2 && targets.numel() == logp.size(0) && gloss.numel() == logp.size(0),
-               "cross_entropy_backward: logp ", shape_str(logp.shape()), ", targets ", shape_str(targets.shape()),
-               ", gloss ", shape_str(gloss.shape()));
-  const int64_t rows = logp.size(0), cols = logp.size(1);
+  const bool log_softmax = kept_in.dim() == 2;
+  Tensor kept = contiguous_input(kept_in), targets = contiguous_input(targets_in), gloss = contiguous_input(gloss_in);
+  Tensor logits = log_softmax ? kept : contiguous_input(logits_in);  // what exp reads (less lse)
+  const bool lse_fits = log_softmax || (kept.dim() == 1 && logits.dim() == 2 && kept.size(0) == logits.size(0) &&
+                                        kept.dtype() == logits.dtype());
+  REMAT_ASSERT(logits.dim() == 2 && logits.shape() == glogits.shape() && logits.dtype() == glogits.dtype() &&
+                   lse_fits && targets.numel() == logits.size(0) && gloss.numel() == logits.size(0),
+               "cross_entropy_backward: logits ", shape_str(logits_in.defined() ? logits_in.shape() : Shape{}),
+               ", kept ", shape_str(kept.shape()), ", targets ", shape_str(targets.shape()), ", gloss ",
+               shape_str(gloss.shape()));
+  const int64_t rows = logits.size(0), cols = logits.size(1);
   const int64_t* t = targets.data<int64_t>();
   check_targets(t, rows, cols, ignore_index, "cross_entropy_backward");
   if (rows == 0 || cols == 0) return;
   dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
-    cross_entropy_backward_rows<T>(logp.data<T>(), t, gloss.data<T>(), label_smoothing, ignore_index,
-                                   glogits.data<T>(), rows, cols);
+    cross_entropy_backward_rows<T>(logits.data<T>(), log_softmax ? nullptr : kept.data<T>(), t, gloss.data<T>(),
+                                   label_smoothing, ignore_index, glogits.data<T>(), rows, cols);
   });
 }
 

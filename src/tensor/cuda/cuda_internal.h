@@ -227,6 +227,8 @@ class CudaBackend : public Backend {
   bool supports(Kernel kernel, DType dtype) const override;
   // bf16 and f16 tensors only with REMAT_CUDA_FAST=bf16 (widen.cpp)
   bool holds(DType dtype) const override { return !is_16bit_float(dtype) || fast(Fast::bf16); }
+  // the [N, C] log-softmax unless REMAT_CUDA_FAST=cross_entropy (indexing.cu)
+  bool cross_entropy_keeps_log_softmax() const override { return !fast(Fast::cross_entropy); }
   // asynchronous copies on the copy stream (Fast::offload_stream; offload_copy.cpp)
   Tensor host_buffer(DType dtype, int64_t numel) override;
   CopyTicket copy_to_host_async(const Tensor& src, const Tensor& host) override;

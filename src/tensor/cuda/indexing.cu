@@ -239,6 +239,69 @@ __global__ void cross_entropy_backward_rows(const T* logp, const int64_t* target
   }
 }
 
+// The [N] form (Note [what cross entropy keeps] in src/autodiff/ops/loss.cpp; the op keeps it
+// with REMAT_CUDA_FAST=cross_entropy, the kernels above otherwise): the online row kernel's
+// maximum and sum, each row's shift written to lse[r] and no [N, C] tensor; with smoothing the
+// row is read once more for the sum of x - shift, added in the order the kernel above adds logp.
+// So loss and shift are the bits of cross_entropy_kernel<T, Checked, true>.
+template <class T, bool Checked = false>
+__global__ void cross_entropy_lse_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses,
+                                         T* lse, int64_t rows, int64_t cols, unsigned long long* flag = nullptr,
+                                         unsigned long long* counted = nullptr) {
+  __shared__ T shared_t[32];
+  __shared__ Acc<T> shared[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    T m = -INFINITY;
+    const Acc<T> sum = row_exp_sum(xr, cols, m, shared_t, shared);
+    const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
+    Acc<T> row_sum = 0;
+    if (eps > 0.0) {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row_sum += static_cast<Acc<T>>(xr[c] - shift);
+      row_sum = block_sum(row_sum, shared);
+    }
+    if (threadIdx.x != 0) continue;
+    lse[r] = shift;
+    const int64_t t = targets[r];
+    if constexpr (Checked) {
+      if (t != ignore && counted) atomicAdd(counted, 1ull);
+      if (t != ignore && (t < 0 || t >= cols)) {
+        if (flag) atomicMin(flag, static_cast<unsigned long long>(r));
+        losses[r] = T(0);
+        continue;
+      }
+    }
+    Acc<T> loss = 0;
+    if (t != ignore && eps < 1.0) loss += static_cast<Acc<T>>(1.0 - eps) * -static_cast<Acc<T>>(xr[t] - shift);
+    if (t != ignore && eps > 0.0) loss += static_cast<Acc<T>>(eps) * -(row_sum / static_cast<Acc<T>>(cols));
+    losses[r] = static_cast<T>(loss);
+  }
+}
+
+// Its backward, a block per row as cross_entropy_backward_rows: exp(x - lse[row]), the bits of
+// exp(logp) for the logp the kernel above would have written. I: the column index (int where the
+// row allows, as there).
+template <class T, class I>
+__global__ void cross_entropy_backward_lse(const T* x, const T* lse, const int64_t* targets, const T* gloss, double eps,
+                                           int64_t ignore, T* glogits, int64_t rows, I cols) {
+  const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t t = targets[r];
+    const T* xr = x + r * cols;
+    T* gr = glogits + r * cols;
+    if (t == ignore) {
+      for (I c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = T(0);
+      continue;
+    }
+    const T g = gloss[r], shift = lse[r];
+    for (I c = threadIdx.x; c < cols; c += blockDim.x) {
+      T v = g * (exp(xr[c] - shift) - uniform);
+      if (c == t) v -= g * on_target;
+      gr[c] = v;
+    }
+  }
+}
+
 // scale = 1 / counted (rounded from float64, as the CPU's fill), or 0 when every row is ignored.
 template <class T>
 __global__ void mean_weight_kernel(const unsigned long long* counted, T* scale) {
@@ -352,11 +415,21 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
   check_launch("embedding_backward");
 }
 
+// kept: the [N, C] log-softmax, written by the kernels checked on a device (the two-pass row
+// kernel, or the online one with REMAT_CUDA_FAST=cross_entropy), or lse [N] (the switch's form,
+// cross_entropy_lse_kernel), as its shape says.
 void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
-                                int64_t ignore_index, const Tensor& losses, const Tensor& logp, const Tensor& scale) {
-  for (const Tensor* t : {&losses, &logp, &scale}) check_out(*t, "cross_entropy");
-  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0),
-               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()));
+                                int64_t ignore_index, const Tensor& losses, const Tensor& kept, const Tensor& scale) {
+  for (const Tensor* t : {&losses, &kept, &scale}) check_out(*t, "cross_entropy");
+  const bool lse_form = kept.dim() == 1;
+  REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0) &&
+                   (lse_form ? kept.numel() == logits_in.size(0) : kept.shape() == logits_in.shape()) &&
+                   kept.dtype() == logits_in.dtype(),
+               "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()),
+               ", kept ", dtype_name(kept.dtype()), " ", shape_str(kept.shape()));
+  const char* name = lse_form                    ? "cross_entropy (lse)"
+                     : fast(Fast::cross_entropy) ? "cross_entropy (online)"
+                                                 : "cross_entropy";
   DeviceGuard guard(device_);
   Tensor logits = contiguous(logits_in), targets = contiguous(targets_in);
   const int64_t rows = logits.size(0), cols = logits.size(1);
@@ -367,11 +440,12 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     if (rows == 0) return;
     dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
       auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, false, true> : cross_entropy_kernel<T>;
+      if (lse_form) kernel = cross_entropy_lse_kernel<T>;
       kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(logits), ptr<int64_t>(targets), label_smoothing,
-                                                         ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols,
+                                                         ignore_index, ptr<T>(losses), ptr<T>(kept), rows, cols,
                                                          nullptr, nullptr);
     });
-    check_launch(fast(Fast::cross_entropy) ? "cross_entropy (online)" : "cross_entropy");
+    check_launch(name);
     return;
   }
   // Fast::async: targets checked in the row kernel, the mean's weight counted on the device unless
@@ -392,10 +466,11 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   auto* count = all_count ? nullptr : reinterpret_cast<unsigned long long*>(ptr<int64_t>(counted));
   dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
     auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, true, true> : cross_entropy_kernel<T, true>;
+    if (lse_form) kernel = cross_entropy_lse_kernel<T, true>;
     kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(logp), rows, cols,
+        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(kept), rows, cols,
         d.flag, count);
-    check_launch(fast(Fast::cross_entropy) ? "cross_entropy (online)" : "cross_entropy");
+    check_launch(name);
     if (count) {
       mean_weight_kernel<T><<<1, 1, 0, stream_>>>(count, ptr<T>(scale));
       check_launch("cross_entropy (mean weight)");
@@ -403,15 +478,23 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   });
 }
 
-void CudaBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& targets_in, const Tensor& gloss_in,
-                                         double label_smoothing, int64_t ignore_index, const Tensor& glogits) {
+// kept: the [N, C] log-softmax (logits_in unread) or lse [N] with the logits, as its shape says.
+void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& kept_in, const Tensor& targets_in,
+                                         const Tensor& gloss_in, double label_smoothing, int64_t ignore_index,
+                                         const Tensor& glogits) {
   check_out(glogits, "cross_entropy_backward");
   DeviceGuard guard(device_);
-  Tensor logp = contiguous(logp_in), targets = contiguous(targets_in), gloss = contiguous(gloss_in);
-  REMAT_ASSERT(logp.dim() == 2 && targets.numel() == logp.size(0) && gloss.numel() == logp.size(0),
-               "cross_entropy_backward: logp ", shape_str(logp.shape()), ", targets ", shape_str(targets.shape()),
-               ", gloss ", shape_str(gloss.shape()));
-  const int64_t rows = logp.size(0), cols = logp.size(1);
+  const bool lse_form = kept_in.dim() == 1;
+  Tensor logp = lse_form ? Tensor() : contiguous(kept_in), targets = contiguous(targets_in),
+         gloss = contiguous(gloss_in);
+  Tensor logits = lse_form ? contiguous(logits_in) : Tensor(), lse = lse_form ? contiguous(kept_in) : Tensor();
+  const Tensor& x = lse_form ? logits : logp;  // what exp reads, less lse in the [N] form
+  REMAT_ASSERT(x.dim() == 2 && x.shape() == glogits.shape() && targets.numel() == x.size(0) &&
+                   gloss.numel() == x.size(0) && (!lse_form || (lse.numel() == x.size(0) && lse.dtype() == x.dtype())),
+               "cross_entropy_backward: ", lse_form ? "logits " : "logp ", shape_str(x.shape()), ", kept ",
+               shape_str(kept_in.shape()), ", targets ", shape_str(targets.shape()), ", gloss ",
+               shape_str(gloss.shape()));
+  const int64_t rows = x.size(0), cols = x.size(1);
   const Deferred d = defer_check(*this, targets, cols, "cross_entropy_backward", true, rows, ignore_index);
   if (d.on) {
     check_ids_deferred(*this, targets, cols, true, ignore_index, d.flag);  // the kernel below reads only in-row
@@ -421,6 +504,18 @@ void CudaBackend::cross_entropy_backward(const Tensor& logp_in, const Tensor& ta
   }
   if (rows == 0 || cols == 0) return;
   dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
+    if (lse_form) {
+      const unsigned grid = grid_for(rows, 1);
+      if (cols <= std::numeric_limits<int>::max())
+        cross_entropy_backward_lse<T, int><<<grid, kThreads, 0, stream_>>>(
+            ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
+            ptr<T>(glogits), rows, static_cast<int>(cols));
+      else
+        cross_entropy_backward_lse<T, int64_t><<<grid, kThreads, 0, stream_>>>(
+            ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
+            ptr<T>(glogits), rows, cols);
+      return check_launch("cross_entropy_backward (lse)");
+    }
     if (fast(Fast::cross_entropy) && cols <= std::numeric_limits<int>::max()) {
       cross_entropy_backward_rows<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
           ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows,
