@@ -79,6 +79,22 @@ struct OffloadBandwidth {
 };
 OffloadBandwidth offload_bandwidth(const std::string& directory);
 
+// How fast a device's saved values go to host memory and come back, through the host copies its
+// backend offers offloaded values (Backend::host_buffer, copy_to_host_async, copy_from_host_async,
+// wait_copy: pinned memory on CUDA): 8 MiB each way, one round trip to warm up, then the best of
+// three. A budget plan on that device adds it to each offloaded byte's cost, the copy home to the
+// write (a device value is copied home before it is written) and the copy back to the read.
+// Measured once per device and process; the CPU's values need no copy (0 seconds a byte).
+struct HostCopyBandwidth {
+  double to_host_bytes_per_second = 0, from_host_bytes_per_second = 0;  // 0: no copy (the CPU)
+  double to_host_seconds_per_byte() const { return to_host_bytes_per_second > 0 ? 1.0 / to_host_bytes_per_second : 0; }
+  double from_host_seconds_per_byte() const {
+    return from_host_bytes_per_second > 0 ? 1.0 / from_host_bytes_per_second : 0;
+  }
+};
+struct Device;
+HostCopyBandwidth host_copy_bandwidth(Device device);
+
 namespace detail {
 bool offload_running();  // an OffloadScope is alive on this thread
 // Which values an offload store writes while a gate is alive on this thread (gates nest): none

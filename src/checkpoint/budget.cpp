@@ -147,11 +147,17 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     r.offload_target = budget.saved.offload->to_string();
     r.offload_write_bytes_per_second = bandwidth.write_bytes_per_second;
     r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
-    measured.offload_seconds_per_byte =
-        options.offload_seconds_per_byte >= 0 ? options.offload_seconds_per_byte : bandwidth.seconds_per_byte();
+    // a device's values go to host memory before they are written and come back after they are read
+    const HostCopyBandwidth copies = host_copy_bandwidth(device);
+    r.offload_to_host_bytes_per_second = copies.to_host_bytes_per_second;
+    r.offload_from_host_bytes_per_second = copies.from_host_bytes_per_second;
+    const double write = 1.0 / bandwidth.write_bytes_per_second + copies.to_host_seconds_per_byte();
+    measured.offload_seconds_per_byte = options.offload_seconds_per_byte >= 0
+                                            ? options.offload_seconds_per_byte
+                                            : bandwidth.seconds_per_byte() + copies.to_host_seconds_per_byte() +
+                                                  copies.from_host_seconds_per_byte();
     // the measured write runs behind the forward compute after its node; a given cost is serial
-    measured.offload_write_seconds_per_byte =
-        options.offload_seconds_per_byte >= 0 ? 0.0 : 1.0 / bandwidth.write_bytes_per_second;
+    measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 ? 0.0 : write;
   }
   const size_t limit = r.budget_bytes > outside ? r.budget_bytes - outside : 0;
   r.input_shape = shapes.empty() ? Shape{} : shapes[0];
