@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace remat {
 
@@ -105,11 +106,15 @@ bool offload_running();  // an OffloadScope is alive on this thread
 // it waits for its writes in flight, oldest first, until the value fits or none is left. A budget
 // plan caps its scope at its predicted peak, so that offloaded nodes' writes overlap the nodes
 // after them (Note [writes behind a plan's peak] in src/saved/offload.cpp).
+// The reads ahead of a budget plan: reads_after[m] lists the offloaded top-level nodes (by their
+// first stage) whose values the store starts reading back once the backward pass reaches node m
+// (the plan's ReadAhead starts; Note [reads ahead of a plan's nodes] in src/saved/offload.cpp).
+using OffloadReadPlan = std::vector<std::vector<int>>;
 class OffloadGate {
  public:
   enum class Mode { closed, threshold, every_value };
   explicit OffloadGate(Mode mode);
-  OffloadGate(Mode mode, size_t saved_cap_bytes);
+  OffloadGate(Mode mode, size_t saved_cap_bytes, std::shared_ptr<const OffloadReadPlan> reads = nullptr);
   ~OffloadGate();
   OffloadGate(const OffloadGate&) = delete;
   OffloadGate& operator=(const OffloadGate&) = delete;
@@ -117,6 +122,19 @@ class OffloadGate {
  private:
   Mode previous_;
   size_t previous_cap_;
+  std::shared_ptr<const OffloadReadPlan> previous_reads_;
+};
+// While alive on this thread, the values packed outside a recomputation belong to the plan's
+// top-level node whose first stage is `node` (the key of OffloadReadPlan).
+class OffloadPlanNode {
+ public:
+  explicit OffloadPlanNode(int node);
+  ~OffloadPlanNode();
+  OffloadPlanNode(const OffloadPlanNode&) = delete;
+  OffloadPlanNode& operator=(const OffloadPlanNode&) = delete;
+
+ private:
+  int previous_;
 };
 }  // namespace detail
 

@@ -291,8 +291,8 @@ struct ChainPlanOptions {
   // the library prints nothing itself.
   std::function<void(double fraction)> progress;
   // For a budget plan with an offload target (remat/budget.h): >= 0, the cost per offloaded byte
-  // to plan with instead of the target's measured bandwidth (a known target, or a test), charged
-  // serially (no queued write part).
+  // to plan with instead of the target's measured bandwidth (a known target, or a test), with no
+  // queued write part (the read back still starts ahead where the plan's peak leaves room).
   double offload_seconds_per_byte = -1;
 };
 struct ChainPlan {

@@ -318,6 +318,7 @@ int run_plan(const PlanOptions& o) {
       profile.costs.offload_seconds_per_byte = profile.bandwidth.seconds_per_byte();
       profile.costs.offload_write_seconds_per_byte = 1.0 / profile.bandwidth.write_bytes_per_second;
     }
+    profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: the smallest feasible budget with offload");
     profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;

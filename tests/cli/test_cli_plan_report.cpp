@@ -128,6 +128,7 @@ TEST_F(Cli, PlanValuesChargeTheirTransfersAsThePlanIs) {
   rs::ChainCosts costs = rs::ChainCosts::uniform(4, 1.0, 2.0, 10, 100);
   costs.offload_seconds_per_byte = 0.012;
   costs.offload_write_seconds_per_byte = 0.008;
+  costs.reads_ahead = true;  // as budget plans read back
   std::string text = R"({"offload_write_seconds_per_byte": 0.008, "offload_read_seconds_per_byte": 0.004, "stages": [)";
   for (int i = 0; i < 4; ++i)
     text += std::string(i ? "," : "") +
@@ -150,6 +151,7 @@ TEST_F(Cli, PlanValuesChargeTheirTransfersAsThePlanIs) {
   }
   EXPECT_NEAR(transfers, sim.read_time + sim.write_stall_time, 1e-12);
   EXPECT_LT(transfers, static_cast<double>(sim.offloaded_bytes) * costs.offload_seconds_per_byte);  // not serial
+  EXPECT_GT(transfers, 0.0);
   EXPECT_NEAR(j["plan_values_total"]["transfer_seconds"].get<double>(), transfers, 1e-12);
   EXPECT_NEAR(j["predicted_seconds"].get<double>(),
               12.0 + j["plan_values_total"]["rerun_seconds"].get<double>() + transfers, 1e-9);
