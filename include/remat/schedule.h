@@ -148,8 +148,8 @@ struct ChainCosts {
   // The part of offload_seconds_per_byte that writes the byte out (0 to all of it). A write runs on
   // one disk worker, in the order of the offloads, behind the forward compute that follows its
   // node up to the loss; only what the queue of writes runs past the loss is charged (the stall).
-  // The rest (the read back, just before the node's backward) is charged in full. 0: every
-  // transfer is charged serially (docs/planners.md, "the cost of a transfer").
+  // The rest is the read back, before the node's backward (charged in full, or its stall with
+  // reads_ahead). 0: no queued write (docs/planners.md, "the cost of a transfer").
   double offload_write_seconds_per_byte = 0;
   bool can_offload() const { return offload_seconds_per_byte >= 0; }
   // Whether a read may start ahead of its node: in the backward, after the loss and after the
@@ -254,7 +254,8 @@ Plan make_plan(const ChainCosts& costs, std::vector<PlanNode> tree);
 // memory_limit, and is exactly optimal when the unit is one byte (docs/planners.md, "rotor": the
 // bound otherwise, and the cost, O(L^2 * slots) memory and O(L^3 * slots) time).
 // When costs.can_offload(), each top-level node may also be offloaded, at its kept bytes' read
-// and the stall of its queued write ("the cost of a transfer" in docs/planners.md: with queued
+// (in full, even with reads_ahead; the returned plan's predicted_time is simulate's) and the
+// stall of its queued write ("the cost of a transfer" in docs/planners.md: with queued
 // writes the programme prices every plan exactly but may miss the optimum); the least peak then
 // counts offloading too.
 // Throws InfeasibleError if memory_limit < min_feasible_memory(costs).
