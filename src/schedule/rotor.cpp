@@ -117,12 +117,16 @@ class RotorTable {
     int16_t* pick;
     uint8_t* out;       // top level with offload only
     WriteQueue* queue;  // likewise
+    // kTracked: the row has out and queue (known to the loops, which it keeps free of branches)
+    template <bool kTracked>
     void offer(int64_t m, double total, int choice, bool offloaded, const WriteQueue* writes) {
       if (!(total < best[m])) return;
       best[m] = total;
       pick[m] = static_cast<int16_t>(choice);
-      if (out) out[m] = offloaded ? 1 : 0;
-      if (queue) queue[m] = *writes;
+      if constexpr (kTracked) {
+        out[m] = offloaded ? 1 : 0;
+        queue[m] = *writes;
+      }
     }
   };
   Row row_of(int a, int b, bool top) {
@@ -141,25 +145,34 @@ class RotorTable {
     const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
     const int64_t need = xbar[at] + g[at + 1] + std::max(x[at + 1], g[at]);
     const WriteQueue none;
-    for (int64_t m = std::max<int64_t>(need, 0); m <= units_.budget; ++m) r.offer(m, uf + ub, 0, false, &none);
+    for (int64_t m = std::max<int64_t>(need, 0); m <= units_.budget; ++m) {
+      if (r.out) r.offer<true>(m, uf + ub, 0, false, &none);
+      else r.offer<false>(m, uf + ub, 0, false, &none);
+    }
     if (!r.out) return;
     const int64_t lower = std::max({x[at + 1] + xbar[at], xbar[at] + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
     const WriteQueue alone = WriteQueue{}.ahead(write_time(costs_.saved_bytes[at]), 0.0);  // the loss is next
     const double total = uf + read_time(costs_.saved_bytes[at]) + alone.stall() + ub;
     for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, units_.budget + 1); ++m)
-      r.offer(m, total, 0, true, &alone);
+      r.offer<true>(m, total, 0, true, &alone);
   }
 
   void fill(int a, int b, bool top) {
     Row r = row_of(a, b, top);
     if (a == b) return fill_single(a, r);
-    fill_recorded(a, b, top, r);
-    fill_regions(a, b, top, r);
+    if (r.out) {
+      fill_recorded<true>(a, b, top, r);
+      fill_regions<true>(a, b, top, r);
+    } else {
+      fill_recorded<false>(a, b, top, r);
+      fill_regions<false>(a, b, top, r);
+    }
   }
 
   // Stage a with recording, then [a+1, b] with its record and output held (or, at the top level
   // with offload, its record offloaded: only its output held). An infinite entry stays infinite
   // through the sums and never wins a comparison.
+  template <bool kTracked>
   void fill_recorded(int a, int b, bool top, Row& r) {
     const auto& x = units_.x;
     const auto& xbar = units_.xbar;
@@ -169,20 +182,21 @@ class RotorTable {
     const int64_t held = x[at + 1] + xbar[at];
     const int64_t need = std::max(xbar[at] + g[at + 1] + g[at], held);
     const double* after_stage = row_data(a + 1, b, top);
-    const WriteQueue* after_queue = r.queue ? queue_row(a + 1) : nullptr;
+    const WriteQueue* after_queue = kTracked ? queue_row(a + 1) : nullptr;
     for (int64_t m = need; m <= units_.budget; ++m)
-      r.offer(m, uf + after_stage[m - held] + ub, 0, false, after_queue ? after_queue + (m - held) : nullptr);
-    if (!r.out) return;
+      r.offer<kTracked>(m, uf + after_stage[m - held] + ub, 0, false, kTracked ? after_queue + (m - held) : nullptr);
+    if constexpr (!kTracked) return;
     const double read = read_time(costs_.saved_bytes[at]), write = write_time(costs_.saved_bytes[at]);
     for (int64_t m = need; m <= units_.budget; ++m) {
       const WriteQueue& rest = after_queue[m - x[at + 1]];
       const WriteQueue ahead = rest.ahead(write, forward_after_[at + 1]);
-      r.offer(m, uf + read + after_stage[m - x[at + 1]] + (ahead.stall() - rest.stall()) + ub, 0, true, &ahead);
+      r.offer<true>(m, uf + read + after_stage[m - x[at + 1]] + (ahead.stall() - rest.stall()) + ub, 0, true, &ahead);
     }
   }
 
   // Region [a, c-1], then [c, b] holding a_c (or, at the top level with offload and a > 0, with
   // a_a offloaded while [c, b] runs), then the region's re-run.
+  template <bool kTracked>
   void fill_regions(int a, int b, bool top, Row& r) {
     const auto& x = units_.x;
     const size_t at = static_cast<size_t>(a);
@@ -198,16 +212,16 @@ class RotorTable {
       const int64_t keep = x[static_cast<size_t>(c)];
       const double* after_region = row_data(c, b, top);
       const double* region = row_data(a, c - 1, false);
-      const WriteQueue* region_queue = r.queue ? queue_row(c) : nullptr;
+      const WriteQueue* region_queue = kTracked ? queue_row(c) : nullptr;
       for (int64_t m = std::max(gradient + sweep_peak, keep); m <= budget; ++m)
-        r.offer(m, sweep_time + after_region[m - keep] + region[m], c - a, false,
-                region_queue ? region_queue + (m - keep) : nullptr);
-      if (!r.out || a == 0) continue;
+        r.offer<kTracked>(m, sweep_time + after_region[m - keep] + region[m], c - a, false,
+                          kTracked ? region_queue + (m - keep) : nullptr);
+      if (!kTracked || a == 0) continue;
       for (int64_t m = std::max(sweep_peak, keep); m <= budget; ++m) {
         const WriteQueue& rest = region_queue[freed(m, c, a)];
         const WriteQueue ahead = rest.ahead(write, forward_after_[static_cast<size_t>(c)]);
-        r.offer(m, sweep_time + read + after_region[freed(m, c, a)] + (ahead.stall() - rest.stall()) + region[m], c - a,
-                true, &ahead);
+        r.offer<true>(m, sweep_time + read + after_region[freed(m, c, a)] + (ahead.stall() - rest.stall()) + region[m],
+                      c - a, true, &ahead);
       }
     }
   }
