@@ -6,12 +6,16 @@
 // with no kernel run on the CPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 
 #include "checkpoint_models.h"
 #include "emulated_backend.h"
 #include "remat/backend.h"
+#include "remat/budget.h"
+#include "remat/chain.h"
+#include "remat/offload.h"
 #include "remat/checkpoint.h"
 #include "remat/dynamic.h"
 #include "remat/nn.h"
@@ -276,4 +280,45 @@ TEST(OffloadOnADevice, GptAndResNetStepsEqualSaveAllOnTheDevice) {
     Tensor images = data.images.to(dev.device), labels = data.labels.to(dev.device);
     expect_offload_equals_save_all(resnet, [&] { return resnet.loss(images, labels); }, dev);
   }
+}
+
+// The host copies' bandwidth, measured through the backend's host-copy verbs on the device, and
+// what a budget plan on the device charges an offloaded byte with it: the file's write and the
+// copy home as the write, the file's read and the copy back as the rest.
+TEST(OffloadOnADevice, BudgetPlansChargeTheMeasuredHostCopies) {
+  EmulatedDevice dev;
+  const HostCopyBandwidth copies = host_copy_bandwidth(dev.device);
+  EXPECT_GT(copies.to_host_bytes_per_second, 0.0);
+  EXPECT_GT(copies.from_host_bytes_per_second, 0.0);
+  EXPECT_TRUE(std::isfinite(copies.to_host_seconds_per_byte() + copies.from_host_seconds_per_byte()));
+  EXPECT_EQ(host_copy_bandwidth(dev.device).to_host_bytes_per_second, copies.to_host_bytes_per_second);  // once
+  EXPECT_EQ(host_copy_bandwidth(kCpu).to_host_seconds_per_byte(), 0.0);  // no copy on the CPU
+
+  Chain chain;
+  std::vector<Tensor> weights;
+  for (int i = 0; i < 4; ++i) {
+    Tensor w = randn({32, 32}, DType::f32, RngState{7, static_cast<uint64_t>(i)}, 0.0, 0.2).to(dev.device);
+    w.requires_grad_();
+    weights.push_back(w);
+    chain.add([w](const Tensor& h) { return tanh(matmul(h, w)); }, "block" + std::to_string(i));
+  }
+  Tensor x = randn({16, 32}, DType::f32, RngState{8, 0}).to(dev.device);
+  const std::string dir = remat::testing::fresh_dir("budget-device-offload");
+  const Policy policy = Policy::budget(size_t{1} << 30).with_offload(OffloadTarget{dir, 0, 0});
+  chain.set_planner(std::make_shared<BudgetPlanner>());
+  for (int i = 0; i <= BudgetPlanner::kProfilingSteps; ++i) {
+    for (Tensor& w : weights) w.zero_grad();
+    backward([&] { return mean(chain.forward(x)); }, GradOptions{policy});
+  }
+  ASSERT_TRUE(chain.planner()->report().has_value());
+  const BudgetPlanner::Report report = *chain.planner()->report();
+  const OffloadBandwidth file = offload_bandwidth(dir);
+  EXPECT_EQ(report.offload_to_host_bytes_per_second, copies.to_host_bytes_per_second);
+  EXPECT_EQ(report.offload_from_host_bytes_per_second, copies.from_host_bytes_per_second);
+  EXPECT_NEAR(report.costs.offload_seconds_per_byte,
+              file.seconds_per_byte() + copies.to_host_seconds_per_byte() + copies.from_host_seconds_per_byte(),
+              1e-6 * report.costs.offload_seconds_per_byte);
+  EXPECT_NEAR(report.costs.offload_write_seconds_per_byte,
+              1.0 / file.write_bytes_per_second + copies.to_host_seconds_per_byte(),
+              1e-6 * report.costs.offload_write_seconds_per_byte);
 }

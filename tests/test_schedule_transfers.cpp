@@ -1,9 +1,11 @@
 // The planners' transfer cost: an offload's write queued on one disk worker behind the forward
-// compute after its node, charged for its stall only; the read back charged in full
+// compute after its node, charged for its stall only; the read back charged in full, or, with
+// reads ahead, for the stall it causes behind the backward compute that the plan's peak leaves it
 // (docs/planners.md, "the cost of a transfer").
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -104,4 +106,97 @@ TEST(TransferCost, AWriteIsPartOfTheTransferAndFinite) {
   EXPECT_THROW(costs.validate(), remat::Error);
   costs.offload_write_seconds_per_byte = std::numeric_limits<double>::infinity();
   EXPECT_THROW(costs.validate(), remat::Error);
+}
+
+TEST(TransferCost, AReadThatFitsBehindThePrecedingBackwardIsNotCharged) {
+  ChainCosts costs = four_stages();
+  costs.reads_ahead = true;
+  const double save_all = rs::plan_save_all(costs).predicted_time;
+  // Fa0 O0 Fa1 Fa2 Fa3 L B3 D3 B2 D2 B1 D1 I0 B0. The peak is B3's (three records, four
+  // boundaries, two gradients); from there on S0's record fits: its read (0.4 s) starts after B3,
+  // behind B2 and B1 (4 s). Its write (0.8 s) fits behind S1..S3's forwards: nothing is charged.
+  const rs::Plan first = rs::make_plan(costs, {PlanNode::stage(0).offload(), PlanNode::stage(1), PlanNode::stage(2),
+                                               PlanNode::stage(3)});
+  const rs::SimResult ahead = rs::simulate(costs, first);
+  EXPECT_NEAR(ahead.total_time, save_all, 1e-12);
+  ASSERT_EQ(ahead.reads.size(), 1u);
+  EXPECT_EQ(first.actions[static_cast<size_t>(ahead.reads[0].start_action) - 1],
+            (rs::Action{rs::ActionKind::backward, 3}))
+      << rs::format_actions(first.actions);
+  EXPECT_NEAR(ahead.reads[0].window, 4.0, 1e-12);
+  EXPECT_EQ(ahead.reads[0].stall, 0.0);
+  EXPECT_EQ(ahead.read_time, 0.0);
+  // Reads ahead change no peak; without them the read is charged in full.
+  costs.reads_ahead = false;
+  const rs::SimResult at_node = rs::simulate(costs, first);
+  EXPECT_EQ(at_node.peak_bytes, ahead.peak_bytes);
+  EXPECT_NEAR(at_node.total_time, save_all + 0.4, 1e-12);
+  EXPECT_EQ(at_node.reads[0].start_action, at_node.reads[0].fetch_action);
+}
+
+TEST(TransferCost, ABusyDisksReadsAreChargedTheirStall) {
+  ChainCosts costs = four_stages();
+  costs.offload_seconds_per_byte = 0.05;  // a write of 1 s a record, a read of 4 s
+  costs.offload_write_seconds_per_byte = 0.01;
+  costs.reads_ahead = true;
+  const double save_all = rs::plan_save_all(costs).predicted_time;
+  // Fa0 O0 Fa1 O1 Fa2 Fa3 L B3 D3 B2 D2 I1 B1 D1 I0 B0. The peak (260 bytes) is the loss with
+  // S2's and S3's records: S1's read fits from D3 on, behind B2 (2 s), and stalls 2 s; S0's
+  // read waits for S1's fetch (one read in flight) and stalls 2 s behind B1. Serially: 8 s.
+  const rs::Plan two = rs::make_plan(costs, {PlanNode::stage(0).offload(), PlanNode::stage(1).offload(),
+                                             PlanNode::stage(2), PlanNode::stage(3)});
+  const rs::SimResult ahead = rs::simulate(costs, two);
+  ASSERT_EQ(ahead.reads.size(), 2u) << rs::format_actions(two.actions);
+  EXPECT_EQ(ahead.reads[0].index, 1);
+  EXPECT_EQ(ahead.reads[0].start_action, 8);
+  EXPECT_EQ(ahead.reads[0].fetch_action, 11);
+  EXPECT_NEAR(ahead.reads[0].stall, 2.0, 1e-12);
+  EXPECT_EQ(ahead.reads[1].index, 0);
+  EXPECT_EQ(ahead.reads[1].start_action, 12);
+  EXPECT_NEAR(ahead.reads[1].stall, 2.0, 1e-12);
+  EXPECT_EQ(ahead.write_stall_time, 0.0);
+  EXPECT_NEAR(ahead.read_time, 4.0, 1e-12);
+  EXPECT_NEAR(ahead.total_time, save_all + 4.0, 1e-12);
+  EXPECT_NEAR(two.predicted_time, ahead.total_time, 1e-12);
+  costs.reads_ahead = false;
+  EXPECT_NEAR(rs::simulate(costs, two).total_time, save_all + 8.0, 1e-12);
+}
+
+// The memory a read ahead occupies: the plan's actions with each fetch moved to where its read
+// starts, simulated without reads ahead, peak where the plan does, on random chains and budgets.
+TEST(TransferCost, ReadsAheadStayWithinThePlansPeak) {
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<double> time(0.1, 3.0);
+  std::uniform_int_distribution<size_t> bytes(1, 200);
+  int moved = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int stages = 3 + trial % 10;
+    ChainCosts costs;
+    for (int i = 0; i < stages; ++i) {
+      costs.forward_time.push_back(time(rng));
+      costs.backward_time.push_back(2 * time(rng));
+      costs.saved_bytes.push_back(bytes(rng) * 4);
+    }
+    for (int i = 0; i <= stages; ++i) costs.boundary_bytes.push_back(bytes(rng));
+    costs.offload_seconds_per_byte = 0.002 * (1 + trial % 3);
+    costs.offload_write_seconds_per_byte = costs.offload_seconds_per_byte / 2;
+    costs.gradients_counted = trial % 2 == 0;
+    costs.reads_ahead = true;
+    const size_t least = rs::min_feasible_memory(costs);
+    const size_t most = rs::plan_save_all(costs).predicted_peak_bytes;
+    const size_t limit = least + (most - least) * static_cast<size_t>(trial % 5) / 6;
+    const rs::Plan plan = rs::plan_rotor(costs, limit, 100);
+    std::vector<rs::Action> actions = plan.actions;
+    for (auto read = plan.reads.rbegin(); read != plan.reads.rend(); ++read) {
+      const rs::Action fetch = actions[static_cast<size_t>(read->fetch_action)];
+      actions.erase(actions.begin() + read->fetch_action);
+      actions.insert(actions.begin() + read->start_action, fetch);
+      moved += read->start_action < read->fetch_action;
+    }
+    costs.reads_ahead = false;
+    const rs::SimResult early = rs::simulate_actions(costs, actions);
+    EXPECT_LE(early.peak_bytes, plan.predicted_peak_bytes) << "trial " << trial << ": " << rs::format_tree(plan.tree);
+    EXPECT_LE(plan.predicted_time, rs::simulate(costs, plan).total_time + 1e-9) << "trial " << trial;
+  }
+  EXPECT_GT(moved, 20);  // reads did start ahead
 }

@@ -98,6 +98,9 @@ class BudgetPlanner {
     // from) and what the plan offloads per step.
     std::string offload_target;
     double offload_write_bytes_per_second = 0, offload_read_bytes_per_second = 0;
+    // On a device: its values' copies to host memory and back (remat::host_copy_bandwidth), added
+    // to the write and the read; 0 on the CPU.
+    double offload_to_host_bytes_per_second = 0, offload_from_host_bytes_per_second = 0;
     size_t predicted_offloaded_bytes = 0;
     size_t outside_bytes = 0;        // saved before the chain, live through it
     size_t after_chain_bytes = 0;    // saved after the chain up to the loss (in costs' x[L], not in outside_bytes)

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace remat {
 
@@ -79,6 +80,22 @@ struct OffloadBandwidth {
 };
 OffloadBandwidth offload_bandwidth(const std::string& directory);
 
+// How fast a device's saved values go to host memory and come back, through the host copies its
+// backend offers offloaded values (Backend::host_buffer, copy_to_host_async, copy_from_host_async,
+// wait_copy: pinned memory on CUDA): 8 MiB each way, one round trip to warm up, then the best of
+// three. A budget plan on that device adds it to each offloaded byte's cost, the copy home to the
+// write (a device value is copied home before it is written) and the copy back to the read.
+// Measured once per device and process; the CPU's values need no copy (0 seconds a byte).
+struct HostCopyBandwidth {
+  double to_host_bytes_per_second = 0, from_host_bytes_per_second = 0;  // 0: no copy (the CPU)
+  double to_host_seconds_per_byte() const { return to_host_bytes_per_second > 0 ? 1.0 / to_host_bytes_per_second : 0; }
+  double from_host_seconds_per_byte() const {
+    return from_host_bytes_per_second > 0 ? 1.0 / from_host_bytes_per_second : 0;
+  }
+};
+struct Device;
+HostCopyBandwidth host_copy_bandwidth(Device device);
+
 namespace detail {
 bool offload_running();  // an OffloadScope is alive on this thread
 // Which values an offload store writes while a gate is alive on this thread (gates nest): none
@@ -89,11 +106,15 @@ bool offload_running();  // an OffloadScope is alive on this thread
 // it waits for its writes in flight, oldest first, until the value fits or none is left. A budget
 // plan caps its scope at its predicted peak, so that offloaded nodes' writes overlap the nodes
 // after them (Note [writes behind a plan's peak] in src/saved/offload.cpp).
+// The reads ahead of a budget plan: reads_after[m] lists the offloaded top-level nodes (by their
+// first stage) whose values the store starts reading back once the backward pass reaches node m
+// (the plan's ReadAhead starts; Note [reads ahead of a plan's nodes] in src/saved/offload.cpp).
+using OffloadReadPlan = std::vector<std::vector<int>>;
 class OffloadGate {
  public:
   enum class Mode { closed, threshold, every_value };
   explicit OffloadGate(Mode mode);
-  OffloadGate(Mode mode, size_t saved_cap_bytes);
+  OffloadGate(Mode mode, size_t saved_cap_bytes, std::shared_ptr<const OffloadReadPlan> reads = nullptr);
   ~OffloadGate();
   OffloadGate(const OffloadGate&) = delete;
   OffloadGate& operator=(const OffloadGate&) = delete;
@@ -101,6 +122,19 @@ class OffloadGate {
  private:
   Mode previous_;
   size_t previous_cap_;
+  std::shared_ptr<const OffloadReadPlan> previous_reads_;
+};
+// While alive on this thread, the values packed outside a recomputation belong to the plan's
+// top-level node whose first stage is `node` (the key of OffloadReadPlan).
+class OffloadPlanNode {
+ public:
+  explicit OffloadPlanNode(int node);
+  ~OffloadPlanNode();
+  OffloadPlanNode(const OffloadPlanNode&) = delete;
+  OffloadPlanNode& operator=(const OffloadPlanNode&) = delete;
+
+ private:
+  int previous_;
 };
 }  // namespace detail
 

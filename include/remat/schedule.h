@@ -148,10 +148,17 @@ struct ChainCosts {
   // The part of offload_seconds_per_byte that writes the byte out (0 to all of it). A write runs on
   // one disk worker, in the order of the offloads, behind the forward compute that follows its
   // node up to the loss; only what the queue of writes runs past the loss is charged (the stall).
-  // The rest (the read back, just before the node's backward) is charged in full. 0: every
-  // transfer is charged serially (docs/planners.md, "the cost of a transfer").
+  // The rest is the read back, before the node's backward (charged in full, or its stall with
+  // reads_ahead). 0: no queued write (docs/planners.md, "the cost of a transfer").
   double offload_write_seconds_per_byte = 0;
   bool can_offload() const { return offload_seconds_per_byte >= 0; }
+  // Whether a read may start ahead of its node: in the backward, after the loss and after the
+  // read before it (one read in flight, in the order of the fetches), at the earliest action from
+  // which the live bytes plus the value stay within the plan's peak; then a read is charged only
+  // for the stall it causes, what it runs past the compute from its start to its node. The peak
+  // does not change. false: a read is charged in full at its node (docs/planners.md, "the cost of
+  // a transfer").
+  bool reads_ahead = false;
   // Whether peaks count the backward pass's gradient buffers d_j (x[j] bytes each), as the rotor
   // paper's model does; false: boundaries and records only, what an allocator counts as saved
   // (the budget: policy, whose budget bounds saved bytes).
@@ -199,11 +206,23 @@ struct PlanNode {
   bool operator==(const PlanNode&) const = default;
 };
 
+// The read back of one offloaded value (a fetch action), as simulate() charges it.
+struct ReadAhead {
+  int index = 0;           // the fetch's stage or boundary index
+  size_t bytes = 0;
+  int start_action = 0;    // the action before which the read may start (== fetch_action: none ahead)
+  int fetch_action = 0;    // the fetch's position in the action list
+  double read_time = 0;    // the read's disk time
+  double window = 0;       // the compute from start_action to the fetch
+  double stall = 0;        // what the read adds to the step: max(0, read_time - window)
+};
+
 struct Plan {
   std::vector<Action> actions;
   std::vector<PlanNode> tree;
   size_t predicted_peak_bytes = 0;  // from simulate (exact bytes)
   double predicted_time = 0;
+  std::vector<ReadAhead> reads;     // from simulate: where each read back starts and its charge
 };
 
 struct SimResult {
@@ -213,6 +232,8 @@ struct SimResult {
   int recomputed_forwards = 0;  // forward_evaluations - L
   size_t offloaded_bytes = 0;   // written to the offload target (and read back)
   double write_stall_time = 0;  // of total_time: how long the queued writes run past the forward pass
+  double read_time = 0;         // of total_time: what the reads back add (their stalls, with reads_ahead)
+  std::vector<ReadAhead> reads; // one per fetch, in action order
 };
 
 // Checks a tree covers stages 0..num_stages-1 in order with valid regions; throws
@@ -233,7 +254,8 @@ Plan make_plan(const ChainCosts& costs, std::vector<PlanNode> tree);
 // memory_limit, and is exactly optimal when the unit is one byte (docs/planners.md, "rotor": the
 // bound otherwise, and the cost, O(L^2 * slots) memory and O(L^3 * slots) time).
 // When costs.can_offload(), each top-level node may also be offloaded, at its kept bytes' read
-// and the stall of its queued write ("the cost of a transfer" in docs/planners.md: with queued
+// (in full, even with reads_ahead; the returned plan's predicted_time is simulate's) and the
+// stall of its queued write ("the cost of a transfer" in docs/planners.md: with queued
 // writes the programme prices every plan exactly but may miss the optimum); the least peak then
 // counts offloading too.
 // Throws InfeasibleError if memory_limit < min_feasible_memory(costs).
@@ -270,8 +292,8 @@ struct ChainPlanOptions {
   // the library prints nothing itself.
   std::function<void(double fraction)> progress;
   // For a budget plan with an offload target (remat/budget.h): >= 0, the cost per offloaded byte
-  // to plan with instead of the target's measured bandwidth (a known target, or a test), charged
-  // serially (no queued write part).
+  // to plan with instead of the target's measured bandwidth (a known target, or a test), with no
+  // queued write part (the read back still starts ahead where the plan's peak leaves room).
   double offload_seconds_per_byte = -1;
 };
 struct ChainPlan {

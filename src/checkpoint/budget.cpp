@@ -135,6 +135,42 @@ void BudgetPlanner::State::derive_budget(const Policy& budget, Report& r) const 
   r.budget_bytes = r.memory_capacity_bytes - r.held_besides_saved_bytes;
 }
 
+namespace {
+
+// The runtime's reads ahead of a plan (Note [reads ahead of a plan's nodes] in
+// src/saved/offload.cpp): a read the plan starts at action s begins when the backward reaches the
+// first top-level node (in the backward's order) whose part of the backward starts at s or later,
+// so the read occupies memory no earlier than the plan counted it. A node's part starts after the
+// backward of the node behind it (after the loss, for the last node); the reads and these starts
+// both move forward through the backward, so one pass pairs them.
+std::shared_ptr<const detail::OffloadReadPlan> read_plan_of(const schedule::Plan& plan) {
+  if (plan.reads.empty()) return nullptr;
+  const auto& tree = plan.tree;
+  const int stages = tree.back().last + 1;
+  std::vector<int> backward_at(static_cast<size_t>(stages), 0);
+  int loss = 0;
+  for (size_t p = 0; p < plan.actions.size(); ++p) {
+    if (plan.actions[p].kind == schedule::ActionKind::backward) backward_at[static_cast<size_t>(plan.actions[p].index)] = static_cast<int>(p);
+    if (plan.actions[p].kind == schedule::ActionKind::loss) loss = static_cast<int>(p);
+  }
+  std::vector<int> part_start(tree.size()), node_of(static_cast<size_t>(stages), -1);
+  for (size_t t = tree.size(); t-- > 0;) {
+    part_start[t] = t + 1 == tree.size() ? loss + 1 : backward_at[static_cast<size_t>(tree[t + 1].first)] + 1;
+    node_of[static_cast<size_t>(tree[t].first)] = static_cast<int>(t);
+  }
+  auto out = std::make_shared<detail::OffloadReadPlan>(static_cast<size_t>(stages));
+  int t = static_cast<int>(tree.size()) - 1;
+  for (const schedule::ReadAhead& read : plan.reads) {
+    const int own = node_of[static_cast<size_t>(read.index)];
+    if (read.start_action >= read.fetch_action || own < 0) continue;
+    while (t > own && part_start[static_cast<size_t>(t)] < read.start_action) --t;
+    if (t > own) (*out)[static_cast<size_t>(tree[static_cast<size_t>(t)].first)].push_back(read.index);
+  }
+  return out;
+}
+
+}  // namespace
+
 void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {
   schedule::ChainCosts measured = measured_costs();
   const size_t outside = measured_outside_bytes();
@@ -147,11 +183,18 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     r.offload_target = budget.saved.offload->to_string();
     r.offload_write_bytes_per_second = bandwidth.write_bytes_per_second;
     r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
-    measured.offload_seconds_per_byte =
-        options.offload_seconds_per_byte >= 0 ? options.offload_seconds_per_byte : bandwidth.seconds_per_byte();
+    // a device's values go to host memory before they are written and come back after they are read
+    const HostCopyBandwidth copies = host_copy_bandwidth(device);
+    r.offload_to_host_bytes_per_second = copies.to_host_bytes_per_second;
+    r.offload_from_host_bytes_per_second = copies.from_host_bytes_per_second;
+    const double write = 1.0 / bandwidth.write_bytes_per_second + copies.to_host_seconds_per_byte();
+    measured.offload_seconds_per_byte = options.offload_seconds_per_byte >= 0
+                                            ? options.offload_seconds_per_byte
+                                            : bandwidth.seconds_per_byte() + copies.to_host_seconds_per_byte() +
+                                                  copies.from_host_seconds_per_byte();
     // the measured write runs behind the forward compute after its node; a given cost is serial
-    measured.offload_write_seconds_per_byte =
-        options.offload_seconds_per_byte >= 0 ? 0.0 : 1.0 / bandwidth.write_bytes_per_second;
+    measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 ? 0.0 : write;
+    measured.reads_ahead = true;  // where the plan's peak leaves room (read_plan_of)
   }
   const size_t limit = r.budget_bytes > outside ? r.budget_bytes - outside : 0;
   r.input_shape = shapes.empty() ? Shape{} : shapes[0];
@@ -188,6 +231,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     r.profiled_chain_seconds += p->forward_seconds + p->recompute_seconds + p->backward_seconds;
     r.stage_forward_flops.push_back(p->forward_flops);
   }
+  read_plan = read_plan_of(r.plan);
   costs = measured;
   report = std::move(r);  // the profile is kept: another budget re-plans from it
 }

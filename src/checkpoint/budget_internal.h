@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "remat/budget.h"
+#include "remat/offload.h"
 #include "remat/policy.h"
 
 namespace remat {
@@ -23,6 +24,8 @@ struct BudgetPlanner::State {
   // the plan for report->signature
   std::optional<Report> report;
   std::optional<schedule::ChainCosts> costs;
+  // where the backward of report->plan starts reading each offloaded node back (budget.cpp)
+  std::shared_ptr<const detail::OffloadReadPlan> read_plan;
   schedule::ChainPlanOptions options;  // how plans are made (BudgetPlanner::set_options)
   bool stale = false;  // the last planned run met a different number of layer calls: profile again
 

@@ -179,7 +179,8 @@ TensorList run_transparent(const RegionFn& fn, const TensorList& inputs, const C
     if (effective.saved.offload) {  // writes overlap later nodes, within the plan's peak (on the CPU)
       const bool capped = frame.own_plan->plan != nullptr && detail::device_of(inputs).type == DeviceType::cpu;
       gate.emplace(detail::OffloadGate::Mode::closed,
-                   capped ? frame.own_plan->state->report->predicted_peak_bytes : size_t{0});
+                   capped ? frame.own_plan->state->report->predicted_peak_bytes : size_t{0},
+                   capped ? frame.own_plan->state->read_plan : nullptr);
     }
   }
   FrameGuard guard(frame);
@@ -205,6 +206,7 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
   REMAT_ASSERT(node != nullptr, "budget plan has no node for layer call ", position);
   std::optional<detail::OffloadGate> gate;
   if (node->offloaded) gate.emplace(detail::OffloadGate::Mode::every_value);  // all it keeps goes to the target
+  const detail::OffloadPlanNode packed_by(node->first);  // where the backward reads its values ahead
   if (node->kind == schedule::PlanNode::Kind::stage) {
     return run_plain(fn, inputs, site, /*record_all=*/true);
   }

@@ -21,6 +21,8 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -43,6 +45,8 @@ namespace {
 thread_local int offload_scopes = 0;
 thread_local OffloadGate::Mode offload_gate = OffloadGate::Mode::threshold;
 thread_local size_t offload_cap = 0;  // on the CPU allocator's saved bytes; 0: none (OffloadGate)
+thread_local std::shared_ptr<const OffloadReadPlan> offload_reads;  // the plan's reads ahead (OffloadGate)
+thread_local int offload_plan_node = -1;                            // OffloadPlanNode
 
 Tensor fresh_like(DType dtype, int64_t numel) { return Tensor::empty({numel}, dtype); }
 
@@ -50,12 +54,21 @@ Tensor fresh_like(DType dtype, int64_t numel) { return Tensor::empty({numel}, dt
 
 bool offload_running() { return offload_scopes > 0; }
 
-OffloadGate::OffloadGate(Mode mode) : previous_(offload_gate), previous_cap_(offload_cap) { offload_gate = mode; }
-OffloadGate::OffloadGate(Mode mode, size_t saved_cap_bytes) : OffloadGate(mode) { offload_cap = saved_cap_bytes; }
+OffloadGate::OffloadGate(Mode mode) : previous_(offload_gate), previous_cap_(offload_cap), previous_reads_(offload_reads) {
+  offload_gate = mode;
+}
+OffloadGate::OffloadGate(Mode mode, size_t saved_cap_bytes, std::shared_ptr<const OffloadReadPlan> reads)
+    : OffloadGate(mode) {
+  offload_cap = saved_cap_bytes;
+  offload_reads = std::move(reads);
+}
 OffloadGate::~OffloadGate() {
   offload_gate = previous_;
   offload_cap = previous_cap_;
+  offload_reads = std::move(previous_reads_);
 }
+OffloadPlanNode::OffloadPlanNode(int node) : previous_(offload_plan_node) { offload_plan_node = node; }
+OffloadPlanNode::~OffloadPlanNode() { offload_plan_node = previous_; }
 
 class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
  public:
@@ -97,9 +110,16 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     const bool small = entry->bytes < options_.threshold_bytes && gate != OffloadGate::Mode::every_value;
     const bool recomputing = autodiff::recompute_depth() > 0;
     if (!recomputing) {  // the forward's plan, if any, caps its backward's read-ahead (to its end)
-      if (unpacked_) plan_cap_ = 0;  // a new forward
+      if (unpacked_) {  // a new forward
+        plan_cap_ = 0;
+        read_plan_.reset();
+        by_node_.clear();
+        reached_node_ = std::numeric_limits<int>::max();
+      }
       unpacked_ = false;
       if (offload_cap > 0) plan_cap_ = offload_cap;
+      if (offload_reads) read_plan_ = offload_reads;
+      entry->plan_node = offload_plan_node;
     }
     if (!recomputing && whole.device().type == DeviceType::cpu)
       wait_below_cap(tag == memory::Tag::saved ? 0 : entry->bytes);
@@ -110,6 +130,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     }
     wait_for_room(entry->bytes);
     entry->range = std::make_shared<FileRange>(file_, entry->bytes);
+    if (read_plan_ && entry->plan_node >= 0) by_node_[entry->plan_node].push_back(entry);
     if (whole.device().type != DeviceType::cpu) {
       start_copy_to_host(entry, whole);
       return entry;
@@ -123,6 +144,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     end_window();  // the backward pass has begun (once; see the yielding rule below)
     unpacked_ = true;
     collect();
+    if (entry->plan_node >= 0) reached(entry->plan_node);
     if (entry->state == OffloadEntry::State::copying) return entry->on_device.value;  // still on its device
     if (!entry->on_home.defined()) {
       if (entry->state == OffloadEntry::State::reading) wait_done(*entry);
@@ -171,7 +193,32 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     throw_pending_error();
   }
 
-  void prefetch(const std::shared_ptr<OffloadEntry>& entry) {
+  // Note [reads ahead of a plan's nodes]. Under a budget plan's cap the engine's read-ahead (a few
+  // nodes early) is off (Note [writes behind a plan's peak]); the plan says instead, for each
+  // offloaded node, from which of the nodes before it in the backward its values may be read
+  // (schedule::ReadAhead: from there on its bytes fit within the predicted peak). Each value
+  // packed in a planned forward carries its node (OffloadPlanNode); the first unpack of a node's
+  // value is the backward reaching that node, and the reads the plan starts there begin, in
+  // order, on the one worker (or the values are mapped, where their pages are resident). A read
+  // that would lift the saved bytes above the cap at that moment waits for its node instead.
+  void reached(int node) {
+    if (!read_plan_ || node >= reached_node_) return;
+    const int from = std::min(reached_node_ - 1, static_cast<int>(read_plan_->size()) - 1);
+    reached_node_ = node;
+    for (int m = from; m >= node; --m)
+      for (int offloaded : (*read_plan_)[static_cast<size_t>(m)]) {
+        auto it = by_node_.find(offloaded);
+        if (it == by_node_.end()) continue;
+        for (const auto& weak : it->second)
+          if (auto e = weak.lock()) fetch_ahead(e, true);
+        by_node_.erase(it);
+      }
+  }
+
+  void prefetch(const std::shared_ptr<OffloadEntry>& entry) { fetch_ahead(entry, false); }
+
+  // planned: a read the plan starts (Note [reads ahead of a plan's nodes]); else the engine's.
+  void fetch_ahead(const std::shared_ptr<OffloadEntry>& entry, bool planned) {
     collect();
     if (entry->on_home.defined() || entry->state == OffloadEntry::State::copying) return;
     const bool for_device = entry->home.type != DeviceType::cpu;
@@ -181,7 +228,9 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       return;
     }
     if (entry->state != OffloadEntry::State::on_disk) return;
-    if (plan_cap_ > 0 && !for_device) return;  // Note [writes behind a plan's peak]
+    if (plan_cap_ > 0 && !for_device) {  // Note [writes behind a plan's peak]
+      if (!planned || memory::live_bytes(memory::Tag::saved) + entry->bytes > plan_cap_) return;
+    }
     if (map_resident(*entry)) {
       dynamic_counters().bytes_prefetched += entry->bytes;
       if (for_device) start_copy_home(*entry);
@@ -368,11 +417,12 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   // within the prediction whenever the plan's model holds. The cap counts host memory only: a
   // device value's host copy does not occupy the device (Note [offload of device values] in
   // offload_device.cpp).
-  // The backward of a planned step reads nothing ahead: the plan brings an offloaded value back
-  // just before its node's backward, and a value read (or mapped) a few nodes early is counted
-  // during what runs between, which may be a region's re-run at the plan's peak (a GPT's record
-  // read back during the next block's re-run lifted the measured peak 2.4 % above the
-  // prediction). Its value is read when its node runs: mapped pages when resident, else a read.
+  // The backward of a planned step reads ahead only where its plan says: a value read (or mapped)
+  // a few nodes early is counted during what runs between, which may be a region's re-run at the
+  // plan's peak (a GPT's record read back during the next block's re-run lifted the measured peak
+  // 2.4 % above the prediction), so the engine's read-ahead is off and the plan's reads start
+  // where its peak leaves room (Note [reads ahead of a plan's nodes]); a value the plan reads at
+  // its node is read when its node runs: mapped pages when resident, else a read.
   void wait_below_cap(size_t adding) {
     const size_t cap = offload_cap;
     if (cap == 0) return;
@@ -495,6 +545,9 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   bool window_ended_ = false;  // the forward's writing window is over (see end_window)
   size_t in_flight_ = 0;  // the scope's thread only
   size_t plan_cap_ = 0;   // the cap of the last forward's plan (offload_cap at its packs); 0: none
+  std::shared_ptr<const OffloadReadPlan> read_plan_;  // its reads ahead (offload_reads at its packs)
+  std::map<int, std::vector<std::weak_ptr<OffloadEntry>>> by_node_;  // its written values by node
+  int reached_node_ = std::numeric_limits<int>::max();  // the lowest node its backward reached
   bool unpacked_ = false;  // a value was unpacked since the last pack outside a recomputation
   std::mutex mutex_;
   std::condition_variable cv_, done_cv_;

@@ -24,6 +24,12 @@
 // backend's staging buffers on its one stream, and the copies do not overlap its kernels.
 #include "offload_entry.h"
 
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+
+#include "remat/offload.h"
 #include "tensor/allocate.h"
 
 namespace remat::detail {
@@ -80,3 +86,45 @@ void finish_copy_home(OffloadEntry& entry) {
 }
 
 }  // namespace remat::detail
+
+namespace remat {
+
+namespace {
+
+// One copy's seconds, from its start to the end of wait_copy.
+template <class Start>
+double timed_copy(Backend& device, Start start) {
+  const auto begin = std::chrono::steady_clock::now();
+  device.wait_copy(start());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
+
+}  // namespace
+
+HostCopyBandwidth host_copy_bandwidth(Device device) {
+  if (device.type == DeviceType::cpu) return {};
+  static std::mutex mutex;
+  static std::map<std::string, HostCopyBandwidth> measured;
+  std::lock_guard<std::mutex> lock(mutex);
+  const std::string name = device_name(device);
+  if (auto it = measured.find(name); it != measured.end()) return it->second;
+  constexpr int64_t kNumel = int64_t{2} << 20;  // 8 MiB of f32
+  Backend& backend_of_device = backend(device);
+  backend_of_device.synchronize();  // time the copies, not the work before them
+  Tensor on_device = Tensor::empty({kNumel}, DType::f32, memory::Tag::other, device);
+  Tensor host = backend_of_device.host_buffer(DType::f32, kNumel);
+  double to_host = 0, from_host = 0;
+  for (int round = 0; round < 4; ++round) {  // the first warms up
+    const double out = timed_copy(backend_of_device, [&] { return backend_of_device.copy_to_host_async(on_device, host); });
+    const double back = timed_copy(backend_of_device, [&] { return backend_of_device.copy_from_host_async(host, on_device); });
+    if (round == 0) continue;
+    to_host = round == 1 ? out : std::min(to_host, out);
+    from_host = round == 1 ? back : std::min(from_host, back);
+  }
+  const double bytes = static_cast<double>(kNumel) * 4;
+  const HostCopyBandwidth result{bytes / std::max(to_host, 1e-9), bytes / std::max(from_host, 1e-9)};
+  measured.emplace(name, result);
+  return result;
+}
+
+}  // namespace remat

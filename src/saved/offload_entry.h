@@ -60,6 +60,7 @@ struct OffloadEntry {
   HeldTensor on_device;            // a device value, held while its copy to host memory runs
   CopyTicket copy;                 // that copy, or the copy back to home, in flight
   bool upload_when_read = false;   // prefetched for its device: copy it there once read
+  int plan_node = -1;              // the budget plan's top-level node that packed it (OffloadPlanNode)
   ~OffloadEntry();
 };
 

@@ -85,6 +85,43 @@ void append_sequence(const std::vector<PlanNode>& sequence, int last, bool top, 
   }
 }
 
+// Note [reads ahead within the peak]. A read back runs on the disk worker that wrote the value. Its
+// node needs it at its fetch; without reads ahead it starts there and the step waits for all of it.
+// With them (ChainCosts::reads_ahead, what the runtime of a budget plan does), the read of an
+// offloaded value starts at the earliest action of the backward from which the bytes live during
+// every action up to the fetch, plus the value, stay within the plan's peak (so the peak is the
+// same with reads ahead as without), but not before the loss (the writes have the worker until
+// then) nor before the fetch ahead of it (one read in flight, in the order of the fetches). The
+// compute from there to its fetch is its window; it is charged the stall, max(0, read - window).
+// The windows of successive reads do not overlap, so no read waits behind another, and the whole
+// search is one pass over the backward.
+void charge_reads(bool ahead, double read_per_byte, const std::vector<Action>& actions,
+                  const std::vector<size_t>& level, const std::vector<double>& compute,
+                  const std::vector<size_t>& fetched, SimResult& result) {
+  size_t earliest = actions.size();  // no read before the loss
+  for (size_t p = 0; p < actions.size(); ++p) {
+    const ActionKind kind = actions[p].kind;
+    if (kind == ActionKind::loss || (kind == ActionKind::offload && earliest < actions.size())) earliest = p + 1;
+    if (kind != ActionKind::fetch) continue;
+    ReadAhead read;
+    read.index = actions[p].index;
+    read.bytes = fetched[p];
+    read.fetch_action = read.start_action = static_cast<int>(p);
+    read.read_time = read_per_byte * static_cast<double>(read.bytes);
+    size_t start = p;
+    while (ahead && start > earliest && level[start - 1] + read.bytes <= result.peak_bytes) {
+      --start;
+      read.window += compute[start];
+    }
+    read.start_action = static_cast<int>(start);
+    read.stall = std::max(0.0, read.read_time - read.window);
+    result.read_time += read.stall;
+    result.total_time += read.stall;
+    result.reads.push_back(read);
+    earliest = std::max(earliest, p + 1);
+  }
+}
+
 }  // namespace
 
 void ChainCosts::validate() const {
@@ -172,15 +209,22 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   // value in memory until it is written, within the plan's peak (Note [writes behind a plan's
   // peak] in src/saved/offload.cpp). The forward compute after a node is its write's window; what
   // the queue runs past the loss is a stall, charged once there: max over the offloaded nodes k of
-  // (the writes from k on) - (the forward compute after k). The read back is charged in full: a
-  // planned backward reads a value when its node runs, nothing ahead, so nothing hides it.
+  // (the writes from k on) - (the forward compute after k). The reads back: Note [reads ahead
+  // within the peak] in charge_reads.
   double forward_clock = 0;  // forward compute so far (the writes' clock)
   double writes_done = 0;    // when the disk worker finishes the writes queued so far
   SimResult result;
   result.peak_bytes = live;
+  const double read_per_byte = costs.offload_seconds_per_byte - costs.offload_write_seconds_per_byte;
+  // per action: the most bytes live at any time during it, and its compute (for charge_reads)
+  std::vector<size_t> level(actions.size(), 0);
+  std::vector<double> compute(actions.size(), 0.0);
+  std::vector<size_t> fetched(actions.size(), 0);  // a fetch's bytes
   for (size_t position = 0; position < actions.size(); ++position) {
     const Action& action = actions[position];
     const int i = action.index;
+    size_t& step_level = level[position];
+    step_level = live;
     const auto fail = [&](const std::string& why) {
       std::ostringstream out;
       out << "simulate: action " << position << " (" << format_actions({action}) << "): " << why;
@@ -205,6 +249,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         boundary_live[at + 1] = true;
         if (record) record_live[at] = true;
         result.total_time += costs.forward_time[at];
+        compute[position] = costs.forward_time[at];
         if (gradient < 0) forward_clock += costs.forward_time[at];
         ++result.forward_evaluations;
         break;
@@ -224,6 +269,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         result.total_time += result.write_stall_time;
         live += costs.gradient_bytes(static_cast<size_t>(stages));
         result.peak_bytes = std::max(result.peak_bytes, live);
+        step_level = std::max(step_level, live);
         live -= x[static_cast<size_t>(stages)];  // a_L freed, d_L stays
         boundary_live[static_cast<size_t>(stages)] = false;
         gradient = stages;
@@ -238,10 +284,12 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (!boundary_live[at] || boundary_away[at]) fail("its input boundary " + std::to_string(i) + " is not in memory");
         live += costs.gradient_bytes(at);
         result.peak_bytes = std::max(result.peak_bytes, live);
+        step_level = std::max(step_level, live);
         live -= costs.gradient_bytes(at + 1) + xbar[at];
         record_live[at] = false;
         gradient = i;
         result.total_time += costs.backward_time[at];
+        compute[position] = costs.backward_time[at];
         break;
       }
       case ActionKind::offload:
@@ -262,8 +310,6 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
           live -= bytes;
           result.offloaded_bytes += bytes;
           const double write = costs.offload_write_seconds_per_byte * static_cast<double>(bytes);
-          result.total_time += (costs.offload_seconds_per_byte - costs.offload_write_seconds_per_byte) *
-                               static_cast<double>(bytes);
           if (gradient >= 0) {  // after the loss: nothing left to hide the write behind
             result.total_time += write;
             result.write_stall_time += write;
@@ -272,6 +318,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
           }
         } else {
           live += bytes;
+          fetched[position] = bytes;
         }
         break;
       }
@@ -279,7 +326,9 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         fail("unknown action kind");
     }
     result.peak_bytes = std::max(result.peak_bytes, live);
+    step_level = std::max(step_level, live);
   }
+  charge_reads(costs.reads_ahead, read_per_byte, actions, level, compute, fetched, result);
   if (gradient != 0)
     throw Error(gradient < 0 ? "simulate: the plan never runs the loss"
                                              : "simulate: the plan ends before stage " + std::to_string(gradient - 1) +
@@ -308,6 +357,7 @@ Plan make_plan(const ChainCosts& costs, std::vector<PlanNode> tree) {
   const SimResult result = simulate_actions(costs, plan.actions);
   plan.predicted_peak_bytes = result.peak_bytes;
   plan.predicted_time = result.total_time;
+  plan.reads = result.reads;
   return plan;
 }
 

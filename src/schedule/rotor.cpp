@@ -110,72 +110,99 @@ class RotorTable {
   double write_time(size_t bytes) const { return costs_.offload_write_seconds_per_byte * static_cast<double>(bytes); }
   const WriteQueue* queue_row(int a) const { return top_queue_.data() + row(a, stages_ - 1, true); }
 
+  // The entry row (a, b) being filled: per memory m the least time, its choice (c - a; 0: stage a
+  // recorded), whether it offloads its first node and, at the top level with offload, its writes.
+  struct Row {
+    double* best;
+    int16_t* pick;
+    uint8_t* out;       // top level with offload only
+    WriteQueue* queue;  // likewise
+    // kTracked: the row has out and queue (known to the loops, which it keeps free of branches)
+    template <bool kTracked>
+    void offer(int64_t m, double total, int choice, bool offloaded, const WriteQueue* writes) {
+      if (!(total < best[m])) return;
+      best[m] = total;
+      pick[m] = static_cast<int16_t>(choice);
+      if constexpr (kTracked) {
+        out[m] = offloaded ? 1 : 0;
+        queue[m] = *writes;
+      }
+    }
+  };
+  Row row_of(int a, int b, bool top) {
+    uint8_t* out = top && costs_.can_offload() ? top_offloaded_.data() + row(a, b, true) : nullptr;
+    return {(top ? top_cost_.data() : rerun_cost_.data()) + row(a, b, top),
+            (top ? top_choice_.data() : rerun_choice_.data()) + row(a, b, top), out,
+            out ? top_queue_.data() + row(a, b, true) : nullptr};
+  }
+
   // C(a, a, m): stage a recorded (at the top level, possibly offloaded while the loss runs).
-  void fill_single(int a, double* best, int16_t* pick, uint8_t* out, WriteQueue* queue) {
+  void fill_single(int a, Row& r) {
     const auto& x = units_.x;
     const auto& xbar = units_.xbar;
     const auto& g = units_.g;
     const size_t at = static_cast<size_t>(a);
     const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
     const int64_t need = xbar[at] + g[at + 1] + std::max(x[at + 1], g[at]);
+    const WriteQueue none;
     for (int64_t m = std::max<int64_t>(need, 0); m <= units_.budget; ++m) {
-      best[m] = uf + ub;
-      pick[m] = 0;
+      if (r.out) r.offer<true>(m, uf + ub, 0, false, &none);
+      else r.offer<false>(m, uf + ub, 0, false, &none);
     }
-    if (!out) return;
+    if (!r.out) return;
     const int64_t lower = std::max({x[at + 1] + xbar[at], xbar[at] + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
     const WriteQueue alone = WriteQueue{}.ahead(write_time(costs_.saved_bytes[at]), 0.0);  // the loss is next
     const double total = uf + read_time(costs_.saved_bytes[at]) + alone.stall() + ub;
-    for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, units_.budget + 1); ++m) {
-      best[m] = total;
-      pick[m] = 0;
-      out[m] = 1;
-      queue[m] = alone;
-    }
+    for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, units_.budget + 1); ++m)
+      r.offer<true>(m, total, 0, true, &alone);
   }
 
   void fill(int a, int b, bool top) {
-    double* best = (top ? top_cost_.data() : rerun_cost_.data()) + row(a, b, top);
-    int16_t* pick = (top ? top_choice_.data() : rerun_choice_.data()) + row(a, b, top);
-    uint8_t* out = top && costs_.can_offload() ? top_offloaded_.data() + row(a, b, true) : nullptr;
-    WriteQueue* queue = out ? top_queue_.data() + row(a, b, true) : nullptr;
-    const int64_t budget = units_.budget;
+    Row r = row_of(a, b, top);
+    if (a == b) return fill_single(a, r);
+    if (r.out) {
+      fill_recorded<true>(a, b, top, r);
+      fill_regions<true>(a, b, top, r);
+    } else {
+      fill_recorded<false>(a, b, top, r);
+      fill_regions<false>(a, b, top, r);
+    }
+  }
+
+  // Stage a with recording, then [a+1, b] with its record and output held (or, at the top level
+  // with offload, its record offloaded: only its output held). An infinite entry stays infinite
+  // through the sums and never wins a comparison.
+  template <bool kTracked>
+  void fill_recorded(int a, int b, bool top, Row& r) {
     const auto& x = units_.x;
     const auto& xbar = units_.xbar;
     const auto& g = units_.g;
     const size_t at = static_cast<size_t>(a);
     const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
-    if (a == b) return fill_single(a, best, pick, out, queue);
-    // Stage a with recording, then [a+1, b] with its record and output held. (An infinite
-    // entry stays infinite through the sums and never wins a comparison.)
     const int64_t held = x[at + 1] + xbar[at];
     const int64_t need = std::max(xbar[at] + g[at + 1] + g[at], held);
     const double* after_stage = row_data(a + 1, b, top);
-    const WriteQueue* after_queue = queue ? queue_row(a + 1) : nullptr;
-    for (int64_t m = need; m <= budget; ++m) {
-      const double total = uf + after_stage[m - held] + ub;
-      if (total < best[m]) {
-        best[m] = total;
-        pick[m] = 0;
-        if (queue) queue[m] = after_queue[m - held];
-      }
+    const WriteQueue* after_queue = kTracked ? queue_row(a + 1) : nullptr;
+    for (int64_t m = need; m <= units_.budget; ++m)
+      r.offer<kTracked>(m, uf + after_stage[m - held] + ub, 0, false, kTracked ? after_queue + (m - held) : nullptr);
+    if constexpr (!kTracked) return;
+    const double read = read_time(costs_.saved_bytes[at]), write = write_time(costs_.saved_bytes[at]);
+    for (int64_t m = need; m <= units_.budget; ++m) {
+      const WriteQueue& rest = after_queue[m - x[at + 1]];
+      const WriteQueue ahead = rest.ahead(write, forward_after_[at + 1]);
+      r.offer<true>(m, uf + read + after_stage[m - x[at + 1]] + (ahead.stall() - rest.stall()) + ub, 0, true, &ahead);
     }
-    if (out) {  // its record offloaded: only its output is held while [a+1, b] runs
-      const double read = read_time(costs_.saved_bytes[at]), write = write_time(costs_.saved_bytes[at]);
-      for (int64_t m = need; m <= budget; ++m) {
-        const WriteQueue& rest = after_queue[m - x[at + 1]];
-        const WriteQueue ahead = rest.ahead(write, forward_after_[at + 1]);
-        const double total = uf + read + after_stage[m - x[at + 1]] + (ahead.stall() - rest.stall()) + ub;
-        if (total < best[m]) {
-          best[m] = total;
-          pick[m] = 0;
-          out[m] = 1;
-          queue[m] = ahead;
-        }
-      }
-    }
-    // Region [a, c-1], then [c, b] holding a_c, then the region's re-run.
-    const int64_t gradient = top ? 0 : g[static_cast<size_t>(b) + 1];
+  }
+
+  // Region [a, c-1], then [c, b] holding a_c (or, at the top level with offload and a > 0, with
+  // a_a offloaded while [c, b] runs), then the region's re-run.
+  template <bool kTracked>
+  void fill_regions(int a, int b, bool top, Row& r) {
+    const auto& x = units_.x;
+    const size_t at = static_cast<size_t>(a);
+    const int64_t budget = units_.budget;
+    const int64_t gradient = top ? 0 : units_.g[static_cast<size_t>(b) + 1];
+    const double read = read_time(costs_.boundary_bytes[at]), write = write_time(costs_.boundary_bytes[at]);
     int64_t sweep_peak = 0;
     double sweep_time = 0;
     for (int c = a + 1; c <= b; ++c) {
@@ -185,30 +212,16 @@ class RotorTable {
       const int64_t keep = x[static_cast<size_t>(c)];
       const double* after_region = row_data(c, b, top);
       const double* region = row_data(a, c - 1, false);
-      const WriteQueue* region_queue = queue ? queue_row(c) : nullptr;
-      for (int64_t m = std::max(gradient + sweep_peak, keep); m <= budget; ++m) {
-        const double total = sweep_time + after_region[m - keep] + region[m];
-        if (total < best[m]) {
-          best[m] = total;
-          pick[m] = static_cast<int16_t>(c - a);
-          if (out) out[m] = 0;
-          if (queue) queue[m] = region_queue[m - keep];
-        }
-      }
-      if (out && a > 0) {  // its input a_a offloaded while [c, b] runs
-        const double read = read_time(costs_.boundary_bytes[at]), write = write_time(costs_.boundary_bytes[at]);
-        for (int64_t m = std::max(sweep_peak, keep); m <= budget; ++m) {
-          const WriteQueue& rest = region_queue[freed(m, c, a)];
-          const WriteQueue ahead = rest.ahead(write, forward_after_[static_cast<size_t>(c)]);
-          const double total =
-              sweep_time + read + after_region[freed(m, c, a)] + (ahead.stall() - rest.stall()) + region[m];
-          if (total < best[m]) {
-            best[m] = total;
-            pick[m] = static_cast<int16_t>(c - a);
-            out[m] = 1;
-            queue[m] = ahead;
-          }
-        }
+      const WriteQueue* region_queue = kTracked ? queue_row(c) : nullptr;
+      for (int64_t m = std::max(gradient + sweep_peak, keep); m <= budget; ++m)
+        r.offer<kTracked>(m, sweep_time + after_region[m - keep] + region[m], c - a, false,
+                          kTracked ? region_queue + (m - keep) : nullptr);
+      if (!kTracked || a == 0) continue;
+      for (int64_t m = std::max(sweep_peak, keep); m <= budget; ++m) {
+        const WriteQueue& rest = region_queue[freed(m, c, a)];
+        const WriteQueue ahead = rest.ahead(write, forward_after_[static_cast<size_t>(c)]);
+        r.offer<true>(m, sweep_time + read + after_region[freed(m, c, a)] + (ahead.stall() - rest.stall()) + region[m],
+                      c - a, true, &ahead);
       }
     }
   }

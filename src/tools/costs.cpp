@@ -67,20 +67,38 @@ size_t bytes(const std::string& name, const std::string& where, const nlohmann::
   return static_cast<size_t>(v.get<uint64_t>());
 }
 
+// An offload target's cost: a positive number of seconds per byte, at most 1 (far below any disk).
+double seconds_per_byte(const std::string& name, const std::string& where, const nlohmann::json& v) {
+  if (!v.is_number() || !(v.get<double>() > 0 && v.get<double>() <= 1))
+    fail(name, where, " is ", brief(v), "; it must be a number of seconds per byte above 0 and at most 1");
+  return v.get<double>();
+}
+
+constexpr const char* kWrite = "offload_write_seconds_per_byte";
+constexpr const char* kRead = "offload_read_seconds_per_byte";
+
 }  // namespace
 
 schedule::ChainCosts parse_costs(std::string_view text, const std::string& name) {
   const nlohmann::json j = parse_json(text, name);
   const nlohmann::json* stages = &j;
   const nlohmann::json* output = nullptr;
+  const nlohmann::json* write = nullptr;
+  const nlohmann::json* read = nullptr;
   if (j.is_object()) {
     for (const auto& [key, value] : j.items())
-      if (key != "stages" && key != "output_bytes")
-        fail(name, "unknown key \"", key, "\" (expected \"stages\" and optionally \"output_bytes\")");
+      if (key != "stages" && key != "output_bytes" && key != kWrite && key != kRead)
+        fail(name, "unknown key \"", key, "\" (expected \"stages\" and optionally \"output_bytes\", \"", kWrite,
+             "\" and \"", kRead, "\")");
     auto it = j.find("stages");
     if (it == j.end()) fail(name, "has no \"stages\"");
     stages = &*it;
     if (auto out = j.find("output_bytes"); out != j.end()) output = &*out;
+    if (auto w = j.find(kWrite); w != j.end()) write = &*w;
+    if (auto r = j.find(kRead); r != j.end()) read = &*r;
+    if ((write == nullptr) != (read == nullptr))
+      fail(name, "has \"", write ? kWrite : kRead, "\" but no \"", write ? kRead : kWrite,
+           "\" (an offload target's cost is both)");
   }
   if (!stages->is_array() || stages->empty())
     fail(name, "expected a non-empty list of stages, or {\"stages\": [...], \"output_bytes\": N}");
@@ -107,6 +125,10 @@ schedule::ChainCosts parse_costs(std::string_view text, const std::string& name)
     c.saved_bytes.push_back(bytes(name, where + " saved_bytes", field("saved_bytes")));
   }
   c.boundary_bytes.push_back(output ? bytes(name, "output_bytes", *output) : c.boundary_bytes.back());
+  if (write) {
+    c.offload_write_seconds_per_byte = seconds_per_byte(name, kWrite, *write);
+    c.offload_seconds_per_byte = c.offload_write_seconds_per_byte + seconds_per_byte(name, kRead, *read);
+  }
   try {
     c.validate();
   } catch (const std::exception& e) {

@@ -293,19 +293,32 @@ int run_plan(const PlanOptions& o) {
   ModelProfile profile;
   if (!o.costs.empty()) {
     profile.costs = read_costs(o.costs);
+    REMAT_USAGE_CHECK(!profile.costs.can_offload() || !o.offload.empty(), "plan: --costs ", o.costs,
+                      " gives an offload target's costs (offload_write_seconds_per_byte, offload_read_seconds_per_byte); "
+                      "name the target with --offload DIR");
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: the smallest feasible budget of " +
                                        std::to_string(profile.costs.num_stages()) + " stages");
-    profile.budget_range = BudgetPlanner::FeasibleRange{rs::chain_min_feasible_memory(profile.costs, least),
-                                                        rs::plan_save_all(profile.costs).predicted_peak_bytes};
+    rs::ChainCosts in_memory = profile.costs;  // the first minimum: without the offload target
+    in_memory.offload_seconds_per_byte = -1;
+    in_memory.offload_write_seconds_per_byte = 0;
+    profile.budget_range = BudgetPlanner::FeasibleRange{rs::chain_min_feasible_memory(in_memory, least),
+                                                        rs::plan_save_all(in_memory).predicted_peak_bytes};
   } else {
     profile = profile_model(o);
   }
   if (!o.offload.empty()) {  // the same chain with its kept values allowed in the target
     profile.offload_target = OffloadTarget{o.offload}.to_string();
-    profile.bandwidth = offload_bandwidth(o.offload);
-    profile.costs.offload_seconds_per_byte = profile.bandwidth.seconds_per_byte();
-    profile.costs.offload_write_seconds_per_byte = 1.0 / profile.bandwidth.write_bytes_per_second;
+    if (profile.costs.can_offload()) {  // the --costs file's costs of the target
+      profile.bandwidth.write_bytes_per_second = 1.0 / profile.costs.offload_write_seconds_per_byte;
+      profile.bandwidth.read_bytes_per_second =
+          1.0 / (profile.costs.offload_seconds_per_byte - profile.costs.offload_write_seconds_per_byte);
+    } else {
+      profile.bandwidth = offload_bandwidth(o.offload);
+      profile.costs.offload_seconds_per_byte = profile.bandwidth.seconds_per_byte();
+      profile.costs.offload_write_seconds_per_byte = 1.0 / profile.bandwidth.write_bytes_per_second;
+    }
+    profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: the smallest feasible budget with offload");
     profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;

@@ -11,6 +11,28 @@ namespace remat::tools {
 
 namespace rs = remat::schedule;
 
+namespace {
+
+// Each offloaded value's part of what the plan's transfers add to the step, as simulate() charges
+// them: its read's stall (all of the read when it starts at its node), and, of the queued writes'
+// stall (what they run past the forward pass), the part of the last writes in the queue, the
+// latest first. The parts add up to the transfers' whole charge.
+void charge_transfers(const rs::ChainCosts& costs, const rs::Plan& plan, std::vector<StageDecision>& out) {
+  if (!costs.can_offload() || plan.tree.empty()) return;
+  const rs::SimResult sim = rs::simulate(costs, plan);
+  for (const rs::ReadAhead& read : sim.reads) out[static_cast<size_t>(read.index)].transfer_seconds += read.stall;
+  double stall = sim.write_stall_time;
+  for (auto node = plan.tree.rbegin(); node != plan.tree.rend() && stall > 0; ++node) {
+    if (!node->offloaded) continue;
+    StageDecision& d = out[static_cast<size_t>(node->first)];
+    const double part = std::min(stall, costs.offload_write_seconds_per_byte * static_cast<double>(d.transfer_bytes));
+    d.transfer_seconds += part;
+    stall -= part;
+  }
+}
+
+}  // namespace
+
 std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs::Plan& plan,
                                            const std::vector<double>& forward_flops) {
   const int stages = costs.num_stages();
@@ -29,11 +51,9 @@ std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs
     d.keep = stage && !node.offloaded;
     d.offload = stage && node.offloaded;
     d.input_offloaded = !stage && node.offloaded;
-    if (node.offloaded) {
-      d.transfer_bytes = stage ? d.saved_bytes : d.input_bytes;
-      d.transfer_seconds = static_cast<double>(d.transfer_bytes) * std::max(0.0, costs.offload_seconds_per_byte);
-    }
+    if (node.offloaded) d.transfer_bytes = stage ? d.saved_bytes : d.input_bytes;
   }
+  charge_transfers(costs, plan, out);
   for (const rs::Action& a : plan.actions)
     if (a.kind == rs::ActionKind::forward_no_save || a.kind == rs::ActionKind::forward_save_all) {
       StageDecision& d = out[static_cast<size_t>(a.index)];

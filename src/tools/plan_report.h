@@ -33,7 +33,7 @@ struct StageDecision {
   bool keep = false;           // the record: keep or recompute
   bool offload = false;        // the record kept in the offload target
   size_t transfer_bytes = 0;   // written and read back per step
-  double transfer_seconds = 0; // transfer_bytes x the plan's offload cost per byte
+  double transfer_seconds = 0; // what its transfer adds to the step: its read's stall and its part of the writes' stall
   int forward_runs = 0;        // the stage's forwards in the plan (1: never recomputed)
   int reruns_recording = 0;    // of the forwards after its first, those with recording (they make the record)
   double recompute_seconds = 0;  // (forward_runs - 1) x its measured forward time
@@ -59,7 +59,7 @@ struct ValueDecision {
   int reruns = 0;
   double rerun_seconds = 0;
   double flops_rerun = -1;  // reruns x the stage's FLOPs; negative: unknown
-  double transfer_seconds = 0;  // offload: writing it out and reading it back, predicted
+  double transfer_seconds = 0;  // offload: what writing it out and reading it back adds to the step, predicted
 };
 std::vector<ValueDecision> value_decisions(const std::vector<StageDecision>& decisions,
                                            const std::vector<std::string>& labels);

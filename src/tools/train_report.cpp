@@ -187,6 +187,8 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                                            ? nlohmann::json{{"target", s.plan->offload_target},
                                                             {"write_bytes_per_second", s.plan->offload_write_bytes_per_second},
                                                             {"read_bytes_per_second", s.plan->offload_read_bytes_per_second},
+                                                            {"to_host_bytes_per_second", s.plan->offload_to_host_bytes_per_second},
+                                                            {"from_host_bytes_per_second", s.plan->offload_from_host_bytes_per_second},
                                                             {"predicted_offloaded_bytes", s.plan->predicted_offloaded_bytes}}
                                            : nlohmann::json(nullptr)},
                       {"plan_stages", s.plan ? decisions_json(stage_decisions(s.plan->costs, s.plan->plan,

@@ -2,6 +2,7 @@
 // list each stage's input boundary and record with its bytes, its decision (keep, offload,
 // recompute) and the forward re-runs (runs, seconds, FLOPs) that make it again; the values add
 // up to the plan's own figures and their decisions are the plan's schedule.
+#include <fstream>
 #include <map>
 
 #include "cli_harness.h"
@@ -117,6 +118,47 @@ TEST_F(Cli, PlanJsonListsEachValueWithItsDecision) {
   EXPECT_NE(r.output.find(" recompute  re-run x"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("FLOPs unknown"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("\n  in all: kept "), std::string::npos) << r.output;
+}
+
+// --costs with an offload target's costs (and --offload naming it): each offloaded value's
+// transfer_seconds is what its transfer adds to the step as the plan is charged (its read, its
+// part of the queued writes' stall), and they add up to the predicted time less the compute and
+// re-runs. Offload costs without --offload are a usage error naming them.
+TEST_F(Cli, PlanValuesChargeTheirTransfersAsThePlanIs) {
+  rs::ChainCosts costs = rs::ChainCosts::uniform(4, 1.0, 2.0, 10, 100);
+  costs.offload_seconds_per_byte = 0.012;
+  costs.offload_write_seconds_per_byte = 0.008;
+  costs.reads_ahead = true;  // as budget plans read back
+  std::string text = R"({"offload_write_seconds_per_byte": 0.008, "offload_read_seconds_per_byte": 0.004, "stages": [)";
+  for (int i = 0; i < 4; ++i)
+    text += std::string(i ? "," : "") +
+            R"({"forward_seconds": 1, "backward_seconds": 2, "boundary_bytes": 10, "saved_bytes": 100})";
+  std::ofstream(path("offload.json")) << text << "]}";
+  const size_t budget = rs::plan_save_all(costs).predicted_peak_bytes - 100;  // one record too many
+  const Result r = run("plan --json --budget " + std::to_string(budget) + " --costs " + path("offload.json") +
+                       " --offload " + path(""));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = last_json(r.output);
+  expect_values_match_stages(j);
+  const rs::Plan plan = rs::plan_chain(costs, budget).plan;
+  ASSERT_EQ(j["plan"]["tree"], rs::format_tree(plan.tree));
+  ASSERT_NE(rs::format_tree(plan.tree).find("+o"), std::string::npos);
+  const rs::SimResult sim = rs::simulate(costs, plan);
+  double transfers = 0;
+  for (const nlohmann::json& v : j["plan_values"]) {
+    if (v["decision"] != "offload") EXPECT_EQ(v["transfer_seconds"], 0.0) << v;
+    transfers += v["transfer_seconds"].get<double>();
+  }
+  EXPECT_NEAR(transfers, sim.read_time + sim.write_stall_time, 1e-12);
+  EXPECT_LT(transfers, static_cast<double>(sim.offloaded_bytes) * costs.offload_seconds_per_byte);  // not serial
+  EXPECT_GT(transfers, 0.0);
+  EXPECT_NEAR(j["plan_values_total"]["transfer_seconds"].get<double>(), transfers, 1e-12);
+  EXPECT_NEAR(j["predicted_seconds"].get<double>(),
+              12.0 + j["plan_values_total"]["rerun_seconds"].get<double>() + transfers, 1e-9);
+  const Result no_target = run("plan --budget " + std::to_string(budget) + " --costs " + path("offload.json"));
+  EXPECT_EQ(no_target.code, 2) << no_target.output;
+  EXPECT_NE(no_target.output.find("offload_write_seconds_per_byte"), std::string::npos) << no_target.output;
+  EXPECT_NE(no_target.output.find("--offload DIR"), std::string::npos) << no_target.output;
 }
 
 // A GPT: `remat plan --json` names each value by its layer call with its profiled FLOPs re-run;

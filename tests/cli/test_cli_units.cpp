@@ -181,6 +181,14 @@ TEST(CliCosts, AValidFileReadsBack) {
   schedule::ChainCosts list = parse_costs(
       R"([{"forward_seconds": 1, "backward_seconds": 1, "boundary_bytes": 8, "saved_bytes": 8}])", "l.json");
   EXPECT_EQ(list.boundary_bytes, (std::vector<size_t>{8, 8}));
+  EXPECT_FALSE(list.can_offload());
+  // an offload target's cost: the write part queued, the read back
+  schedule::ChainCosts target = parse_costs(
+      R"({"stages": [{"forward_seconds": 1, "backward_seconds": 1, "boundary_bytes": 8, "saved_bytes": 8}],
+          "offload_write_seconds_per_byte": 0.25, "offload_read_seconds_per_byte": 0.5})",
+      "t.json");
+  EXPECT_EQ(target.offload_seconds_per_byte, 0.75);
+  EXPECT_EQ(target.offload_write_seconds_per_byte, 0.25);
 }
 
 TEST(CliCosts, BadFilesAreErrorsNamingTheFileAndStage) {
@@ -206,6 +214,12 @@ TEST(CliCosts, BadFilesAreErrorsNamingTheFileAndStage) {
       {R"({"stages": [)" + ok + R"(], "output_bytes": 0.5})", "output_bytes is 0.5"},
       {R"({"stages": [)" + ok + R"(], "outputs": 1})", "unknown key \"outputs\""},
       {R"({"output_bytes": 1})", "has no \"stages\""},
+      {R"({"stages": [)" + ok + R"(], "offload_write_seconds_per_byte": -1, "offload_read_seconds_per_byte": 1e-9})",
+       "offload_write_seconds_per_byte is -1; it must be a number of seconds per byte above 0"},
+      {R"({"stages": [)" + ok + R"(], "offload_write_seconds_per_byte": 1e-9, "offload_read_seconds_per_byte": "x"})",
+       "offload_read_seconds_per_byte is \"x\"; it must be a number of seconds per byte"},
+      {R"({"stages": [)" + ok + R"(], "offload_write_seconds_per_byte": 1e-9})",
+       "has \"offload_write_seconds_per_byte\" but no \"offload_read_seconds_per_byte\""},
       {"[]", "non-empty list of stages"},
       {"5", "non-empty list of stages"},
       {"[5]", "stage 0 is 5, not an object"},
