@@ -4,6 +4,7 @@
 #pragma once
 
 #include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda::attention_detail {
 
@@ -24,10 +25,13 @@ Operand<T> operand(const Tensor& t) {
   return o;
 }
 
-template <class T>
+// S is the operands' storage type, T the arithmetic type (Compute<S>: float for bf16 and f16),
+// which the log-sum-exp, delta and the kernels' sums and shared tiles also take.
+template <class S>
 struct Problem {
-  Operand<const T> q, k, v, out, gout;
-  Operand<T> o, gq, gk, gv;
+  using T = Compute<S>;
+  Operand<const S> q, k, v, out, gout;
+  Operand<S> o, gq, gk, gv;
   T* lse_out = nullptr;
   const T* lse = nullptr;
   T* delta = nullptr;

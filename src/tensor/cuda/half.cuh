@@ -13,11 +13,27 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
+
+#include "tensor/kernel_common.h"
 
 namespace remat::cuda {
 
 template <class T>
 inline constexpr bool is_half_v = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+
+// The arithmetic type of elements stored as T: float for bf16 and f16, T itself otherwise.
+template <class T>
+using Compute = std::conditional_t<is_half_v<T>, float, T>;
+
+// kernel::dispatch_float, and with them __nv_bfloat16 and __half for bf16 and f16 (kernels widen
+// their elements to float, compute, and round each result once).
+template <class F>
+decltype(auto) dispatch_storage(DType dtype, const char* op, F&& f) {
+  if (dtype == DType::bf16) return f.template operator()<__nv_bfloat16>();
+  if (dtype == DType::f16) return f.template operator()<__half>();
+  return kernel::dispatch_float(dtype, op, std::forward<F>(f));
+}
 
 // v as a To (float, double, int64_t, __nv_bfloat16 or __half).
 template <class To, class From>
