@@ -459,7 +459,7 @@ void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor
         sizeof(Compute<T>) * static_cast<size_t>(kTile * (pb.d + 1) + kTile * (pb.dv + 1) + kRowsPerBlock * pb.d);
     const dim3 grid(static_cast<unsigned>((pb.tq + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(bh));
     const int threads = 32 * kWarps;
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (!std::is_same_v<T, double>)
       if (fast(Fast::attention) && attention_detail::forward_tc(pb, bh, stream_, device_)) return;
     const int same = pb.d == pb.dv ? static_cast<int>(pb.d) : 0;
     if (same == 64) launch(forward_kernel<T, 64>, grid, threads, bytes, stream_, device_, pb, "attention");
@@ -495,7 +495,7 @@ void CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_in, con
     pb.delta = ptr<Compute<T>>(delta);
     delta_kernel<T><<<grid_for(bh * pb.tq * 32), kThreads, 0, stream_>>>(pb, bh * pb.tq);
     check_launch("attention_backward (delta)");
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (!std::is_same_v<T, double>)
       if (fast(Fast::attention) && attention_detail::backward_tc(pb, bh, stream_, device_)) return;
     if (backward_rows(pb, bh, stream_)) return;
     if (pb.tk > 0) {

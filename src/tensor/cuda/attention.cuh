@@ -51,9 +51,12 @@ struct Problem {
 };
 
 // The tiled tensor-core kernels (attention_tc.cu, REMAT_CUDA_FAST=attention): whether they take
-// this problem (float32, equal head sizes 32 or 64, a device of compute capability 8.0 or above),
-// and if so they run it on `stream`. The backward needs pb.delta computed.
-bool forward_tc(const Problem<float>& pb, int64_t bh, cudaStream_t stream, int device);
-bool backward_tc(const Problem<float>& pb, int64_t bh, cudaStream_t stream, int device);
+// this problem (float, __nv_bfloat16 or __half operands, equal head sizes 32 or 64, a device of
+// compute capability 8.0 or above), and if so they run it on `stream`. The backward needs pb.delta
+// computed.
+template <class S>
+bool forward_tc(const Problem<S>& pb, int64_t bh, cudaStream_t stream, int device);
+template <class S>
+bool backward_tc(const Problem<S>& pb, int64_t bh, cudaStream_t stream, int device);
 
 }  // namespace remat::cuda::attention_detail

@@ -9,11 +9,13 @@
 //     operands and float32 accumulation, CUBLAS_COMPUTE_32F, the bias epilogue included), the
 //     elementwise kernels (unary ops and their derivatives, binary ops, where: elementwise.cu, each
 //     element widened to float, computed, rounded once), the row kernels of softmax, layer norm and
-//     RMS norm and the CUDA-core attention kernels (not with REMAT_CUDA_FAST=attention, whose
-//     tiled kernels are float32 only), forward and backward (rows.cu, attention.cu: the
+//     RMS norm and the CUDA-core attention kernels, forward and backward (rows.cu, attention.cu: the
 //     float32 kernels' expressions and sums, in their order, on elements widened as they are loaded
 //     or staged, each output rounded once, the statistics and the log-sum-exp float32; so their
-//     results are the stand-in path's), and the gradient norm's sum of squares;
+//     results are the stand-in path's), the tiled tensor-core attention kernels with the attention
+//     switch (attention_tc.cu: bf16 and f16 products in float32, the probabilities and dS rounded
+//     to 16 bits for their products, Note [16-bit attention on tensor cores]), and the gradient
+//     norm's sum of squares;
 //   - every other kernel on float32 stand-ins made on the device: each 16-bit operand is widened
 //     exactly into a float32 scratch tensor by the copy kernel, the float32 kernel runs, and the
 //     operands it writes are rounded back once (tensor/widen.h, the CPU's mechanism). So such a
@@ -47,10 +49,9 @@ bool native_16bit(Kernel kernel) {
     case Kernel::layer_norm:
     case Kernel::layer_norm_backward:
     case Kernel::rms_norm:
-    case Kernel::rms_norm_backward: return true;
-    // with the attention switch, the tiled tensor-core kernels (float32) on stand-ins
+    case Kernel::rms_norm_backward:
     case Kernel::attention:
-    case Kernel::attention_backward: return !fast(Fast::attention);
+    case Kernel::attention_backward: return true;
     default: return false;
   }
 }
