@@ -2,10 +2,13 @@
 // remat::bfloat16 and remat::float16) and conversions between every element type, rounded as the
 // CPU rounds (tensor.h): a 16-bit value widens exactly; a float or a double narrows to 16 bits
 // once, to nearest, ties to even (a double is not rounded to float first); bf16 and f16 convert
-// to each other through float, exactly as on the CPU. Included only by src/tensor/cuda/.
+// to each other through float, exactly as on the CPU. Kernels written for a storage type S
+// compute in Compute<S> (float for the 16-bit types) and dispatch with dispatch_storage. Included
+// only by src/tensor/cuda/.
 //
 //   convert<__nv_bfloat16>(1.0 / 3.0)    // bf16 nearest to the double
 //   float x = convert<float>(h);          // exact
+//   y[i] = convert<S>(f(convert<Compute<S>>(x[i])));   // one rounding per output
 #pragma once
 
 #include <cuda_bf16.h>

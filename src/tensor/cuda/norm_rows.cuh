@@ -27,7 +27,8 @@ __device__ inline double add_rounded(double a, double b) { return __dadd_rn(a, b
 // column_partials in its order. A block per chunk of kChunkRows rows walks them in order; thread t
 // keeps the sums of columns t, t + blockDim.x, ... (at most kFusedColumns) in registers. S is
 // the storage type, T its arithmetic type (rows.cu): 16-bit elements are widened on load and gx
-// rounded once (with gs, the fused op is not called for 16-bit tensors).
+// rounded once (with gs, the norm's gradient is rounded before gs is added, as the unfused kernels
+// round it).
 template <class S>
 __global__ void norm_backward_fused_kernel(const S* x, const S* w, const Compute<S>* mean, const Compute<S>* rstd,
                                            const S* gy, const S* gs, S* gx, int64_t rows, int64_t cols,
@@ -63,7 +64,9 @@ __global__ void norm_backward_fused_kernel(const S* x, const S* w, const Compute
         const T gyc = convert<T>(gr[c]), xc = convert<T>(xr[c]);
         const T g = w ? gyc * convert<T>(w[c]) : gyc;
         const T norm_grad = rs * (g - mg - (xc - mu) * rs * mgx);
-        out[c] = convert<S>(gs ? add_rounded(norm_grad, convert<T>(gs[r * cols + c])) : norm_grad);
+        // with gs: the norm's gradient rounded to S, then the rounded sum (convert is the identity for f32, f64)
+        out[c] = gs ? convert<S>(add_rounded(convert<T>(convert<S>(norm_grad)), convert<T>(gs[r * cols + c])))
+                    : convert<S>(norm_grad);
         sum_w[k] += static_cast<Acc<T>>(gyc * ((xc - mu) * rs));
         sum_b[k] += static_cast<Acc<T>>(gyc);
       }
