@@ -61,14 +61,13 @@ __global__ void norm_backward_fused_kernel(const S* x, const S* w, const Compute
       for (int k = 0; k < kFusedColumns; ++k) {
         const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
         if (c >= cols) break;
-        const T gyc = convert<T>(gr[c]), xc = convert<T>(xr[c]);
-        const T g = w ? gyc * convert<T>(w[c]) : gyc;
-        const T norm_grad = rs * (g - mg - (xc - mu) * rs * mgx);
+        const T g = w ? convert<T>(gr[c]) * convert<T>(w[c]) : convert<T>(gr[c]);
+        const T norm_grad = rs * (g - mg - (convert<T>(xr[c]) - mu) * rs * mgx);
         // with gs: the norm's gradient rounded to S, then the rounded sum (convert is the identity for f32, f64)
         out[c] = gs ? convert<S>(add_rounded(convert<T>(convert<S>(norm_grad)), convert<T>(gs[r * cols + c])))
                     : convert<S>(norm_grad);
-        sum_w[k] += static_cast<Acc<T>>(gyc * ((xc - mu) * rs));
-        sum_b[k] += static_cast<Acc<T>>(gyc);
+        sum_w[k] += static_cast<Acc<T>>(convert<T>(gr[c]) * ((convert<T>(xr[c]) - mu) * rs));
+        sum_b[k] += static_cast<Acc<T>>(convert<T>(gr[c]));
       }
     }
 #pragma unroll
