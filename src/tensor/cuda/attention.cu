@@ -15,8 +15,13 @@
 //             unrolls its head loops for head sizes 32 and 64.
 // Z is the dropout factor (keep / (1 - p) or 0) of word ((b * H + h) * Tq + i) * Tk + j of the
 // dropout stream, as on the CPU. Warp sums use butterfly shuffles, which leave the same value in
-// every lane. Head sizes D and Dv up to 256 (kMaxPerLane columns per lane).
+// every lane. Head sizes D and Dv up to 256 (kMaxPerLane columns per lane). The kernels take the
+// operands' storage type S and compute in T = Compute<S> (half.cuh): S itself for f32 and f64;
+// float for bf16 and f16 (REMAT_CUDA_FAST=bf16), each element widened where it is loaded or
+// staged, the same expressions and orders as the float32 kernels, the log-sum-exp and delta in
+// float32, each gradient and output element rounded once.
 #include <cmath>
+#include <initializer_list>
 #include <type_traits>
 
 #include "tensor/cuda/attention.cuh"
@@ -37,18 +42,19 @@ constexpr int kMaxPerLane = 8;  // head size up to 32 * 8 = 256
 constexpr int64_t kMaxHead = kTile * kMaxPerLane;
 
 // Stages rows [t0, t0 + kTile) of `src` (width `width`, zero past `limit`) into dst[kTile][ld].
-template <class T>
-__device__ inline void stage(const Operand<const T>& src, int64_t bh, int64_t heads, int64_t t0, int64_t limit,
+template <class S, class T>
+__device__ inline void stage(const Operand<const S>& src, int64_t bh, int64_t heads, int64_t t0, int64_t limit,
                              int64_t width, T* dst, int64_t ld) {
   for (int64_t x = threadIdx.x; x < kTile * width; x += blockDim.x) {
     const int64_t r = x / width, e = x % width;
-    dst[r * ld + e] = t0 + r < limit ? src.row(bh, heads, t0 + r)[e] : T(0);
+    dst[r * ld + e] = t0 + r < limit ? convert<T>(src.row(bh, heads, t0 + r)[e]) : T(0);
   }
 }
 
 // D > 0: equal head sizes d = dv = D known at compile time, so the head loops unroll.
-template <class T, int D>
-__global__ void forward_kernel(Problem<T> pb) {
+template <class S, int D>
+__global__ void forward_kernel(Problem<S> pb) {
+  using T = Compute<S>;
   constexpr int kLanes = D > 0 ? (D + 31) / 32 : kMaxPerLane;  // output columns per lane
   const int64_t d = D > 0 ? D : pb.d, dv = D > 0 ? D : pb.dv;
   extern __shared__ unsigned char smem[];
@@ -59,7 +65,7 @@ __global__ void forward_kernel(Problem<T> pb) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int64_t x = threadIdx.x; x < kRowsPerBlock * d; x += blockDim.x) {
     const int64_t r = x / d, e = x % d;
-    qs[x] = i0 + r < pb.tq ? pb.q.row(bh, pb.heads, i0 + r)[e] : T(0);
+    qs[x] = i0 + r < pb.tq ? convert<T>(pb.q.row(bh, pb.heads, i0 + r)[e]) : T(0);
   }
   T m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kLanes];
 #pragma unroll
@@ -112,27 +118,28 @@ __global__ void forward_kernel(Problem<T> pb) {
     const int64_t i = i0 + warp * kRowsPerWarp + r;
     if (i >= pb.tq) continue;
     const T inv = T(1) / l[r];
-    T* dst = pb.o.row(bh, pb.heads, i);
+    S* dst = pb.o.row(bh, pb.heads, i);
 #pragma unroll
     for (int t = 0; t < kLanes; ++t) {
       const int64_t c = lane + 32 * t;
-      if (c < dv) dst[c] = acc[r][t] * inv;
+      if (c < dv) dst[c] = convert<S>(acc[r][t] * inv);
     }
     if (lane == 0) pb.lse_out[bh * pb.tq + i] = m[r] + log(l[r]);
   }
 }
 
 // delta[bh * tq + i] = sum over e of gout[i][e] * out[i][e]; one warp per row.
-template <class T>
-__global__ void delta_kernel(Problem<T> pb, int64_t rows) {
+template <class S>
+__global__ void delta_kernel(Problem<S> pb, int64_t rows) {
+  using T = Compute<S>;
   const int lane = threadIdx.x & 31;
   for (int64_t x = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5; x < rows;
        x += (int64_t(gridDim.x) * blockDim.x) >> 5) {
     const int64_t bh = x / pb.tq, i = x % pb.tq;
-    const T* g = pb.gout.row(bh, pb.heads, i);
-    const T* o = pb.out.row(bh, pb.heads, i);
+    const S* g = pb.gout.row(bh, pb.heads, i);
+    const S* o = pb.out.row(bh, pb.heads, i);
     Acc<T> s = 0;
-    for (int64_t e = lane; e < pb.dv; e += 32) s += static_cast<Acc<T>>(g[e] * o[e]);
+    for (int64_t e = lane; e < pb.dv; e += 32) s += static_cast<Acc<T>>(convert<T>(g[e]) * convert<T>(o[e]));
     s = warp_sum(s);
     if (lane == 0) pb.delta[x] = static_cast<T>(s);
   }
@@ -140,30 +147,31 @@ __global__ void delta_kernel(Problem<T> pb, int64_t rows) {
 
 // The score, probability and dS of (i, j) for a lane: q_i . k_j from the given rows. D > 0: equal
 // head sizes known at compile time (the row kernels under REMAT_CUDA_FAST=attention_rows), so the
-// loops unroll.
+// loops unroll. The rows are in global (storage type) or shared memory (arithmetic type).
 template <class T>
 struct Grad {
   T pz, ds;
 };
-template <int D = 0, class T>
-__device__ inline Grad<T> grad_of(const Problem<T>& pb, int64_t bh, int64_t i, int64_t j, const T* qi, const T* kj,
-                                  const T* gi, const T* vj, T lse_i, T delta_i) {
+template <int D = 0, class S, class Q, class K, class G, class V, class T = Compute<S>>
+__device__ inline Grad<T> grad_of(const Problem<S>& pb, int64_t bh, int64_t i, int64_t j, const Q* qi, const K* kj,
+                                  const G* gi, const V* vj, T lse_i, T delta_i) {
   if (!pb.visible(i, j)) return {T(0), T(0)};
   const int64_t d = D > 0 ? D : pb.d, dv = D > 0 ? D : pb.dv;
   T s = 0;
 #pragma unroll
-  for (int64_t e = 0; e < d; ++e) s += qi[e] * kj[e];
+  for (int64_t e = 0; e < d; ++e) s += convert<T>(qi[e]) * convert<T>(kj[e]);
   const T p = exp(s * pb.scale - lse_i);
   T dp = 0;
 #pragma unroll
-  for (int64_t e = 0; e < dv; ++e) dp += gi[e] * vj[e];
+  for (int64_t e = 0; e < dv; ++e) dp += convert<T>(gi[e]) * convert<T>(vj[e]);
   const T z = pb.dropout_factor(bh, i, j);
   return {p * z, p * (z * dp - delta_i)};
 }
 
 // dK and dV of one tile of 32 keys (one warp): query rows in order.
-template <class T>
-__global__ void dkdv_kernel(Problem<T> pb) {
+template <class S>
+__global__ void dkdv_kernel(Problem<S> pb) {
+  using T = Compute<S>;
   extern __shared__ unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);  // [kTile][d + 1]
   T* vs = ks + kTile * (pb.d + 1);     // [kTile][dv + 1]
@@ -178,16 +186,16 @@ __global__ void dkdv_kernel(Problem<T> pb) {
   __syncwarp();
   const int64_t j = j0 + lane;
   for (int64_t i = pb.causal ? j0 : 0; i < pb.tq; ++i) {
-    const T* qi = pb.q.row(bh, pb.heads, i);
-    const T* gi = pb.gout.row(bh, pb.heads, i);
+    const S* qi = pb.q.row(bh, pb.heads, i);
+    const S* gi = pb.gout.row(bh, pb.heads, i);
     const Grad<T> g = grad_of(pb, bh, i, j, qi, ks + lane * (pb.d + 1), gi, vs + lane * (pb.dv + 1),
                               pb.lse[bh * pb.tq + i], pb.delta[bh * pb.tq + i]);
     T gc[kMaxPerLane], qc[kMaxPerLane];
 #pragma unroll
     for (int t = 0; t < kMaxPerLane; ++t) {
       const int64_t c = lane + 32 * t;
-      gc[t] = c < pb.dv ? gi[c] : T(0);
-      qc[t] = c < pb.d ? qi[c] : T(0);
+      gc[t] = c < pb.dv ? convert<T>(gi[c]) : T(0);
+      qc[t] = c < pb.d ? convert<T>(qi[c]) : T(0);
     }
     for (int jj = 0; jj < kTile; ++jj) {
       const T pz = __shfl_sync(0xffffffffu, g.pz, jj), ds = __shfl_sync(0xffffffffu, g.ds, jj);
@@ -201,16 +209,17 @@ __global__ void dkdv_kernel(Problem<T> pb) {
   }
   __syncwarp();
   for (int jj = 0; jj < kTile && j0 + jj < pb.tk; ++jj) {
-    T* gk = pb.gk.row(bh, pb.heads, j0 + jj);
-    T* gv = pb.gv.row(bh, pb.heads, j0 + jj);
-    for (int64_t c = lane; c < pb.d; c += 32) gk[c] = dk[jj * pb.d + c] * pb.scale;
-    for (int64_t c = lane; c < pb.dv; c += 32) gv[c] = dv[jj * pb.dv + c];
+    S* gk = pb.gk.row(bh, pb.heads, j0 + jj);
+    S* gv = pb.gv.row(bh, pb.heads, j0 + jj);
+    for (int64_t c = lane; c < pb.d; c += 32) gk[c] = convert<S>(dk[jj * pb.d + c] * pb.scale);
+    for (int64_t c = lane; c < pb.dv; c += 32) gv[c] = convert<S>(dv[jj * pb.dv + c]);
   }
 }
 
 // dQ of one tile of 32 queries (one warp): keys in order.
-template <class T>
-__global__ void dq_kernel(Problem<T> pb) {
+template <class S>
+__global__ void dq_kernel(Problem<S> pb) {
+  using T = Compute<S>;
   extern __shared__ unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);  // [kTile][d + 1]
   T* gs = qs + kTile * (pb.d + 1);     // [kTile][dv + 1]
@@ -225,13 +234,13 @@ __global__ void dq_kernel(Problem<T> pb) {
   const T lse_i = i < pb.tq ? pb.lse[bh * pb.tq + i] : T(0), delta_i = i < pb.tq ? pb.delta[bh * pb.tq + i] : T(0);
   const int64_t key_end = pb.causal ? min(pb.tk, i0 + kTile) : pb.tk;
   for (int64_t j = 0; j < key_end; ++j) {
-    const T* kj = pb.k.row(bh, pb.heads, j);
-    const T* vj = pb.v.row(bh, pb.heads, j);
+    const S* kj = pb.k.row(bh, pb.heads, j);
+    const S* vj = pb.v.row(bh, pb.heads, j);
     Grad<T> g{T(0), T(0)};
     if (i < pb.tq) g = grad_of(pb, bh, i, j, qs + lane * (pb.d + 1), kj, gs + lane * (pb.dv + 1), vj, lse_i, delta_i);
     T kc[kMaxPerLane];
 #pragma unroll
-    for (int t = 0; t < kMaxPerLane; ++t) kc[t] = lane + 32 * t < pb.d ? kj[lane + 32 * t] : T(0);
+    for (int t = 0; t < kMaxPerLane; ++t) kc[t] = lane + 32 * t < pb.d ? convert<T>(kj[lane + 32 * t]) : T(0);
     for (int ii = 0; ii < kTile; ++ii) {
       const T ds = __shfl_sync(0xffffffffu, g.ds, ii);
 #pragma unroll
@@ -241,8 +250,8 @@ __global__ void dq_kernel(Problem<T> pb) {
   }
   __syncwarp();
   for (int ii = 0; ii < kTile && i0 + ii < pb.tq; ++ii) {
-    T* gq = pb.gq.row(bh, pb.heads, i0 + ii);
-    for (int64_t c = lane; c < pb.d; c += 32) gq[c] = dq[ii * pb.d + c] * pb.scale;
+    S* gq = pb.gq.row(bh, pb.heads, i0 + ii);
+    for (int64_t c = lane; c < pb.d; c += 32) gq[c] = convert<S>(dq[ii * pb.d + c] * pb.scale);
   }
 }
 
@@ -256,8 +265,9 @@ __global__ void dq_kernel(Problem<T> pb) {
 // Shared: REMAT_CUDA_FAST=attention_rows, the score, probability and dS through grad_of (the same
 // sums; the compiled arithmetic may differ in the last bits, so it is a switch until a device
 // check has compared it).
-template <class T, int D, bool Shared = false>
-__global__ void dkdv_rows_kernel(Problem<T> pb) {
+template <class S, int D, bool Shared = false>
+__global__ void dkdv_rows_kernel(Problem<S> pb) {
+  using T = Compute<S>;
   __shared__ T ks[kTile][D + 1], vs[kTile][D + 1], qs[kTile][D], gs[kTile][D], lse_s[kTile], delta_s[kTile];
   const int64_t bh = blockIdx.y, j0 = int64_t(blockIdx.x) * kTile;
   const int lane = threadIdx.x;
@@ -299,14 +309,15 @@ __global__ void dkdv_rows_kernel(Problem<T> pb) {
     }
   }
   if (j >= pb.tk) return;
-  T* gk = pb.gk.row(bh, pb.heads, j);
-  T* gv = pb.gv.row(bh, pb.heads, j);
+  S* gk = pb.gk.row(bh, pb.heads, j);
+  S* gv = pb.gv.row(bh, pb.heads, j);
 #pragma unroll
-  for (int e = 0; e < D; ++e) gk[e] = dk[e] * pb.scale, gv[e] = dv[e];
+  for (int e = 0; e < D; ++e) gk[e] = convert<S>(dk[e] * pb.scale), gv[e] = convert<S>(dv[e]);
 }
 
-template <class T, int D, bool Shared = false>
-__global__ void dq_rows_kernel(Problem<T> pb) {
+template <class S, int D, bool Shared = false>
+__global__ void dq_rows_kernel(Problem<S> pb) {
+  using T = Compute<S>;
   __shared__ T qs[kTile][D + 1], gs[kTile][D + 1], ks[kTile][D], vs[kTile][D];
   const int64_t bh = blockIdx.y, i0 = int64_t(blockIdx.x) * kTile;
   const int lane = threadIdx.x;
@@ -343,9 +354,9 @@ __global__ void dq_rows_kernel(Problem<T> pb) {
     }
   }
   if (i >= pb.tq) return;
-  T* gq = pb.gq.row(bh, pb.heads, i);
+  S* gq = pb.gq.row(bh, pb.heads, i);
 #pragma unroll
-  for (int e = 0; e < D; ++e) gq[e] = dq[e] * pb.scale;
+  for (int e = 0; e < D; ++e) gq[e] = convert<S>(dq[e] * pb.scale);
 }
 
 // Runs the row kernels when the head size has an instance (registers hold 2 D values a lane, so
@@ -375,7 +386,7 @@ bool backward_rows(const Problem<T>& pb, int64_t bh, cudaStream_t stream) {
   if (backward_rows_at<T, 8>(pb, bh, stream) || backward_rows_at<T, 16>(pb, bh, stream) ||
       backward_rows_at<T, 32>(pb, bh, stream))
     return true;
-  if constexpr (sizeof(T) == 4) return backward_rows_at<T, 64>(pb, bh, stream);
+  if constexpr (sizeof(Compute<T>) == 4) return backward_rows_at<T, 64>(pb, bh, stream);
   return false;
 }
 
@@ -391,10 +402,10 @@ Problem<T> make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const
   REMAT_CHECK(pb.d <= kMaxHead && pb.dv <= kMaxHead, "attention on cuda: head sizes ", pb.d, " and ", pb.dv,
               " exceed the supported ", kMaxHead);
   pb.q = operand<const T>(q), pb.k = operand<const T>(k), pb.v = operand<const T>(v);
-  pb.scale = static_cast<T>(params.scale);
+  pb.scale = static_cast<Compute<T>>(params.scale);
   pb.causal = params.causal;
   pb.p = params.dropout_p;
-  pb.keep_scale = static_cast<T>(1.0 / (1.0 - params.dropout_p));
+  pb.keep_scale = static_cast<Compute<T>>(1.0 / (1.0 - params.dropout_p));
   pb.seed = params.dropout_state.seed, pb.offset = params.dropout_state.offset;
   return pb;
 }
@@ -414,6 +425,15 @@ void launch(Kernel kernel, dim3 grid, int threads, size_t bytes, cudaStream_t st
   check_launch(what);
 }
 
+// The kernels take q's dtype for the [B, H, T, D] operands and accumulate_dtype's for lse.
+void check_dtypes(const char* op, const Tensor& q, std::initializer_list<const Tensor*> operands, const Tensor& lse) {
+  for (const Tensor* t : operands)
+    REMAT_ASSERT(!t->defined() || t->dtype() == q.dtype(), op, ": an operand of dtype ", dtype_name(t->dtype()),
+                 " beside ", dtype_name(q.dtype()));
+  REMAT_ASSERT(lse.dtype() == accumulate_dtype(q.dtype()), op, ": log-sum-exp of dtype ", dtype_name(lse.dtype()),
+               " for ", dtype_name(q.dtype()));
+}
+
 Tensor unit_last_stride(CudaBackend& be, const Tensor& t) {
   if (t.numel() == 0 || t.strides().back() == 1) return t;
   return be.contiguous(t);
@@ -428,17 +448,18 @@ void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor
   if (out.numel() == 0) return;
   DeviceGuard guard(device_);
   Tensor q = unit_last_stride(*this, q_in), k = unit_last_stride(*this, k_in), v = unit_last_stride(*this, v_in);
-  dispatch_float(q.dtype(), "attention", [&]<class T>() {
+  check_dtypes("attention", q, {&k, &v, &out}, lse);
+  dispatch_storage(q.dtype(), "attention", [&]<class T>() {
     Problem<T> pb = make_problem<T>(q, k, v, params);
     pb.o = operand<T>(out);
-    pb.lse_out = ptr<T>(lse);
+    pb.lse_out = ptr<Compute<T>>(lse);
     const int64_t bh = q.size(0) * q.size(1);
     REMAT_CHECK(bh <= 65535, "attention on cuda: batch x heads = ", bh, " exceeds 65535");
     const size_t bytes =
-        sizeof(T) * static_cast<size_t>(kTile * (pb.d + 1) + kTile * (pb.dv + 1) + kRowsPerBlock * pb.d);
+        sizeof(Compute<T>) * static_cast<size_t>(kTile * (pb.d + 1) + kTile * (pb.dv + 1) + kRowsPerBlock * pb.d);
     const dim3 grid(static_cast<unsigned>((pb.tq + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(bh));
     const int threads = 32 * kWarps;
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (!std::is_same_v<T, double>)
       if (fast(Fast::attention) && attention_detail::forward_tc(pb, bh, stream_, device_)) return;
     const int same = pb.d == pb.dv ? static_cast<int>(pb.d) : 0;
     if (same == 64) launch(forward_kernel<T, 64>, grid, threads, bytes, stream_, device_, pb, "attention");
@@ -462,26 +483,27 @@ void CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_in, con
   }
   Tensor q = unit_last_stride(*this, q_in), k = unit_last_stride(*this, k_in), v = unit_last_stride(*this, v_in),
          out = unit_last_stride(*this, out_in), gout = unit_last_stride(*this, gout_in);
-  dispatch_float(q.dtype(), "attention_backward", [&]<class T>() {
+  check_dtypes("attention_backward", q, {&k, &v, &out, &gout, &gq, &gk, &gv}, lse);
+  dispatch_storage(q.dtype(), "attention_backward", [&]<class T>() {
     Problem<T> pb = make_problem<T>(q, k, v, params);
     pb.out = operand<const T>(out), pb.gout = operand<const T>(gout);
     pb.gq = operand<T>(gq), pb.gk = operand<T>(gk), pb.gv = operand<T>(gv);
-    pb.lse = ptr<T>(lse);
+    pb.lse = ptr<Compute<T>>(lse);
     const int64_t bh = q.size(0) * q.size(1);
     REMAT_CHECK(bh <= 65535, "attention on cuda: batch x heads = ", bh, " exceeds 65535");
-    Tensor delta = scratch(Shape{bh, pb.tq}, q.dtype());
-    pb.delta = ptr<T>(delta);
+    Tensor delta = scratch(Shape{bh, pb.tq}, accumulate_dtype(q.dtype()));
+    pb.delta = ptr<Compute<T>>(delta);
     delta_kernel<T><<<grid_for(bh * pb.tq * 32), kThreads, 0, stream_>>>(pb, bh * pb.tq);
     check_launch("attention_backward (delta)");
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (!std::is_same_v<T, double>)
       if (fast(Fast::attention) && attention_detail::backward_tc(pb, bh, stream_, device_)) return;
     if (backward_rows(pb, bh, stream_)) return;
     if (pb.tk > 0) {
-      const size_t kv_bytes = sizeof(T) * static_cast<size_t>(kTile * (2 * pb.d + 1) + kTile * (2 * pb.dv + 1));
+      const size_t kv_bytes = sizeof(Compute<T>) * static_cast<size_t>(kTile * (2 * pb.d + 1) + kTile * (2 * pb.dv + 1));
       const dim3 kv_grid(static_cast<unsigned>((pb.tk + kTile - 1) / kTile), static_cast<unsigned>(bh));
       launch(dkdv_kernel<T>, kv_grid, 32, kv_bytes, stream_, device_, pb, "attention_backward (dk, dv)");
     }
-    const size_t q_bytes = sizeof(T) * static_cast<size_t>(kTile * (2 * pb.d + 1) + kTile * (pb.dv + 1));
+    const size_t q_bytes = sizeof(Compute<T>) * static_cast<size_t>(kTile * (2 * pb.d + 1) + kTile * (pb.dv + 1));
     const dim3 q_grid(static_cast<unsigned>((pb.tq + kTile - 1) / kTile), static_cast<unsigned>(bh));
     launch(dq_kernel<T>, q_grid, 32, q_bytes, stream_, device_, pb, "attention_backward (dq)");
   });

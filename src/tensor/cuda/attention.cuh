@@ -4,6 +4,7 @@
 #pragma once
 
 #include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda::attention_detail {
 
@@ -24,10 +25,13 @@ Operand<T> operand(const Tensor& t) {
   return o;
 }
 
-template <class T>
+// S is the operands' storage type, T the arithmetic type (Compute<S>: float for bf16 and f16),
+// which the log-sum-exp, delta and the kernels' sums and shared tiles also take.
+template <class S>
 struct Problem {
-  Operand<const T> q, k, v, out, gout;
-  Operand<T> o, gq, gk, gv;
+  using T = Compute<S>;
+  Operand<const S> q, k, v, out, gout;
+  Operand<S> o, gq, gk, gv;
   T* lse_out = nullptr;
   const T* lse = nullptr;
   T* delta = nullptr;
@@ -47,9 +51,12 @@ struct Problem {
 };
 
 // The tiled tensor-core kernels (attention_tc.cu, REMAT_CUDA_FAST=attention): whether they take
-// this problem (float32, equal head sizes 32 or 64, a device of compute capability 8.0 or above),
-// and if so they run it on `stream`. The backward needs pb.delta computed.
-bool forward_tc(const Problem<float>& pb, int64_t bh, cudaStream_t stream, int device);
-bool backward_tc(const Problem<float>& pb, int64_t bh, cudaStream_t stream, int device);
+// this problem (float, __nv_bfloat16 or __half operands, equal head sizes 32 or 64, a device of
+// compute capability 8.0 or above), and if so they run it on `stream`. The backward needs pb.delta
+// computed.
+template <class S>
+bool forward_tc(const Problem<S>& pb, int64_t bh, cudaStream_t stream, int device);
+template <class S>
+bool backward_tc(const Problem<S>& pb, int64_t bh, cudaStream_t stream, int device);
 
 }  // namespace remat::cuda::attention_detail

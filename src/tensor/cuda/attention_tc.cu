@@ -1,5 +1,6 @@
-// CUDA fused attention on tensor cores, float32, equal head sizes 32 and 64 (REMAT_CUDA_FAST=
-// attention; the CUDA-core kernels of attention.cu serve every other case).
+// CUDA fused attention on tensor cores, float32, bf16 and f16, equal head sizes 32 and 64
+// (REMAT_CUDA_FAST=attention, and for 16-bit operands REMAT_CUDA_FAST=bf16 with it; the CUDA-core
+// kernels of attention.cu serve every other case).
 //
 // Note [tiled attention on tensor cores]. The FlashAttention-2 scheme with blocks of four warps:
 //   forward   a block takes 64 query rows of one (b, h), 16 per warp, and walks tiles of 64 keys
@@ -22,7 +23,23 @@
 // 8) elements (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). A probability tile in C layout
 // becomes the A operand of the next product without moving: its 8 keys k are taken in the order
 // 0, 2, 4, 6, 1, 3, 5, 7, and the B operand's rows are read in the same order.
+//
+// Note [16-bit attention on tensor cores]. For bf16 and f16 operands the same kernels (the same
+// tiles, walks and orders, float32 tiles in shared memory holding the 16-bit values exactly, the
+// online softmax, log-sum-exp and delta in float32, each output element rounded once) take their
+// products as one mma.sync m16n8k16 with 16-bit operands and float32 accumulation instead of three
+// TF32 ones. Q, K, V and dO are 16-bit values, so their products (S, dP) are exact products summed
+// in float32; the probabilities P o Z and dS enter the next products rounded to the operand type,
+// as FlashAttention-2 and cuDNN do, so these results are close to the float32 kernel's on the same
+// values, not equal to them. Fragment layouts for k = 16: lane = 4 g + t holds A elements (g, 2t),
+// (g, 2t + 1) in its first register, (g + 8, 2t..2t + 1) in the second, (g, 2t + 8..2t + 9) and
+// (g + 8, 2t + 8..2t + 9) in the third and fourth; B elements (2t..2t + 1, g) and (2t + 8..2t + 9,
+// g); C as for k = 8. Two C-layout tiles of 8 keys are then the A operand of 16 keys as they are.
+// Neither the kernels nor cuDNN's fused attention (the other candidate) has run on a device; they
+// were not compared.
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "tensor/cuda/attention.cuh"
 
@@ -65,6 +82,37 @@ __device__ inline void mma3(float (&d)[4], const Split (&a)[4], const Split (&b)
   mma_tf32(d, a[0].big, a[1].big, a[2].big, a[3].big, b[0].big, b[1].big);
 }
 
+// ---- 16-bit products (Note [16-bit attention on tensor cores]): two floats rounded to S, packed
+// with the lower index in the low half
+template <class S>
+__device__ inline uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&r, &v, sizeof r);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&r, &v, sizeof r);
+  }
+  return r;
+}
+// d += a b, a 16 x 16, b 16 x 8, in float32
+template <class S>
+__device__ inline void mma16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<S, __nv_bfloat16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // ---- fragments from shared memory (row-major tiles with leading dimension ld)
 
 struct Lane {
@@ -98,14 +146,47 @@ __device__ inline void a_from_c(const float (&c)[4], Split (&a)[4]) {
   a[2] = split(c[1]);
   a[3] = split(c[3]);
 }
+// The same for k = 16 and 16-bit operands: A (16 x 16) = s[row0.., k0..]
+template <class S>
+__device__ inline void load_a16(const float* s, int ld, int row0, int k0, Lane l, uint32_t (&a)[4]) {
+  const float* r0 = s + (row0 + l.g) * ld + k0 + 2 * l.t;
+  const float* r8 = r0 + 8 * ld;
+  a[0] = pack2<S>(r0[0], r0[1]);
+  a[1] = pack2<S>(r8[0], r8[1]);
+  a[2] = pack2<S>(r0[8], r0[9]);
+  a[3] = pack2<S>(r8[8], r8[9]);
+}
+// B (16 x 8) = s[n0.., k0..]^T
+template <class S>
+__device__ inline void load_b16_rows_n(const float* s, int ld, int n0, int k0, Lane l, uint32_t (&b)[2]) {
+  const float* r = s + (n0 + l.g) * ld + k0 + 2 * l.t;
+  b[0] = pack2<S>(r[0], r[1]);
+  b[1] = pack2<S>(r[8], r[9]);
+}
+// B (16 x 8) = s[k0.., n0..]
+template <class S>
+__device__ inline void load_b16_rows_k(const float* s, int ld, int k0, int n0, Lane l, uint32_t (&b)[2]) {
+  const float* c = s + (k0 + 2 * l.t) * ld + n0 + l.g;
+  b[0] = pack2<S>(c[0], c[ld]);
+  b[1] = pack2<S>(c[8 * ld], c[9 * ld]);
+}
+// A (16 x 16) from the C-layout tiles of keys 0..7 (c0) and 8..15 (c1), in order
+template <class S>
+__device__ inline void a16_from_c(const float (&c0)[4], const float (&c1)[4], uint32_t (&a)[4]) {
+  a[0] = pack2<S>(c0[0], c0[1]);
+  a[1] = pack2<S>(c0[2], c0[3]);
+  a[2] = pack2<S>(c1[0], c1[1]);
+  a[3] = pack2<S>(c1[2], c1[3]);
+}
 
-// Rows [t0, t0 + 64) of a [B, H, T, D] operand into dst[64][ld], zero past `limit`.
-template <int D>
-__device__ inline void load_tile(const Operand<const float>& src, int64_t bh, int64_t heads, int64_t t0, int64_t limit,
+// Rows [t0, t0 + 64) of a [B, H, T, D] operand into dst[64][ld], zero past `limit` (16-bit
+// elements widened, exactly).
+template <int D, class S>
+__device__ inline void load_tile(const Operand<const S>& src, int64_t bh, int64_t heads, int64_t t0, int64_t limit,
                                  float* dst, int ld) {
   for (int x = threadIdx.x; x < kRows * D; x += kThreadsTc) {
     const int r = x / D, e = x % D;
-    dst[r * ld + e] = t0 + r < limit ? src.row(bh, heads, t0 + r)[e] : 0.0f;
+    dst[r * ld + e] = t0 + r < limit ? convert<float>(src.row(bh, heads, t0 + r)[e]) : 0.0f;
   }
 }
 // 64 values of a [B * H, T] row vector (log-sum-exp, delta) into dst, zero past `limit`.
@@ -159,10 +240,62 @@ __device__ inline void add_product(const float (&c)[8][4], const float* y, int l
   }
 }
 
+// score_tiles and add_product with 16-bit operands S: k = 16 a product, the A operand of
+// add_product two C-layout tiles of 8 keys as they are (Note [16-bit attention on tensor cores]).
+template <int D, class S>
+__device__ inline void score_tiles_16(const float* x, const float* g, const float* y, const float* w, int ld,
+                                      int row0, Lane l, float (&s)[8][4], float (&t)[8][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = t[nt][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t xa[4], ga[4];
+    load_a16<S>(x, ld, row0, kk * 16, l, xa);
+    load_a16<S>(g, ld, row0, kk * 16, l, ga);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      uint32_t b[2];
+      load_b16_rows_n<S>(y, ld, nt * 8, kk * 16, l, b);
+      mma16<S>(s[nt], xa, b);
+      load_b16_rows_n<S>(w, ld, nt * 8, kk * 16, l, b);
+      mma16<S>(t[nt], ga, b);
+    }
+  }
+}
+template <int D, class S>
+__device__ inline void add_product_16(const float (&c)[8][4], const float* y, int ld, Lane l, float (&acc)[D / 8][4]) {
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    uint32_t a[4];
+    a16_from_c<S>(c[2 * kb], c[2 * kb + 1], a);
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      uint32_t b[2];
+      load_b16_rows_k<S>(y, ld, kb * 16, nt * 8, l, b);
+      mma16<S>(acc[nt], a, b);
+    }
+  }
+}
+
+// The products of storage type S: 3xTF32 for float, one 16-bit product for bf16 and f16.
+template <int D, class S>
+__device__ inline void score_tiles_of(const float* x, const float* g, const float* y, const float* w, int ld,
+                                      int row0, Lane l, float (&s)[8][4], float (&t)[8][4]) {
+  if constexpr (is_half_v<S>) score_tiles_16<D, S>(x, g, y, w, ld, row0, l, s, t);
+  else score_tiles<D>(x, g, y, w, ld, row0, l, s, t);
+}
+template <int D, class S>
+__device__ inline void add_product_of(const float (&c)[8][4], const float* y, int ld, Lane l, float (&acc)[D / 8][4]) {
+  if constexpr (is_half_v<S>) add_product_16<D, S>(c, y, ld, l, acc);
+  else add_product<D>(c, y, ld, l, acc);
+}
+
 // ---- forward
 
-template <int D>
-__global__ void __launch_bounds__(kThreadsTc) forward_tc_kernel(Problem<float> pb) {
+template <class S, int D>
+__global__ void __launch_bounds__(kThreadsTc) forward_tc_kernel(Problem<S> pb) {
 #if __CUDA_ARCH__ >= 800
   constexpr int kLd = D + 4, kK = D / 8;
   extern __shared__ float smem[];
@@ -174,9 +307,12 @@ __global__ void __launch_bounds__(kThreadsTc) forward_tc_kernel(Problem<float> p
   const int64_t bh = blockIdx.y, i0 = int64_t(gridDim.x - 1 - blockIdx.x) * kRows;  // long causal rows first
   load_tile<D>(pb.q, bh, pb.heads, i0, pb.tq, qs, kLd);
   __syncthreads();
-  Split qa[kK][4];
+  constexpr bool kHalf = is_half_v<S>;
+  Split qa[kHalf ? 1 : kK][4];  // the 16-bit products read Q's fragments from shared memory
+  if constexpr (!kHalf) {
 #pragma unroll
-  for (int kk = 0; kk < kK; ++kk) load_a(qs, kLd, warp * 16, kk * 8, l, qa[kk]);
+    for (int kk = 0; kk < kK; ++kk) load_a(qs, kLd, warp * 16, kk * 8, l, qa[kk]);
+  }
   float o[kK][4];
 #pragma unroll
   for (int nt = 0; nt < kK; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
@@ -193,11 +329,21 @@ __global__ void __launch_bounds__(kThreadsTc) forward_tc_kernel(Problem<float> p
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      if constexpr (kHalf) {
 #pragma unroll
-      for (int kk = 0; kk < kK; ++kk) {
-        Split b[2];
-        load_b_rows_n(ks, kLd, nt * 8, kk * 8, l, b);
-        mma3(s[nt], qa[kk], b);
+        for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t a[4], b[2];
+          load_a16<S>(qs, kLd, warp * 16, kk * 16, l, a);
+          load_b16_rows_n<S>(ks, kLd, nt * 8, kk * 16, l, b);
+          mma16<S>(s[nt], a, b);
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kK; ++kk) {
+          Split b[2];
+          load_b_rows_n(ks, kLd, nt * 8, kk * 8, l, b);
+          mma3(s[nt], qa[kk], b);
+        }
       }
     }
     float mx[2] = {-INFINITY, -INFINITY};
@@ -234,7 +380,7 @@ __global__ void __launch_bounds__(kThreadsTc) forward_tc_kernel(Problem<float> p
         const int64_t i = rows[e >> 1], j = j0 + nt * 8 + 2 * l.t + (e & 1);
         s[nt][e] = pb.p > 0.0 && p != 0.0f ? p * pb.dropout_factor(bh, i, j) : p;
       }
-    add_product<D>(s, vs, kLd, l, o);
+    add_product_of<D, S>(s, vs, kLd, l, o);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -246,11 +392,11 @@ __global__ void __launch_bounds__(kThreadsTc) forward_tc_kernel(Problem<float> p
     const int64_t i = rows[r];
     if (i >= pb.tq) continue;
     const float inv = 1.0f / lsum[r];
-    float* dst = pb.o.row(bh, pb.heads, i);
+    S* dst = pb.o.row(bh, pb.heads, i);
 #pragma unroll
     for (int nt = 0; nt < kK; ++nt) {
-      dst[nt * 8 + 2 * l.t] = o[nt][2 * r] * inv;
-      dst[nt * 8 + 2 * l.t + 1] = o[nt][2 * r + 1] * inv;
+      dst[nt * 8 + 2 * l.t] = convert<S>(o[nt][2 * r] * inv);
+      dst[nt * 8 + 2 * l.t + 1] = convert<S>(o[nt][2 * r + 1] * inv);
     }
     if (l.t == 0) pb.lse_out[bh * pb.tq + i] = (m[r] + log2f(lsum[r])) * kLn2;
   }
@@ -259,8 +405,8 @@ __global__ void __launch_bounds__(kThreadsTc) forward_tc_kernel(Problem<float> p
 
 // ---- backward: dK and dV of a tile of keys
 
-template <int D>
-__global__ void __launch_bounds__(kThreadsTc) dkdv_tc_kernel(Problem<float> pb) {
+template <class S, int D>
+__global__ void __launch_bounds__(kThreadsTc) dkdv_tc_kernel(Problem<S> pb) {
 #if __CUDA_ARCH__ >= 800
   constexpr int kLd = D + 4, kK = D / 8;
   extern __shared__ float smem[];
@@ -290,7 +436,7 @@ __global__ void __launch_bounds__(kThreadsTc) dkdv_tc_kernel(Problem<float> pb) 
     load_row_values(pb.delta + bh * pb.tq, i0, pb.tq, delta_s);
     __syncthreads();
     float st[8][4], dpt[8][4];  // S^T and dP^T: 16 keys x 64 queries
-    score_tiles<D>(ks, vs, qs, gs, kLd, warp * 16, l, st, dpt);
+    score_tiles_of<D, S>(ks, vs, qs, gs, kLd, warp * 16, l, st, dpt);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -307,21 +453,21 @@ __global__ void __launch_bounds__(kThreadsTc) dkdv_tc_kernel(Problem<float> pb) 
         st[nt][e] = pz;
         dpt[nt][e] = ds;
       }
-    add_product<D>(st, gs, kLd, l, dv);
-    add_product<D>(dpt, qs, kLd, l, dk);
+    add_product_of<D, S>(st, gs, kLd, l, dv);
+    add_product_of<D, S>(dpt, qs, kLd, l, dk);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t j = keys[r];
     if (j >= pb.tk) continue;
-    float* gk = pb.gk.row(bh, pb.heads, j);
-    float* gv = pb.gv.row(bh, pb.heads, j);
+    S* gk = pb.gk.row(bh, pb.heads, j);
+    S* gv = pb.gv.row(bh, pb.heads, j);
 #pragma unroll
     for (int nt = 0; nt < kK; ++nt)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        gk[nt * 8 + 2 * l.t + c] = dk[nt][2 * r + c] * pb.scale;
-        gv[nt * 8 + 2 * l.t + c] = dv[nt][2 * r + c];
+        gk[nt * 8 + 2 * l.t + c] = convert<S>(dk[nt][2 * r + c] * pb.scale);
+        gv[nt * 8 + 2 * l.t + c] = convert<S>(dv[nt][2 * r + c]);
       }
   }
 #endif
@@ -329,8 +475,8 @@ __global__ void __launch_bounds__(kThreadsTc) dkdv_tc_kernel(Problem<float> pb) 
 
 // ---- backward: dQ of a tile of queries
 
-template <int D>
-__global__ void __launch_bounds__(kThreadsTc) dq_tc_kernel(Problem<float> pb) {
+template <class S, int D>
+__global__ void __launch_bounds__(kThreadsTc) dq_tc_kernel(Problem<S> pb) {
 #if __CUDA_ARCH__ >= 800
   constexpr int kLd = D + 4, kK = D / 8;
   extern __shared__ float smem[];
@@ -361,7 +507,7 @@ __global__ void __launch_bounds__(kThreadsTc) dq_tc_kernel(Problem<float> pb) {
     load_tile<D>(pb.v, bh, pb.heads, j0, pb.tk, vs, kLd);
     __syncthreads();
     float s[8][4], dp[8][4];  // S and dP: 16 queries x 64 keys
-    score_tiles<D>(qs, gs, ks, vs, kLd, warp * 16, l, s, dp);
+    score_tiles_of<D, S>(qs, gs, ks, vs, kLd, warp * 16, l, s, dp);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -374,17 +520,17 @@ __global__ void __launch_bounds__(kThreadsTc) dq_tc_kernel(Problem<float> pb) {
         }
         s[nt][e] = ds;
       }
-    add_product<D>(s, ks, kLd, l, dq);
+    add_product_of<D, S>(s, ks, kLd, l, dq);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t i = rows[r];
     if (i >= pb.tq) continue;
-    float* gq = pb.gq.row(bh, pb.heads, i);
+    S* gq = pb.gq.row(bh, pb.heads, i);
 #pragma unroll
     for (int nt = 0; nt < kK; ++nt) {
-      gq[nt * 8 + 2 * l.t] = dq[nt][2 * r] * pb.scale;
-      gq[nt * 8 + 2 * l.t + 1] = dq[nt][2 * r + 1] * pb.scale;
+      gq[nt * 8 + 2 * l.t] = convert<S>(dq[nt][2 * r] * pb.scale);
+      gq[nt * 8 + 2 * l.t + 1] = convert<S>(dq[nt][2 * r + 1] * pb.scale);
     }
   }
 #endif
@@ -392,15 +538,16 @@ __global__ void __launch_bounds__(kThreadsTc) dq_tc_kernel(Problem<float> pb) {
 
 // ---- launches
 
-bool takes(const Problem<float>& pb, int64_t bh, int device) {
+template <class S>
+bool takes(const Problem<S>& pb, int64_t bh, int device) {
   if (pb.d != pb.dv || (pb.d != 32 && pb.d != 64) || pb.tq == 0 || pb.tk == 0 || bh > 65535) return false;
   int major = 0;
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   return major >= 8;
 }
 
-template <class Kernel>
-void launch_tc(Kernel kernel, unsigned tiles, int64_t bh, size_t bytes, cudaStream_t stream, const Problem<float>& pb,
+template <class Kernel, class S>
+void launch_tc(Kernel kernel, unsigned tiles, int64_t bh, size_t bytes, cudaStream_t stream, const Problem<S>& pb,
                const char* what) {
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
         "cudaFuncSetAttribute");
@@ -413,25 +560,37 @@ size_t tile_bytes(int64_t d) { return sizeof(float) * static_cast<size_t>(kRows 
 
 }  // namespace
 
-bool forward_tc(const Problem<float>& pb, int64_t bh, cudaStream_t stream, int device) {
+template <class S>
+bool forward_tc(const Problem<S>& pb, int64_t bh, cudaStream_t stream, int device) {
   if (!takes(pb, bh, device)) return false;
   const size_t bytes = 3 * tile_bytes(pb.d);
-  if (pb.d == 64) launch_tc(forward_tc_kernel<64>, tiles_of(pb.tq), bh, bytes, stream, pb, "attention (tensor cores)");
-  else launch_tc(forward_tc_kernel<32>, tiles_of(pb.tq), bh, bytes, stream, pb, "attention (tensor cores)");
+  if (pb.d == 64) launch_tc(forward_tc_kernel<S, 64>, tiles_of(pb.tq), bh, bytes, stream, pb, "attention (tensor cores)");
+  else launch_tc(forward_tc_kernel<S, 32>, tiles_of(pb.tq), bh, bytes, stream, pb, "attention (tensor cores)");
   return true;
 }
 
-bool backward_tc(const Problem<float>& pb, int64_t bh, cudaStream_t stream, int device) {
+template <class S>
+bool backward_tc(const Problem<S>& pb, int64_t bh, cudaStream_t stream, int device) {
   if (!takes(pb, bh, device)) return false;
   const size_t kv_bytes = 4 * tile_bytes(pb.d) + 2 * kKeys * sizeof(float), q_bytes = 4 * tile_bytes(pb.d);
+  const char* kv = "attention_backward (dk, dv, tensor cores)";
+  const char* q = "attention_backward (dq, tensor cores)";
   if (pb.d == 64) {
-    launch_tc(dkdv_tc_kernel<64>, tiles_of(pb.tk), bh, kv_bytes, stream, pb, "attention_backward (dk, dv, tensor cores)");
-    launch_tc(dq_tc_kernel<64>, tiles_of(pb.tq), bh, q_bytes, stream, pb, "attention_backward (dq, tensor cores)");
+    launch_tc(dkdv_tc_kernel<S, 64>, tiles_of(pb.tk), bh, kv_bytes, stream, pb, kv);
+    launch_tc(dq_tc_kernel<S, 64>, tiles_of(pb.tq), bh, q_bytes, stream, pb, q);
   } else {
-    launch_tc(dkdv_tc_kernel<32>, tiles_of(pb.tk), bh, kv_bytes, stream, pb, "attention_backward (dk, dv, tensor cores)");
-    launch_tc(dq_tc_kernel<32>, tiles_of(pb.tq), bh, q_bytes, stream, pb, "attention_backward (dq, tensor cores)");
+    launch_tc(dkdv_tc_kernel<S, 32>, tiles_of(pb.tk), bh, kv_bytes, stream, pb, kv);
+    launch_tc(dq_tc_kernel<S, 32>, tiles_of(pb.tq), bh, q_bytes, stream, pb, q);
   }
   return true;
 }
+
+#define REMAT_TC_INSTANCES(S)                                                       \
+  template bool forward_tc<S>(const Problem<S>&, int64_t, cudaStream_t, int);  \
+  template bool backward_tc<S>(const Problem<S>&, int64_t, cudaStream_t, int);
+REMAT_TC_INSTANCES(float)
+REMAT_TC_INSTANCES(__nv_bfloat16)
+REMAT_TC_INSTANCES(__half)
+#undef REMAT_TC_INSTANCES
 
 }  // namespace remat::cuda::attention_detail

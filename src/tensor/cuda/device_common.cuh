@@ -109,13 +109,14 @@ __global__ void column_partials(F f, int64_t rows, int64_t cols, A* partial) {
     partial[i] = acc;
   }
 }
-// out[c] = (sum over chunks of partial[chunk][c]) / divisor
-template <class A, class T>
+// out[c] = (sum over chunks of partial[chunk][c]) / divisor, rounded to Via, then to T (a 16-bit
+// T: the float32 result rounded once more, as a float32 kernel's output is)
+template <class A, class T, class Via = T>
 __global__ void combine_partials(const A* partial, int64_t chunks, int64_t cols, A divisor, T* out) {
   REMAT_GRID_LOOP(c, cols) {
     A acc = 0;
     for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + c];
-    out[c] = static_cast<T>(divisor == A(1) ? acc : acc / divisor);
+    out[c] = static_cast<T>(static_cast<Via>(divisor == A(1) ? acc : acc / divisor));
   }
 }
 

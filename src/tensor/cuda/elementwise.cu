@@ -102,10 +102,6 @@ __device__ inline T binary_value(BinaryOp op, T a, T b) {
   return a;
 }
 
-// The arithmetic type of elements stored as T: float for bf16 and f16, T itself otherwise.
-template <class T>
-using Compute = std::conditional_t<is_half_v<T>, float, T>;
-
 template <class T>
 __global__ void unary_kernel(UnaryOp op, Layout<2> l, T* y, const T* x, Compute<T> s) {
   using A = Compute<T>;
@@ -151,15 +147,6 @@ __global__ void where_kernel(Layout<4> l, T* out, const C* cond, const T* a, con
     offsets_of(l, i, off);
     out[off[0]] = nonzero(cond[off[1]]) ? a[off[2]] : b[off[3]];
   }
-}
-
-// dispatch_float, and with them __nv_bfloat16 and __half for bf16 and f16 (their elements widened
-// to float inside the kernels).
-template <class F>
-void dispatch_storage(DType dtype, const char* op, F&& f) {
-  if (dtype == DType::bf16) return f.template operator()<__nv_bfloat16>();
-  if (dtype == DType::f16) return f.template operator()<__half>();
-  dispatch_float(dtype, op, std::forward<F>(f));
 }
 
 // ---- contiguous operands (REMAT_CUDA_FAST=elementwise): every operand one unit-stride run of the

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda {
 
@@ -24,11 +25,15 @@ __device__ inline double add_rounded(double a, double b) { return __dadd_rn(a, b
 // residual's gradient, added with add_rounded); and the per-chunk column sums of the parameter
 // gradients (gy * xhat into partial_w, gy into partial_b, each may be null), the sums of
 // column_partials in its order. A block per chunk of kChunkRows rows walks them in order; thread t
-// keeps the sums of columns t, t + blockDim.x, ... (at most kFusedColumns) in registers.
-template <class T>
-__global__ void norm_backward_fused_kernel(const T* x, const T* w, const T* mean, const T* rstd, const T* gy,
-                                           const T* gs, T* gx, int64_t rows, int64_t cols, Acc<T>* partial_w,
-                                           Acc<T>* partial_b) {
+// keeps the sums of columns t, t + blockDim.x, ... (at most kFusedColumns) in registers. S is
+// the storage type, T its arithmetic type (rows.cu): 16-bit elements are widened on load and gx
+// rounded once (with gs, the norm's gradient is rounded before gs is added, as the unfused kernels
+// round it).
+template <class S>
+__global__ void norm_backward_fused_kernel(const S* x, const S* w, const Compute<S>* mean, const Compute<S>* rstd,
+                                           const S* gy, const S* gs, S* gx, int64_t rows, int64_t cols,
+                                           Acc<Compute<S>>* partial_w, Acc<Compute<S>>* partial_b) {
+  using T = Compute<S>;
   __shared__ Acc<T> shared[32];
   const Acc<T> n = static_cast<Acc<T>>(cols);
   const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
@@ -38,15 +43,15 @@ __global__ void norm_backward_fused_kernel(const T* x, const T* w, const T* mean
     for (int k = 0; k < kFusedColumns; ++k) sum_w[k] = sum_b[k] = 0;
     const int64_t r1 = min(rows, (chunk + 1) * kChunkRows);
     for (int64_t r = chunk * kChunkRows; r < r1; ++r) {
-      const T* xr = x + r * cols;
-      const T* gr = gy + r * cols;
-      T* out = gx + r * cols;
+      const S* xr = x + r * cols;
+      const S* gr = gy + r * cols;
+      S* out = gx + r * cols;
       const T mu = mean ? mean[r] : T(0), rs = rstd[r];
       Acc<T> sg = 0, sgx = 0;
       for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        const T g = w ? gr[c] * w[c] : gr[c];
+        const T g = w ? convert<T>(gr[c]) * convert<T>(w[c]) : convert<T>(gr[c]);
         sg += static_cast<Acc<T>>(g);
-        sgx += static_cast<Acc<T>>(g * ((xr[c] - mu) * rs));
+        sgx += static_cast<Acc<T>>(g * ((convert<T>(xr[c]) - mu) * rs));
       }
       sg = block_sum(sg, shared);
       sgx = block_sum(sgx, shared);
@@ -56,11 +61,13 @@ __global__ void norm_backward_fused_kernel(const T* x, const T* w, const T* mean
       for (int k = 0; k < kFusedColumns; ++k) {
         const int64_t c = threadIdx.x + int64_t(k) * blockDim.x;
         if (c >= cols) break;
-        const T g = w ? gr[c] * w[c] : gr[c];
-        const T norm_grad = rs * (g - mg - (xr[c] - mu) * rs * mgx);
-        out[c] = gs ? add_rounded(norm_grad, gs[r * cols + c]) : norm_grad;
-        sum_w[k] += static_cast<Acc<T>>(gr[c] * ((xr[c] - mu) * rs));
-        sum_b[k] += static_cast<Acc<T>>(gr[c]);
+        const T g = w ? convert<T>(gr[c]) * convert<T>(w[c]) : convert<T>(gr[c]);
+        const T norm_grad = rs * (g - mg - (convert<T>(xr[c]) - mu) * rs * mgx);
+        // with gs: the norm's gradient rounded to S, then the rounded sum (convert is the identity for f32, f64)
+        out[c] = gs ? convert<S>(add_rounded(convert<T>(convert<S>(norm_grad)), convert<T>(gs[r * cols + c])))
+                    : convert<S>(norm_grad);
+        sum_w[k] += static_cast<Acc<T>>(convert<T>(gr[c]) * ((convert<T>(xr[c]) - mu) * rs));
+        sum_b[k] += static_cast<Acc<T>>(convert<T>(gr[c]));
       }
     }
 #pragma unroll
@@ -81,19 +88,20 @@ void norm_backward_one_pass(CudaBackend& be, const Tensor& x, const Tensor& w, c
                             const Tensor& gy, const Tensor& gs, const Tensor& gx, const Tensor& gweight,
                             const Tensor& gbias, int64_t rows, int64_t cols, const char* kernel_name,
                             const char* sums_name) {
+  using C = Compute<T>;
   cudaStream_t stream = be.stream();
   const int64_t chunks = chunk_count(rows);
   Tensor partial_w, partial_b;
-  if (gweight.defined()) partial_w = be.scratch({chunks, cols}, DType::f64);  // Acc<T> is double
+  if (gweight.defined()) partial_w = be.scratch({chunks, cols}, DType::f64);  // Acc<C> is double
   if (gbias.defined()) partial_b = be.scratch({chunks, cols}, DType::f64);
   norm_backward_fused_kernel<T><<<grid_for(chunks, 1), kThreads, 0, stream>>>(
-      ptr<T>(x), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), ptr<T>(gs), ptr<T>(gx), rows, cols,
-      ptr<Acc<T>>(partial_w), ptr<Acc<T>>(partial_b));
+      ptr<T>(x), ptr<T>(w), ptr<C>(mean), ptr<C>(rstd), ptr<T>(gy), ptr<T>(gs), ptr<T>(gx), rows, cols,
+      ptr<Acc<C>>(partial_w), ptr<Acc<C>>(partial_b));
   check_launch(kernel_name);
   for (const auto& [g, partial] : {std::pair{&gweight, &partial_w}, std::pair{&gbias, &partial_b}}) {
     if (!g->defined()) continue;
-    combine_partials<Acc<T>, T>
-        <<<grid_for(cols), kThreads, 0, stream>>>(ptr<Acc<T>>(*partial), chunks, cols, Acc<T>(1), ptr<T>(*g));
+    combine_partials<Acc<C>, T, C>
+        <<<grid_for(cols), kThreads, 0, stream>>>(ptr<Acc<C>>(*partial), chunks, cols, Acc<C>(1), ptr<T>(*g));
     check_launch(sums_name);
   }
 }

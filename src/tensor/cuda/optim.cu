@@ -5,7 +5,8 @@
 // composition of square, sum and a float64 add per tensor by default, or two launches in a fixed
 // order (Note [the gradient norm in two launches]). scale_each, the clipping's scaling: the
 // mul_scalar and copy kernels per tensor by default, or one launch for up to kSquaresTensors
-// tensors with the same switch (each element x * T(scale), the mul_scalar kernel's product).
+// tensors with the same switch (each element x * T(scale), the mul_scalar kernel's product; for
+// bf16 and f16, float(x) * float(scale) rounded once, as that kernel computes it).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,6 +15,7 @@
 #include <type_traits>
 
 #include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda {
 
@@ -237,7 +239,8 @@ void CudaBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tens
 // every launch shape of the grid; it is the float64 sum of the squares (not each tensor's
 // sum rounded to its dtype first, as the default path and the CPU do). Up to kSquaresTensors
 // tensors go in one first-stage launch (their pointers are a kernel argument); a longer list
-// takes one more launch per kSquaresTensors.
+// takes one more launch per kSquaresTensors. bf16 and f16 tensors are read as they are (a 16-bit
+// value and its square are exact in float64), so a list of any length needs no float32 copies.
 
 namespace {
 
@@ -268,7 +271,7 @@ __global__ void squares_partials_kernel(SquaresBatch<T> batch, double* partial) 
     const int64_t end = begin + kSquaresChunk < batch.numel[lo] ? begin + kSquaresChunk : batch.numel[lo];
     double s = 0.0;
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-      const double v = static_cast<double>(x[i]);
+      const double v = convert<double>(x[i]);
       s += v * v;
     }
     s = block_sum(s, shared);
@@ -312,11 +315,11 @@ void CudaBackend::sum_squares(const TensorList& tensors, const Tensor& out) {
   REMAT_ASSERT(out.dtype() == DType::f64 && out.numel() == 1 && out.is_contiguous(),
                "sum_squares: out must be one contiguous f64 value");
   const DType dtype = tensors.empty() ? DType::f64 : tensors.front().dtype();
-  bool gathered = fast(Fast::grad_norm) && (dtype == DType::f32 || dtype == DType::f64);
+  bool gathered = fast(Fast::grad_norm) && is_floating(dtype);
   for (const Tensor& t : tensors) gathered = gathered && t.dtype() == dtype && t.is_contiguous();
   if (!gathered) return sum_squares_composed(*this, tensors, out);
   DeviceGuard guard(device_);
-  dispatch_float(dtype, "sum_squares", [&]<class T>() {
+  dispatch_storage(dtype, "sum_squares", [&]<class T>() {
     std::vector<int64_t> first_chunk(tensors.size() + 1, 0);
     for (size_t i = 0; i < tensors.size(); ++i)
       first_chunk[i + 1] = first_chunk[i] + (tensors[i].numel() + kSquaresChunk - 1) / kSquaresChunk;
@@ -354,7 +357,7 @@ struct ScaleBatch {
 // Chunk by chunk as squares_partials_kernel; every element is independent, so the launch shape
 // does not change the bits.
 template <class T>
-__global__ void scale_each_kernel(ScaleBatch<T> batch, T scale) {
+__global__ void scale_each_kernel(ScaleBatch<T> batch, Compute<T> scale) {
   const int64_t chunks = batch.first_chunk[batch.count];
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     int lo = 0, hi = batch.count - 1;
@@ -366,7 +369,7 @@ __global__ void scale_each_kernel(ScaleBatch<T> batch, T scale) {
     T* x = batch.data[lo];
     const int64_t begin = (chunk - batch.first_chunk[lo]) * kSquaresChunk;
     const int64_t end = begin + kSquaresChunk < batch.numel[lo] ? begin + kSquaresChunk : batch.numel[lo];
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] = x[i] * scale;
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] = convert<T>(convert<Compute<T>>(x[i]) * scale);
   }
 }
 
@@ -374,7 +377,7 @@ __global__ void scale_each_kernel(ScaleBatch<T> batch, T scale) {
 
 void CudaBackend::scale_each(const TensorList& tensors, double scale) {
   const DType dtype = tensors.at(0).dtype();
-  bool gathered = fast(Fast::grad_norm) && (dtype == DType::f32 || dtype == DType::f64);
+  bool gathered = fast(Fast::grad_norm) && is_floating(dtype);
   for (const Tensor& t : tensors) gathered = gathered && t.dtype() == dtype && t.is_contiguous();
   if (!gathered) {
     for (const Tensor& t : tensors) {  // the kernels of t.copy_(mul_scalar(t, scale))
@@ -385,7 +388,7 @@ void CudaBackend::scale_each(const TensorList& tensors, double scale) {
     return;
   }
   DeviceGuard guard(device_);
-  dispatch_float(dtype, "scale_each", [&]<class T>() {
+  dispatch_storage(dtype, "scale_each", [&]<class T>() {
     for (size_t at = 0; at < tensors.size(); at += kSquaresTensors) {
       ScaleBatch<T> b;
       b.count = static_cast<int>(std::min<size_t>(kSquaresTensors, tensors.size() - at));
@@ -396,7 +399,8 @@ void CudaBackend::scale_each(const TensorList& tensors, double scale) {
         b.first_chunk[i + 1] = b.first_chunk[i] + (b.numel[i] + kSquaresChunk - 1) / kSquaresChunk;
       }
       if (b.first_chunk[b.count] == 0) continue;
-      scale_each_kernel<T><<<grid_for(b.first_chunk[b.count], 1), kThreads, 0, stream_>>>(b, static_cast<T>(scale));
+      scale_each_kernel<T>
+          <<<grid_for(b.first_chunk[b.count], 1), kThreads, 0, stream_>>>(b, static_cast<Compute<T>>(scale));
       check_launch("scale_each");
     }
   });

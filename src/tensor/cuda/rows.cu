@@ -3,7 +3,13 @@
 // One block of kThreads threads per row: thread t takes columns t, t + kThreads, ... and the
 // block folds the sums in a fixed tree (device_common.cuh). The parameter gradients of the norms
 // (sums over rows) use the fixed two-pass column sums (column_partials / combine_partials).
+// Each kernel is written for a storage type S and its arithmetic type C = Compute<S> (half.cuh):
+// S itself for f32 and f64; float for bf16 and f16 (REMAT_CUDA_FAST=bf16), whose elements are
+// widened on load and rounded once on store, with float32 statistics (mean, rstd) and the float32
+// kernel's expressions and sums in their order: the widened float32 kernel's results, without the
+// float32 copies of the operands (Note [16-bit floats on the GPU] in widen.cpp).
 #include <cmath>
+#include <initializer_list>
 #include <utility>
 
 #include "tensor/cuda/norm_rows.cuh"
@@ -15,75 +21,81 @@ namespace {
 #define REMAT_FOR_ROWS(r, rows) for (int64_t r = blockIdx.x; r < (rows); r += gridDim.x)
 #define REMAT_FOR_COLS(c, cols) for (int64_t c = threadIdx.x; c < (cols); c += blockDim.x)
 
-template <class T>
-__device__ inline T row_max(const T* xr, int64_t cols, T* shared) {
+template <class S, class T = Compute<S>>
+__device__ inline T row_max(const S* xr, int64_t cols, T* shared) {
   T m = -INFINITY;
-  REMAT_FOR_COLS(c, cols) m = xr[c] > m ? xr[c] : m;  // NaN entries are skipped, as on the CPU
+  REMAT_FOR_COLS(c, cols) {
+    const T v = convert<T>(xr[c]);
+    m = v > m ? v : m;  // NaN entries are skipped, as on the CPU
+  }
   return block_max(m, shared);
 }
 
-template <class T>
-__global__ void softmax_kernel(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
+template <class S>
+__global__ void softmax_kernel(const S* x, S* y, int64_t rows, int64_t cols, bool log) {
+  using T = Compute<S>;
   __shared__ T shared_t[32];
   __shared__ Acc<T> shared[32];
   REMAT_FOR_ROWS(r, rows) {
-    const T* xr = x + r * cols;
-    T* yr = y + r * cols;
+    const S* xr = x + r * cols;
+    S* yr = y + r * cols;
     T m = row_max(xr, cols, shared_t);
     if (m == -INFINITY) m = T(0);  // a row of -inf only: the sum is 0 and the result NaN
     Acc<T> sum = 0;
-    REMAT_FOR_COLS(c, cols) sum += static_cast<Acc<T>>(exp(xr[c] - m));
+    REMAT_FOR_COLS(c, cols) sum += static_cast<Acc<T>>(exp(convert<T>(xr[c]) - m));
     sum = block_sum(sum, shared);
     if (log) {
       const T shift = static_cast<T>(static_cast<Acc<T>>(m) + ::log(sum));
-      REMAT_FOR_COLS(c, cols) yr[c] = xr[c] - shift;
+      REMAT_FOR_COLS(c, cols) yr[c] = convert<S>(convert<T>(xr[c]) - shift);
     } else {
       const T inv = static_cast<T>(Acc<T>(1) / sum);
-      REMAT_FOR_COLS(c, cols) yr[c] = exp(xr[c] - m) * inv;
+      REMAT_FOR_COLS(c, cols) yr[c] = convert<S>(exp(convert<T>(xr[c]) - m) * inv);
     }
   }
 }
 
-template <class T>
-__global__ void softmax_backward_kernel(const T* y, const T* gy, T* gx, int64_t rows, int64_t cols, bool log) {
+template <class S>
+__global__ void softmax_backward_kernel(const S* y, const S* gy, S* gx, int64_t rows, int64_t cols, bool log) {
+  using T = Compute<S>;
   __shared__ Acc<T> shared[32];
   REMAT_FOR_ROWS(r, rows) {
-    const T* yr = y + r * cols;
-    const T* gr = gy + r * cols;
-    T* out = gx + r * cols;
+    const S* yr = y + r * cols;
+    const S* gr = gy + r * cols;
+    S* out = gx + r * cols;
     Acc<T> s = 0;
     if (log) {
-      REMAT_FOR_COLS(c, cols) s += static_cast<Acc<T>>(gr[c]);  // gx = gy - softmax * sum(gy)
+      REMAT_FOR_COLS(c, cols) s += static_cast<Acc<T>>(convert<T>(gr[c]));  // gx = gy - softmax * sum(gy)
     } else {
-      REMAT_FOR_COLS(c, cols) s += static_cast<Acc<T>>(gr[c] * yr[c]);  // gx = y * (gy - sum(gy * y))
+      REMAT_FOR_COLS(c, cols) s += static_cast<Acc<T>>(convert<T>(gr[c]) * convert<T>(yr[c]));  // gx = y * (gy - sum(gy * y))
     }
     const T st = static_cast<T>(block_sum(s, shared));
     if (log) {
-      REMAT_FOR_COLS(c, cols) out[c] = gr[c] - exp(yr[c]) * st;
+      REMAT_FOR_COLS(c, cols) out[c] = convert<S>(convert<T>(gr[c]) - exp(convert<T>(yr[c])) * st);
     } else {
-      REMAT_FOR_COLS(c, cols) out[c] = yr[c] * (gr[c] - st);
+      REMAT_FOR_COLS(c, cols) out[c] = convert<S>(convert<T>(yr[c]) * (convert<T>(gr[c]) - st));
     }
   }
 }
 
 // y = (x - mean) * rstd * w + b (layer norm, centred) or x * rstd * w (RMS norm)
-template <class T>
-__global__ void norm_kernel(const T* x, const T* w, const T* b, double eps, T* y, T* mean, T* rstd, int64_t rows,
-                            int64_t cols, bool centred) {
+template <class S>
+__global__ void norm_kernel(const S* x, const S* w, const S* b, double eps, S* y, Compute<S>* mean, Compute<S>* rstd,
+                            int64_t rows, int64_t cols, bool centred) {
+  using T = Compute<S>;
   __shared__ Acc<T> shared[32];
   const Acc<T> n = static_cast<Acc<T>>(cols);
   REMAT_FOR_ROWS(r, rows) {
-    const T* xr = x + r * cols;
-    T* yr = y + r * cols;
+    const S* xr = x + r * cols;
+    S* yr = y + r * cols;
     T mu = T(0);
     Acc<T> squares = 0;
     if (centred) {
       Acc<T> s = 0;
-      REMAT_FOR_COLS(c, cols) s += static_cast<Acc<T>>(xr[c]);
+      REMAT_FOR_COLS(c, cols) s += static_cast<Acc<T>>(convert<T>(xr[c]));
       mu = static_cast<T>(block_sum(s, shared) / n);
     }
     REMAT_FOR_COLS(c, cols) {
-      const T d = xr[c] - mu;
+      const T d = convert<T>(xr[c]) - mu;
       squares += static_cast<Acc<T>>(d * d);
     }
     squares = block_sum(squares, shared);
@@ -93,57 +105,58 @@ __global__ void norm_kernel(const T* x, const T* w, const T* b, double eps, T* y
       rstd[r] = rs;
     }
     REMAT_FOR_COLS(c, cols) {
-      T v = (xr[c] - mu) * rs;
-      if (w) v = v * w[c];
-      if (b) v = v + b[c];
-      yr[c] = v;
+      T v = (convert<T>(xr[c]) - mu) * rs;
+      if (w) v = v * convert<T>(w[c]);
+      if (b) v = v + convert<T>(b[c]);
+      yr[c] = convert<S>(v);
     }
   }
 }
 
 // gx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = gy * w, xhat = (x - mean) * rstd (RMS
 // norm: no mean(g) term, xhat = x * rstd)
-template <class T>
-__global__ void norm_backward_kernel(const T* x, const T* w, const T* mean, const T* rstd, const T* gy, T* gx,
-                                     int64_t rows, int64_t cols) {
+template <class S>
+__global__ void norm_backward_kernel(const S* x, const S* w, const Compute<S>* mean, const Compute<S>* rstd,
+                                     const S* gy, S* gx, int64_t rows, int64_t cols) {
+  using T = Compute<S>;
   __shared__ Acc<T> shared[32];
   const Acc<T> n = static_cast<Acc<T>>(cols);
   REMAT_FOR_ROWS(r, rows) {
-    const T* xr = x + r * cols;
-    const T* gr = gy + r * cols;
-    T* out = gx + r * cols;
+    const S* xr = x + r * cols;
+    const S* gr = gy + r * cols;
+    S* out = gx + r * cols;
     const T mu = mean ? mean[r] : T(0), rs = rstd[r];
     Acc<T> sg = 0, sgx = 0;
     REMAT_FOR_COLS(c, cols) {
-      const T g = w ? gr[c] * w[c] : gr[c];
+      const T g = w ? convert<T>(gr[c]) * convert<T>(w[c]) : convert<T>(gr[c]);
       sg += static_cast<Acc<T>>(g);
-      sgx += static_cast<Acc<T>>(g * ((xr[c] - mu) * rs));
+      sgx += static_cast<Acc<T>>(g * ((convert<T>(xr[c]) - mu) * rs));
     }
     sg = block_sum(sg, shared);
     sgx = block_sum(sgx, shared);
     const T mg = mean ? static_cast<T>(sg / n) : T(0);
     const T mgx = static_cast<T>(sgx / n);
     REMAT_FOR_COLS(c, cols) {
-      const T g = w ? gr[c] * w[c] : gr[c];
-      out[c] = rs * (g - mg - (xr[c] - mu) * rs * mgx);
+      const T g = w ? convert<T>(gr[c]) * convert<T>(w[c]) : convert<T>(gr[c]);
+      out[c] = convert<S>(rs * (g - mg - (convert<T>(xr[c]) - mu) * rs * mgx));
     }
   }
 }
 
 // gy * xhat (the weight gradient's terms) or gy (the bias gradient's)
-template <class T>
+template <class S, class T = Compute<S>>
 struct NormParamTerm {
-  const T* x;
+  const S* x;
   const T* mean;  // null for RMS norm
   const T* rstd;
-  const T* gy;
+  const S* gy;
   int64_t cols;
   bool weight;
   __device__ Acc<T> operator()(int64_t r, int64_t c) const {
-    const T g = gy[r * cols + c];
+    const T g = convert<T>(gy[r * cols + c]);
     if (!weight) return static_cast<Acc<T>>(g);
     const T mu = mean ? mean[r] : T(0);
-    return static_cast<Acc<T>>(g * ((x[r * cols + c] - mu) * rstd[r]));
+    return static_cast<Acc<T>>(g * ((convert<T>(x[r * cols + c]) - mu) * rstd[r]));
   }
 };
 
@@ -151,16 +164,28 @@ void check_out(const Tensor& t, const char* op) {
   REMAT_ASSERT(!t.defined() || t.is_contiguous(), op, ": output of shape ", shape_str(t.shape()), " is not contiguous");
 }
 
+// The kernels take x's dtype for the row operands and accumulate_dtype's for the statistics.
+void check_dtypes(const char* op, const Tensor& x, std::initializer_list<const Tensor*> rows,
+                  std::initializer_list<const Tensor*> statistics) {
+  for (const Tensor* t : rows)
+    REMAT_ASSERT(!t->defined() || t->dtype() == x.dtype(), op, ": an operand of dtype ", dtype_name(t->dtype()),
+                 " beside ", dtype_name(x.dtype()));
+  for (const Tensor* t : statistics)
+    REMAT_ASSERT(!t->defined() || t->dtype() == accumulate_dtype(x.dtype()), op, ": statistics of dtype ",
+                 dtype_name(t->dtype()), " for ", dtype_name(x.dtype()));
+}
+
 }  // namespace
 
 void CudaBackend::softmax(const Tensor& x_in, const Tensor& y, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   check_out(y, op);
+  check_dtypes(op, x_in, {&y}, {});
   if (y.numel() == 0) return;
   DeviceGuard guard(device_);
   Tensor x = contiguous(x_in);
   const int64_t cols = row_length(x), rows = row_count(x, cols);
-  dispatch_float(y.dtype(), op, [&]<class T>() {
+  dispatch_storage(y.dtype(), op, [&]<class T>() {
     softmax_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(y), rows, cols, log);
   });
   check_launch(op);
@@ -169,11 +194,12 @@ void CudaBackend::softmax(const Tensor& x_in, const Tensor& y, bool log) {
 void CudaBackend::softmax_backward(const Tensor& y_in, const Tensor& gy_in, const Tensor& gx, bool log) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
   check_out(gx, op);
+  check_dtypes(op, y_in, {&gy_in, &gx}, {});
   if (gx.numel() == 0) return;
   DeviceGuard guard(device_);
   Tensor y = contiguous(y_in), gy = contiguous(gy_in);
   const int64_t cols = row_length(y), rows = row_count(y, cols);
-  dispatch_float(gx.dtype(), op, [&]<class T>() {
+  dispatch_storage(gx.dtype(), op, [&]<class T>() {
     softmax_backward_kernel<T>
         <<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(y), ptr<T>(gy), ptr<T>(gx), rows, cols, log);
   });
@@ -183,13 +209,15 @@ void CudaBackend::softmax_backward(const Tensor& y_in, const Tensor& gy_in, cons
 void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps, const Tensor& y,
                              const Tensor& mean, const Tensor& rstd) {
   for (const Tensor* t : {&y, &mean, &rstd}) check_out(*t, "layer_norm");
+  check_dtypes("layer_norm", x_in, {&weight, &bias, &y}, {&mean, &rstd});
   DeviceGuard guard(device_);
   Tensor x = contiguous(x_in), w = contiguous(weight), b = contiguous(bias);
   const int64_t cols = row_length(x), rows = row_count(x, cols);
   if (rows == 0) return;
-  dispatch_float(y.dtype(), "layer_norm", [&]<class T>() {
+  dispatch_storage(y.dtype(), "layer_norm", [&]<class T>() {
     norm_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(w), ptr<T>(b), eps, ptr<T>(y),
-                                                                ptr<T>(mean), ptr<T>(rstd), rows, cols, true);
+                                                                ptr<Compute<T>>(mean), ptr<Compute<T>>(rstd), rows,
+                                                                cols, true);
   });
   check_launch("layer_norm");
 }
@@ -197,13 +225,14 @@ void CudaBackend::layer_norm(const Tensor& x_in, const Tensor& weight, const Ten
 void CudaBackend::rms_norm(const Tensor& x_in, const Tensor& weight, double eps, const Tensor& y, const Tensor& rstd) {
   check_out(y, "rms_norm");
   check_out(rstd, "rms_norm");
+  check_dtypes("rms_norm", x_in, {&weight, &y}, {&rstd});
   DeviceGuard guard(device_);
   Tensor x = contiguous(x_in), w = contiguous(weight);
   const int64_t cols = row_length(x), rows = row_count(x, cols);
   if (rows == 0) return;
-  dispatch_float(y.dtype(), "rms_norm", [&]<class T>() {
-    norm_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(w), nullptr, eps, ptr<T>(y), nullptr,
-                                                                ptr<T>(rstd), rows, cols, false);
+  dispatch_storage(y.dtype(), "rms_norm", [&]<class T>() {
+    norm_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(w), nullptr, eps, ptr<T>(y),
+                                                                nullptr, ptr<Compute<T>>(rstd), rows, cols, false);
   });
   check_launch("rms_norm");
 }
@@ -227,19 +256,20 @@ void norm_backward(CudaBackend& be, const Tensor& x, const Tensor& w, const Tens
                               "norm backward (one pass)", "norm backward (parameter sums)");
     return;
   }
+  using C = Compute<T>;
   if (gx.defined()) {
     norm_backward_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream>>>(
-        ptr<T>(x), ptr<T>(w), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), ptr<T>(gx), rows, cols);
+        ptr<T>(x), ptr<T>(w), ptr<C>(mean), ptr<C>(rstd), ptr<T>(gy), ptr<T>(gx), rows, cols);
     check_launch("norm backward");
   }
   for (const Tensor* g : {&gweight, &gbias}) {
     if (!g->defined()) continue;
     Tensor partial = be.scratch({chunks, cols}, DType::f64);
-    const NormParamTerm<T> term{ptr<T>(x), ptr<T>(mean), ptr<T>(rstd), ptr<T>(gy), cols, g == &gweight};
-    column_partials<Acc<T>><<<grid_for(chunks * cols), kThreads, 0, stream>>>(term, rows, cols, ptr<Acc<T>>(partial));
+    const NormParamTerm<T> term{ptr<T>(x), ptr<C>(mean), ptr<C>(rstd), ptr<T>(gy), cols, g == &gweight};
+    column_partials<Acc<C>><<<grid_for(chunks * cols), kThreads, 0, stream>>>(term, rows, cols, ptr<Acc<C>>(partial));
     check_launch("norm backward (parameter partials)");
-    combine_partials<Acc<T>, T>
-        <<<grid_for(cols), kThreads, 0, stream>>>(ptr<Acc<T>>(partial), chunks, cols, Acc<T>(1), ptr<T>(*g));
+    combine_partials<Acc<C>, T, C>
+        <<<grid_for(cols), kThreads, 0, stream>>>(ptr<Acc<C>>(partial), chunks, cols, Acc<C>(1), ptr<T>(*g));
     check_launch("norm backward (parameter sums)");
   }
 }
@@ -250,10 +280,11 @@ void CudaBackend::layer_norm_backward(const Tensor& x_in, const Tensor& weight, 
                                       const Tensor& rstd_in, const Tensor& gy_in, const Tensor& gx,
                                       const Tensor& gweight, const Tensor& gbias) {
   for (const Tensor* t : {&gx, &gweight, &gbias}) check_out(*t, "layer_norm_backward");
+  check_dtypes("layer_norm_backward", x_in, {&weight, &gy_in, &gx, &gweight, &gbias}, {&mean_in, &rstd_in});
   DeviceGuard guard(device_);
   Tensor x = contiguous(x_in), w = contiguous(weight), mean = contiguous(mean_in), rstd = contiguous(rstd_in),
          gy = contiguous(gy_in);
-  dispatch_float(x.dtype(), "layer_norm_backward",
+  dispatch_storage(x.dtype(), "layer_norm_backward",
                  [&]<class T>() { norm_backward<T>(*this, x, w, mean, rstd, gy, gx, gweight, gbias); });
 }
 
@@ -261,9 +292,10 @@ void CudaBackend::rms_norm_backward(const Tensor& x_in, const Tensor& weight, co
                                     const Tensor& gy_in, const Tensor& gx, const Tensor& gweight) {
   check_out(gx, "rms_norm_backward");
   check_out(gweight, "rms_norm_backward");
+  check_dtypes("rms_norm_backward", x_in, {&weight, &gy_in, &gx, &gweight}, {&rstd_in});
   DeviceGuard guard(device_);
   Tensor x = contiguous(x_in), w = contiguous(weight), rstd = contiguous(rstd_in), gy = contiguous(gy_in);
-  dispatch_float(x.dtype(), "rms_norm_backward",
+  dispatch_storage(x.dtype(), "rms_norm_backward",
                  [&]<class T>() { norm_backward<T>(*this, x, w, Tensor(), rstd, gy, gx, gweight, Tensor()); });
 }
 

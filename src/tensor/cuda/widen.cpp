@@ -6,16 +6,23 @@
 // each result once:
 //   - natively, on the 16-bit data: copy (conversions, rounded to nearest even, copy.cu), fill and
 //     arange, the digest (bytes), the matrix products (gemm.cpp: cuBLAS and cuBLASLt with 16-bit
-//     operands and float32 accumulation, CUBLAS_COMPUTE_32F, the bias epilogue included), and the
+//     operands and float32 accumulation, CUBLAS_COMPUTE_32F, the bias epilogue included), the
 //     elementwise kernels (unary ops and their derivatives, binary ops, where: elementwise.cu, each
-//     element widened to float, computed, rounded once);
+//     element widened to float, computed, rounded once), the row kernels of softmax, layer norm and
+//     RMS norm and the CUDA-core attention kernels, forward and backward (rows.cu, attention.cu: the
+//     float32 kernels' expressions and sums, in their order, on elements widened as they are loaded
+//     or staged, each output rounded once, the statistics and the log-sum-exp float32; so their
+//     results are the stand-in path's), the tiled tensor-core attention kernels with the attention
+//     switch (attention_tc.cu: bf16 and f16 products in float32, the probabilities and dS rounded
+//     to 16 bits for their products, Note [16-bit attention on tensor cores]), and the gradient
+//     norm's sum of squares;
 //   - every other kernel on float32 stand-ins made on the device: each 16-bit operand is widened
 //     exactly into a float32 scratch tensor by the copy kernel, the float32 kernel runs, and the
-//     operands it writes are rounded back once (tensor/widen.h, the CPU's mechanism). So a row
-//     kernel (norms, softmax, cross-entropy, reductions, embedding, attention) computes what
+//     operands it writes are rounded back once (tensor/widen.h, the CPU's mechanism). So such a
+//     kernel (cross-entropy, reductions, embedding, indexing) computes what
 //     the CPU reference computes, the float32 result on the 16-bit values rounded once, with the
 //     float32 kernel's summation order; it costs a float32 copy of each operand per call, which a
-//     row kernel reading and writing 16 bits itself would not.
+//     kernel reading and writing 16 bits itself does not.
 // Determinism is the float32 kernels' and cuBLAS's (Note: determinism on the GPU, in
 // cuda_backend.cpp): a recomputation runs the same conversions and kernels on the same bits, so
 // every policy gives save-all's gradients on the same device. The results are not the CPU's bits
@@ -31,11 +38,20 @@ bool native_16bit(Kernel kernel) {
     case Kernel::digest:
     case Kernel::gemm:
     case Kernel::gemm_bias:
-    case Kernel::scale_each:  // each gradient through unary and copy, which take 16 bits themselves
+    case Kernel::scale_each:   // each gradient through unary and copy, which take 16 bits themselves
+    case Kernel::sum_squares:  // each gradient through unary, reduce, copy and binary; or read as is
     case Kernel::unary:
     case Kernel::unary_backward:
     case Kernel::binary:
-    case Kernel::where: return true;
+    case Kernel::where:
+    case Kernel::softmax:
+    case Kernel::softmax_backward:
+    case Kernel::layer_norm:
+    case Kernel::layer_norm_backward:
+    case Kernel::rms_norm:
+    case Kernel::rms_norm_backward:
+    case Kernel::attention:
+    case Kernel::attention_backward: return true;
     default: return false;
   }
 }

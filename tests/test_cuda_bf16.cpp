@@ -1,0 +1,236 @@
+// The CUDA backend's own 16-bit kernels (REMAT_CUDA_FAST=bf16; every test skips without a device or
+// without the switch; scripts/cuda-check runs this file under the bf16 switch and under all of
+// them): each against the CPU's result on the same bf16 values (the CPU is the reference: float32
+// arithmetic, each result rounded once) within a stated tolerance, and bitwise the same on a second
+// call on the device:
+//   - the gradient norm's sum of squares and clipping's scaling over 300 bf16 gradients (more than
+//     any kernel's operand list of float32 stand-ins holds);
+//   - softmax, log-softmax, layer norm and RMS norm, forward and backward, reading and writing bf16
+//     (and f16) themselves, with float32 statistics;
+//   - fused attention, forward and backward, in bf16.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "remat/devices.h"
+#include "remat/remat.h"
+
+using namespace remat;
+
+namespace {
+
+const Device kGpu{DeviceType::cuda, 0};
+
+// Skips the calling test unless cuda:0 is usable and holds bf16 tensors (REMAT_CUDA_FAST=bf16).
+#define REQUIRE_BF16_GPU()                                                                                  \
+  do {                                                                                                      \
+    if (device_count(DeviceType::cuda) == 0) GTEST_SKIP() << "no CUDA device: " << unavailable_reason(DeviceType::cuda); \
+    use_device(kGpu);                                                                                       \
+    if (!backend(kGpu).holds(DType::bf16)) GTEST_SKIP() << "cuda:0 holds no bf16 without REMAT_CUDA_FAST=bf16"; \
+  } while (0)
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(kCpu).contiguous(), hb = b.to(kCpu).contiguous();
+  return ha.shape() == hb.shape() && ha.dtype() == hb.dtype() &&
+         std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+// Units in the last place of a 16-bit dtype relative to 1 (bf16 8 bits, f16 11).
+double ulp(DType dtype) { return dtype == DType::bf16 ? 0x1p-7 : 0x1p-10; }
+
+// got (on the GPU) against want (the CPU's): every element within `ulps` of the dtype's last place of
+// the larger of |want| and `floor` (a float32 result computed in another order rounds to the same
+// 16-bit value or its neighbour; differences of the stand-ins' float32 sums are far smaller).
+void expect_close(const Tensor& got, const Tensor& want, double ulps, double floor, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<double> g = got.to(kCpu).to_vector(), w = want.to_vector();
+  const double unit = is_16bit_float(want.dtype()) ? ulp(want.dtype()) : 1e-6;
+  size_t bad = 0, first = g.size();
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool both_nan = g[i] != g[i] && w[i] != w[i];
+    const bool ok = both_nan || std::abs(g[i] - w[i]) <= ulps * unit * std::max(std::abs(w[i]), floor);
+    if (!ok && bad++ == 0) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << g.size() << " elements off, first at " << first << ": "
+                     << (first < g.size() ? g[first] : 0) << " against " << (first < g.size() ? w[first] : 0);
+}
+
+Tensor empty_like_on(const Tensor& t, Device device, DType dtype) {
+  return Tensor::empty(t.shape(), dtype, memory::Tag::other, device);
+}
+
+// The gradient norm of 300 bf16 gradients (sizes across chunk boundaries, an empty one): within a
+// bf16 rounding of each gradient's sum of the CPU's (the default path rounds each gradient's sum to
+// bf16 as the CPU does; the grad_norm switch adds every square in float64), the same bits on a
+// second call; scaling them in place gives unary(mul_scalar) then copy's bits on the device.
+TEST(CudaBf16, GradientNormAndScalingOfThreeHundredGradients) {
+  REQUIRE_BF16_GPU();
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    TensorList cpu_grads, gpu_grads;
+    for (size_t i = 0; i < 300; ++i) {
+      const int64_t n = i % 7 == 3 ? 0 : static_cast<int64_t>((i * 7919) % 40000 + 1);
+      const Tensor g = randn({n}, DType::f32, RngState{1900 + i, 0}, 0.0, 0.1).to(dtype);
+      cpu_grads.push_back(g);
+      gpu_grads.push_back(g.to(kGpu));
+    }
+    const Tensor on_cpu = Tensor::empty({}, DType::f64);
+    backend(kCpu).sum_squares(cpu_grads, on_cpu);
+    std::vector<double> values;
+    for (int call = 0; call < 2; ++call) {
+      const Tensor out = Tensor::empty({}, DType::f64, memory::Tag::other, kGpu);
+      backend(kGpu).sum_squares(gpu_grads, out);
+      values.push_back(out.to(kCpu).item());
+    }
+    EXPECT_EQ(std::memcmp(&values[0], &values[1], sizeof(double)), 0) << values[0] << " then " << values[1];
+    EXPECT_NEAR(values[0], on_cpu.item(), 2 * ulp(dtype) * on_cpu.item());
+
+    TensorList want;
+    for (const Tensor& g : gpu_grads) {
+      Tensor scaled = Tensor::empty(g.shape(), dtype, memory::Tag::other, kGpu);
+      backend(kGpu).unary(UnaryOp::mul_scalar, g, scaled, 0.37);
+      want.push_back(scaled);
+    }
+    backend(kGpu).scale_each(gpu_grads, 0.37);
+    for (size_t i = 0; i < gpu_grads.size(); ++i) EXPECT_TRUE(same_bits(gpu_grads[i], want[i])) << "gradient " << i;
+  }
+}
+
+// Runs `kernel` on a backend with inputs and outputs moved there; returns the outputs on the host.
+template <class F>
+TensorList run_on(Device device, const TensorList& inputs, const TensorList& outputs_like, F kernel) {
+  TensorList in, out;
+  for (const Tensor& t : inputs) in.push_back(t.defined() ? t.to(device) : Tensor());
+  for (const Tensor& t : outputs_like) out.push_back(t.defined() ? empty_like_on(t, device, t.dtype()) : Tensor());
+  kernel(backend(device), in, out);
+  TensorList host;
+  for (const Tensor& t : out) host.push_back(t.defined() ? t.to(kCpu) : Tensor());
+  return host;
+}
+
+// The kernel's outputs on the GPU against the CPU's (16-bit outputs within `ulps` of their last
+// place of the larger of the element and `spread` times the output's largest magnitude, float32
+// statistics within 1e-5 relative), and bitwise the same on a second GPU call.
+template <class F>
+void check_kernel(const std::string& what, const TensorList& inputs, const TensorList& outputs_like, double ulps,
+                  F kernel, double spread = 0) {
+  const TensorList cpu = run_on(kCpu, inputs, outputs_like, kernel);
+  const TensorList gpu = run_on(kGpu, inputs, outputs_like, kernel);
+  const TensorList again = run_on(kGpu, inputs, outputs_like, kernel);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (!cpu[i].defined()) continue;
+    const std::string name = what + " output " + std::to_string(i);
+    double largest = 0;
+    for (double v : cpu[i].to_vector()) largest = std::max(largest, std::abs(v));
+    if (is_16bit_float(cpu[i].dtype())) expect_close(gpu[i], cpu[i], ulps, std::max(1e-3, spread * largest), name);
+    else expect_close(gpu[i], cpu[i], 10, 1e-3, name);
+    EXPECT_TRUE(same_bits(gpu[i], again[i])) << name << " differs between two calls";
+  }
+}
+
+// Softmax and the norms in bf16 and f16, rows short and long (one block walks a row of 3000).
+TEST(CudaBf16, RowKernelsFollowTheCpuAndRepeatTheirBits) {
+  REQUIRE_BF16_GPU();
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    for (const int64_t cols : {int64_t{7}, int64_t{768}, int64_t{3000}}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " cols " + std::to_string(cols));
+      const int64_t rows = 37;
+      const Tensor x = randn({rows, cols}, DType::f32, RngState{11, 0}, 0.3, 2.0).to(dtype);
+      const Tensor gy = randn({rows, cols}, DType::f32, RngState{12, 0}).to(dtype);
+      const Tensor w = randn({cols}, DType::f32, RngState{13, 0}, 1.0, 0.2).to(dtype);
+      const Tensor b = randn({cols}, DType::f32, RngState{14, 0}).to(dtype);
+      const Tensor stat = Tensor::empty({rows}, DType::f32);
+      for (const bool log : {false, true}) {
+        const std::string name = log ? "log_softmax" : "softmax";
+        check_kernel(name, {x}, {x}, 1, [&](Backend& be, const TensorList& in, const TensorList& out) {
+          be.softmax(in[0], out[0], log);
+        });
+        const Tensor y = log ? log_softmax(x.to(DType::f32)).to(dtype) : softmax(x.to(DType::f32)).to(dtype);
+        check_kernel(name + " backward", {y, gy}, {x}, 2,
+                     [&](Backend& be, const TensorList& in, const TensorList& out) {
+                       be.softmax_backward(in[0], in[1], out[0], log);
+                     });
+      }
+      check_kernel("layer_norm", {x, w, b}, {x, stat, stat}, 1,
+                   [&](Backend& be, const TensorList& in, const TensorList& out) {
+                     be.layer_norm(in[0], in[1], in[2], 1e-5, out[0], out[1], out[2]);
+                   });
+      check_kernel("rms_norm", {x, w}, {x, stat}, 1, [&](Backend& be, const TensorList& in, const TensorList& out) {
+        be.rms_norm(in[0], in[1], 1e-5, out[0], out[1]);
+      });
+      // the statistics as the CPU's kernel makes them, then both backward kernels from them
+      const TensorList fwd = run_on(kCpu, {x, w, b}, {x, stat, stat}, [&](Backend& be, const TensorList& in,
+                                                                         const TensorList& out) {
+        be.layer_norm(in[0], in[1], in[2], 1e-5, out[0], out[1], out[2]);
+      });
+      check_kernel("layer_norm backward", {x, w, fwd[1], fwd[2], gy}, {x, w, b}, 4,
+                   [&](Backend& be, const TensorList& in, const TensorList& out) {
+                     be.layer_norm_backward(in[0], in[1], in[2], in[3], in[4], out[0], out[1], out[2]);
+                   });
+      check_kernel("rms_norm backward", {x, w, fwd[2], gy}, {x, w}, 4,
+                   [&](Backend& be, const TensorList& in, const TensorList& out) {
+                     be.rms_norm_backward(in[0], in[1], in[2], in[3], out[0], out[1]);
+                   });
+    }
+  }
+}
+
+// Fused attention in bf16 and f16: head sizes 64 (the row kernels of the backward; with the attention
+// switch the tiled tensor-core kernels) and 40 (the generic ones), causal or not, with dropout; the
+// backward from the CPU's output and log-sum-exp. The tensor-core kernels round the probabilities
+// and dS to 16 bits for their products (Note [16-bit attention on tensor cores]): their outputs
+// are checked to 2^-6 (forward) and 2^-5 (gradients) of each tensor's largest magnitude in both
+// dtypes, the CUDA-core kernels' to 2 and 4 units in the last place of each element.
+TEST(CudaBf16, AttentionFollowsTheCpuAndRepeatsItsBits) {
+  REQUIRE_BF16_GPU();
+  const std::vector<std::string> on = fast_paths_on();
+  const bool tiled = std::find(on.begin(), on.end(), "attention") != on.end();
+  struct Case {
+    int64_t d;
+    bool causal;
+    double p;
+  };
+  std::vector<std::pair<DType, Case>> cases;
+  for (const DType dtype : {DType::bf16, DType::f16})
+    for (const Case& c : {Case{64, true, 0.0}, Case{64, false, 0.2}, Case{40, true, 0.1}}) cases.emplace_back(dtype, c);
+  for (const auto& [dtype, c] : cases) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " head size " + std::to_string(c.d) + (c.causal ? " causal" : "") +
+                 " dropout " + std::to_string(c.p));
+    const Shape shape{2, 3, 70, c.d};
+    const Tensor q = randn(shape, DType::f32, RngState{21, 0}).to(dtype);
+    const Tensor k = randn(shape, DType::f32, RngState{22, 0}).to(dtype);
+    const Tensor v = randn(shape, DType::f32, RngState{23, 0}).to(dtype);
+    const Tensor gout = randn(shape, DType::f32, RngState{24, 0}).to(dtype);
+    const Tensor lse = Tensor::empty({2, 3, 70}, DType::f32);
+    AttentionParams params;
+    params.scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    params.causal = c.causal;
+    params.dropout_p = c.p;
+    params.dropout_state = RngState{99, 0};
+    const bool tensor_cores = tiled && c.d == 64;
+    const double spread = tensor_cores ? 1 : 0, ulps = tensor_cores ? 0x1p-6 / ulp(dtype) : 2;
+    check_kernel(
+        "attention", {q, k, v}, {q, lse}, ulps,
+        [&](Backend& be, const TensorList& in, const TensorList& out) {
+          be.attention(in[0], in[1], in[2], params, out[0], out[1]);
+        },
+        spread);
+    const TensorList fwd = run_on(kCpu, {q, k, v}, {q, lse}, [&](Backend& be, const TensorList& in,
+                                                                 const TensorList& out) {
+      be.attention(in[0], in[1], in[2], params, out[0], out[1]);
+    });
+    check_kernel("attention backward", {q, k, v, fwd[0], fwd[1], gout}, {q, k, v}, 2 * ulps,
+                 [&](Backend& be, const TensorList& in, const TensorList& out) {
+                   be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], params, out[0], out[1], out[2]);
+                 },
+                 spread);
+  }
+}
+
+}  // namespace
