@@ -51,7 +51,10 @@ bool native_16bit(Kernel kernel) {
     case Kernel::rms_norm:
     case Kernel::rms_norm_backward:
     case Kernel::attention:
-    case Kernel::attention_backward: return true;
+    case Kernel::attention_backward:
+    case Kernel::cross_entropy:
+    case Kernel::cross_entropy_backward:
+    case Kernel::reduce: return true;
     default: return false;
   }
 }
