@@ -95,24 +95,26 @@ __global__ void embedding_checked_kernel(const T* table, const int64_t* ids, T* 
     const int64_t id = ids[i / dim];
     const bool ok = id >= 0 && id < rows;
     if (!ok && i % dim == 0) atomicMin(flag, static_cast<unsigned long long>(i / dim));
-    out[i] = ok ? table[id * dim + i % dim] : T(0);
+    out[i] = ok ? table[id * dim + i % dim] : convert<T>(0.0f);
   }
 }
 
 // For each sorted position s that starts a run of equal ids: gtable[id] += gout rows of the run,
 // in position order (the stable sort keeps equal ids in position order).
 // Checked (Fast::async): ids not known to be in range; a bad one (its deferred check fails) is skipped.
-template <class T, bool Checked = false>
-__global__ void embedding_backward_kernel(const int64_t* sorted_ids, const int64_t* positions, const T* gout, T* gtable,
+// 16-bit S: float sums of the widened rows, the table row rounded once (the float32 kernel's bits).
+template <class S, bool Checked = false>
+__global__ void embedding_backward_kernel(const int64_t* sorted_ids, const int64_t* positions, const S* gout, S* gtable,
                                           int64_t n, int64_t dim, int64_t rows) {
+  using T = Compute<S>;
   for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
     const int64_t id = sorted_ids[s];
     if (s > 0 && sorted_ids[s - 1] == id) continue;
     if (Checked && (id < 0 || id >= rows)) continue;
     for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
-      T acc = gtable[id * dim + k];
-      for (int64_t e = s; e < n && sorted_ids[e] == id; ++e) acc += gout[positions[e] * dim + k];
-      gtable[id * dim + k] = acc;
+      T acc = convert<T>(gtable[id * dim + k]);
+      for (int64_t e = s; e < n && sorted_ids[e] == id; ++e) acc += convert<T>(gout[positions[e] * dim + k]);
+      gtable[id * dim + k] = convert<S>(acc);
     }
   }
 }
@@ -348,8 +350,9 @@ void throw_bad_target(const IdCheck& c, int64_t n, int64_t classes, int64_t igno
 
 void CudaBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const Tensor& out) {
   check_out(out, "embedding");
-  REMAT_ASSERT(table_in.dim() == 2 && ids_in.dtype() == DType::i64, "embedding: table ", shape_str(table_in.shape()),
-               ", ids ", dtype_name(ids_in.dtype()));
+  REMAT_ASSERT(table_in.dim() == 2 && ids_in.dtype() == DType::i64 && table_in.dtype() == out.dtype(),
+               "embedding: table ", dtype_name(table_in.dtype()), " ", shape_str(table_in.shape()), ", ids ",
+               dtype_name(ids_in.dtype()), ", out ", dtype_name(out.dtype()));
   DeviceGuard guard(device_);
   Tensor table = contiguous(table_in), ids = contiguous(ids_in);
   const int64_t rows = table.size(0), dim = table.size(1), n = ids.numel();
@@ -359,7 +362,7 @@ void CudaBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const 
     if (c.bad >= 0) throw_bad_id(c, rows, "embedding");
   }
   if (n == 0 || dim == 0) return;
-  dispatch_float(out.dtype(), "embedding", [&]<class T>() {
+  dispatch_storage(out.dtype(), "embedding", [&]<class T>() {
     if (d.flag)
       embedding_checked_kernel<T><<<grid_for(n * dim), kThreads, 0, stream_>>>(ptr<T>(table), ptr<int64_t>(ids),
                                                                                ptr<T>(out), n, dim, rows, d.flag);
@@ -377,8 +380,9 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
   DeviceGuard guard(device_);
   Tensor ids = contiguous(ids_in), gout = contiguous(gout_in);
   const int64_t rows = gtable.size(0), dim = gtable.size(1), n = ids.numel();
-  REMAT_ASSERT(gout.numel() == n * dim, "embedding_backward: gradient of shape ", shape_str(gout.shape()), " for ", n,
-               " ids of dimension ", dim);
+  REMAT_ASSERT(gout.numel() == n * dim && gout.dtype() == gtable.dtype(), "embedding_backward: gradient ",
+               dtype_name(gout.dtype()), " of shape ", shape_str(gout.shape()), " for ", n, " ids of dimension ", dim,
+               " into ", dtype_name(gtable.dtype()));
   const Deferred d = defer_check(*this, ids, rows, "embedding_backward");
   if (d.on) {
     check_ids_deferred(*this, ids, rows, false, 0, d.flag);
@@ -408,7 +412,7 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
                                         end_bit, stream_),
         "cub::DeviceRadixSort::SortPairs");
   note_launch("embedding_backward (sort)");
-  dispatch_float(gtable.dtype(), "embedding_backward", [&]<class T>() {
+  dispatch_storage(gtable.dtype(), "embedding_backward", [&]<class T>() {
     if (d.flag)
       embedding_backward_kernel<T, true><<<grid_for(n, 1), 128, 0, stream_>>>(
           ptr<int64_t>(sorted_ids), ptr<int64_t>(sorted_positions), ptr<T>(gout), ptr<T>(gtable), n, dim, rows);

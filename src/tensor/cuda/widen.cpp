@@ -54,7 +54,9 @@ bool native_16bit(Kernel kernel) {
     case Kernel::attention_backward:
     case Kernel::cross_entropy:
     case Kernel::cross_entropy_backward:
-    case Kernel::reduce: return true;
+    case Kernel::reduce:
+    case Kernel::embedding:
+    case Kernel::embedding_backward: return true;
     default: return false;
   }
 }
