@@ -56,7 +56,15 @@ bool native_16bit(Kernel kernel) {
     case Kernel::cross_entropy_backward:
     case Kernel::reduce:
     case Kernel::embedding:
-    case Kernel::embedding_backward: return true;
+    case Kernel::embedding_backward:
+    case Kernel::max_pool2d:
+    case Kernel::avg_pool2d:
+    case Kernel::avg_pool2d_backward:
+    case Kernel::adaptive_avg_pool2d:
+    case Kernel::adaptive_avg_pool2d_backward:
+    case Kernel::batch_norm_statistics:
+    case Kernel::batch_norm_apply:
+    case Kernel::batch_norm_backward: return true;
     default: return false;
   }
 }
