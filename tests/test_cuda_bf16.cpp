@@ -11,7 +11,8 @@
 //   - cross-entropy in both kept forms (the [N, C] log-softmax and lse [N]), forward and backward,
 //     with float32 losses, log-sum-exp and mean weight;
 //   - the reductions (sum, mean, max, argmax; the column sums of the bias gradient);
-//   - embedding, forward (exact) and backward (float sums of repeated ids, rounded once).
+//   - embedding, forward (exact) and backward (float sums of repeated ids, rounded once);
+//   - pooling (max, average, adaptive average) and batch norm, forward and backward.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -324,6 +325,73 @@ TEST(CudaBf16, EmbeddingFollowsTheCpuAndRepeatsItsBits) {
                    be.fill(o[0], 0.0);
                    be.embedding_backward(in[0], in[1], o[0]);
                  });
+  }
+}
+
+// Pooling of bf16 and f16 planes (a 3 x 3 window, stride 2, padding 1; adaptive bins overlapping):
+// max pooling exactly (values and indices), averages and their backward within one unit in the
+// last place of each element (of 1e-3 where smaller).
+TEST(CudaBf16, PoolingFollowsTheCpuAndRepeatsItsBits) {
+  REQUIRE_BF16_GPU();
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor x = randn({2, 3, 11, 13}, DType::f32, RngState{61, 0}).to(dtype);
+    Pool2dGeometry g;
+    g.kernel_h = g.kernel_w = 3, g.stride_h = g.stride_w = 2, g.pad_h = g.pad_w = 1;
+    const Tensor y = Tensor::empty({2, 3, 6, 7}, dtype), idx = Tensor::empty({2, 3, 6, 7}, DType::i64);
+    const Tensor gy = randn({2, 3, 6, 7}, DType::f32, RngState{62, 0}).to(dtype);
+    check_kernel("max_pool2d", {x}, {y, idx}, 0,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) { be.max_pool2d(in[0], g, o[0], o[1]); });
+    for (const bool include_pad : {true, false}) {
+      g.count_include_pad = include_pad;
+      check_kernel("avg_pool2d", {x}, {y}, 1,
+                   [&](Backend& be, const TensorList& in, const TensorList& o) { be.avg_pool2d(in[0], g, o[0]); });
+      check_kernel("avg_pool2d backward", {gy}, {x}, 1, [&](Backend& be, const TensorList& in, const TensorList& o) {
+        be.avg_pool2d_backward(in[0], g, o[0]);
+      });
+    }
+    const Tensor ya = Tensor::empty({2, 3, 4, 5}, dtype);
+    const Tensor gya = randn({2, 3, 4, 5}, DType::f32, RngState{63, 0}).to(dtype);
+    check_kernel("adaptive_avg_pool2d", {x}, {ya}, 1,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) { be.adaptive_avg_pool2d(in[0], o[0]); });
+    check_kernel("adaptive_avg_pool2d backward", {gya}, {x}, 1,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) {
+                   be.adaptive_avg_pool2d_backward(in[0], o[0]);
+                 });
+  }
+}
+
+// Batch norm of bf16 and f16 [N, C, S]: float32 statistics within 1e-5 relative of the CPU's, the
+// normalised output within one unit in the last place, the gradients (batch statistics or
+// constants) within four, each of the element or of 1e-3.
+TEST(CudaBf16, BatchNormFollowsTheCpuAndRepeatsItsBits) {
+  REQUIRE_BF16_GPU();
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const int64_t channels = 6;
+    const Tensor x = randn({4, channels, 5, 7}, DType::f32, RngState{71, 0}, 0.5, 2.0).to(dtype);
+    const Tensor gy = randn({4, channels, 5, 7}, DType::f32, RngState{72, 0}).to(dtype);
+    const Tensor w = randn({channels}, DType::f32, RngState{73, 0}, 1.0, 0.2).to(dtype);
+    const Tensor b = randn({channels}, DType::f32, RngState{74, 0}).to(dtype);
+    const Tensor stat = Tensor::empty({channels}, DType::f32);
+    const auto statistics = [&](Backend& be, const TensorList& in, const TensorList& o) {
+      be.batch_norm_statistics(in[0], o[0], o[1]);
+    };
+    check_kernel("batch_norm statistics", {x}, {stat, stat}, 1, statistics);
+    const TensorList st = run_on(kCpu, {x}, {stat, stat}, statistics);
+    std::vector<float> rstd;
+    for (double v : st[1].to_vector()) rstd.push_back(static_cast<float>(1.0 / std::sqrt(v + 1e-5)));
+    const Tensor r = from_vector(rstd, {channels});
+    check_kernel("batch_norm apply", {x, st[0], r, w, b}, {x}, 1,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) {
+                   be.batch_norm_apply(in[0], in[1], in[2], in[3], in[4], o[0]);
+                 });
+    for (const bool batch_statistics : {true, false}) {
+      check_kernel("batch_norm backward", {x, st[0], r, w, gy}, {x, w, b}, 4,
+                   [&](Backend& be, const TensorList& in, const TensorList& o) {
+                     be.batch_norm_backward(in[0], in[1], in[2], in[3], in[4], batch_statistics, o[0], o[1], o[2]);
+                   });
+    }
   }
 }
 
