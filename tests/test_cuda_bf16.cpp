@@ -12,7 +12,9 @@
 //     with float32 losses, log-sum-exp and mean weight;
 //   - the reductions (sum, mean, max, argmax; the column sums of the bias gradient);
 //   - embedding, forward (exact) and backward (float sums of repeated ids, rounded once);
-//   - pooling (max, average, adaptive average) and batch norm, forward and backward.
+//   - pooling (max, average, adaptive average) and batch norm, forward and backward;
+// the kernels of the last four also bitwise against their float32 kernels on the GPU on widened
+// inputs, outputs rounded once (the stand-in path they replace).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -139,6 +141,35 @@ void check_kernel(const std::string& what, const TensorList& inputs, const Tenso
   }
 }
 
+// The kernel's outputs on the GPU from 16-bit inputs are the bits of its float32 kernel on the GPU
+// from the inputs widened exactly, each 16-bit output rounded once: the stand-in path's results
+// (Note [16-bit floats on the GPU]), for the kernels written to reproduce them.
+template <class F>
+void expect_stand_in_bits(const std::string& what, const TensorList& inputs, const TensorList& outputs_like,
+                          F kernel) {
+  const auto widened = [](const Tensor& t) {
+    return t.defined() && is_16bit_float(t.dtype()) ? Tensor::empty(t.shape(), DType::f32) : t;
+  };
+  TensorList wide_in, wide_out;
+  for (const Tensor& t : inputs) wide_in.push_back(t.defined() && is_16bit_float(t.dtype()) ? t.to(DType::f32) : t);
+  for (const Tensor& t : outputs_like) wide_out.push_back(widened(t));
+  const TensorList native = run_on(kGpu, inputs, outputs_like, kernel);
+  const TensorList wide = run_on(kGpu, wide_in, wide_out, kernel);
+  for (size_t i = 0; i < native.size(); ++i) {
+    if (!native[i].defined()) continue;
+    EXPECT_TRUE(same_bits(native[i], wide[i].to(native[i].dtype())))
+        << what << " output " << i << " is not the float32 kernel's result rounded once";
+  }
+}
+
+// check_kernel, and the stand-in path's bits.
+template <class F>
+void check_native(const std::string& what, const TensorList& inputs, const TensorList& outputs_like, double ulps,
+                  F kernel) {
+  check_kernel(what, inputs, outputs_like, ulps, kernel);
+  expect_stand_in_bits(what, inputs, outputs_like, kernel);
+}
+
 // Softmax and the norms in bf16 and f16, rows short and long (one block walks a row of 3000).
 TEST(CudaBf16, RowKernelsFollowTheCpuAndRepeatTheirBits) {
   REQUIRE_BF16_GPU();
@@ -261,10 +292,10 @@ TEST(CudaBf16, CrossEntropyFollowsTheCpuAndRepeatsItsBits) {
           const auto forward = [&](Backend& be, const TensorList& in, const TensorList& out) {
             be.cross_entropy(in[0], in[1], eps, ignore, out[0], out[1], out[2]);
           };
-          check_kernel("cross_entropy", {logits, targets}, {losses, kept, scale}, 1, forward);
+          check_native("cross_entropy", {logits, targets}, {losses, kept, scale}, 1, forward);
           const TensorList fwd = run_on(kCpu, {logits, targets}, {losses, kept, scale}, forward);
           const Tensor gloss = randn({rows}, DType::f32, RngState{32, 0});
-          check_kernel("cross_entropy backward", {lse_form ? logits : Tensor(), fwd[1], targets, gloss}, {logits}, 2,
+          check_native("cross_entropy backward", {lse_form ? logits : Tensor(), fwd[1], targets, gloss}, {logits}, 2,
                        [&](Backend& be, const TensorList& in, const TensorList& out) {
                          be.cross_entropy_backward(in[0], in[1], in[2], in[3], eps, ignore, out[0]);
                        });
@@ -298,7 +329,7 @@ TEST(CudaBf16, ReductionsFollowTheCpuAndRepeatTheirBits) {
         SCOPED_TRACE(std::string(dtype_name(dtype)) + " shape " + shape_str(c.shape) + " op " +
                      std::to_string(static_cast<int>(op)));
         const Tensor out = Tensor::empty(out_shape, op == ReduceOp::argmax ? DType::i64 : dtype);
-        check_kernel("reduce", {x}, {out}, op == ReduceOp::max || op == ReduceOp::argmax ? 0 : 1,
+        check_native("reduce", {x}, {out}, op == ReduceOp::max || op == ReduceOp::argmax ? 0 : 1,
                      [&](Backend& be, const TensorList& in, const TensorList& o) { be.reduce(op, in[0], c.axes, o[0]); });
       }
     }
@@ -317,10 +348,10 @@ TEST(CudaBf16, EmbeddingFollowsTheCpuAndRepeatsItsBits) {
     for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = (i * i * 31 + 7) % rows;
     const Tensor ids = from_indices(v, {n});
     const Tensor out = Tensor::empty({n, dim}, dtype);
-    check_kernel("embedding", {table, ids}, {out}, 0,
+    check_native("embedding", {table, ids}, {out}, 0,
                  [&](Backend& be, const TensorList& in, const TensorList& o) { be.embedding(in[0], in[1], o[0]); });
     const Tensor gout = randn({n, dim}, DType::f32, RngState{52, 0}).to(dtype);
-    check_kernel("embedding backward", {ids, gout}, {table}, 1,
+    check_native("embedding backward", {ids, gout}, {table}, 1,
                  [&](Backend& be, const TensorList& in, const TensorList& o) {
                    be.fill(o[0], 0.0);
                    be.embedding_backward(in[0], in[1], o[0]);
@@ -340,21 +371,21 @@ TEST(CudaBf16, PoolingFollowsTheCpuAndRepeatsItsBits) {
     g.kernel_h = g.kernel_w = 3, g.stride_h = g.stride_w = 2, g.pad_h = g.pad_w = 1;
     const Tensor y = Tensor::empty({2, 3, 6, 7}, dtype), idx = Tensor::empty({2, 3, 6, 7}, DType::i64);
     const Tensor gy = randn({2, 3, 6, 7}, DType::f32, RngState{62, 0}).to(dtype);
-    check_kernel("max_pool2d", {x}, {y, idx}, 0,
+    check_native("max_pool2d", {x}, {y, idx}, 0,
                  [&](Backend& be, const TensorList& in, const TensorList& o) { be.max_pool2d(in[0], g, o[0], o[1]); });
     for (const bool include_pad : {true, false}) {
       g.count_include_pad = include_pad;
-      check_kernel("avg_pool2d", {x}, {y}, 1,
+      check_native("avg_pool2d", {x}, {y}, 1,
                    [&](Backend& be, const TensorList& in, const TensorList& o) { be.avg_pool2d(in[0], g, o[0]); });
-      check_kernel("avg_pool2d backward", {gy}, {x}, 1, [&](Backend& be, const TensorList& in, const TensorList& o) {
+      check_native("avg_pool2d backward", {gy}, {x}, 1, [&](Backend& be, const TensorList& in, const TensorList& o) {
         be.avg_pool2d_backward(in[0], g, o[0]);
       });
     }
     const Tensor ya = Tensor::empty({2, 3, 4, 5}, dtype);
     const Tensor gya = randn({2, 3, 4, 5}, DType::f32, RngState{63, 0}).to(dtype);
-    check_kernel("adaptive_avg_pool2d", {x}, {ya}, 1,
+    check_native("adaptive_avg_pool2d", {x}, {ya}, 1,
                  [&](Backend& be, const TensorList& in, const TensorList& o) { be.adaptive_avg_pool2d(in[0], o[0]); });
-    check_kernel("adaptive_avg_pool2d backward", {gya}, {x}, 1,
+    check_native("adaptive_avg_pool2d backward", {gya}, {x}, 1,
                  [&](Backend& be, const TensorList& in, const TensorList& o) {
                    be.adaptive_avg_pool2d_backward(in[0], o[0]);
                  });
@@ -377,17 +408,17 @@ TEST(CudaBf16, BatchNormFollowsTheCpuAndRepeatsItsBits) {
     const auto statistics = [&](Backend& be, const TensorList& in, const TensorList& o) {
       be.batch_norm_statistics(in[0], o[0], o[1]);
     };
-    check_kernel("batch_norm statistics", {x}, {stat, stat}, 1, statistics);
+    check_native("batch_norm statistics", {x}, {stat, stat}, 1, statistics);
     const TensorList st = run_on(kCpu, {x}, {stat, stat}, statistics);
     std::vector<float> rstd;
     for (double v : st[1].to_vector()) rstd.push_back(static_cast<float>(1.0 / std::sqrt(v + 1e-5)));
     const Tensor r = from_vector(rstd, {channels});
-    check_kernel("batch_norm apply", {x, st[0], r, w, b}, {x}, 1,
+    check_native("batch_norm apply", {x, st[0], r, w, b}, {x}, 1,
                  [&](Backend& be, const TensorList& in, const TensorList& o) {
                    be.batch_norm_apply(in[0], in[1], in[2], in[3], in[4], o[0]);
                  });
     for (const bool batch_statistics : {true, false}) {
-      check_kernel("batch_norm backward", {x, st[0], r, w, gy}, {x, w, b}, 4,
+      check_native("batch_norm backward", {x, st[0], r, w, gy}, {x, w, b}, 4,
                    [&](Backend& be, const TensorList& in, const TensorList& o) {
                      be.batch_norm_backward(in[0], in[1], in[2], in[3], in[4], batch_statistics, o[0], o[1], o[2]);
                    });
