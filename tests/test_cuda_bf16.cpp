@@ -7,7 +7,14 @@
 //     any kernel's operand list of float32 stand-ins holds);
 //   - softmax, log-softmax, layer norm and RMS norm, forward and backward, reading and writing bf16
 //     (and f16) themselves, with float32 statistics;
-//   - fused attention, forward and backward, in bf16.
+//   - fused attention, forward and backward, in bf16;
+//   - cross-entropy in both kept forms (the [N, C] log-softmax and lse [N]), forward and backward,
+//     with float32 losses, log-sum-exp and mean weight;
+//   - the reductions (sum, mean, max, argmax; the column sums of the bias gradient);
+//   - embedding, forward (exact) and backward (float sums of repeated ids, rounded once);
+//   - pooling (max, average, adaptive average) and batch norm, forward and backward;
+// the kernels of the last four also bitwise against their float32 kernels on the GPU on widened
+// inputs, outputs rounded once (the stand-in path they replace).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -134,6 +141,35 @@ void check_kernel(const std::string& what, const TensorList& inputs, const Tenso
   }
 }
 
+// The kernel's outputs on the GPU from 16-bit inputs are the bits of its float32 kernel on the GPU
+// from the inputs widened exactly, each 16-bit output rounded once: the stand-in path's results
+// (Note [16-bit floats on the GPU]), for the kernels written to reproduce them.
+template <class F>
+void expect_stand_in_bits(const std::string& what, const TensorList& inputs, const TensorList& outputs_like,
+                          F kernel) {
+  const auto widened = [](const Tensor& t) {
+    return t.defined() && is_16bit_float(t.dtype()) ? Tensor::empty(t.shape(), DType::f32) : t;
+  };
+  TensorList wide_in, wide_out;
+  for (const Tensor& t : inputs) wide_in.push_back(t.defined() && is_16bit_float(t.dtype()) ? t.to(DType::f32) : t);
+  for (const Tensor& t : outputs_like) wide_out.push_back(widened(t));
+  const TensorList native = run_on(kGpu, inputs, outputs_like, kernel);
+  const TensorList wide = run_on(kGpu, wide_in, wide_out, kernel);
+  for (size_t i = 0; i < native.size(); ++i) {
+    if (!native[i].defined()) continue;
+    EXPECT_TRUE(same_bits(native[i], wide[i].to(native[i].dtype())))
+        << what << " output " << i << " is not the float32 kernel's result rounded once";
+  }
+}
+
+// check_kernel, and the stand-in path's bits.
+template <class F>
+void check_native(const std::string& what, const TensorList& inputs, const TensorList& outputs_like, double ulps,
+                  F kernel) {
+  check_kernel(what, inputs, outputs_like, ulps, kernel);
+  expect_stand_in_bits(what, inputs, outputs_like, kernel);
+}
+
 // Softmax and the norms in bf16 and f16, rows short and long (one block walks a row of 3000).
 TEST(CudaBf16, RowKernelsFollowTheCpuAndRepeatTheirBits) {
   REQUIRE_BF16_GPU();
@@ -230,6 +266,163 @@ TEST(CudaBf16, AttentionFollowsTheCpuAndRepeatsItsBits) {
                    be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], params, out[0], out[1], out[2]);
                  },
                  spread);
+  }
+}
+
+// Cross-entropy on bf16 and f16 logits in both kept forms, with and without label smoothing, some
+// rows ignored, classes few and many (one block walks a row of 5000): losses, lse and the mean's
+// weight float32 within 1e-5 relative of the CPU's, the [N, C] log-softmax within one unit in the
+// last place; the backward from the CPU's kept statistic within two units of each element (of
+// 1e-3 where the gradient is smaller: the smoothed target's cancellation).
+TEST(CudaBf16, CrossEntropyFollowsTheCpuAndRepeatsItsBits) {
+  REQUIRE_BF16_GPU();
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    for (const int64_t cols : {int64_t{10}, int64_t{5000}}) {
+      for (const double eps : {0.0, 0.1}) {
+        for (const bool lse_form : {false, true}) {
+          SCOPED_TRACE(std::string(dtype_name(dtype)) + " classes " + std::to_string(cols) + " smoothing " +
+                       std::to_string(eps) + (lse_form ? " lse [N]" : " log-softmax [N, C]"));
+          const int64_t rows = 29, ignore = -100;
+          const Tensor logits = randn({rows, cols}, DType::f32, RngState{31, 0}, 0.0, 3.0).to(dtype);
+          std::vector<int64_t> t(static_cast<size_t>(rows));
+          for (int64_t r = 0; r < rows; ++r) t[static_cast<size_t>(r)] = r % 5 == 2 ? ignore : (r * 7919) % cols;
+          const Tensor targets = from_indices(t, {rows});
+          const Tensor losses = Tensor::empty({rows}, DType::f32), scale = Tensor::empty({}, DType::f32);
+          const Tensor kept = lse_form ? losses : logits;
+          const auto forward = [&](Backend& be, const TensorList& in, const TensorList& out) {
+            be.cross_entropy(in[0], in[1], eps, ignore, out[0], out[1], out[2]);
+          };
+          check_native("cross_entropy", {logits, targets}, {losses, kept, scale}, 1, forward);
+          const TensorList fwd = run_on(kCpu, {logits, targets}, {losses, kept, scale}, forward);
+          const Tensor gloss = randn({rows}, DType::f32, RngState{32, 0});
+          check_native("cross_entropy backward", {lse_form ? logits : Tensor(), fwd[1], targets, gloss}, {logits}, 2,
+                       [&](Backend& be, const TensorList& in, const TensorList& out) {
+                         be.cross_entropy_backward(in[0], in[1], in[2], in[3], eps, ignore, out[0]);
+                       });
+        }
+      }
+    }
+  }
+}
+
+// Reductions of bf16 and f16: over the last axis (a block per output, rows of 3000), over the
+// leading axis of a contiguous tensor (the column sums of a bias gradient; with the bias_grad
+// switch the sliced kernel, vector loads where aligned), over axes apart (the strided walk) and
+// short ones (a thread per output): sums and means within one unit in the last place of each
+// output (of 1e-3 where smaller: a float64 sum in another order rounds the same but for ties),
+// max exactly, argmax equal.
+TEST(CudaBf16, ReductionsFollowTheCpuAndRepeatTheirBits) {
+  REQUIRE_BF16_GPU();
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> axes;
+  };
+  const std::vector<Case> cases = {{{37, 3000}, {1}}, {{3000, 40}, {0}}, {{1200, 77}, {0}},
+                                   {{6, 50, 9}, {0, 2}}, {{40, 20}, {1}}, {{5, 700}, {0, 1}}};
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    for (const Case& c : cases) {
+      const Tensor x = randn(c.shape, DType::f32, RngState{41, 0}, 0.3, 2.0).to(dtype);
+      Shape out_shape;
+      for (int64_t i = 0; i < x.dim(); ++i)
+        if (std::find(c.axes.begin(), c.axes.end(), i) == c.axes.end()) out_shape.push_back(x.size(i));
+      for (const ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max, ReduceOp::argmax}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " shape " + shape_str(c.shape) + " op " +
+                     std::to_string(static_cast<int>(op)));
+        const Tensor out = Tensor::empty(out_shape, op == ReduceOp::argmax ? DType::i64 : dtype);
+        check_native("reduce", {x}, {out}, op == ReduceOp::max || op == ReduceOp::argmax ? 0 : 1,
+                     [&](Backend& be, const TensorList& in, const TensorList& o) { be.reduce(op, in[0], c.axes, o[0]); });
+      }
+    }
+  }
+}
+
+// Embedding of bf16 and f16 tables: the rows exactly; the backward (ids repeated up to 40 times)
+// within one unit in the last place of each table entry (of 1e-3 where smaller).
+TEST(CudaBf16, EmbeddingFollowsTheCpuAndRepeatsItsBits) {
+  REQUIRE_BF16_GPU();
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const int64_t rows = 50, dim = 96, n = 2000;
+    const Tensor table = randn({rows, dim}, DType::f32, RngState{51, 0}).to(dtype);
+    std::vector<int64_t> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = (i * i * 31 + 7) % rows;
+    const Tensor ids = from_indices(v, {n});
+    const Tensor out = Tensor::empty({n, dim}, dtype);
+    check_native("embedding", {table, ids}, {out}, 0,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) { be.embedding(in[0], in[1], o[0]); });
+    const Tensor gout = randn({n, dim}, DType::f32, RngState{52, 0}).to(dtype);
+    check_native("embedding backward", {ids, gout}, {table}, 1,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) {
+                   be.fill(o[0], 0.0);
+                   be.embedding_backward(in[0], in[1], o[0]);
+                 });
+  }
+}
+
+// Pooling of bf16 and f16 planes (a 3 x 3 window, stride 2, padding 1; adaptive bins overlapping):
+// max pooling exactly (values and indices), averages and their backward within one unit in the
+// last place of each element (of 1e-3 where smaller).
+TEST(CudaBf16, PoolingFollowsTheCpuAndRepeatsItsBits) {
+  REQUIRE_BF16_GPU();
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor x = randn({2, 3, 11, 13}, DType::f32, RngState{61, 0}).to(dtype);
+    Pool2dGeometry g;
+    g.kernel_h = g.kernel_w = 3, g.stride_h = g.stride_w = 2, g.pad_h = g.pad_w = 1;
+    const Tensor y = Tensor::empty({2, 3, 6, 7}, dtype), idx = Tensor::empty({2, 3, 6, 7}, DType::i64);
+    const Tensor gy = randn({2, 3, 6, 7}, DType::f32, RngState{62, 0}).to(dtype);
+    check_native("max_pool2d", {x}, {y, idx}, 0,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) { be.max_pool2d(in[0], g, o[0], o[1]); });
+    for (const bool include_pad : {true, false}) {
+      g.count_include_pad = include_pad;
+      check_native("avg_pool2d", {x}, {y}, 1,
+                   [&](Backend& be, const TensorList& in, const TensorList& o) { be.avg_pool2d(in[0], g, o[0]); });
+      check_native("avg_pool2d backward", {gy}, {x}, 1, [&](Backend& be, const TensorList& in, const TensorList& o) {
+        be.avg_pool2d_backward(in[0], g, o[0]);
+      });
+    }
+    const Tensor ya = Tensor::empty({2, 3, 4, 5}, dtype);
+    const Tensor gya = randn({2, 3, 4, 5}, DType::f32, RngState{63, 0}).to(dtype);
+    check_native("adaptive_avg_pool2d", {x}, {ya}, 1,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) { be.adaptive_avg_pool2d(in[0], o[0]); });
+    check_native("adaptive_avg_pool2d backward", {gya}, {x}, 1,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) {
+                   be.adaptive_avg_pool2d_backward(in[0], o[0]);
+                 });
+  }
+}
+
+// Batch norm of bf16 and f16 [N, C, S]: float32 statistics within 1e-5 relative of the CPU's, the
+// normalised output within one unit in the last place, the gradients (batch statistics or
+// constants) within four, each of the element or of 1e-3.
+TEST(CudaBf16, BatchNormFollowsTheCpuAndRepeatsItsBits) {
+  REQUIRE_BF16_GPU();
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const int64_t channels = 6;
+    const Tensor x = randn({4, channels, 5, 7}, DType::f32, RngState{71, 0}, 0.5, 2.0).to(dtype);
+    const Tensor gy = randn({4, channels, 5, 7}, DType::f32, RngState{72, 0}).to(dtype);
+    const Tensor w = randn({channels}, DType::f32, RngState{73, 0}, 1.0, 0.2).to(dtype);
+    const Tensor b = randn({channels}, DType::f32, RngState{74, 0}).to(dtype);
+    const Tensor stat = Tensor::empty({channels}, DType::f32);
+    const auto statistics = [&](Backend& be, const TensorList& in, const TensorList& o) {
+      be.batch_norm_statistics(in[0], o[0], o[1]);
+    };
+    check_native("batch_norm statistics", {x}, {stat, stat}, 1, statistics);
+    const TensorList st = run_on(kCpu, {x}, {stat, stat}, statistics);
+    std::vector<float> rstd;
+    for (double v : st[1].to_vector()) rstd.push_back(static_cast<float>(1.0 / std::sqrt(v + 1e-5)));
+    const Tensor r = from_vector(rstd, {channels});
+    check_native("batch_norm apply", {x, st[0], r, w, b}, {x}, 1,
+                 [&](Backend& be, const TensorList& in, const TensorList& o) {
+                   be.batch_norm_apply(in[0], in[1], in[2], in[3], in[4], o[0]);
+                 });
+    for (const bool batch_statistics : {true, false}) {
+      check_native("batch_norm backward", {x, st[0], r, w, gy}, {x, w, b}, 4,
+                   [&](Backend& be, const TensorList& in, const TensorList& o) {
+                     be.batch_norm_backward(in[0], in[1], in[2], in[3], in[4], batch_statistics, o[0], o[1], o[2]);
+                   });
+    }
   }
 }
 

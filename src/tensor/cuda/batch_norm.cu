@@ -5,8 +5,10 @@
 // statistics of its first run. The statistics are taken on values shifted by the channel's first
 // element, as on the CPU.
 #include <cmath>
+#include <utility>
 
 #include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda {
 
@@ -16,15 +18,15 @@ using kernel::channel_element;
 using kernel::ChannelLayout;
 ChannelLayout layout_of(const Tensor& x) { return kernel::channel_layout(x); }
 
-template <class T>
-__global__ void statistics_kernel(const T* x, ChannelLayout l, T* mean, T* var) {
+template <class S, class T = Compute<S>>
+__global__ void statistics_kernel(const S* x, ChannelLayout l, T* mean, T* var) {
   __shared__ Acc<T> shared[32];
   const int64_t count = l.n * l.s;
   for (int64_t c = blockIdx.x; c < l.c; c += gridDim.x) {
-    const Acc<T> shift = static_cast<Acc<T>>(x[c * l.s]);
+    const Acc<T> shift = static_cast<Acc<T>>(convert<T>(x[c * l.s]));
     Acc<T> s1 = 0, s2 = 0;
     for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
-      const Acc<T> d = static_cast<Acc<T>>(x[channel_element(l, c, k)]) - shift;
+      const Acc<T> d = static_cast<Acc<T>>(convert<T>(x[channel_element(l, c, k)])) - shift;
       s1 += d;
       s2 += d * d;
     }
@@ -39,19 +41,19 @@ __global__ void statistics_kernel(const T* x, ChannelLayout l, T* mean, T* var) 
   }
 }
 
-template <class T>
-__global__ void apply_kernel(const T* x, const T* mean, const T* rstd, const T* w, const T* b, T* y, ChannelLayout l) {
+template <class S, class T = Compute<S>>
+__global__ void apply_kernel(const S* x, const T* mean, const T* rstd, const S* w, const S* b, S* y, ChannelLayout l) {
   REMAT_GRID_LOOP(i, l.n * l.c * l.s) {
     const int64_t c = (i / l.s) % l.c;
-    const T scale = w ? rstd[c] * w[c] : rstd[c];
-    const T shift = (b ? b[c] : T(0)) - mean[c] * scale;
-    y[i] = x[i] * scale + shift;
+    const T scale = w ? rstd[c] * convert<T>(w[c]) : rstd[c];
+    const T shift = (b ? convert<T>(b[c]) : T(0)) - mean[c] * scale;
+    y[i] = convert<S>(convert<T>(x[i]) * scale + shift);
   }
 }
 
 // sums[c] = sum(gy), sums[C + c] = sum(gy * xhat) per channel
-template <class T>
-__global__ void grad_sums_kernel(const T* x, const T* gy, const T* mean, const T* rstd, ChannelLayout l, T* sums) {
+template <class S, class T = Compute<S>>
+__global__ void grad_sums_kernel(const S* x, const S* gy, const T* mean, const T* rstd, ChannelLayout l, T* sums) {
   __shared__ Acc<T> shared[32];
   const int64_t count = l.n * l.s;
   for (int64_t c = blockIdx.x; c < l.c; c += gridDim.x) {
@@ -59,9 +61,9 @@ __global__ void grad_sums_kernel(const T* x, const T* gy, const T* mean, const T
     Acc<T> a = 0, b = 0;
     for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
       const int64_t i = channel_element(l, c, k);
-      const Acc<T> g = static_cast<Acc<T>>(gy[i]);
+      const Acc<T> g = static_cast<Acc<T>>(convert<T>(gy[i]));
       a += g;
-      b += g * ((static_cast<Acc<T>>(x[i]) - m) * r);
+      b += g * ((static_cast<Acc<T>>(convert<T>(x[i])) - m) * r);
     }
     a = block_sum(a, shared);
     b = block_sum(b, shared);
@@ -72,20 +74,26 @@ __global__ void grad_sums_kernel(const T* x, const T* gy, const T* mean, const T
   }
 }
 
-template <class T>
-__global__ void input_grad_kernel(const T* x, const T* gy, const T* mean, const T* rstd, const T* w, const T* sums,
-                                  bool batch_statistics, T inv_count, ChannelLayout l, T* gx) {
+template <class S, class T = Compute<S>>
+__global__ void input_grad_kernel(const S* x, const S* gy, const T* mean, const T* rstd, const S* w, const T* sums,
+                                  bool batch_statistics, T inv_count, ChannelLayout l, S* gx) {
   REMAT_GRID_LOOP(i, l.n * l.c * l.s) {
     const int64_t c = (i / l.s) % l.c;
-    const T scale = w ? rstd[c] * w[c] : rstd[c];
+    const T scale = w ? rstd[c] * convert<T>(w[c]) : rstd[c];
     if (!batch_statistics) {  // mean and rstd are constants: y = x * scale + shift
-      gx[i] = gy[i] * scale;
+      gx[i] = convert<S>(convert<T>(gy[i]) * scale);
       continue;
     }
     // gx = scale * (gy - mean(gy) - xhat * mean(gy * xhat))
     const T mean_gy = sums[c] * inv_count, mean_gy_xhat = sums[l.c + c] * inv_count;
-    gx[i] = scale * (gy[i] - mean_gy - (x[i] - mean[c]) * rstd[c] * mean_gy_xhat);
+    gx[i] = convert<S>(scale * (convert<T>(gy[i]) - mean_gy - (convert<T>(x[i]) - mean[c]) * rstd[c] * mean_gy_xhat));
   }
+}
+
+// dst[i] = src[i] rounded to 16 bits (the parameter gradients' float32 sums)
+template <class S>
+__global__ void narrow_kernel(const float* src, S* dst, int64_t n) {
+  REMAT_GRID_LOOP(i, n) { dst[i] = convert<S>(src[i]); }
 }
 
 }  // namespace
@@ -100,8 +108,11 @@ void CudaBackend::batch_norm_statistics(const Tensor& x_in, const Tensor& mean, 
     fill(var, std::nan(""));
     return;
   }
-  dispatch_float(x.dtype(), "batch_norm", [&]<class T>() {
-    statistics_kernel<T><<<grid_for(l.c, 1), kThreads, 0, stream_>>>(ptr<T>(x), l, ptr<T>(mean), ptr<T>(var));
+  REMAT_ASSERT(mean.dtype() == accumulate_dtype(x.dtype()) && var.dtype() == mean.dtype(), "batch_norm: ",
+               dtype_name(x.dtype()), " statistics into ", dtype_name(mean.dtype()));
+  dispatch_storage(x.dtype(), "batch_norm", [&]<class S>() {
+    using T = Compute<S>;
+    statistics_kernel<S><<<grid_for(l.c, 1), kThreads, 0, stream_>>>(ptr<S>(x), l, ptr<T>(mean), ptr<T>(var));
   });
   check_launch("batch_norm");
 }
@@ -113,9 +124,13 @@ void CudaBackend::batch_norm_apply(const Tensor& x_in, const Tensor& mean, const
   const ChannelLayout l = layout_of(x);
   const int64_t n = l.n * l.c * l.s;
   if (n == 0) return;
-  dispatch_float(x.dtype(), "batch_norm", [&]<class T>() {
-    apply_kernel<T>
-        <<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(m), ptr<T>(r), ptr<T>(w), ptr<T>(b), ptr<T>(y), l);
+  REMAT_ASSERT(m.dtype() == accumulate_dtype(x.dtype()) && r.dtype() == m.dtype() &&
+                   (!w.defined() || w.dtype() == x.dtype()) && (!b.defined() || b.dtype() == x.dtype()),
+               "batch_norm: ", dtype_name(x.dtype()), " with statistics ", dtype_name(m.dtype()));
+  dispatch_storage(x.dtype(), "batch_norm", [&]<class S>() {
+    using T = Compute<S>;
+    apply_kernel<S>
+        <<<grid_for(n), kThreads, 0, stream_>>>(ptr<S>(x), ptr<T>(m), ptr<T>(r), ptr<S>(w), ptr<S>(b), ptr<S>(y), l);
   });
   check_launch("batch_norm");
 }
@@ -129,26 +144,33 @@ void CudaBackend::batch_norm_backward(const Tensor& x_in, const Tensor& mean_in,
   const ChannelLayout l = layout_of(x);
   if (l.c == 0) return;
   const bool need_sums = batch_statistics || gweight.defined() || gbias.defined();
-  dispatch_float(x.dtype(), "batch_norm_backward", [&]<class T>() {
-    Tensor sums = scratch(Shape{2, l.c}, x.dtype());
+  REMAT_ASSERT(m.dtype() == accumulate_dtype(x.dtype()) && r.dtype() == m.dtype() && gy.dtype() == x.dtype(),
+               "batch_norm_backward: ", dtype_name(x.dtype()), " with statistics ", dtype_name(m.dtype()));
+  dispatch_storage(x.dtype(), "batch_norm_backward", [&]<class S>() {
+    using T = Compute<S>;
+    Tensor sums = scratch(Shape{2, l.c}, accumulate_dtype(x.dtype()));
     if (need_sums) {
-      grad_sums_kernel<T>
-          <<<grid_for(l.c, 1), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(gy), ptr<T>(m), ptr<T>(r), l, ptr<T>(sums));
+      grad_sums_kernel<S>
+          <<<grid_for(l.c, 1), kThreads, 0, stream_>>>(ptr<S>(x), ptr<S>(gy), ptr<T>(m), ptr<T>(r), l, ptr<T>(sums));
       check_launch("batch_norm_backward (sums)");
-      const size_t bytes = static_cast<size_t>(l.c) * sizeof(T);
-      if (gbias.defined())
-        check(cudaMemcpyAsync(ptr<T>(gbias), ptr<T>(sums), bytes, cudaMemcpyDeviceToDevice, stream_),
-              "cudaMemcpyAsync");
-      if (gweight.defined())
-        check(cudaMemcpyAsync(ptr<T>(gweight), ptr<T>(sums) + l.c, bytes, cudaMemcpyDeviceToDevice, stream_),
-              "cudaMemcpyAsync");
+      for (const auto& [grad, at] : {std::pair{&gbias, int64_t{0}}, std::pair{&gweight, l.c}}) {
+        if (!grad->defined()) continue;
+        if constexpr (is_half_v<S>) {
+          narrow_kernel<S><<<grid_for(l.c), kThreads, 0, stream_>>>(ptr<T>(sums) + at, ptr<S>(*grad), l.c);
+          check_launch("batch_norm_backward (parameter gradients)");
+        } else {
+          check(cudaMemcpyAsync(ptr<T>(*grad), ptr<T>(sums) + at, static_cast<size_t>(l.c) * sizeof(T),
+                                cudaMemcpyDeviceToDevice, stream_),
+                "cudaMemcpyAsync");
+        }
+      }
     }
     const int64_t n = l.n * l.c * l.s;
     if (!gx.defined() || n == 0) return;
     const T inv_count = static_cast<T>(1.0 / static_cast<double>(l.n * l.s));
-    input_grad_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(ptr<T>(x), ptr<T>(gy), ptr<T>(m), ptr<T>(r), ptr<T>(w),
+    input_grad_kernel<S><<<grid_for(n), kThreads, 0, stream_>>>(ptr<S>(x), ptr<S>(gy), ptr<T>(m), ptr<T>(r), ptr<S>(w),
                                                                 ptr<T>(sums), batch_statistics, inv_count, l,
-                                                                ptr<T>(gx));
+                                                                ptr<S>(gx));
     check_launch("batch_norm_backward");
   });
 }

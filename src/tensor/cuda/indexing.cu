@@ -15,6 +15,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda {
 
@@ -94,24 +95,26 @@ __global__ void embedding_checked_kernel(const T* table, const int64_t* ids, T* 
     const int64_t id = ids[i / dim];
     const bool ok = id >= 0 && id < rows;
     if (!ok && i % dim == 0) atomicMin(flag, static_cast<unsigned long long>(i / dim));
-    out[i] = ok ? table[id * dim + i % dim] : T(0);
+    out[i] = ok ? table[id * dim + i % dim] : convert<T>(0.0f);
   }
 }
 
 // For each sorted position s that starts a run of equal ids: gtable[id] += gout rows of the run,
 // in position order (the stable sort keeps equal ids in position order).
 // Checked (Fast::async): ids not known to be in range; a bad one (its deferred check fails) is skipped.
-template <class T, bool Checked = false>
-__global__ void embedding_backward_kernel(const int64_t* sorted_ids, const int64_t* positions, const T* gout, T* gtable,
+// 16-bit S: float sums of the widened rows, the table row rounded once (the float32 kernel's bits).
+template <class S, bool Checked = false>
+__global__ void embedding_backward_kernel(const int64_t* sorted_ids, const int64_t* positions, const S* gout, S* gtable,
                                           int64_t n, int64_t dim, int64_t rows) {
+  using T = Compute<S>;
   for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
     const int64_t id = sorted_ids[s];
     if (s > 0 && sorted_ids[s - 1] == id) continue;
     if (Checked && (id < 0 || id >= rows)) continue;
     for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
-      T acc = gtable[id * dim + k];
-      for (int64_t e = s; e < n && sorted_ids[e] == id; ++e) acc += gout[positions[e] * dim + k];
-      gtable[id * dim + k] = acc;
+      T acc = convert<T>(gtable[id * dim + k]);
+      for (int64_t e = s; e < n && sorted_ids[e] == id; ++e) acc += convert<T>(gout[positions[e] * dim + k]);
+      gtable[id * dim + k] = convert<S>(acc);
     }
   }
 }
@@ -127,12 +130,12 @@ __global__ void iota_kernel(int64_t* p, int64_t n) {
 // the row (each thread rescales its running sum when its maximum grows, the block then rescales
 // the threads' sums to the row's maximum and adds them in its fixed order), so the row is read
 // twice, not three times; the same formulas otherwise.
-template <class T>
-__device__ inline Acc<T> row_exp_sum(const T* xr, int64_t cols, T& m, T* shared_t, Acc<T>* shared) {
+template <class S, class T = Compute<S>>
+__device__ inline Acc<T> row_exp_sum(const S* xr, int64_t cols, T& m, T* shared_t, Acc<T>* shared) {
   T mine = -INFINITY;
   Acc<T> s = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const T v = xr[c];
+    const T v = convert<T>(xr[c]);
     if (v > mine) {
       s = (mine == -INFINITY ? Acc<T>(0) : s * exp(static_cast<Acc<T>>(mine) - static_cast<Acc<T>>(v))) + Acc<T>(1);
       mine = v;
@@ -148,31 +151,32 @@ __device__ inline Acc<T> row_exp_sum(const T* xr, int64_t cols, T& m, T* shared_
   return block_sum(scaled, shared);
 }
 
-template <class T, bool Checked = false, bool Online = false>
-__global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses, T* logp,
-                                     int64_t rows, int64_t cols, unsigned long long* flag = nullptr,
-                                     unsigned long long* counted = nullptr) {
+template <class S, bool Checked = false, bool Online = false>
+__global__ void cross_entropy_kernel(const S* x, const int64_t* targets, double eps, int64_t ignore,
+                                     Compute<S>* losses, S* logp, int64_t rows, int64_t cols,
+                                     unsigned long long* flag = nullptr, unsigned long long* counted = nullptr) {
+  using T = Compute<S>;
   __shared__ T shared_t[32];
   __shared__ Acc<T> shared[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * cols;
-    T* lr = logp + r * cols;
+    const S* xr = x + r * cols;
+    S* lr = logp + r * cols;
     T m = -INFINITY;
     Acc<T> sum = 0;
     if constexpr (Online) {
       sum = row_exp_sum(xr, cols, m, shared_t, shared);
     } else {
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = xr[c] > m ? xr[c] : m;
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = convert<T>(xr[c]) > m ? convert<T>(xr[c]) : m;
       m = block_max(m, shared_t);
       if (m == -INFINITY) m = T(0);
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += static_cast<Acc<T>>(exp(xr[c] - m));
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += static_cast<Acc<T>>(exp(convert<T>(xr[c]) - m));
       sum = block_sum(sum, shared);
     }
     const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
     Acc<T> row_sum = 0;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const T v = xr[c] - shift;
-      lr[c] = v;
+      const T v = convert<T>(xr[c]) - shift;
+      lr[c] = convert<S>(v);
       row_sum += static_cast<Acc<T>>(v);
     }
     if (eps > 0.0) row_sum = block_sum(row_sum, shared);
@@ -190,7 +194,7 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double 
         losses[r] = T(0);
       } else {
         Acc<T> loss = 0;
-        if (eps < 1.0) loss += static_cast<Acc<T>>(1.0 - eps) * -static_cast<Acc<T>>(xr[t] - shift);
+        if (eps < 1.0) loss += static_cast<Acc<T>>(1.0 - eps) * -static_cast<Acc<T>>(convert<T>(xr[t]) - shift);
         if (eps > 0.0) loss += static_cast<Acc<T>>(eps) * -(row_sum / static_cast<Acc<T>>(cols));
         losses[r] = static_cast<T>(loss);
       }
@@ -199,42 +203,42 @@ __global__ void cross_entropy_kernel(const T* x, const int64_t* targets, double 
 }
 
 // glogits = gloss[row] * (softmax - ((1 - eps) * onehot(target) + eps / C)); 0 on ignored rows.
-template <class T>
-__global__ void cross_entropy_backward_kernel(const T* logp, const int64_t* targets, const T* gloss, double eps,
-                                              int64_t ignore, T* glogits, int64_t rows, int64_t cols) {
+template <class S, class T = Compute<S>>
+__global__ void cross_entropy_backward_kernel(const S* logp, const int64_t* targets, const T* gloss, double eps,
+                                              int64_t ignore, S* glogits, int64_t rows, int64_t cols) {
   const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
   REMAT_GRID_LOOP(i, rows * cols) {
     const int64_t r = i / cols, c = i % cols, t = targets[r];
     if (t == ignore) {
-      glogits[i] = T(0);
+      glogits[i] = convert<S>(T(0));
       continue;
     }
     const T g = gloss[r];
-    T v = g * (exp(logp[i]) - uniform);
+    T v = g * (exp(convert<T>(logp[i])) - uniform);
     if (c == t) v -= g * on_target;
-    glogits[i] = v;
+    glogits[i] = convert<S>(v);
   }
 }
 
 // The same, a block per row (REMAT_CUDA_FAST=cross_entropy): the row's target and gradient read
 // once, 32-bit column indices; the same bits.
-template <class T>
-__global__ void cross_entropy_backward_rows(const T* logp, const int64_t* targets, const T* gloss, double eps,
-                                            int64_t ignore, T* glogits, int64_t rows, int cols) {
+template <class S, class T = Compute<S>>
+__global__ void cross_entropy_backward_rows(const S* logp, const int64_t* targets, const T* gloss, double eps,
+                                            int64_t ignore, S* glogits, int64_t rows, int cols) {
   const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t t = targets[r];
-    const T* lr = logp + r * cols;
-    T* gr = glogits + r * cols;
+    const S* lr = logp + r * cols;
+    S* gr = glogits + r * cols;
     if (t == ignore) {
-      for (int c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = T(0);
+      for (int c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = convert<S>(T(0));
       continue;
     }
     const T g = gloss[r];
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-      T v = g * (exp(lr[c]) - uniform);
+      T v = g * (exp(convert<T>(lr[c])) - uniform);
       if (c == t) v -= g * on_target;
-      gr[c] = v;
+      gr[c] = convert<S>(v);
     }
   }
 }
@@ -244,20 +248,21 @@ __global__ void cross_entropy_backward_rows(const T* logp, const int64_t* target
 // maximum and sum, each row's shift written to lse[r] and no [N, C] tensor; with smoothing the
 // row is read once more for the sum of x - shift, added in the order the kernel above adds logp.
 // So loss and shift are the bits of cross_entropy_kernel<T, Checked, true>.
-template <class T, bool Checked = false>
-__global__ void cross_entropy_lse_kernel(const T* x, const int64_t* targets, double eps, int64_t ignore, T* losses,
-                                         T* lse, int64_t rows, int64_t cols, unsigned long long* flag = nullptr,
-                                         unsigned long long* counted = nullptr) {
+template <class S, bool Checked = false>
+__global__ void cross_entropy_lse_kernel(const S* x, const int64_t* targets, double eps, int64_t ignore,
+                                         Compute<S>* losses, Compute<S>* lse, int64_t rows, int64_t cols,
+                                         unsigned long long* flag = nullptr, unsigned long long* counted = nullptr) {
+  using T = Compute<S>;
   __shared__ T shared_t[32];
   __shared__ Acc<T> shared[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * cols;
+    const S* xr = x + r * cols;
     T m = -INFINITY;
     const Acc<T> sum = row_exp_sum(xr, cols, m, shared_t, shared);
     const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
     Acc<T> row_sum = 0;
     if (eps > 0.0) {
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row_sum += static_cast<Acc<T>>(xr[c] - shift);
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row_sum += static_cast<Acc<T>>(convert<T>(xr[c]) - shift);
       row_sum = block_sum(row_sum, shared);
     }
     if (threadIdx.x != 0) continue;
@@ -272,7 +277,8 @@ __global__ void cross_entropy_lse_kernel(const T* x, const int64_t* targets, dou
       }
     }
     Acc<T> loss = 0;
-    if (t != ignore && eps < 1.0) loss += static_cast<Acc<T>>(1.0 - eps) * -static_cast<Acc<T>>(xr[t] - shift);
+    if (t != ignore && eps < 1.0)
+      loss += static_cast<Acc<T>>(1.0 - eps) * -static_cast<Acc<T>>(convert<T>(xr[t]) - shift);
     if (t != ignore && eps > 0.0) loss += static_cast<Acc<T>>(eps) * -(row_sum / static_cast<Acc<T>>(cols));
     losses[r] = static_cast<T>(loss);
   }
@@ -281,23 +287,23 @@ __global__ void cross_entropy_lse_kernel(const T* x, const int64_t* targets, dou
 // Its backward, a block per row as cross_entropy_backward_rows: exp(x - lse[row]), the bits of
 // exp(logp) for the logp the kernel above would have written. I: the column index (int where the
 // row allows, as there).
-template <class T, class I>
-__global__ void cross_entropy_backward_lse(const T* x, const T* lse, const int64_t* targets, const T* gloss, double eps,
-                                           int64_t ignore, T* glogits, int64_t rows, I cols) {
+template <class S, class I, class T = Compute<S>>
+__global__ void cross_entropy_backward_lse(const S* x, const T* lse, const int64_t* targets, const T* gloss, double eps,
+                                           int64_t ignore, S* glogits, int64_t rows, I cols) {
   const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t t = targets[r];
-    const T* xr = x + r * cols;
-    T* gr = glogits + r * cols;
+    const S* xr = x + r * cols;
+    S* gr = glogits + r * cols;
     if (t == ignore) {
-      for (I c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = T(0);
+      for (I c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = convert<S>(T(0));
       continue;
     }
     const T g = gloss[r], shift = lse[r];
     for (I c = threadIdx.x; c < cols; c += blockDim.x) {
-      T v = g * (exp(xr[c] - shift) - uniform);
+      T v = g * (exp(convert<T>(xr[c]) - shift) - uniform);
       if (c == t) v -= g * on_target;
-      gr[c] = v;
+      gr[c] = convert<S>(v);
     }
   }
 }
@@ -344,8 +350,9 @@ void throw_bad_target(const IdCheck& c, int64_t n, int64_t classes, int64_t igno
 
 void CudaBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const Tensor& out) {
   check_out(out, "embedding");
-  REMAT_ASSERT(table_in.dim() == 2 && ids_in.dtype() == DType::i64, "embedding: table ", shape_str(table_in.shape()),
-               ", ids ", dtype_name(ids_in.dtype()));
+  REMAT_ASSERT(table_in.dim() == 2 && ids_in.dtype() == DType::i64 && table_in.dtype() == out.dtype(),
+               "embedding: table ", dtype_name(table_in.dtype()), " ", shape_str(table_in.shape()), ", ids ",
+               dtype_name(ids_in.dtype()), ", out ", dtype_name(out.dtype()));
   DeviceGuard guard(device_);
   Tensor table = contiguous(table_in), ids = contiguous(ids_in);
   const int64_t rows = table.size(0), dim = table.size(1), n = ids.numel();
@@ -355,7 +362,7 @@ void CudaBackend::embedding(const Tensor& table_in, const Tensor& ids_in, const 
     if (c.bad >= 0) throw_bad_id(c, rows, "embedding");
   }
   if (n == 0 || dim == 0) return;
-  dispatch_float(out.dtype(), "embedding", [&]<class T>() {
+  dispatch_storage(out.dtype(), "embedding", [&]<class T>() {
     if (d.flag)
       embedding_checked_kernel<T><<<grid_for(n * dim), kThreads, 0, stream_>>>(ptr<T>(table), ptr<int64_t>(ids),
                                                                                ptr<T>(out), n, dim, rows, d.flag);
@@ -373,8 +380,9 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
   DeviceGuard guard(device_);
   Tensor ids = contiguous(ids_in), gout = contiguous(gout_in);
   const int64_t rows = gtable.size(0), dim = gtable.size(1), n = ids.numel();
-  REMAT_ASSERT(gout.numel() == n * dim, "embedding_backward: gradient of shape ", shape_str(gout.shape()), " for ", n,
-               " ids of dimension ", dim);
+  REMAT_ASSERT(gout.numel() == n * dim && gout.dtype() == gtable.dtype(), "embedding_backward: gradient ",
+               dtype_name(gout.dtype()), " of shape ", shape_str(gout.shape()), " for ", n, " ids of dimension ", dim,
+               " into ", dtype_name(gtable.dtype()));
   const Deferred d = defer_check(*this, ids, rows, "embedding_backward");
   if (d.on) {
     check_ids_deferred(*this, ids, rows, false, 0, d.flag);
@@ -404,7 +412,7 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
                                         end_bit, stream_),
         "cub::DeviceRadixSort::SortPairs");
   note_launch("embedding_backward (sort)");
-  dispatch_float(gtable.dtype(), "embedding_backward", [&]<class T>() {
+  dispatch_storage(gtable.dtype(), "embedding_backward", [&]<class T>() {
     if (d.flag)
       embedding_backward_kernel<T, true><<<grid_for(n, 1), 128, 0, stream_>>>(
           ptr<int64_t>(sorted_ids), ptr<int64_t>(sorted_positions), ptr<T>(gout), ptr<T>(gtable), n, dim, rows);
@@ -424,7 +432,8 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
   const bool lse_form = kept.dim() == 1;
   REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0) &&
                    (lse_form ? kept.numel() == logits_in.size(0) : kept.shape() == logits_in.shape()) &&
-                   kept.dtype() == logits_in.dtype(),
+                   kept.dtype() == (lse_form ? accumulate_dtype(logits_in.dtype()) : logits_in.dtype()) &&
+                   losses.dtype() == accumulate_dtype(logits_in.dtype()) && scale.dtype() == losses.dtype(),
                "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()),
                ", kept ", dtype_name(kept.dtype()), " ", shape_str(kept.shape()));
   const char* name = lse_form                    ? "cross_entropy (lse)"
@@ -438,11 +447,17 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy");
     fill(scale, c.counted > 0 ? 1.0 / static_cast<double>(c.counted) : 0.0);
     if (rows == 0) return;
-    dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
-      auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, false, true> : cross_entropy_kernel<T>;
-      if (lse_form) kernel = cross_entropy_lse_kernel<T>;
-      kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<T>(logits), ptr<int64_t>(targets), label_smoothing,
-                                                         ignore_index, ptr<T>(losses), ptr<T>(kept), rows, cols,
+    dispatch_storage(logits.dtype(), "cross_entropy", [&]<class S>() {
+      using T = Compute<S>;
+      if (lse_form) {
+        cross_entropy_lse_kernel<S><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+            ptr<S>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(kept), rows,
+            cols, nullptr, nullptr);
+        return;
+      }
+      auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<S, false, true> : cross_entropy_kernel<S>;
+      kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<S>(logits), ptr<int64_t>(targets), label_smoothing,
+                                                         ignore_index, ptr<T>(losses), ptr<S>(kept), rows, cols,
                                                          nullptr, nullptr);
     });
     check_launch(name);
@@ -464,12 +479,18 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     note_launch("cross_entropy (count reset)");
   }
   auto* count = all_count ? nullptr : reinterpret_cast<unsigned long long*>(ptr<int64_t>(counted));
-  dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
-    auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<T, true, true> : cross_entropy_kernel<T, true>;
-    if (lse_form) kernel = cross_entropy_lse_kernel<T, true>;
-    kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-        ptr<T>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(kept), rows, cols,
-        d.flag, count);
+  dispatch_storage(logits.dtype(), "cross_entropy", [&]<class S>() {
+    using T = Compute<S>;
+    if (lse_form) {
+      cross_entropy_lse_kernel<S, true><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+          ptr<S>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(kept), rows,
+          cols, d.flag, count);
+    } else {
+      auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<S, true, true> : cross_entropy_kernel<S, true>;
+      kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<S>(logits), ptr<int64_t>(targets), label_smoothing,
+                                                         ignore_index, ptr<T>(losses), ptr<S>(kept), rows, cols,
+                                                         d.flag, count);
+    }
     check_launch(name);
     if (count) {
       mean_weight_kernel<T><<<1, 1, 0, stream_>>>(count, ptr<T>(scale));
@@ -490,7 +511,9 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& 
   Tensor logits = lse_form ? contiguous(logits_in) : Tensor(), lse = lse_form ? contiguous(kept_in) : Tensor();
   const Tensor& x = lse_form ? logits : logp;  // what exp reads, less lse in the [N] form
   REMAT_ASSERT(x.dim() == 2 && x.shape() == glogits.shape() && targets.numel() == x.size(0) &&
-                   gloss.numel() == x.size(0) && (!lse_form || (lse.numel() == x.size(0) && lse.dtype() == x.dtype())),
+                   gloss.numel() == x.size(0) && gloss.dtype() == accumulate_dtype(x.dtype()) &&
+                   glogits.dtype() == x.dtype() &&
+                   (!lse_form || (lse.numel() == x.size(0) && lse.dtype() == accumulate_dtype(x.dtype()))),
                "cross_entropy_backward: ", lse_form ? "logits " : "logp ", shape_str(x.shape()), ", kept ",
                shape_str(kept_in.shape()), ", targets ", shape_str(targets.shape()), ", gloss ",
                shape_str(gloss.shape()));
@@ -503,27 +526,28 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& 
     if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy_backward");
   }
   if (rows == 0 || cols == 0) return;
-  dispatch_float(glogits.dtype(), "cross_entropy_backward", [&]<class T>() {
+  dispatch_storage(glogits.dtype(), "cross_entropy_backward", [&]<class S>() {
+    using T = Compute<S>;
     if (lse_form) {
       const unsigned grid = grid_for(rows, 1);
       if (cols <= std::numeric_limits<int>::max())
-        cross_entropy_backward_lse<T, int><<<grid, kThreads, 0, stream_>>>(
-            ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
-            ptr<T>(glogits), rows, static_cast<int>(cols));
+        cross_entropy_backward_lse<S, int><<<grid, kThreads, 0, stream_>>>(
+            ptr<S>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
+            ptr<S>(glogits), rows, static_cast<int>(cols));
       else
-        cross_entropy_backward_lse<T, int64_t><<<grid, kThreads, 0, stream_>>>(
-            ptr<T>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
-            ptr<T>(glogits), rows, cols);
+        cross_entropy_backward_lse<S, int64_t><<<grid, kThreads, 0, stream_>>>(
+            ptr<S>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
+            ptr<S>(glogits), rows, cols);
       return check_launch("cross_entropy_backward (lse)");
     }
     if (fast(Fast::cross_entropy) && cols <= std::numeric_limits<int>::max()) {
-      cross_entropy_backward_rows<T><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-          ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows,
+      cross_entropy_backward_rows<S><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+          ptr<S>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<S>(glogits), rows,
           static_cast<int>(cols));
       return check_launch("cross_entropy_backward (rows)");
     }
-    cross_entropy_backward_kernel<T><<<grid_for(rows * cols), kThreads, 0, stream_>>>(
-        ptr<T>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<T>(glogits), rows, cols);
+    cross_entropy_backward_kernel<S><<<grid_for(rows * cols), kThreads, 0, stream_>>>(
+        ptr<S>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<S>(glogits), rows, cols);
     check_launch("cross_entropy_backward");
   });
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda {
 
@@ -29,15 +30,17 @@ __device__ inline int64_t walk_offset(const Walk& w, int64_t index) {
   return off;
 }
 
-template <class T>
-__global__ void sum_kernel(Walk kept, Walk red, const T* x, T* out, bool mean) {
+template <class S>
+__global__ void sum_kernel(Walk kept, Walk red, const S* x, S* out, bool mean) {
+  using T = Compute<S>;
   __shared__ Acc<T> shared[32];
   for (int64_t o = blockIdx.x; o < kept.numel; o += gridDim.x) {
-    const T* base = x + walk_offset(kept, o);
+    const S* base = x + walk_offset(kept, o);
     Acc<T> acc = 0;
-    for (int64_t r = threadIdx.x; r < red.numel; r += blockDim.x) acc += static_cast<Acc<T>>(base[walk_offset(red, r)]);
+    for (int64_t r = threadIdx.x; r < red.numel; r += blockDim.x)
+      acc += static_cast<Acc<T>>(convert<T>(base[walk_offset(red, r)]));
     acc = block_sum(acc, shared);
-    if (threadIdx.x == 0) out[o] = static_cast<T>(mean ? acc / static_cast<Acc<T>>(red.numel) : acc);
+    if (threadIdx.x == 0) out[o] = convert<S>(static_cast<T>(mean ? acc / static_cast<Acc<T>>(red.numel) : acc));
   }
 }
 
@@ -53,16 +56,17 @@ __device__ inline void better(T& best, int64_t& arg, T v, int64_t i) {
   if (take) best = v, arg = i;
 }
 
-template <class T>
-__global__ void max_kernel(Walk kept, Walk red, const T* x, T* out, int64_t* out_arg) {
+template <class S>
+__global__ void max_kernel(Walk kept, Walk red, const S* x, S* out, int64_t* out_arg) {
+  using T = Compute<S>;
   __shared__ T best_s[kThreads];
   __shared__ int64_t arg_s[kThreads];
   for (int64_t o = blockIdx.x; o < kept.numel; o += gridDim.x) {
-    const T* base = x + walk_offset(kept, o);
+    const S* base = x + walk_offset(kept, o);
     T best = -INFINITY;
     int64_t arg = -1;
     for (int64_t r = threadIdx.x; r < red.numel; r += blockDim.x) {
-      const T v = base[walk_offset(red, r)];
+      const T v = convert<T>(base[walk_offset(red, r)]);
       if (v > best || (is_nan(v) && !is_nan(best))) best = v, arg = r;  // the CPU's rule, in order
     }
     best_s[threadIdx.x] = best;
@@ -85,7 +89,7 @@ __global__ void max_kernel(Walk kept, Walk red, const T* x, T* out, int64_t* out
       __syncthreads();
     }
     if (threadIdx.x == 0) {
-      if (out) out[o] = best_s[0];
+      if (out) out[o] = convert<S>(best_s[0]);
       if (out_arg) out_arg[o] = arg_s[0] < 0 ? 0 : arg_s[0];
     }
     __syncthreads();
@@ -96,24 +100,26 @@ __global__ void max_kernel(Walk kept, Walk red, const T* x, T* out, int64_t* out
 // the CPU's loop (sum in Acc<T>; the first NaN, else the first maximum).
 constexpr int64_t kShort = 32;
 
-template <class T>
-__global__ void short_kernel(ReduceOp op, Walk kept, Walk red, const T* x, void* out) {
+template <class S>
+__global__ void short_kernel(ReduceOp op, Walk kept, Walk red, const S* x, void* out) {
+  using T = Compute<S>;
   REMAT_GRID_LOOP(o, kept.numel) {
-    const T* base = x + walk_offset(kept, o);
+    const S* base = x + walk_offset(kept, o);
     if (op == ReduceOp::sum || op == ReduceOp::mean) {
       Acc<T> acc = 0;
-      for (int64_t r = 0; r < red.numel; ++r) acc += static_cast<Acc<T>>(base[walk_offset(red, r)]);
-      static_cast<T*>(out)[o] = static_cast<T>(op == ReduceOp::mean ? acc / static_cast<Acc<T>>(red.numel) : acc);
+      for (int64_t r = 0; r < red.numel; ++r) acc += static_cast<Acc<T>>(convert<T>(base[walk_offset(red, r)]));
+      static_cast<S*>(out)[o] =
+          convert<S>(static_cast<T>(op == ReduceOp::mean ? acc / static_cast<Acc<T>>(red.numel) : acc));
       continue;
     }
     T best = -INFINITY;
     int64_t arg = 0;
     for (int64_t r = 0; r < red.numel; ++r) {
-      const T v = base[walk_offset(red, r)];
+      const T v = convert<T>(base[walk_offset(red, r)]);
       if (v > best || (is_nan(v) && !is_nan(best))) best = v, arg = r;
     }
     if (op == ReduceOp::max)
-      static_cast<T*>(out)[o] = best;
+      static_cast<S*>(out)[o] = convert<S>(best);
     else
       static_cast<int64_t*>(out)[o] = arg;
   }
@@ -139,10 +145,16 @@ struct Vec<double, 2> {
   using type = double2;
 };
 
-template <class T, int V>
-__device__ inline void load_columns(const T* p, T (&v)[V]) {
+// V elements from p (aligned to 16 bytes when V > 1), widened to their arithmetic type.
+template <class S, int V, class T = Compute<S>>
+__device__ inline void load_columns(const S* p, T (&v)[V]) {
   if constexpr (V == 1) {
-    v[0] = *p;
+    v[0] = convert<T>(*p);
+  } else if constexpr (is_half_v<S>) {
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    const S* h = reinterpret_cast<const S*>(&w);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = convert<T>(h[j]);
   } else {
     const typename Vec<T, V>::type w = *reinterpret_cast<const typename Vec<T, V>::type*>(p);
     v[0] = w.x, v[1] = w.y;
@@ -150,8 +162,8 @@ __device__ inline void load_columns(const T* p, T (&v)[V]) {
   }
 }
 
-template <class T, int V>
-__global__ void __launch_bounds__(32 * kSliceWarps) column_slices(const T* x, int rows, int cols, Acc<T>* partial) {
+template <class S, int V, class T = Compute<S>>
+__global__ void __launch_bounds__(32 * kSliceWarps) column_slices(const S* x, int rows, int cols, Acc<T>* partial) {
   __shared__ Acc<T> warp_sums[kSliceWarps][32][V];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int c0 = (blockIdx.x * 32 + lane) * V;
@@ -160,7 +172,7 @@ __global__ void __launch_bounds__(32 * kSliceWarps) column_slices(const T* x, in
   if (c0 < cols) {
     for (int r = r0 + warp; r < r1; r += kSliceWarps) {
       T v[V];
-      load_columns<T, V>(x + r * cols + c0, v);
+      load_columns<S, V>(x + r * cols + c0, v);
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] += static_cast<Acc<T>>(v[j]);
     }
@@ -178,10 +190,12 @@ __global__ void __launch_bounds__(32 * kSliceWarps) column_slices(const T* x, in
   }
 }
 
-// out[c] = the sum (or mean) of column c of the contiguous [rows, cols] x.
-template <class T>
-void column_sums_sliced(CudaBackend& be, const T* x, int64_t rows, int64_t cols, bool mean, T* out) {
-  constexpr int kVector = 16 / sizeof(T);
+// out[c] = the sum (or mean) of column c of the contiguous [rows, cols] x (16-bit: in float64,
+// rounded to float32, then to 16 bits, as the float32 kernel's output is).
+template <class S>
+void column_sums_sliced(CudaBackend& be, const S* x, int64_t rows, int64_t cols, bool mean, S* out) {
+  using T = Compute<S>;
+  constexpr int kVector = 16 / sizeof(S);
   const bool vector = cols % kVector == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const int per_thread = vector ? kVector : 1;
   const int64_t slices = (rows + kSliceRows - 1) / kSliceRows;
@@ -189,26 +203,27 @@ void column_sums_sliced(CudaBackend& be, const T* x, int64_t rows, int64_t cols,
   const dim3 grid(static_cast<unsigned>((cols + 32 * per_thread - 1) / (32 * per_thread)), static_cast<unsigned>(slices));
   const int r = static_cast<int>(rows), c = static_cast<int>(cols);
   if (vector)
-    column_slices<T, kVector><<<grid, 32 * kSliceWarps, 0, be.stream()>>>(x, r, c, ptr<Acc<T>>(partial));
+    column_slices<S, kVector><<<grid, 32 * kSliceWarps, 0, be.stream()>>>(x, r, c, ptr<Acc<T>>(partial));
   else
-    column_slices<T, 1><<<grid, 32 * kSliceWarps, 0, be.stream()>>>(x, r, c, ptr<Acc<T>>(partial));
+    column_slices<S, 1><<<grid, 32 * kSliceWarps, 0, be.stream()>>>(x, r, c, ptr<Acc<T>>(partial));
   check_launch("bias gradient (column slices)");
-  combine_partials<Acc<T>, T><<<grid_for(cols), kThreads, 0, be.stream()>>>(
+  combine_partials<Acc<T>, S, T><<<grid_for(cols), kThreads, 0, be.stream()>>>(
       ptr<Acc<T>>(partial), slices, cols, mean ? static_cast<Acc<T>>(rows) : Acc<T>(1), out);
   check_launch("bias gradient (slice sums)");
 }
 
-template <class T>
+template <class S, class T = Compute<S>>
 struct ColumnValue {
-  const T* x;
+  const S* x;
   int64_t cols;
-  __device__ Acc<T> operator()(int64_t r, int64_t c) const { return static_cast<Acc<T>>(x[r * cols + c]); }
+  __device__ Acc<T> operator()(int64_t r, int64_t c) const { return static_cast<Acc<T>>(convert<T>(x[r * cols + c])); }
 };
 
 }  // namespace
 
 void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) {
-  REMAT_ASSERT(out.is_contiguous());
+  REMAT_ASSERT(out.is_contiguous() && out.dtype() == (op == ReduceOp::argmax ? DType::i64 : x.dtype()), "reduce: ",
+               dtype_name(x.dtype()), " into ", dtype_name(out.dtype()));
   if (x.numel() == 0) {
     REMAT_CHECK(op == ReduceOp::sum || op == ReduceOp::mean || out.numel() == 0, "max/argmax of an empty tensor");
     fill(out, op == ReduceOp::mean ? std::nan("") : 0.0);
@@ -233,32 +248,33 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
   }
   const bool columns =
       x.is_contiguous() && leading && kept.numel >= 32 && (op == ReduceOp::sum || op == ReduceOp::mean);
-  dispatch_float(x.dtype(), "reduce", [&]<class T>() {
-    const T* xd = static_cast<const T*>(x.storage()->data()) + x.offset();
+  dispatch_storage(x.dtype(), "reduce", [&]<class S>() {
+    using T = Compute<S>;
+    const S* xd = static_cast<const S*>(x.storage()->data()) + x.offset();
     const int64_t outputs = kept.numel;
     if (columns && fast(Fast::bias_grad) && x.numel() < (int64_t{1} << 31) &&
         (red.numel + kSliceRows - 1) / kSliceRows <= 65535) {  // the slices are grid.y
-      return column_sums_sliced<T>(*this, xd, red.numel, kept.numel, op == ReduceOp::mean, ptr<T>(out));
+      return column_sums_sliced<S>(*this, xd, red.numel, kept.numel, op == ReduceOp::mean, ptr<S>(out));
     }
     if (columns) {
       const int64_t rows = red.numel, cols = kept.numel, chunks = chunk_count(rows);
       Tensor partial = scratch({chunks, cols}, DType::f64);  // Acc<T> is double for both
-      column_partials<Acc<T>><<<grid_for(chunks * cols), kThreads, 0, stream_>>>(ColumnValue<T>{xd, cols}, rows, cols,
+      column_partials<Acc<T>><<<grid_for(chunks * cols), kThreads, 0, stream_>>>(ColumnValue<S>{xd, cols}, rows, cols,
                                                                                  ptr<Acc<T>>(partial));
       check_launch("reduce (column partials)");
-      combine_partials<Acc<T>, T><<<grid_for(cols), kThreads, 0, stream_>>>(
+      combine_partials<Acc<T>, S, T><<<grid_for(cols), kThreads, 0, stream_>>>(
           ptr<Acc<T>>(partial), chunks, cols, op == ReduceOp::mean ? static_cast<Acc<T>>(rows) : Acc<T>(1),
-          ptr<T>(out));
+          ptr<S>(out));
       check_launch("reduce (column sums)");
       return;
     } else if (red.numel <= kShort) {
-      void* out_data = op == ReduceOp::argmax ? static_cast<void*>(ptr<int64_t>(out)) : static_cast<void*>(ptr<T>(out));
-      short_kernel<T><<<grid_for(outputs), kThreads, 0, stream_>>>(op, kept, red, xd, out_data);
+      void* out_data = op == ReduceOp::argmax ? static_cast<void*>(ptr<int64_t>(out)) : static_cast<void*>(ptr<S>(out));
+      short_kernel<S><<<grid_for(outputs), kThreads, 0, stream_>>>(op, kept, red, xd, out_data);
     } else if (op == ReduceOp::sum || op == ReduceOp::mean) {
-      sum_kernel<T><<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, ptr<T>(out), op == ReduceOp::mean);
+      sum_kernel<S><<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, ptr<S>(out), op == ReduceOp::mean);
     } else {
-      max_kernel<T>
-          <<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, op == ReduceOp::max ? ptr<T>(out) : nullptr,
+      max_kernel<S>
+          <<<grid_for(outputs, 1), kThreads, 0, stream_>>>(kept, red, xd, op == ReduceOp::max ? ptr<S>(out) : nullptr,
                                                            op == ReduceOp::argmax ? ptr<int64_t>(out) : nullptr);
     }
     check_launch("reduce");

@@ -14,15 +14,28 @@
 //     or staged, each output rounded once, the statistics and the log-sum-exp float32; so their
 //     results are the stand-in path's), the tiled tensor-core attention kernels with the attention
 //     switch (attention_tc.cu: bf16 and f16 products in float32, the probabilities and dS rounded
-//     to 16 bits for their products, Note [16-bit attention on tensor cores]), and the gradient
-//     norm's sum of squares;
+//     to 16 bits for their products, Note [16-bit attention on tensor cores]), the gradient norm's
+//     sum of squares, and the kernels written for a storage type S that widen each element as they
+//     load it and round each output once, with the float32 kernels' expressions, accumulators
+//     (float64 where the float32 kernel adds in float64) and summation order, so that their results
+//     are the stand-in path's bits: cross-entropy in both kept forms, forward and backward
+//     (indexing.cu: the losses, the log-sum-exp and the mean's weight float32, the [N, C]
+//     log-softmax 16-bit; Note [what cross entropy keeps] in autodiff/ops/loss.cpp), the reductions
+//     (reduce.cu: sum and mean through float64 and float32, max and argmax exact, the bias
+//     gradient's column sums with 16-byte loads of eight elements), embedding and its backward
+//     (float sums of a table row's gradient rows in position order), pooling (pool.cu, all but max
+//     pooling's backward) and batch
+//     norm (batch_norm.cu: float32 statistics and parameter-gradient sums);
 //   - every other kernel on float32 stand-ins made on the device: each 16-bit operand is widened
 //     exactly into a float32 scratch tensor by the copy kernel, the float32 kernel runs, and the
-//     operands it writes are rounded back once (tensor/widen.h, the CPU's mechanism). So such a
-//     kernel (cross-entropy, reductions, embedding, indexing) computes what
-//     the CPU reference computes, the float32 result on the 16-bit values rounded once, with the
-//     float32 kernel's summation order; it costs a float32 copy of each operand per call, which a
-//     kernel reading and writing 16 bits itself does not.
+//     operands it writes are rounded back once (tensor/widen.h, the CPU's mechanism): random
+//     numbers and dropout, the fused residual layer norm (which the op does not call on 16-bit values,
+//     Note [the residual add fused into layer norm]), the convolutions (cuDNN), max pooling's
+//     backward (it adds into its output, so a 16-bit output would be rounded at every addition)
+//     and the optimizer steps (whose parameters are float32 master weights in mixed precision).
+//     Such a kernel computes what the CPU reference computes, the float32 result on the 16-bit
+//     values rounded once, with the float32 kernel's summation order; it costs a float32 copy of
+//     each operand per call, which a kernel reading and writing 16 bits itself does not.
 // Determinism is the float32 kernels' and cuBLAS's (Note: determinism on the GPU, in
 // cuda_backend.cpp): a recomputation runs the same conversions and kernels on the same bits, so
 // every policy gives save-all's gradients on the same device. The results are not the CPU's bits
@@ -51,7 +64,20 @@ bool native_16bit(Kernel kernel) {
     case Kernel::rms_norm:
     case Kernel::rms_norm_backward:
     case Kernel::attention:
-    case Kernel::attention_backward: return true;
+    case Kernel::attention_backward:
+    case Kernel::cross_entropy:
+    case Kernel::cross_entropy_backward:
+    case Kernel::reduce:
+    case Kernel::embedding:
+    case Kernel::embedding_backward:
+    case Kernel::max_pool2d:
+    case Kernel::avg_pool2d:
+    case Kernel::avg_pool2d_backward:
+    case Kernel::adaptive_avg_pool2d:
+    case Kernel::adaptive_avg_pool2d_backward:
+    case Kernel::batch_norm_statistics:
+    case Kernel::batch_norm_apply:
+    case Kernel::batch_norm_backward: return true;
     default: return false;
   }
 }
