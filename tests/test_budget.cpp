@@ -339,8 +339,7 @@ TEST(BudgetPeaks, GroupedPlansWithOffload) { expect_peaks_fall_with_the_budget(r
 // peak down to the smallest one: measured <= predicted <= measured + b (a region's forward sweep
 // holds an unsaved temporary, which the model counts as a boundary; the plans of this chain meet
 // the measured peak exactly). Counting the output twice over-predicted save-all's peak by 12 b.
-// (With an offload target the measured peak depends on how fast the writes go, so only the
-// guarantee is tested, above.)
+// (With an offload target the prediction still counts the output twice: budget.cpp says why.)
 TEST(BudgetPeaks, ATanhChainsPredictionCountsEachRecordedOutputOnce) {
   TanhChain model(12, 64, DType::f32, 5);
   Tensor x = randn({32, 64}, DType::f32, RngState{1, 0});
