@@ -488,3 +488,30 @@ TEST(ChainPlan, InvalidInputsAreRejected) {
 }
 
 }  // namespace
+
+// A record that holds its stage's output (saved_output_bytes) shares those bytes with the
+// boundary while both are in memory (Note [a record that keeps its output], chain.cpp). Three
+// stages, every boundary and record 100 bytes, each record being its stage's output: save-all
+// holds a_0 and the three outputs, 400 bytes (700 when counted twice). Offloading record 1 frees
+// nothing while a_2 holds the same bytes; a region's input offloaded while the record before it
+// is in memory frees nothing either. Sizes above the record or the output are refused.
+TEST(ChainSim, ARecordThatHoldsItsOutputIsCountedOnce) {
+  ChainCosts c = ChainCosts::uniform(3, 1.0, 1.0, 100, 100);
+  c.gradients_counted = false;
+  EXPECT_EQ(rs::plan_save_all(c).predicted_peak_bytes, 700u);
+  c.saved_output_bytes = {100, 100, 100};
+  EXPECT_EQ(rs::plan_save_all(c).predicted_peak_bytes, 400u);
+  c.offload_seconds_per_byte = 0;
+  std::vector<PlanNode> tree = {PlanNode::stage(0), PlanNode::stage(1), PlanNode::stage(2)};
+  tree[1].offloaded = true;
+  EXPECT_EQ(rs::make_plan(c, tree).predicted_peak_bytes, 400u);
+  // S0 R[1..2](S1 S2)+o: a_1 goes out, but record 0 still holds it (re-run: a_0, a_1, two outputs)
+  std::vector<PlanNode> region = {PlanNode::stage(0),
+                                  PlanNode::region(1, 2, {PlanNode::stage(1), PlanNode::stage(2)})};
+  region[1].offloaded = true;
+  EXPECT_EQ(rs::make_plan(c, region).predicted_peak_bytes, 400u);
+  c.saved_output_bytes = {100, 101, 100};
+  EXPECT_THROW(c.validate(), remat::Error);
+  c.saved_output_bytes = {100, 100};
+  EXPECT_THROW(c.validate(), remat::Error);
+}

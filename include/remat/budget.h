@@ -69,6 +69,9 @@ struct RegionProfile {
   size_t boundary_bytes = 0;     // inputs kept by the region
   size_t output_bytes = 0;
   size_t saved_bytes = 0;        // what the re-run's ops kept (allocator-measured)
+  size_t saved_output_bytes = 0;  // of saved_bytes, the re-run's outputs themselves (e.g. tanh's)
+  const RegionProfile* outputs_kept_by = nullptr;  // the profiled region that kept its outputs as inputs
+  size_t outputs_kept_bytes = 0;                   // the bytes it kept of them
   size_t saved_live_at_backward = 0;  // live saved bytes when its backward started
   size_t saved_peak_at_backward = 0;  // and the allocator's saved peak at that moment
   size_t held_peak_at_backward_end = 0;  // the sum of the per-tag peaks but saved, when its backward ended

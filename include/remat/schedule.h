@@ -142,6 +142,10 @@ struct ChainCosts {
   std::vector<double> backward_time;   // ub[i], i = 0..L-1
   std::vector<size_t> boundary_bytes;  // x[i], i = 0..L (x[0]: chain input, x[L]: chain output)
   std::vector<size_t> saved_bytes;     // xbar[i], i = 0..L-1 (excluding the input boundary)
+  // Of xbar[i], the bytes that are the output a_{i+1} itself (a record that keeps its stage's
+  // output), i = 0..L-1, or empty (none): while record i and a_{i+1} are both in memory they are
+  // counted once by simulate. The planners ignore it (they count both, which errs on the safe side).
+  std::vector<size_t> saved_output_bytes;
   // What writing a kept byte out and reading it back costs (seconds per byte), when kept values
   // may be offloaded; negative: there is no offload target, and no plan offloads.
   double offload_seconds_per_byte = -1;

@@ -69,6 +69,27 @@ schedule::ChainCosts BudgetPlanner::State::measured_costs() const {
   return c;
 }
 
+// Note [records that keep their outputs]. A layer call whose ops save its output (a tanh layer)
+// records those bytes, and the next layer call keeps the same storage as its input: a_{i+1} and
+// stage i's record share it, and the allocator counts it once. The planners count it twice (in
+// x[i+1] and in xbar[i], on the safe side); the prediction counts it once while both are in memory
+// (simulate, Note [a record that keeps its output] in src/schedule/chain.cpp). The sharing is
+// measured, not assumed: the bytes are the re-run's outputs that its ops saved, and only where the
+// next profiled layer call kept those outputs as its input (the last one's go to the loss as a_L).
+std::vector<size_t> BudgetPlanner::State::measured_saved_output_bytes(const schedule::ChainCosts& c) const {
+  std::vector<size_t> shared(profiles.size(), 0);
+  for (size_t i = 0; i < profiles.size(); ++i) {
+    const RegionProfile& p = *profiles[i];
+    size_t bytes = p.saved_output_bytes;
+    if (i + 1 < profiles.size())
+      bytes = p.outputs_kept_by == profiles[i + 1].get() ? std::min(bytes, p.outputs_kept_bytes) : 0;
+    else
+      bytes = std::min(bytes, p.output_bytes);
+    shared[i] = std::min({bytes, c.saved_bytes[i], c.boundary_bytes[i + 1]});
+  }
+  return shared;
+}
+
 size_t BudgetPlanner::State::measured_after_chain_bytes() const {
   // the step's saved peak when the backward reached the chain, beyond what was live at entry
   // plus the chain's own boundaries, if that peak was reached during this step
@@ -222,6 +243,16 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   } catch (const std::exception& e) {
     throw Error(detail::concat("budget policy: ", budget.to_string(), ": cannot plan ", scope, " (",
                                measured.num_stages(), " layer calls): ", e.what()));
+  }
+  // In memory the prediction counts a record's output once (Note [records that keep their
+  // outputs]). With an offload target it does not: the writes behind a plan's peak wait for room
+  // only when a value is packed, after the op that made it, so a step may go one value above the
+  // level the model gives while a write is under way (Note [writes behind a plan's peak] in
+  // src/saved/offload.cpp); the outputs counted twice have covered that so far.
+  if (!budget.saved.offload) {
+    measured.saved_output_bytes = measured_saved_output_bytes(measured);
+    r.plan = schedule::make_plan(measured, std::move(r.plan.tree));
+    r.costs = measured;
   }
   r.tree = schedule::format_tree(r.plan.tree);
   r.predicted_peak_bytes = r.plan.predicted_peak_bytes + outside;

@@ -35,6 +35,9 @@ struct BudgetPlanner::State {
   // Note [saved bytes outside the chain] in budget.cpp
   size_t measured_outside_bytes() const;
   size_t measured_after_chain_bytes() const;
+  // per stage, the bytes its record shares with its output a_{i+1} (Note [records that keep their
+  // outputs] in budget.cpp)
+  std::vector<size_t> measured_saved_output_bytes(const schedule::ChainCosts& c) const;
 
   // Is the plan in force for these input shapes and this budget?
   bool planned_for(const std::vector<Shape>& shapes, const Policy& budget) const;

@@ -106,6 +106,15 @@ Region::Ref Region::ref_for_input(const Tensor& t) {
   uint32_t index = static_cast<uint32_t>(externals_.size());
   externals_.push_back(std::move(ext));
   external_of_[impl] = index;
+  // a profiled region's output kept as this profiled region's input (budget.cpp, saved_output_bytes)
+  if (const auto* from = dynamic_cast<const Region*>(t.grad_fn().get());
+      profile_ && from && from != this && from->profile_ && t.storage()) {
+    from->profile_->outputs_kept_bytes += from->profile_->outputs_kept_by == profile_.get() ? t.storage()->bytes() : 0;
+    if (from->profile_->outputs_kept_by != profile_.get()) {
+      from->profile_->outputs_kept_by = profile_.get();
+      from->profile_->outputs_kept_bytes = t.storage()->bytes();
+    }
+  }
   return Ref{true, index, 0};
 }
 
@@ -328,6 +337,8 @@ void Region::close() {
     profile_->forward_flops = autodiff::op_counters().forward_flops - flops_at_open_;
     profile_->boundary_bytes = boundary;
     profile_->output_bytes = 0;
+    profile_->outputs_kept_by = nullptr;
+    profile_->outputs_kept_bytes = 0;
     for (const auto& m : this->outputs) profile_->output_bytes += static_cast<size_t>(shape_numel(m.shape)) * dtype_size(m.dtype);
     profile_->backward_done = false;
   }

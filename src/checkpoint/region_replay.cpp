@@ -2,6 +2,7 @@
 // backward of the sub-tape and the routing of its gradients. The first run is region.cpp; see
 // region.h and the Notes at the top of region.cpp.
 #include <map>
+#include <unordered_set>
 
 #include "autodiff/digest.h"
 #include "autodiff/replay.h"
@@ -195,6 +196,24 @@ autodiff::EngineResult Region::backward_replayed(std::vector<TensorList> replaye
   return result;
 }
 
+// Of what the re-run saved, the bytes of the region's outputs themselves (an op that saves its
+// output, such as tanh): the storage the next layer call keeps as its input, counted once.
+size_t Region::saved_output_bytes(const std::vector<TensorList>& replayed, const TensorList& leaves) const {
+  std::unordered_set<const Storage*> seen;
+  for (const auto& leaf : leaves)
+    if (leaf.defined()) seen.insert(leaf.storage().get());
+  size_t total = 0;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    for (size_t k = 0; k < steps_[s].output_slots.size() && k < replayed[s].size(); ++k) {
+      const Tensor& out = replayed[s][k];
+      if (steps_[s].output_slots[k] == SIZE_MAX || !out.defined() || !out.storage()) continue;
+      if (out.storage()->tag() != memory::Tag::saved || !seen.insert(out.storage().get()).second) continue;
+      total += out.storage()->bytes();
+    }
+  }
+  return total;
+}
+
 // One more recomputation in the counters, the region's record and its profile.
 void Region::record_recomputation(const TimeMark& recompute_start, const TimeMark& backward_start,
                                   const TimeMark& backward_end, size_t recomputed_saved,
@@ -271,6 +290,7 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   const autodiff::OpCounters ops_after = autodiff::op_counters();
   const size_t saved_after = saved_live();
   const TimeMark backward_start = device.mark_time();
+  if (profile_) profile_->saved_output_bytes = saved_output_bytes(replayed, leaves);
 
   const autodiff::EngineResult result = backward_replayed(std::move(replayed), grad_outputs, first_sequence_nr);
   const TimeMark backward_end = device.mark_time();

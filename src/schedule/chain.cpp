@@ -136,6 +136,14 @@ void ChainCosts::validate() const {
         << " (L + 1)";
     invalid(function, out.str());
   }
+  if (!saved_output_bytes.empty() && saved_output_bytes.size() != stages)
+    invalid(function, "saved_output_bytes has " + std::to_string(saved_output_bytes.size()) +
+                          " entries; it must be empty or have one per stage (" + std::to_string(stages) + ")");
+  for (size_t i = 0; i < saved_output_bytes.size(); ++i)
+    if (saved_output_bytes[i] > std::min(saved_bytes[i], boundary_bytes[i + 1]))
+      invalid(function, "saved_output_bytes[" + std::to_string(i) + "] = " + std::to_string(saved_output_bytes[i]) +
+                            " exceeds the stage's record (" + std::to_string(saved_bytes[i]) + ") or its output (" +
+                            std::to_string(boundary_bytes[i + 1]) + ")");
   if (std::isnan(offload_seconds_per_byte) || std::isinf(offload_seconds_per_byte)) {
     std::ostringstream out;
     out << "offload_seconds_per_byte is " << offload_seconds_per_byte << "; it must be finite (negative: no offload)";
@@ -203,6 +211,23 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   std::vector<bool> record_away(static_cast<size_t>(stages), false);
   boundary_live[0] = true;
   size_t live = x[0];
+  // Note [a record that keeps its output]. Where stage i's record holds its output a_{i+1} (an op
+  // that saves its own output, like tanh), the two share saved_output_bytes[i] bytes of storage:
+  // while both are in memory those bytes are counted once (`shared` is taken off `live`). When
+  // either leaves memory (dropped, offloaded, freed by the backward) the other still holds them.
+  size_t shared = 0;
+  const auto pair_bytes = [&](size_t i) -> size_t {
+    if (costs.saved_output_bytes.empty() || i >= static_cast<size_t>(stages)) return 0;
+    return record_live[i] && !record_away[i] && boundary_live[i + 1] && !boundary_away[i + 1]
+               ? costs.saved_output_bytes[i]
+               : 0;
+  };
+  // runs `change`, which touches record i and boundary i + 1 only, and recounts their shared bytes
+  const auto updating = [&](size_t i, const auto& change) {
+    shared -= pair_bytes(i);
+    change();
+    shared += pair_bytes(i);
+  };
   int gradient = -1;  // index j of the live gradient d_j; -1 before the loss
   // Note [writes behind the forward pass]. An offload's write goes to one disk worker, queued in
   // the order of the offloads, and runs while the forward pass goes on: the runtime keeps the
@@ -224,7 +249,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
     const Action& action = actions[position];
     const int i = action.index;
     size_t& step_level = level[position];
-    step_level = live;
+    step_level = live - shared;
     const auto fail = [&](const std::string& why) {
       std::ostringstream out;
       out << "simulate: action " << position << " (" << format_actions({action}) << "): " << why;
@@ -246,8 +271,10 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         const bool record = action.kind == ActionKind::forward_save_all;
         if (record && record_live[at]) fail("stage " + std::to_string(i) + " already holds a record");
         live += x[at + 1] + (record ? xbar[at] : 0);
-        boundary_live[at + 1] = true;
-        if (record) record_live[at] = true;
+        updating(at, [&] {
+          boundary_live[at + 1] = true;
+          if (record) record_live[at] = true;
+        });
         result.total_time += costs.forward_time[at];
         compute[position] = costs.forward_time[at];
         if (gradient < 0) forward_clock += costs.forward_time[at];
@@ -258,7 +285,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (i <= 0 || i > stages) fail("boundary outside 1.." + std::to_string(stages) + " (a_0 is the caller's)");
         if (!boundary_live[static_cast<size_t>(i)]) fail("boundary " + std::to_string(i) + " is not live");
         if (boundary_away[static_cast<size_t>(i)]) fail("boundary " + std::to_string(i) + " is offloaded (not fetched)");
-        boundary_live[static_cast<size_t>(i)] = false;
+        updating(static_cast<size_t>(i - 1), [&] { boundary_live[static_cast<size_t>(i)] = false; });
         live -= x[static_cast<size_t>(i)];
         break;
       case ActionKind::loss:
@@ -268,10 +295,10 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         result.write_stall_time = std::max(0.0, writes_done - forward_clock);
         result.total_time += result.write_stall_time;
         live += costs.gradient_bytes(static_cast<size_t>(stages));
-        result.peak_bytes = std::max(result.peak_bytes, live);
-        step_level = std::max(step_level, live);
+        result.peak_bytes = std::max(result.peak_bytes, live - shared);
+        step_level = std::max(step_level, live - shared);
         live -= x[static_cast<size_t>(stages)];  // a_L freed, d_L stays
-        boundary_live[static_cast<size_t>(stages)] = false;
+        updating(static_cast<size_t>(stages - 1), [&] { boundary_live[static_cast<size_t>(stages)] = false; });
         gradient = stages;
         break;
       case ActionKind::backward: {
@@ -283,10 +310,10 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (record_away[at]) fail("stage " + std::to_string(i) + "'s record is offloaded (not fetched)");
         if (!boundary_live[at] || boundary_away[at]) fail("its input boundary " + std::to_string(i) + " is not in memory");
         live += costs.gradient_bytes(at);
-        result.peak_bytes = std::max(result.peak_bytes, live);
-        step_level = std::max(step_level, live);
+        result.peak_bytes = std::max(result.peak_bytes, live - shared);
+        step_level = std::max(step_level, live - shared);
         live -= costs.gradient_bytes(at + 1) + xbar[at];
-        record_live[at] = false;
+        updating(at, [&] { record_live[at] = false; });
         gradient = i;
         result.total_time += costs.backward_time[at];
         compute[position] = costs.backward_time[at];
@@ -305,7 +332,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         const size_t bytes = record ? xbar[at] : x[at];
         const bool out = action.kind == ActionKind::offload;
         if (away == out) fail(out ? "it is offloaded already" : "it is not offloaded");
-        away = out;
+        updating(record ? at : at - 1, [&] { away = out; });
         if (out) {
           live -= bytes;
           result.offloaded_bytes += bytes;
@@ -325,8 +352,8 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
       default:
         fail("unknown action kind");
     }
-    result.peak_bytes = std::max(result.peak_bytes, live);
-    step_level = std::max(step_level, live);
+    result.peak_bytes = std::max(result.peak_bytes, live - shared);
+    step_level = std::max(step_level, live - shared);
   }
   charge_reads(costs.reads_ahead, read_per_byte, actions, level, compute, fetched, result);
   if (gradient != 0)
