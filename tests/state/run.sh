@@ -61,6 +61,16 @@ same() {
       fail "$f differs: $1 $(field $f "$dir/$1.out"), $2 $(field $f "$dir/$2.out")"
   done
 }
+# writing_in DIR: a state is being written in DIR: a partial directory holding a tensor file and no
+# manifest yet (a pruned state is renamed to a .partial directory before its removal too, but it
+# has its manifest: a kill then would land in a removal that ends in a moment, not in a write)
+writing_in() {
+  local p
+  for p in "$1"/step-*.partial; do
+    [[ -d $p && ! -e $p/state.json ]] && compgen -G "$p/*.safetensors" >/dev/null && return 0
+  done
+  return 1
+}
 # stop_at NAME SIGNAL WHEN CMD...: runs CMD in the background and sends SIGNAL once WHEN holds:
 # "step N" (its JSON shows step N's evaluation) or "writing DIR" (a state is being written in DIR,
 # where an earlier one is complete)
@@ -79,7 +89,7 @@ stop_at() {
   local pid=$! start=$SECONDS
   while kill -0 "$pid" 2>/dev/null; do
     if [[ $when == step* ]] && grep -q "\"step\":${when#step },\"train_loss\"" "$dir/$name.out" 2>/dev/null; then break; fi
-    if [[ $when == writing* ]] && compgen -G "${when#writing }/step-*.partial/*.safetensors" >/dev/null &&
+    if [[ $when == writing* ]] && writing_in "${when#writing }" &&
       compgen -G "${when#writing }/step-*[0-9]/state.json" >/dev/null; then break; fi
     ((SECONDS - start > limit)) && { kill -KILL "$pid"; fail "$name: \"$when\" never came"; }
     sleep 0.005
