@@ -282,6 +282,13 @@ bool Keep::keeps_op(const std::string& op) const {
   return kind == Kind::selective && std::find(ops.begin(), ops.end(), op) != ops.end();
 }
 
+// The text parse_offload_target reads back.
+std::string OffloadTarget::to_string() const {
+  std::string s = "offload:" + directory + ",threshold=" + std::to_string(threshold_bytes);
+  if (ram_bytes > 0) s += ",ram=" + std::to_string(ram_bytes);
+  return s;
+}
+
 std::string Saved::to_string() const {
   if (in_memory()) return "memory";
   const std::string dynamic = dynamic_bytes ? "dynamic:" + std::to_string(dynamic_bytes) : "";

@@ -2,20 +2,19 @@
 // whose background thread writes them to a file and reads them back (the file and its ranges:
 // offload_file.cpp). The contract is in include/remat/offload.h.
 //
-// Note [offload threads]. Everything that touches tensor accounting (allocating read buffers,
-// saved references, dropping the in-memory copy of a written value) happens on the thread that
-// owns the scope; the worker only copies bytes between host buffers and the file. A job holds the
-// buffer it works on, so a value whose SavedTensors are gone while its job runs is simply
-// discarded. A value smaller than the threshold stays where it is (unless an OffloadGate wants
-// every value), and so does one saved while a checkpoint region is re-run in the backward pass
-// (under KEEP+offload:, whose regions keep their
-// boundaries in the file: the region's own backward reads the re-run's values right away, and
-// writing them would only add a round trip to disk), one saved behind a closed OffloadGate (a
-// budget plan writes only the nodes it chose to offload), and a parameter's or gradient's storage
-// (the model holds it, so writing it would free nothing); any other is written, and
-// its memory copy dropped once the write is done (collect()). The backward pass gets it back from
-// the file's mapped pages when they are resident, else from a read job started a few nodes ahead
-// by prefetch(), else from a read of its own (Note [offload files]).
+// Note [offload threads]. Everything that touches tensor accounting (allocating read buffers, saved
+// references, dropping the in-memory copy of a written value) happens on the thread that owns the
+// scope; the worker only copies bytes between host buffers and the file. A job holds the buffer it
+// works on, so a value whose SavedTensors are gone while its job runs is simply discarded. A value
+// smaller than the threshold stays where it is (unless an OffloadGate wants every value), and so
+// does one saved while a checkpoint region is re-run in the backward pass (under KEEP+offload:,
+// whose regions keep their boundaries in the file: the region's own backward reads the re-run's
+// values right away, and writing them would only add a round trip to disk), one saved behind a
+// closed OffloadGate (a budget plan writes only the nodes it chose to offload), and a parameter's
+// or gradient's storage (the model holds it, so writing it would free nothing); any other is
+// written, and its memory copy dropped once the write is done (collect()). The backward pass gets
+// it back from the file's mapped pages when they are resident, else from a read job started a few
+// nodes ahead by prefetch(), else from a read of its own (Note [offload files]).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -596,12 +595,6 @@ OffloadScope::~OffloadScope() {
   --detail::offload_scopes;
   state_->hooks.reset();
   if (state_->store) state_->store->close_scope();
-}
-
-std::string OffloadTarget::to_string() const {
-  std::string s = "offload:" + directory + ",threshold=" + std::to_string(threshold_bytes);
-  if (ram_bytes > 0) s += ",ram=" + std::to_string(ram_bytes);
-  return s;
 }
 
 }  // namespace remat
