@@ -22,6 +22,11 @@
 // Writes stay pwrite(): a full disk is then an error of the write, not a SIGBUS. A short write
 // (the disk filled during it) is continued from where it stopped, and the next call's ENOSPC fails
 // the job; the value then stays in memory and the scope ends with an error saying so.
+//
+// The OpenMP runtime is started before the file is mapped. LLVM's runtime, when it starts, looks
+// for a registration file of its pid in /dev/shm; one left by a killed process whose pid was
+// reused names an address, and the runtime reads that address if it is mapped here. Inside this
+// mapping, past the file's end, the read is a SIGBUS (test_offload_openmp_start builds the case).
 #include "offload_file.h"
 
 #include <fcntl.h>
@@ -35,6 +40,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "remat/backend.h"
 #include "remat/offload.h"
 #include "remat/error.h"
 
@@ -109,6 +115,7 @@ SlotFile::SlotFile(const std::string& directory) : directory_(directory) {
   }
   if (fd_ < 0)
     throw Error(detail::concat("policy offload: cannot create a file in '", directory, "': ", std::strerror(errno)));
+  (void)num_threads();  // starts the OpenMP runtime (see the Note)
   void* map = ::mmap(nullptr, kMapBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, 0);
   map_ = map == MAP_FAILED ? nullptr : static_cast<char*>(map);  // without it, values are read back by copy
 }
