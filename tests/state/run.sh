@@ -97,6 +97,8 @@ stop_at() {
   kill "-$signal" "$pid" 2>/dev/null
   wait "$pid"
   rc=$?
+  # a killed process leaves LLVM OpenMP's registration of its pid in /dev/shm (its exit removes it)
+  rm -f "/dev/shm/__KMP_REGISTERED_LIB_${pid}_$(id -u)"
 }
 
 case $test in
