@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include "remat/error.h"
 #include <string>
@@ -47,8 +48,10 @@ UnitCosts to_units(const ChainCosts& costs, size_t available, size_t unit) {
 // top-level entries also say whether that first node is offloaded (Note [offload in the plan]).
 class RotorTable {
  public:
-  RotorTable(const ChainCosts& costs, const UnitCosts& units)
-      : costs_(costs), units_(units), stages_(costs.num_stages()), width_(static_cast<size_t>(units.budget) + 1) {
+  // reads_ahead: price a read at the stall Note [a read behind the next backward] estimates.
+  RotorTable(const ChainCosts& costs, const UnitCosts& units, bool reads_ahead)
+      : costs_(costs), units_(units), stages_(costs.num_stages()), width_(static_cast<size_t>(units.budget) + 1),
+        reads_ahead_(reads_ahead && costs.can_offload()) {
     const size_t pairs = pair_index(0, stages_);
     rerun_cost_.assign(pairs * width_, kInfinite);
     rerun_choice_.assign(pairs * width_, -1);
@@ -103,9 +106,32 @@ class RotorTable {
     return std::min(units_.budget, m - units_.x[static_cast<size_t>(c)] + units_.x_down[static_cast<size_t>(a)]);
   }
 
-  // A node's transfer of `bytes`: the read, charged in full, and the write, queued.
+  // A node's transfer of `bytes`: the read (in full; its stall: read_stall) and the write, queued.
   double read_time(size_t bytes) const {
     return (costs_.offload_seconds_per_byte - costs_.offload_write_seconds_per_byte) * static_cast<double>(bytes);
+  }
+
+  // Note [a read behind the next backward]. With reads ahead, simulate() starts the read of an
+  // offloaded top-level node at the earliest action after the loss (and after the fetch before it)
+  // from which the live bytes plus the value stay within the plan's peak, and charges its stall,
+  // max(0, read - the compute from there to the fetch). Just before the fetch of node a run the
+  // backward of the next top-level node and the drop of the boundary between them. When that next
+  // node is a stage c (recorded, offloaded or not), its backward's live bytes are known from the
+  // costs, relative to the memory m of the entry (a, m) that offloads a (which leaves out a_a):
+  // a_c, the record of c, d_{c+1} and d_c (the drop's, a_c and d_c, are fewer), plus what a keeps
+  // out (its record; a region's input a_a is already outside m). Where those fit in m, the read
+  // runs behind backward(c) at least, and is charged max(0, read - ub[c]); else, or when the next
+  // node is a region (whose re-run's peak the table does not keep) or there is none, in full.
+  // The check is against the budget, simulate's against the plan's peak, which can be lower (a
+  // plan that leaves memory unused, or the rounding to units): then the estimate can undercharge,
+  // and plan_rotor compares the plan's simulated time with its price (see there).
+  double read_stall(size_t bytes, int64_t out_units, int64_t m, int c, int64_t next) const {
+    const double read = read_time(bytes);
+    if (!reads_ahead_ || c >= stages_ || top_choice_[row(c, stages_ - 1, true) + static_cast<size_t>(next)] != 0)
+      return read;
+    const size_t at = static_cast<size_t>(c);
+    const int64_t backward = units_.x[at] + units_.xbar[at] + units_.g[at + 1] + units_.g[at];
+    return backward + out_units <= m ? std::max(0.0, read - costs_.backward_time[at]) : read;
   }
   double write_time(size_t bytes) const { return costs_.offload_write_seconds_per_byte * static_cast<double>(bytes); }
   const WriteQueue* queue_row(int a) const { return top_queue_.data() + row(a, stages_ - 1, true); }
@@ -186,8 +212,9 @@ class RotorTable {
     for (int64_t m = need; m <= units_.budget; ++m)
       r.offer<kTracked>(m, uf + after_stage[m - held] + ub, 0, false, kTracked ? after_queue + (m - held) : nullptr);
     if constexpr (!kTracked) return;
-    const double read = read_time(costs_.saved_bytes[at]), write = write_time(costs_.saved_bytes[at]);
+    const double write = write_time(costs_.saved_bytes[at]);
     for (int64_t m = need; m <= units_.budget; ++m) {
+      const double read = read_stall(costs_.saved_bytes[at], xbar[at], m, a + 1, m - x[at + 1]);
       const WriteQueue& rest = after_queue[m - x[at + 1]];
       const WriteQueue ahead = rest.ahead(write, forward_after_[at + 1]);
       r.offer<true>(m, uf + read + after_stage[m - x[at + 1]] + (ahead.stall() - rest.stall()) + ub, 0, true, &ahead);
@@ -202,7 +229,7 @@ class RotorTable {
     const size_t at = static_cast<size_t>(a);
     const int64_t budget = units_.budget;
     const int64_t gradient = top ? 0 : units_.g[static_cast<size_t>(b) + 1];
-    const double read = read_time(costs_.boundary_bytes[at]), write = write_time(costs_.boundary_bytes[at]);
+    const double write = write_time(costs_.boundary_bytes[at]);
     int64_t sweep_peak = 0;
     double sweep_time = 0;
     for (int c = a + 1; c <= b; ++c) {
@@ -218,6 +245,7 @@ class RotorTable {
                           kTracked ? region_queue + (m - keep) : nullptr);
       if (!kTracked || a == 0) continue;
       for (int64_t m = std::max(sweep_peak, keep); m <= budget; ++m) {
+        const double read = read_stall(costs_.boundary_bytes[at], 0, m, c, freed(m, c, a));
         const WriteQueue& rest = region_queue[freed(m, c, a)];
         const WriteQueue ahead = rest.ahead(write, forward_after_[static_cast<size_t>(c)]);
         r.offer<true>(m, sweep_time + read + after_region[freed(m, c, a)] + (ahead.stall() - rest.stall()) + region[m],
@@ -239,6 +267,7 @@ class RotorTable {
   std::vector<uint8_t> top_offloaded_;              // 1: the top-level choice offloads its node
   std::vector<WriteQueue> top_queue_;               // the writes of the top-level entry's plan
   std::vector<double> forward_after_ = forward_after(costs_);
+  bool reads_ahead_;
 };
 
 // The least-peak plan, exact bytes; among least-peak choices the least time (per subproblem).
@@ -403,14 +432,22 @@ Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
     throw InfeasibleError(out.str(), minimal);
   }
   const UnitCosts units = to_units(costs, available, unit);
-  const RotorTable table(costs, units);
-  Plan plan;
-  if (table.cost(0, stages - 1, units.budget, true) == kInfinite) {
-    // The rounding left no plan although one fits in exact bytes: the least-peak plan does.
-    plan = make_plan(costs, least.build(0, stages - 1, true));
-  } else {
-    plan = make_plan(costs, table.build(0, stages - 1, units.budget, true));
+  // The plan of the programme that prices reads in full, and with reads ahead also the one that
+  // prices them at their estimated stall (Note [a read behind the next backward]): the one that
+  // simulate() prices lower. The estimate can be above the stall (a longer window) or, rarely,
+  // below it (a peak below the budget), so neither plan is always the faster.
+  const auto planned = [&](bool reads_ahead) -> std::optional<Plan> {
+    const RotorTable table(costs, units, reads_ahead);
+    if (table.cost(0, stages - 1, units.budget, true) == kInfinite) return std::nullopt;
+    return make_plan(costs, table.build(0, stages - 1, units.budget, true));
+  };
+  std::optional<Plan> best = planned(costs.reads_ahead);
+  if (best && costs.reads_ahead && costs.can_offload()) {
+    std::optional<Plan> full = planned(false);
+    if (full->predicted_time < best->predicted_time) best = std::move(full);
   }
+  // The rounding left no plan although one fits in exact bytes: the least-peak plan does.
+  Plan plan = best ? std::move(*best) : make_plan(costs, least.build(0, stages - 1, true));
   if (plan.predicted_peak_bytes > memory_limit)
     throw Error("plan_rotor: the plan's simulated peak " + std::to_string(plan.predicted_peak_bytes) +
                            " exceeds the limit " + std::to_string(memory_limit) + " (internal error)");
