@@ -261,11 +261,10 @@ Plan make_plan(const ChainCosts& costs, std::vector<PlanNode> tree);
 // and the stall of its queued write ("the cost of a transfer" in docs/planners.md: with queued
 // writes the programme prices every plan exactly but may miss the optimum); the least peak then
 // counts offloading too. The read is priced in full, or with reads_ahead at its stall behind the
-// next top-level node's backward where that node is a stage and the budget leaves room for the
-// read during it (an estimate: simulate may find a longer window, or, below the budget, a
-// shorter one); the programme then also prices reads in full and returns whichever plan
-// simulate prices lower, so it is never slower than full pricing. The returned plan's
-// predicted_time is simulate's.
+// next top-level node's backward where that node is a stage and the loss's live bytes leave room
+// for the read during it: never below simulate's stall (which may find a longer window). With
+// reads_ahead it also plans with full reads and returns whichever plan simulate prices lower.
+// The returned plan's predicted_time is simulate's.
 // Throws InfeasibleError if memory_limit < min_feasible_memory(costs).
 Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots = 500);
 // The least peak (exact bytes, a_0 included) of any plan, and a plan that attains it (least
