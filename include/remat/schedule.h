@@ -281,7 +281,8 @@ Plan plan_min_memory(const ChainCosts& costs);
 // that simulate() keeps within memory_limit. With costs.can_offload(), both offload: the grouped
 // planner offers keep, recompute and offload for every stage and region of its top-level
 // sequences at any depth of its groups (a group's top-level plan spliced in), with the exact
-// programme's cost model; an offload target never raises its least peak.
+// programme's cost model (a read with reads_ahead as plan_rotor prices it, the loss's bytes it
+// counts on inside a group being the group's own); an offload target never raises its least peak.
 // The grouped planner throws InfeasibleError only when memory_limit is below the least peak it
 // can reach (carried in the error; at least min_feasible_memory, and above it on some chains).
 // Below its own least peak it returns the exact least-peak plan (plan_min_memory) when that
