@@ -30,6 +30,20 @@ ChainCosts four_stages() {
 
 bool offloads(const rs::Plan& plan) { return rs::format_tree(plan.tree).find("+o") != std::string::npos; }
 
+// Forward times 0.1..3 s, backward times twice 0.1..3 s, records 4..800 bytes, boundaries 1..200.
+ChainCosts small_random_chain(std::mt19937& rng, int stages) {
+  std::uniform_real_distribution<double> time(0.1, 3.0);
+  std::uniform_int_distribution<size_t> bytes(1, 200);
+  ChainCosts costs;
+  for (int i = 0; i < stages; ++i) {
+    costs.forward_time.push_back(time(rng));
+    costs.backward_time.push_back(2 * time(rng));
+    costs.saved_bytes.push_back(bytes(rng) * 4);
+  }
+  for (int i = 0; i <= stages; ++i) costs.boundary_bytes.push_back(bytes(rng));
+  return costs;
+}
+
 }  // namespace
 
 TEST(TransferCost, AWriteThatFitsBehindTheFollowingForwardsIsNotCharged) {
@@ -168,18 +182,10 @@ TEST(TransferCost, ABusyDisksReadsAreChargedTheirStall) {
 // starts, simulated without reads ahead, peak where the plan does, on random chains and budgets.
 TEST(TransferCost, ReadsAheadStayWithinThePlansPeak) {
   std::mt19937 rng(42);
-  std::uniform_real_distribution<double> time(0.1, 3.0);
-  std::uniform_int_distribution<size_t> bytes(1, 200);
   int moved = 0;
   for (int trial = 0; trial < 60; ++trial) {
     const int stages = 3 + trial % 10;
-    ChainCosts costs;
-    for (int i = 0; i < stages; ++i) {
-      costs.forward_time.push_back(time(rng));
-      costs.backward_time.push_back(2 * time(rng));
-      costs.saved_bytes.push_back(bytes(rng) * 4);
-    }
-    for (int i = 0; i <= stages; ++i) costs.boundary_bytes.push_back(bytes(rng));
+    ChainCosts costs = small_random_chain(rng, stages);
     costs.offload_seconds_per_byte = 0.002 * (1 + trial % 3);
     costs.offload_write_seconds_per_byte = costs.offload_seconds_per_byte / 2;
     costs.gradients_counted = trial % 2 == 0;
@@ -248,18 +254,10 @@ TEST(TransferCost, ThePlannersHideAReadBehindTheNextBackward) {
 // than pricing them in full; it gives faster ones.
 TEST(TransferCost, PricingHiddenReadsNeverLosesToFullReads) {
   std::mt19937 rng(7);
-  std::uniform_real_distribution<double> time(0.1, 3.0);
-  std::uniform_int_distribution<size_t> bytes(1, 200);
   int faster = 0, plans = 0;
   for (int trial = 0; trial < 80; ++trial) {
     const int stages = 3 + trial % 12;
-    ChainCosts costs;
-    for (int i = 0; i < stages; ++i) {
-      costs.forward_time.push_back(time(rng));
-      costs.backward_time.push_back(2 * time(rng));
-      costs.saved_bytes.push_back(bytes(rng) * 4);
-    }
-    for (int i = 0; i <= stages; ++i) costs.boundary_bytes.push_back(bytes(rng));
+    ChainCosts costs = small_random_chain(rng, stages);
     costs.offload_seconds_per_byte = 0.004 * (1 + trial % 4);
     costs.offload_write_seconds_per_byte = trial % 3 == 0 ? 0.0 : costs.offload_seconds_per_byte / 4;
     costs.gradients_counted = trial % 2 == 0;
