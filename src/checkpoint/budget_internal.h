@@ -21,6 +21,12 @@ struct BudgetPlanner::State {
   std::vector<std::shared_ptr<RegionProfile>> profiles;  // one per stage (layer call), in order
   std::vector<std::string> stage_labels;
   size_t saved_live_at_entry = 0, saved_peak_at_entry = 0;
+  // profiling: autodiff::next_sequence_nr() when each layer call began and ended, and the last
+  // call's outputs (Note [what a sweep keeps] in budget.cpp)
+  std::vector<std::pair<uint64_t, uint64_t>> call_sequences;
+  std::vector<std::weak_ptr<Storage>> last_outputs;
+  void profile_call_start(RegionProfile& profile, const TensorList& inputs);
+  void profile_call_end(const TensorList& outputs);
   // the plan for report->signature
   std::optional<Report> report;
   std::optional<schedule::ChainCosts> costs;
