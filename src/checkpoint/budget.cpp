@@ -106,49 +106,79 @@ std::vector<size_t> BudgetPlanner::State::measured_saved_output_bytes(const sche
 // not saved values); a value that reaches the ops between the calls without a gradient edge (a
 // mask) is not seen.
 void BudgetPlanner::State::profile_call_start(RegionProfile& profile, const TensorList& inputs) {
-  const uint64_t now = autodiff::next_sequence_nr();
+  ProfiledCall call;
+  call.start = call.end = autodiff::next_sequence_nr();
+  for (const auto& t : inputs) {
+    if (!t.defined() || !t.storage()) continue;
+    call.input_storages.push_back(t.storage());
+    if (const autodiff::Edge e = autodiff::gradient_edge(t); e.valid()) call.input_edges.emplace_back(e.node, e.input_nr);
+  }
+  if (!calls.empty()) measure_sweep_kept(profile, inputs);
+  calls.push_back(std::move(call));
+}
+
+// A value found is the input of a later call than the one that made it (a branch's input read by
+// the next branch, a residual's input read by its add): a region starting at that call holds it as
+// its input, counted as a boundary, so it is kept beyond the input only by regions starting later.
+void BudgetPlanner::State::measure_sweep_kept(RegionProfile& profile, const TensorList& inputs) const {
+  const ProfiledCall& previous = calls.back();
+  const int stage = static_cast<int>(calls.size());
   const auto made_by = [&](uint64_t sequence) {  // the last call begun before the node
-    const auto after = std::upper_bound(call_sequences.begin(), call_sequences.end(), sequence,
-                                        [](uint64_t s, const auto& call) { return s < call.first; });
-    return static_cast<int>(after - call_sequences.begin()) - 1;
+    const auto after = std::upper_bound(calls.begin(), calls.end(), sequence,
+                                        [](uint64_t s, const ProfiledCall& c) { return s < c.start; });
+    return static_cast<int>(after - calls.begin()) - 1;
   };
-  if (!call_sequences.empty()) {
-    const auto [previous_start, previous_end] = call_sequences.back();
-    std::unordered_set<const Storage*> storages;
-    std::set<std::pair<const autodiff::Node*, uint32_t>> values;
-    std::unordered_set<const autodiff::Node*> seen;
-    std::vector<const autodiff::Node*> between;  // nodes made between the two calls
-    for (const auto& t : inputs) {
-      if (!t.defined() || !t.storage()) continue;
-      const autodiff::Node* node = t.grad_fn().get();
-      const bool passed = std::any_of(last_outputs.begin(), last_outputs.end(),
-                                      [&](const std::weak_ptr<Storage>& w) { return w.lock() == t.storage(); });
-      if (node && node->sequence_nr() >= previous_end)
-        between.push_back(node);
-      else if (!passed && (!node || node->sequence_nr() < previous_start) && storages.insert(t.storage().get()).second)
-        profile.sweep_kept.emplace_back(node ? made_by(node->sequence_nr()) : -1, t.storage()->bytes());
+  const auto keep = [&](int made, const Storage* storage, const autodiff::Node* node, uint32_t output, size_t bytes) {
+    for (int m = stage - 1; m > made; --m) {
+      const ProfiledCall& c = calls[static_cast<size_t>(m)];
+      const bool input = std::any_of(c.input_storages.begin(), c.input_storages.end(),
+                                     [&](const auto& w) { return storage && w.lock().get() == storage; }) ||
+                         std::any_of(c.input_edges.begin(), c.input_edges.end(), [&](const auto& e) {
+                           return node && e.first.lock().get() == node && e.second == output;
+                         });
+      if (input) {
+        made = m;
+        break;
+      }
     }
-    while (!between.empty()) {
-      const autodiff::Node* node = between.back();
-      between.pop_back();
-      if (!seen.insert(node).second) continue;
-      for (const autodiff::Edge& e : node->next_edges) {
-        if (!e.valid() || e.node->is_accumulator()) continue;
-        const uint64_t made = e.node->sequence_nr();
-        if (made >= previous_end) {
-          between.push_back(e.node.get());
-        } else if (made < previous_start && e.input_nr < e.node->outputs.size() && values.emplace(e.node.get(), e.input_nr).second) {
-          const autodiff::OutputMeta& m = e.node->outputs[e.input_nr];
-          profile.sweep_kept.emplace_back(made_by(made), static_cast<size_t>(shape_numel(m.shape)) * dtype_size(m.dtype));
-        }
+    if (made <= stage - 2) profile.sweep_kept.emplace_back(made, bytes);
+  };
+  std::unordered_set<const Storage*> storages;
+  std::set<std::pair<const autodiff::Node*, uint32_t>> values;
+  std::unordered_set<const autodiff::Node*> seen;
+  std::vector<const autodiff::Node*> between;  // nodes made between the two calls
+  for (const auto& t : inputs) {
+    if (!t.defined() || !t.storage()) continue;
+    const autodiff::Node* node = t.grad_fn().get();
+    const bool passed = std::any_of(last_outputs.begin(), last_outputs.end(),
+                                    [&](const std::weak_ptr<Storage>& w) { return w.lock() == t.storage(); });
+    if (node && node->sequence_nr() >= previous.end) {
+      between.push_back(node);
+    } else if (!passed && (!node || node->sequence_nr() < previous.start) && storages.insert(t.storage().get()).second) {
+      const autodiff::Edge e = autodiff::gradient_edge(t);
+      keep(node ? made_by(node->sequence_nr()) : -1, t.storage().get(), e.node.get(), e.input_nr, t.storage()->bytes());
+    }
+  }
+  while (!between.empty()) {
+    const autodiff::Node* node = between.back();
+    between.pop_back();
+    if (!seen.insert(node).second) continue;
+    for (const autodiff::Edge& e : node->next_edges) {
+      if (!e.valid() || e.node->is_accumulator()) continue;
+      const uint64_t made = e.node->sequence_nr();
+      if (made >= previous.end) {
+        between.push_back(e.node.get());
+      } else if (made < previous.start && e.input_nr < e.node->outputs.size() &&
+                 values.emplace(e.node.get(), e.input_nr).second) {
+        const autodiff::OutputMeta& m = e.node->outputs[e.input_nr];
+        keep(made_by(made), nullptr, e.node.get(), e.input_nr, static_cast<size_t>(shape_numel(m.shape)) * dtype_size(m.dtype));
       }
     }
   }
-  call_sequences.emplace_back(now, now);
 }
 
 void BudgetPlanner::State::profile_call_end(const TensorList& outputs) {
-  if (!call_sequences.empty()) call_sequences.back().second = autodiff::next_sequence_nr();
+  if (!calls.empty()) calls.back().end = autodiff::next_sequence_nr();
   last_outputs.clear();
   for (const auto& t : outputs)
     if (t.defined() && t.storage()) last_outputs.push_back(t.storage());
@@ -195,7 +225,7 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Dev
   const memory::Stats s = memory_stats(device);
   saved_live_at_entry = s.live(memory::Tag::saved);
   saved_peak_at_entry = s.peak(memory::Tag::saved);
-  call_sequences.clear();
+  calls.clear();
   last_outputs.clear();
 }
 
@@ -317,13 +347,22 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   // a plan's peak wait for room only when a value is packed, after the op that made it, so a step
   // may go one value above the level the model gives while a write is under way (Note [writes
   // behind a plan's peak] in src/saved/offload.cpp); the values counted twice cover that.
+  // Where the values a sweep keeps lift the held count above the planners' count, the planners'
+  // is kept, so a prediction never exceeds what was planned for: on a chain of Parallel branches
+  // the held count added the first branch's output, which the concatenation after the second
+  // branch reads inside a region, and the measured peak stayed at the planners' count.
   if (!budget.saved.offload) {
     measured.saved_output_bytes = measured_saved_output_bytes(measured);
-    measured.boundaries_counted_when_held = true;
+    schedule::ChainCosts held = measured;
+    held.boundaries_counted_when_held = true;
     for (size_t i = 0; i < profiles.size(); ++i)
       for (const auto& [made_by, bytes] : profiles[i]->sweep_kept)
-        measured.swept_values.push_back({static_cast<int>(i), made_by, bytes});
-    r.plan = schedule::make_plan(measured, std::move(r.plan.tree));
+        held.swept_values.push_back({static_cast<int>(i), made_by, bytes});
+    schedule::Plan counted = schedule::make_plan(measured, r.plan.tree);
+    schedule::Plan exact = schedule::make_plan(held, std::move(r.plan.tree));
+    const bool tighter = exact.predicted_peak_bytes <= counted.predicted_peak_bytes;
+    r.plan = tighter ? std::move(exact) : std::move(counted);
+    if (tighter) measured = std::move(held);
     r.costs = measured;
   }
   r.tree = schedule::format_tree(r.plan.tree);
