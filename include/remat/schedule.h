@@ -146,6 +146,25 @@ struct ChainCosts {
   // output), i = 0..L-1, or empty (none): while record i and a_{i+1} are both in memory they are
   // counted once by simulate. The planners ignore it (they count both, which errs on the safe side).
   std::vector<size_t> saved_output_bytes;
+  // Whether simulate counts a boundary only while something holds it, as an allocator counts
+  // saved values: a_{i+1} made by a forward is a temporary until the next action that keeps it
+  // (a forward of stage i+1, unless that forward does not record and the next action drops
+  // a_{i+1}: a region's forward sweep; the loss; a backward; an offload); one dropped unused (a
+  // re-run's last output) never counts. false: a boundary counts from the forward that makes it.
+  // The planners ignore it and the next field (docs/planners.md, "boundaries counted while held").
+  bool boundaries_counted_when_held = false;
+  // Values that a region keeps beyond its input once its forward sweep passes from stage
+  // read_by - 1 to stage read_by: made by stage made_by < read_by - 1 (-1: before the chain, the
+  // step's token ids) and read by stage read_by or the ops before it (a position embedding added to
+  // stage read_by - 1's output). A region that starts after made_by keeps them with its input until
+  // that is dropped; one that starts at or before it made them, a temporary of its sweep. Counted
+  // with boundaries_counted_when_held only.
+  struct SweptValue {
+    int read_by = 1;
+    int made_by = -1;
+    size_t bytes = 0;
+  };
+  std::vector<SweptValue> swept_values;
   // What writing a kept byte out and reading it back costs (seconds per byte), when kept values
   // may be offloaded; negative: there is no offload target, and no plan offloads.
   double offload_seconds_per_byte = -1;

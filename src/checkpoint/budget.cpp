@@ -4,7 +4,10 @@
 #include "budget_internal.h"
 
 #include <algorithm>
+#include <set>
+#include <unordered_set>
 
+#include "remat/autodiff.h"
 #include "remat/backend.h"
 #include "remat/devices.h"
 #include "remat/offload.h"
@@ -90,6 +93,97 @@ std::vector<size_t> BudgetPlanner::State::measured_saved_output_bytes(const sche
   return shared;
 }
 
+// Note [what a sweep keeps]. A region keeps, besides its input, every value its ops read that was
+// made before it opened. Passing from layer call j-1 to call j, its sweep reads call j's inputs
+// and those of the ops between the two calls; of these, the values made before call j-1 began
+// (the step's token ids, read only by call j; a position embedding that the model adds to call
+// j-1's output) stay with a region that began after the call that made them, where the chain
+// model sees only a_j, a temporary of the sweep (ChainCosts::swept_values). Measured while
+// profiling, from the autograd graph: call j's inputs that are leaves (not call j-1's outputs) or
+// made by nodes older than call j-1, and, walking back from its inputs through the nodes made
+// between the two calls, the outputs of older nodes that those read; each with the call that made
+// it (the last one begun before its node; -1 before the chain). Parameters are skipped (they are
+// not saved values); a value that reaches the ops between the calls without a gradient edge (a
+// mask) is not seen.
+void BudgetPlanner::State::profile_call_start(RegionProfile& profile, const TensorList& inputs) {
+  ProfiledCall call;
+  call.start = call.end = autodiff::next_sequence_nr();
+  for (const auto& t : inputs) {
+    if (!t.defined() || !t.storage()) continue;
+    call.input_storages.push_back(t.storage());
+    if (const autodiff::Edge e = autodiff::gradient_edge(t); e.valid()) call.input_edges.emplace_back(e.node, e.input_nr);
+  }
+  if (!calls.empty()) measure_sweep_kept(profile, inputs);
+  calls.push_back(std::move(call));
+}
+
+// A value found is the input of a later call than the one that made it (a branch's input read by
+// the next branch, a residual's input read by its add): a region starting at that call holds it as
+// its input, counted as a boundary, so it is kept beyond the input only by regions starting later.
+void BudgetPlanner::State::measure_sweep_kept(RegionProfile& profile, const TensorList& inputs) const {
+  const ProfiledCall& previous = calls.back();
+  const int stage = static_cast<int>(calls.size());
+  const auto made_by = [&](uint64_t sequence) {  // the last call begun before the node
+    const auto after = std::upper_bound(calls.begin(), calls.end(), sequence,
+                                        [](uint64_t s, const ProfiledCall& c) { return s < c.start; });
+    return static_cast<int>(after - calls.begin()) - 1;
+  };
+  const auto keep = [&](int made, const Storage* storage, const autodiff::Node* node, uint32_t output, size_t bytes) {
+    for (int m = stage - 1; m > made; --m) {
+      const ProfiledCall& c = calls[static_cast<size_t>(m)];
+      const bool input = std::any_of(c.input_storages.begin(), c.input_storages.end(),
+                                     [&](const auto& w) { return storage && w.lock().get() == storage; }) ||
+                         std::any_of(c.input_edges.begin(), c.input_edges.end(), [&](const auto& e) {
+                           return node && e.first.lock().get() == node && e.second == output;
+                         });
+      if (input) {
+        made = m;
+        break;
+      }
+    }
+    if (made <= stage - 2) profile.sweep_kept.emplace_back(made, bytes);
+  };
+  std::unordered_set<const Storage*> storages;
+  std::set<std::pair<const autodiff::Node*, uint32_t>> values;
+  std::unordered_set<const autodiff::Node*> seen;
+  std::vector<const autodiff::Node*> between;  // nodes made between the two calls
+  for (const auto& t : inputs) {
+    if (!t.defined() || !t.storage()) continue;
+    const autodiff::Node* node = t.grad_fn().get();
+    const bool passed = std::any_of(last_outputs.begin(), last_outputs.end(),
+                                    [&](const std::weak_ptr<Storage>& w) { return w.lock() == t.storage(); });
+    if (node && node->sequence_nr() >= previous.end) {
+      between.push_back(node);
+    } else if (!passed && (!node || node->sequence_nr() < previous.start) && storages.insert(t.storage().get()).second) {
+      const autodiff::Edge e = autodiff::gradient_edge(t);
+      keep(node ? made_by(node->sequence_nr()) : -1, t.storage().get(), e.node.get(), e.input_nr, t.storage()->bytes());
+    }
+  }
+  while (!between.empty()) {
+    const autodiff::Node* node = between.back();
+    between.pop_back();
+    if (!seen.insert(node).second) continue;
+    for (const autodiff::Edge& e : node->next_edges) {
+      if (!e.valid() || e.node->is_accumulator()) continue;
+      const uint64_t made = e.node->sequence_nr();
+      if (made >= previous.end) {
+        between.push_back(e.node.get());
+      } else if (made < previous.start && e.input_nr < e.node->outputs.size() &&
+                 values.emplace(e.node.get(), e.input_nr).second) {
+        const autodiff::OutputMeta& m = e.node->outputs[e.input_nr];
+        keep(made_by(made), nullptr, e.node.get(), e.input_nr, static_cast<size_t>(shape_numel(m.shape)) * dtype_size(m.dtype));
+      }
+    }
+  }
+}
+
+void BudgetPlanner::State::profile_call_end(const TensorList& outputs) {
+  if (!calls.empty()) calls.back().end = autodiff::next_sequence_nr();
+  last_outputs.clear();
+  for (const auto& t : outputs)
+    if (t.defined() && t.storage()) last_outputs.push_back(t.storage());
+}
+
 size_t BudgetPlanner::State::measured_after_chain_bytes() const {
   // the step's saved peak when the backward reached the chain, beyond what was live at entry
   // plus the chain's own boundaries, if that peak was reached during this step
@@ -131,6 +225,8 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Dev
   const memory::Stats s = memory_stats(device);
   saved_live_at_entry = s.live(memory::Tag::saved);
   saved_peak_at_entry = s.peak(memory::Tag::saved);
+  calls.clear();
+  last_outputs.clear();
 }
 
 // budget:auto: the memory the run may use, less what it held besides saved values (the profiled
@@ -244,14 +340,29 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     throw Error(detail::concat("budget policy: ", budget.to_string(), ": cannot plan ", scope, " (",
                                measured.num_stages(), " layer calls): ", e.what()));
   }
-  // In memory the prediction counts a record's output once (Note [records that keep their
-  // outputs]). With an offload target it does not: the writes behind a plan's peak wait for room
-  // only when a value is packed, after the op that made it, so a step may go one value above the
-  // level the model gives while a write is under way (Note [writes behind a plan's peak] in
-  // src/saved/offload.cpp); the outputs counted twice have covered that so far.
+  // In memory the prediction counts what the allocator counts as saved: a record's output once
+  // (Note [records that keep their outputs]) and a boundary only while a saved value holds it
+  // (Note [boundaries counted while held] in src/schedule/chain.cpp: a region's forward sweep and a
+  // re-run's last output are temporaries). With an offload target it does not: the writes behind
+  // a plan's peak wait for room only when a value is packed, after the op that made it, so a step
+  // may go one value above the level the model gives while a write is under way (Note [writes
+  // behind a plan's peak] in src/saved/offload.cpp); the values counted twice cover that.
+  // Where the values a sweep keeps lift the held count above the planners' count, the planners'
+  // is kept, so a prediction never exceeds what was planned for: on a chain of Parallel branches
+  // the held count added the first branch's output, which the concatenation after the second
+  // branch reads inside a region, and the measured peak stayed at the planners' count.
   if (!budget.saved.offload) {
     measured.saved_output_bytes = measured_saved_output_bytes(measured);
-    r.plan = schedule::make_plan(measured, std::move(r.plan.tree));
+    schedule::ChainCosts held = measured;
+    held.boundaries_counted_when_held = true;
+    for (size_t i = 0; i < profiles.size(); ++i)
+      for (const auto& [made_by, bytes] : profiles[i]->sweep_kept)
+        held.swept_values.push_back({static_cast<int>(i), made_by, bytes});
+    schedule::Plan counted = schedule::make_plan(measured, r.plan.tree);
+    schedule::Plan exact = schedule::make_plan(held, std::move(r.plan.tree));
+    const bool tighter = exact.predicted_peak_bytes <= counted.predicted_peak_bytes;
+    r.plan = tighter ? std::move(exact) : std::move(counted);
+    if (tighter) measured = std::move(held);
     r.costs = measured;
   }
   r.tree = schedule::format_tree(r.plan.tree);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "remat/autodiff.h"
 #include "remat/budget.h"
 #include "remat/offload.h"
 #include "remat/policy.h"
@@ -21,6 +22,18 @@ struct BudgetPlanner::State {
   std::vector<std::shared_ptr<RegionProfile>> profiles;  // one per stage (layer call), in order
   std::vector<std::string> stage_labels;
   size_t saved_live_at_entry = 0, saved_peak_at_entry = 0;
+  // profiling, per layer call: autodiff::next_sequence_nr() when it began and ended, and its
+  // inputs (storages, gradient edges); the last call's outputs (Note [what a sweep keeps] in budget.cpp)
+  struct ProfiledCall {
+    uint64_t start = 0, end = 0;
+    std::vector<std::weak_ptr<Storage>> input_storages;
+    std::vector<std::pair<std::weak_ptr<autodiff::Node>, uint32_t>> input_edges;
+  };
+  std::vector<ProfiledCall> calls;
+  std::vector<std::weak_ptr<Storage>> last_outputs;
+  void measure_sweep_kept(RegionProfile& profile, const TensorList& inputs) const;
+  void profile_call_start(RegionProfile& profile, const TensorList& inputs);
+  void profile_call_end(const TensorList& outputs);
   // the plan for report->signature
   std::optional<Report> report;
   std::optional<schedule::ChainCosts> costs;

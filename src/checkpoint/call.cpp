@@ -192,9 +192,12 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
   BudgetPlanner::State& st = *ps.state;
   if (ps.profiling) {
     auto profile = std::make_shared<RegionProfile>();
+    st.profile_call_start(*profile, inputs);  // what a sweep would keep (Note [what a sweep keeps])
     st.profiles.push_back(profile);
     st.stage_labels.push_back(site.label);
-    return single_region(fn, inputs, site, Policy::every_layer(), profile, /*record_all=*/true);
+    TensorList outputs = single_region(fn, inputs, site, Policy::every_layer(), profile, /*record_all=*/true);
+    st.profile_call_end(outputs);
+    return outputs;
   }
   if (position >= ps.stages) {
     st.stale = true;  // more layer calls than planned: profile again next time
