@@ -2,10 +2,8 @@
 // saved bytes stays within the budget; gradients equal save-all; infeasible budgets are errors.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdint>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "checkpoint_models.h"
@@ -401,7 +399,8 @@ namespace {
 
 // One GPT step under `policy` (its scope spans forward and backward, as the offload runtime's
 // must): the peak of saved bytes above those live at the start, and the parameters' gradients.
-// settle: a pause between the forward and the backward.
+// settle: between the forward and the backward, wait until the offload runtime has written out
+// every value the forward gave it.
 size_t gpt_step_peak_saved(nn::GPT& model, const Tensor& ids, const Tensor& targets, const Policy& policy,
                            TensorList* grads, bool settle = false) {
   ScopedPolicy scope(policy);
@@ -409,7 +408,7 @@ size_t gpt_step_peak_saved(nn::GPT& model, const Tensor& ids, const Tensor& targ
   memory::reset_peaks();
   const size_t base = memory::live_bytes(memory::Tag::saved);
   Tensor loss = model.loss(ids, targets);
-  if (settle) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  if (settle) scope.wait_for_offload_writes();
   loss.backward();
   if (grads) {
     grads->clear();
@@ -433,10 +432,10 @@ TEST(BudgetPeaks, AGptWithOffloadedRegionsStaysWithinItsPrediction) {
                        .dtype = DType::f32, .seed = 4};
   nn::GPT model(config);
   const Tensor ids = remat::testing::token_ids(6, 32, 13, 31), targets = remat::testing::token_ids(6, 32, 13, 32);
-  // settle: a pause between the forward and the backward, so that the offload worker has written
-  // the forward's values out (on a loaded machine it may not have, and a value still being written
-  // is in memory when the plan's read point comes: nothing is read ahead, correctly, but the
-  // check that reads ahead happen would then depend on the machine's load)
+  // settle: the forward's values written out before the backward (on a loaded machine the offload
+  // worker may not have written them yet, and a value still being written is in memory when the
+  // plan's read point comes: nothing is read ahead, correctly, but the check that reads ahead
+  // happen would then depend on the machine's load)
   const auto step = [&](const Policy& policy, TensorList* grads, bool settle = false) {
     return gpt_step_peak_saved(model, ids, targets, policy, grads, settle);
   };
