@@ -258,10 +258,13 @@ Plan make_plan(const ChainCosts& costs, std::vector<PlanNode> tree);
 // memory_limit, and is exactly optimal when the unit is one byte (docs/planners.md, "rotor": the
 // bound otherwise, and the cost, O(L^2 * slots) memory and O(L^3 * slots) time).
 // When costs.can_offload(), each top-level node may also be offloaded, at its kept bytes' read
-// (in full, even with reads_ahead; the returned plan's predicted_time is simulate's) and the
-// stall of its queued write ("the cost of a transfer" in docs/planners.md: with queued
+// and the stall of its queued write ("the cost of a transfer" in docs/planners.md: with queued
 // writes the programme prices every plan exactly but may miss the optimum); the least peak then
-// counts offloading too.
+// counts offloading too. The read is priced in full, or with reads_ahead at its stall behind the
+// next top-level node's backward where that node is a stage and the loss's live bytes leave room
+// for the read during it: never below simulate's stall (which may find a longer window). With
+// reads_ahead it also plans with full reads and returns whichever plan simulate prices lower.
+// The returned plan's predicted_time is simulate's.
 // Throws InfeasibleError if memory_limit < min_feasible_memory(costs).
 Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots = 500);
 // The least peak (exact bytes, a_0 included) of any plan, and a plan that attains it (least
@@ -278,7 +281,8 @@ Plan plan_min_memory(const ChainCosts& costs);
 // that simulate() keeps within memory_limit. With costs.can_offload(), both offload: the grouped
 // planner offers keep, recompute and offload for every stage and region of its top-level
 // sequences at any depth of its groups (a group's top-level plan spliced in), with the exact
-// programme's cost model; an offload target never raises its least peak.
+// programme's cost model (a read with reads_ahead as plan_rotor prices it, the loss's bytes it
+// counts on inside a group being the group's own); an offload target never raises its least peak.
 // The grouped planner throws InfeasibleError only when memory_limit is below the least peak it
 // can reach (carried in the error; at least min_feasible_memory, and above it on some chains).
 // Below its own least peak it returns the exact least-peak plan (plan_min_memory) when that

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include "remat/error.h"
 #include <string>
@@ -47,8 +48,10 @@ UnitCosts to_units(const ChainCosts& costs, size_t available, size_t unit) {
 // top-level entries also say whether that first node is offloaded (Note [offload in the plan]).
 class RotorTable {
  public:
-  RotorTable(const ChainCosts& costs, const UnitCosts& units)
-      : costs_(costs), units_(units), stages_(costs.num_stages()), width_(static_cast<size_t>(units.budget) + 1) {
+  // reads_ahead: price a read at the stall Note [a read behind the next backward] estimates.
+  RotorTable(const ChainCosts& costs, const UnitCosts& units, bool reads_ahead)
+      : costs_(costs), units_(units), stages_(costs.num_stages()), width_(static_cast<size_t>(units.budget) + 1),
+        reads_ahead_(reads_ahead && costs.can_offload()) {
     const size_t pairs = pair_index(0, stages_);
     rerun_cost_.assign(pairs * width_, kInfinite);
     rerun_choice_.assign(pairs * width_, -1);
@@ -56,6 +59,7 @@ class RotorTable {
     top_choice_.assign(static_cast<size_t>(stages_) * width_, -1);
     top_offloaded_.assign(costs.can_offload() ? static_cast<size_t>(stages_) * width_ : 0, 0);
     top_queue_.assign(costs.can_offload() ? static_cast<size_t>(stages_) * width_ : 0, WriteQueue{});
+    top_loss_.assign(reads_ahead_ ? static_cast<size_t>(stages_) * width_ : 0, 0);
     for (int length = 1; length <= stages_; ++length)
       for (int a = 0; a + length <= stages_; ++a) fill(a, a + length - 1, false);
     for (int a = stages_ - 1; a >= 0; --a) fill(a, stages_ - 1, true);
@@ -103,9 +107,43 @@ class RotorTable {
     return std::min(units_.budget, m - units_.x[static_cast<size_t>(c)] + units_.x_down[static_cast<size_t>(a)]);
   }
 
-  // A node's transfer of `bytes`: the read, charged in full, and the write, queued.
+  // A node's transfer of `bytes`: the read (in full; its stall: read_stall) and the write, queued.
   double read_time(size_t bytes) const {
     return (costs_.offload_seconds_per_byte - costs_.offload_write_seconds_per_byte) * static_cast<double>(bytes);
+  }
+
+  // Note [a read behind the next backward]. With reads ahead, simulate() starts the read of an
+  // offloaded top-level node at the earliest action after the loss (and after the fetch before it)
+  // from which the live bytes plus the value stay within the plan's peak, and charges its stall,
+  // max(0, read - the compute from there to the fetch). Just before the fetch of node a run the
+  // backward of the next top-level node and the drop of the boundary between them. When that next
+  // node is a stage c (recorded, offloaded or not), what lives during them is known: the bytes
+  // held before c, a_c, c's record, d_{c+1} and d_c (the drop's, fewer). At the loss the bytes
+  // held before c and the whole suffix's kept bytes are live with d_L (top_loss_: the suffix's
+  // share, exact bytes, a record that holds its output counted once, as simulate does). So where
+  // record + d_{c+1} + d_c + a's value <= the suffix's share at the loss, the read fits behind
+  // backward(c) within the plan's peak (which is at least the loss's), and the programme charges
+  // max(0, read - ub[c]): never less than simulate's stall, which may find a longer window. When
+  // the next node is a region (whose re-run's peak the table does not keep), or there is none,
+  // or the loss leaves no such room, the read is charged in full.
+  double read_stall(size_t bytes, int c, int64_t next) const {
+    const double read = read_time(bytes);
+    const size_t entry = row(std::min(c, stages_ - 1), stages_ - 1, true) + static_cast<size_t>(next);
+    if (!reads_ahead_ || c >= stages_ || top_choice_[entry] != 0) return read;
+    const size_t at = static_cast<size_t>(c);
+    const size_t backward = costs_.saved_bytes[at] + costs_.gradient_bytes(at + 1) + costs_.gradient_bytes(at);
+    return static_cast<int64_t>(backward + bytes) <= top_loss_[entry] ? std::max(0.0, read - costs_.backward_time[at])
+                                                                      : read;
+  }
+  // The suffix's share of the live bytes at the loss, for the entries of row c (top_loss_).
+  const int64_t* loss_row(int c) const { return top_loss_.empty() ? nullptr : top_loss_.data() + row(c, stages_ - 1, true); }
+  int64_t loss_of(int c, int64_t m) const {
+    if (c >= stages_) return static_cast<int64_t>(costs_.gradient_bytes(static_cast<size_t>(stages_)));
+    return top_loss_.empty() ? 0 : loss_row(c)[m];
+  }
+  // What a recorded (not offloaded) stage i and its output share (counted once by simulate).
+  int64_t shared(size_t i) const {
+    return static_cast<int64_t>(costs_.saved_output_bytes.empty() ? 0 : costs_.saved_output_bytes[i]);
   }
   double write_time(size_t bytes) const { return costs_.offload_write_seconds_per_byte * static_cast<double>(bytes); }
   const WriteQueue* queue_row(int a) const { return top_queue_.data() + row(a, stages_ - 1, true); }
@@ -117,15 +155,17 @@ class RotorTable {
     int16_t* pick;
     uint8_t* out;       // top level with offload only
     WriteQueue* queue;  // likewise
+    int64_t* loss;      // likewise, with reads ahead: the suffix's share at the loss (top_loss_)
     // kTracked: the row has out and queue (known to the loops, which it keeps free of branches)
     template <bool kTracked>
-    void offer(int64_t m, double total, int choice, bool offloaded, const WriteQueue* writes) {
+    void offer(int64_t m, double total, int choice, bool offloaded, const WriteQueue* writes, int64_t at_loss = 0) {
       if (!(total < best[m])) return;
       best[m] = total;
       pick[m] = static_cast<int16_t>(choice);
       if constexpr (kTracked) {
         out[m] = offloaded ? 1 : 0;
         queue[m] = *writes;
+        if (loss) loss[m] = at_loss;
       }
     }
   };
@@ -133,7 +173,8 @@ class RotorTable {
     uint8_t* out = top && costs_.can_offload() ? top_offloaded_.data() + row(a, b, true) : nullptr;
     return {(top ? top_cost_.data() : rerun_cost_.data()) + row(a, b, top),
             (top ? top_choice_.data() : rerun_choice_.data()) + row(a, b, top), out,
-            out ? top_queue_.data() + row(a, b, true) : nullptr};
+            out ? top_queue_.data() + row(a, b, true) : nullptr,
+            out && !top_loss_.empty() ? top_loss_.data() + row(a, b, true) : nullptr};
   }
 
   // C(a, a, m): stage a recorded (at the top level, possibly offloaded while the loss runs).
@@ -145,8 +186,10 @@ class RotorTable {
     const double uf = costs_.forward_time[at], ub = costs_.backward_time[at];
     const int64_t need = xbar[at] + g[at + 1] + std::max(x[at + 1], g[at]);
     const WriteQueue none;
+    const int64_t output = static_cast<int64_t>(costs_.boundary_bytes[at + 1]) + loss_of(a + 1, 0);
+    const int64_t kept = output + static_cast<int64_t>(costs_.saved_bytes[at]) - shared(at);
     for (int64_t m = std::max<int64_t>(need, 0); m <= units_.budget; ++m) {
-      if (r.out) r.offer<true>(m, uf + ub, 0, false, &none);
+      if (r.out) r.offer<true>(m, uf + ub, 0, false, &none, kept);
       else r.offer<false>(m, uf + ub, 0, false, &none);
     }
     if (!r.out) return;
@@ -154,7 +197,7 @@ class RotorTable {
     const WriteQueue alone = WriteQueue{}.ahead(write_time(costs_.saved_bytes[at]), 0.0);  // the loss is next
     const double total = uf + read_time(costs_.saved_bytes[at]) + alone.stall() + ub;
     for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, units_.budget + 1); ++m)
-      r.offer<true>(m, total, 0, true, &alone);
+      r.offer<true>(m, total, 0, true, &alone, output);
   }
 
   void fill(int a, int b, bool top) {
@@ -183,14 +226,19 @@ class RotorTable {
     const int64_t need = std::max(xbar[at] + g[at + 1] + g[at], held);
     const double* after_stage = row_data(a + 1, b, top);
     const WriteQueue* after_queue = kTracked ? queue_row(a + 1) : nullptr;
+    const int64_t output = static_cast<int64_t>(costs_.boundary_bytes[at + 1]);
+    const int64_t record = static_cast<int64_t>(costs_.saved_bytes[at]) - shared(at);
     for (int64_t m = need; m <= units_.budget; ++m)
-      r.offer<kTracked>(m, uf + after_stage[m - held] + ub, 0, false, kTracked ? after_queue + (m - held) : nullptr);
+      r.offer<kTracked>(m, uf + after_stage[m - held] + ub, 0, false, kTracked ? after_queue + (m - held) : nullptr,
+                        kTracked ? output + record + loss_of(a + 1, m - held) : 0);
     if constexpr (!kTracked) return;
-    const double read = read_time(costs_.saved_bytes[at]), write = write_time(costs_.saved_bytes[at]);
+    const double write = write_time(costs_.saved_bytes[at]);
     for (int64_t m = need; m <= units_.budget; ++m) {
+      const double read = read_stall(costs_.saved_bytes[at], a + 1, m - x[at + 1]);
       const WriteQueue& rest = after_queue[m - x[at + 1]];
       const WriteQueue ahead = rest.ahead(write, forward_after_[at + 1]);
-      r.offer<true>(m, uf + read + after_stage[m - x[at + 1]] + (ahead.stall() - rest.stall()) + ub, 0, true, &ahead);
+      r.offer<true>(m, uf + read + after_stage[m - x[at + 1]] + (ahead.stall() - rest.stall()) + ub, 0, true, &ahead,
+                    output + loss_of(a + 1, m - x[at + 1]));
     }
   }
 
@@ -202,7 +250,7 @@ class RotorTable {
     const size_t at = static_cast<size_t>(a);
     const int64_t budget = units_.budget;
     const int64_t gradient = top ? 0 : units_.g[static_cast<size_t>(b) + 1];
-    const double read = read_time(costs_.boundary_bytes[at]), write = write_time(costs_.boundary_bytes[at]);
+    const double write = write_time(costs_.boundary_bytes[at]);
     int64_t sweep_peak = 0;
     double sweep_time = 0;
     for (int c = a + 1; c <= b; ++c) {
@@ -213,15 +261,18 @@ class RotorTable {
       const double* after_region = row_data(c, b, top);
       const double* region = row_data(a, c - 1, false);
       const WriteQueue* region_queue = kTracked ? queue_row(c) : nullptr;
+      const int64_t output = static_cast<int64_t>(costs_.boundary_bytes[static_cast<size_t>(c)]);
       for (int64_t m = std::max(gradient + sweep_peak, keep); m <= budget; ++m)
         r.offer<kTracked>(m, sweep_time + after_region[m - keep] + region[m], c - a, false,
-                          kTracked ? region_queue + (m - keep) : nullptr);
+                          kTracked ? region_queue + (m - keep) : nullptr, kTracked ? output + loss_of(c, m - keep) : 0);
       if (!kTracked || a == 0) continue;
+      const int64_t input = static_cast<int64_t>(costs_.boundary_bytes[at]);  // out at the loss
       for (int64_t m = std::max(sweep_peak, keep); m <= budget; ++m) {
+        const double read = read_stall(costs_.boundary_bytes[at], c, freed(m, c, a));
         const WriteQueue& rest = region_queue[freed(m, c, a)];
         const WriteQueue ahead = rest.ahead(write, forward_after_[static_cast<size_t>(c)]);
         r.offer<true>(m, sweep_time + read + after_region[freed(m, c, a)] + (ahead.stall() - rest.stall()) + region[m],
-                      c - a, true, &ahead);
+                      c - a, true, &ahead, output - input + loss_of(c, freed(m, c, a)));
       }
     }
   }
@@ -238,7 +289,9 @@ class RotorTable {
   std::vector<int16_t> rerun_choice_, top_choice_;  // c - a < L <= 17320 under kMaxTableEntries
   std::vector<uint8_t> top_offloaded_;              // 1: the top-level choice offloads its node
   std::vector<WriteQueue> top_queue_;               // the writes of the top-level entry's plan
+  std::vector<int64_t> top_loss_;                   // with reads ahead: Note [a read behind the next backward]
   std::vector<double> forward_after_ = forward_after(costs_);
+  bool reads_ahead_;
 };
 
 // The least-peak plan, exact bytes; among least-peak choices the least time (per subproblem).
@@ -403,14 +456,22 @@ Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
     throw InfeasibleError(out.str(), minimal);
   }
   const UnitCosts units = to_units(costs, available, unit);
-  const RotorTable table(costs, units);
-  Plan plan;
-  if (table.cost(0, stages - 1, units.budget, true) == kInfinite) {
-    // The rounding left no plan although one fits in exact bytes: the least-peak plan does.
-    plan = make_plan(costs, least.build(0, stages - 1, true));
-  } else {
-    plan = make_plan(costs, table.build(0, stages - 1, units.budget, true));
+  // The plan of the programme that prices reads in full, and with reads ahead also the one that
+  // prices them at their estimated stall (Note [a read behind the next backward]): the one that
+  // simulate() prices lower. The estimate can be above the stall (a longer window) or, rarely,
+  // below it (a peak below the budget), so neither plan is always the faster.
+  const auto planned = [&](bool reads_ahead) -> std::optional<Plan> {
+    const RotorTable table(costs, units, reads_ahead);
+    if (table.cost(0, stages - 1, units.budget, true) == kInfinite) return std::nullopt;
+    return make_plan(costs, table.build(0, stages - 1, units.budget, true));
+  };
+  std::optional<Plan> best = planned(costs.reads_ahead);
+  if (best && costs.reads_ahead && costs.can_offload()) {
+    std::optional<Plan> full = planned(false);
+    if (full->predicted_time < best->predicted_time) best = std::move(full);
   }
+  // The rounding left no plan although one fits in exact bytes: the least-peak plan does.
+  Plan plan = best ? std::move(*best) : make_plan(costs, least.build(0, stages - 1, true));
   if (plan.predicted_peak_bytes > memory_limit)
     throw Error("plan_rotor: the plan's simulated peak " + std::to_string(plan.predicted_peak_bytes) +
                            " exceeds the limit " + std::to_string(memory_limit) + " (internal error)");

@@ -93,6 +93,8 @@ class GroupBuilder {
     model_.gradients_counted = costs.gradients_counted;
     model_.offload_seconds_per_byte = costs.offload_seconds_per_byte;
     model_.offload_write_seconds_per_byte = costs.offload_write_seconds_per_byte;
+    model_.reads_ahead = costs.reads_ahead;
+    model_.loss_floor = static_cast<int64_t>(costs.boundary_bytes.back() + costs.gradient_bytes(costs.boundary_bytes.size() - 1));
   }
   const Model& model() const { return model_; }
 
@@ -173,6 +175,7 @@ class GroupBuilder {
     Part p;
     p.first = p.last = i;
     p.forward_time = costs_.forward_time[at];
+    p.backward_time = costs_.backward_time[at];
     p.x_in = x[at];
     p.x_out = x[at + 1];
     p.sweep_first = x[at + 1];
@@ -181,12 +184,14 @@ class GroupBuilder {
     Option o;  // recorded
     o.time = costs_.forward_time[at] + costs_.backward_time[at];
     o.fwd = o.kept = record + out;
+    o.at_loss = o.kept - static_cast<int64_t>(costs_.saved_output_bytes.empty() ? 0 : costs_.saved_output_bytes[at]);
     o.bwd = record + model_.gradient(x[at + 1]) + model_.gradient(x[at]);
     p.options.push_back(o);
     if (model_.can_offload()) {  // recorded, the record offloaded until its backward
       o.time += model_.read_time(costs_.saved_bytes[at]);
       o.queue = WriteQueue::single(model_.write_time(costs_.saved_bytes[at]));
-      o.kept = out;
+      o.kept = o.at_loss = out;
+      o.read_bytes = costs_.saved_bytes[at];
       o.offloads = o.offload_record = true;
       p.options.push_back(o);
     }
@@ -231,6 +236,7 @@ Option option_at(const Part& g, const grouped::MenuTable& table, int64_t m, Mode
   if (mode != Mode::rerun) {
     o.fwd = s.fwd;
     o.kept = s.kept;
+    o.at_loss = s.at_loss;
     o.bwd = s.bwd;
     o.queue = s.queue;
     o.offloads = grouped::offloads(parts, o.plan);
@@ -238,7 +244,7 @@ Option option_at(const Part& g, const grouped::MenuTable& table, int64_t m, Mode
     o.whole_region = true;
     o.time += g.forward_time;
     o.fwd = static_cast<int64_t>(g.sweep_first);
-    o.kept = static_cast<int64_t>(g.x_out);
+    o.kept = o.at_loss = static_cast<int64_t>(g.x_out);
     o.bwd = s.peak();
   }
   return o;

@@ -34,11 +34,44 @@ double region_time(const std::vector<Part>& parts, int first, int last) {
   return time;
 }
 
+double hidden_read(const Model& model, size_t bytes, const Part& next, const Option& option, int64_t room) {
+  const double read = model.read_time(bytes);
+  if (!model.reads_ahead || !next.parts.empty() || option.bwd + static_cast<int64_t>(bytes) > room) return read;
+  return std::max(0.0, read - next.backward_time);
+}
+
+namespace {
+
+// The reads a top-level sequence hides (Note [a read behind the next backward] in rotor.cpp): for
+// each node offloaded in front of a stage, its full read less hidden_read's charge. What the
+// sequence's output holds at the loss may be offloaded by the part after it, so it is not counted;
+// the chain's output and its gradient are (Model::loss_floor), the sequence's output or beyond it.
+double hidden_reads(const std::vector<Part>& parts, const std::vector<PartNode>& sequence,
+                    const std::vector<int64_t>& at_loss, const Model& model) {
+  double saved = 0;
+  int64_t room = model.loss_floor - static_cast<int64_t>(parts[static_cast<size_t>(sequence.back().last)].x_out);
+  for (size_t k = sequence.size(); k-- > 1;) {
+    room += at_loss[k];
+    const PartNode& node = sequence[k - 1];
+    const PartNode& next = sequence[k];
+    if (next.option < 0) continue;
+    const Part& stage = parts[static_cast<size_t>(next.first)];
+    const Option& option = stage.options[static_cast<size_t>(next.option)];
+    size_t bytes = 0;
+    if (node.option < 0 && node.offloaded) bytes = parts[static_cast<size_t>(node.first)].x_in;
+    if (node.option >= 0) bytes = parts[static_cast<size_t>(node.first)].options[static_cast<size_t>(node.option)].read_bytes;
+    if (bytes > 0) saved += model.read_time(bytes) - hidden_read(model, bytes, stage, option, room);
+  }
+  return saved;
+}
+
+}  // namespace
+
 Summary summarize(const std::vector<Part>& parts, const std::vector<PartNode>& sequence, bool top, const Model& model) {
   const int64_t gradient = top ? 0 : model.gradient(parts[static_cast<size_t>(sequence.back().last)].x_out);
   Summary s;
   int64_t live = gradient;
-  std::vector<int64_t> base, own_bwd;
+  std::vector<int64_t> base, own_bwd, at_loss;
   std::vector<std::pair<WriteQueue, double>> writes;  // each node's writes and forward time
   for (const PartNode& node : sequence) {
     base.push_back(live - gradient);
@@ -49,11 +82,14 @@ Summary summarize(const std::vector<Part>& parts, const std::vector<PartNode>& s
       s.time += o.time;
       own_bwd.push_back(o.bwd);
       writes.emplace_back(o.queue, parts[static_cast<size_t>(node.first)].forward_time);
+      at_loss.push_back(o.at_loss);
       continue;
     }
     const Part& first = parts[static_cast<size_t>(node.first)];
     s.fwd = std::max(s.fwd, live + static_cast<int64_t>(region_sweep(parts, node.first, node.last)));
     live += static_cast<int64_t>(parts[static_cast<size_t>(node.last)].x_out);
+    at_loss.push_back(static_cast<int64_t>(parts[static_cast<size_t>(node.last)].x_out) -
+                      (node.offloaded ? static_cast<int64_t>(first.x_in) : 0));
     WriteQueue write;
     if (node.offloaded) {  // its input leaves memory after the sweep, and comes back for the re-run
       live -= static_cast<int64_t>(first.x_in);
@@ -66,6 +102,8 @@ Summary summarize(const std::vector<Part>& parts, const std::vector<PartNode>& s
     own_bwd.push_back(rerun.peak());
   }
   s.kept = live - gradient;
+  for (int64_t bytes : at_loss) s.at_loss += bytes;
+  if (top && model.reads_ahead) s.time -= hidden_reads(parts, sequence, at_loss, model);
   double after = 0;
   for (size_t k = writes.size(); k-- > 0;) {
     s.queue = s.queue.ahead(writes[k].first, after);
@@ -101,6 +139,7 @@ MenuTable::MenuTable(const std::vector<Part>& parts, const Model& model, size_t 
     for (int e = n_ - 1; e >= 0; --e)
       forward_after_[static_cast<size_t>(e)] = forward_after_[static_cast<size_t>(e) + 1] + parts_[static_cast<size_t>(e)].forward_time;
     offload_queue_.assign(static_cast<size_t>(n_) * width_, WriteQueue{});
+    if (model_.reads_ahead) offload_loss_.assign(static_cast<size_t>(n_) * width_, 0);
     offload_cost_.assign(static_cast<size_t>(n_) * width_, kInfinite);
     offload_choice_.assign(static_cast<size_t>(n_) * width_, -1);
     for (int a = n_ - 1; a >= 0; --a) fill(a, n_ - 1, Mode::top_offload);
@@ -159,6 +198,17 @@ std::vector<PartNode> MenuTable::build(int a, int b, int64_t m, Mode mode) const
   return sequence;
 }
 
+// With reads ahead, what a top-level read of `bytes` in front of the suffix entry (c, next) is
+// charged (hidden_read): its stall where that entry's plan starts with a stage part, else in full.
+double MenuTable::hidden(size_t bytes, int c, int64_t next) const {
+  const size_t at = offset(c, n_ - 1, Mode::top_offload) + static_cast<size_t>(next);
+  const int16_t pick = offload_choice_[at];
+  const Part& part = parts_[static_cast<size_t>(c)];
+  if (pick < 0 || pick >= kRegion || !part.parts.empty()) return model_.read_time(bytes);
+  const int64_t room = model_.loss_floor + offload_loss_[at] - static_cast<int64_t>(parts_.back().x_out);
+  return hidden_read(model_, bytes, part, option(c, pick), room);
+}
+
 void MenuTable::fill(int a, int b, Mode mode) {
   std::vector<double>& costs = mode == Mode::rerun ? rerun_cost_ : mode == Mode::top ? top_cost_ : offload_cost_;
   std::vector<int16_t>& choices = mode == Mode::rerun ? rerun_choice_ : mode == Mode::top ? top_choice_ : offload_choice_;
@@ -179,6 +229,7 @@ void MenuTable::fill_options(int a, int b, Mode mode, double* best, int16_t* pic
   const double* rest = a < b ? row(a + 1, b, mode) : nullptr;
   WriteQueue* queue = mode == Mode::top_offload ? offload_queue_.data() + offset(a, b, mode) : nullptr;
   const WriteQueue* rest_queue = queue && a < b ? offload_queue_.data() + offset(a + 1, b, mode) : nullptr;
+  int64_t* loss = queue && !offload_loss_.empty() ? offload_loss_.data() + offset(a, b, mode) : nullptr;
   const WriteQueue none;
   for (size_t k = 0; k < part.options.size(); ++k) {
     const Option& o = part.options[k];
@@ -198,10 +249,12 @@ void MenuTable::fill_options(int a, int b, Mode mode, double* best, int16_t* pic
         ahead = after.ahead(o.queue, forward_after_[static_cast<size_t>(a) + 1]);
         total += ahead.stall() - after.stall();
       }
+      if (loss && o.read_bytes > 0 && a < b) total -= model_.read_time(o.read_bytes) - hidden(o.read_bytes, a + 1, next);
       if (total < best[m]) {
         best[m] = total;
         pick[m] = static_cast<int16_t>(k);
         if (queue) queue[m] = ahead;
+        if (loss) loss[m] = o.at_loss + (a < b ? offload_loss_[offset(a + 1, b, mode) + static_cast<size_t>(next)] : 0);
       }
     }
   }
@@ -220,6 +273,7 @@ void MenuTable::fill_regions(int a, int b, Mode mode, double* best, int16_t* pic
   const WriteQueue write = WriteQueue::single(offload ? model_.write_time(part.x_in) : 0);
   const int64_t credit = units_down(part.x_in);
   WriteQueue* queue = mode == Mode::top_offload ? offload_queue_.data() + offset(a, b, mode) : nullptr;
+  int64_t* loss = queue && !offload_loss_.empty() ? offload_loss_.data() + offset(a, b, mode) : nullptr;
   size_t sweep = 0;
   double sweep_time = 0;
   for (int c = a + 1; c <= b; ++c) {
@@ -231,24 +285,27 @@ void MenuTable::fill_regions(int a, int b, Mode mode, double* best, int16_t* pic
     const double* after = row(c, b, mode);
     const double* region = row(a, c - 1, Mode::rerun);
     const WriteQueue* after_queue = queue ? offload_queue_.data() + offset(c, b, mode) : nullptr;
+    const int64_t output = static_cast<int64_t>(parts_[static_cast<size_t>(c)].x_in);
     for (int64_t m = std::max(gradient + sweep_units, keep); m <= budget; ++m) {
       const double total = sweep_time + after[m - keep] + region[m];
       if (total < best[m]) {
         best[m] = total;
         pick[m] = static_cast<int16_t>(kRegion + (c - a));
         if (queue) queue[m] = after_queue[m - keep];
+        if (loss) loss[m] = output + offload_loss_[offset(c, b, mode) + static_cast<size_t>(m - keep)];
       }
     }
     if (!offload) continue;
     for (int64_t m = std::max(sweep_units, keep); m <= budget; ++m) {
       const int64_t next = std::min(budget, m - keep + credit);
       const WriteQueue ahead = after_queue[next].ahead(write, forward_after_[static_cast<size_t>(c)]);
-      const double total =
-          sweep_time + transfer + after[next] + (ahead.stall() - after_queue[next].stall()) + region[m];
+      const double read = loss ? hidden(part.x_in, c, next) : transfer;
+      const double total = sweep_time + read + after[next] + (ahead.stall() - after_queue[next].stall()) + region[m];
       if (total < best[m]) {
         best[m] = total;
         pick[m] = static_cast<int16_t>(kOffloaded + (c - a));
         queue[m] = ahead;
+        if (loss) loss[m] = output - static_cast<int64_t>(part.x_in) + offload_loss_[offset(c, b, mode) + static_cast<size_t>(next)];
       }
     }
   }

@@ -17,6 +17,8 @@ struct Model {
   bool gradients_counted = true;
   double offload_seconds_per_byte = -1;
   double offload_write_seconds_per_byte = 0;
+  bool reads_ahead = false;  // a read followed by a stage may hide behind its backward (hidden_read)
+  int64_t loss_floor = 0;    // live at the loss whatever the plan: the chain's output and its gradient
   bool can_offload() const { return offload_seconds_per_byte >= 0; }
   double read_time(size_t bytes) const {
     return (offload_seconds_per_byte - offload_write_seconds_per_byte) * static_cast<double>(bytes);
@@ -42,6 +44,8 @@ struct Option {
   double time = 0;
   WriteQueue queue;
   int64_t fwd = 0, kept = 0, bwd = 0;
+  int64_t at_loss = 0;        // of kept, what is live at the loss (a record sharing its output once)
+  size_t read_bytes = 0;      // a stage's option: its offloaded record, read back before its backward
   bool whole_region = false;  // the part as one region, re-run by `plan`
   bool offloads = false;      // the plan offloads a node: usable in top-level sequences only
   bool offload_record = false;  // a stage's option: its record offloaded
@@ -51,6 +55,7 @@ struct Option {
 struct Part {
   int first = 0, last = 0;  // stages
   double forward_time = 0;
+  double backward_time = 0;  // a stage's
   size_t x_in = 0, x_out = 0;
   size_t sweep_first = 0, sweep_later = 0;  // forward sweep peak as a region's first / later part
   std::vector<Option> options;
@@ -61,10 +66,16 @@ struct Summary {
   double time = 0;    // without the stall of the writes
   WriteQueue queue;   // top level: the sequence's writes, counted to its end
   int64_t fwd = 0, kept = 0, bwd = 0;
+  int64_t at_loss = 0;  // top level: of kept, what is live at the loss
   int64_t peak() const { return fwd > bwd ? fwd : bwd; }
 };
 
 size_t region_sweep(const std::vector<Part>& parts, int first, int last);
+// What the programmes charge the read of `bytes` of an offloaded top-level node followed by stage
+// `next` (with its option `option`) in the same sequence, which holds `room` bytes at the loss
+// from `next` on: its stall behind next's backward where room covers that backward's peak and the
+// read (Note [a read behind the next backward] in rotor.cpp), else the whole read.
+double hidden_read(const Model& model, size_t bytes, const Part& next, const Option& option, int64_t room);
 double region_time(const std::vector<Part>& parts, int first, int last);
 // The exact summary of a sequence over parts (top level: no incoming gradient; re-run: the
 // gradient of the sequence's output is live from the start and fwd includes it).
@@ -98,6 +109,7 @@ class MenuTable {
   int64_t units(int64_t bytes) const;       // rounded up (toward +infinity)
   int64_t units_down(size_t bytes) const;   // rounded down: the credit of an offloaded input
   void fill(int a, int b, Mode mode);
+  double hidden(size_t bytes, int c, int64_t next) const;
   void fill_options(int a, int b, Mode mode, double* best, int16_t* pick);
   void fill_regions(int a, int b, Mode mode, double* best, int16_t* pick);
 
@@ -107,6 +119,7 @@ class MenuTable {
   size_t unit_, width_;
   std::vector<double> rerun_cost_, top_cost_, offload_cost_;
   std::vector<WriteQueue> offload_queue_;  // the writes of each top_offload entry's plan
+  std::vector<int64_t> offload_loss_;      // with reads ahead: each top_offload entry's at_loss
   std::vector<double> forward_after_;      // forward time of parts e..n-1, e = 0..n
   std::vector<int16_t> rerun_choice_, top_choice_, offload_choice_;
 };
