@@ -56,7 +56,10 @@ Tensor GPT::forward_impl(const Tensor& ids) {
   const int64_t t = ids.size(1);
   REMAT_CHECK(t <= config_.seq, type_name(), ": sequence length ", t, " exceeds the model's seq ", config_.seq);
   const Tensor positions = arange(t, DType::i64, ids.device());  // made on the device: no upload
-  Tensor x = add(wte->forward(ids), wpe->forward(positions));        // [B, T, C] + [T, C]
+  // wpe's layer call first, then wte's, in this order with every compiler (two calls as arguments of
+  // one call run in an order the language leaves open, and the order is the plan's chain of stages)
+  const Tensor pos = wpe->forward(positions);  // [T, C]
+  Tensor x = add(wte->forward(ids), pos);      // [B, T, C] + [T, C]
   x = drop->forward(x);
   x = blocks->forward(x);
   return lm_head->forward(ln_f->forward(x));  // [B, T, V]
