@@ -28,6 +28,7 @@ struct PlanScope {
   Policy budget;
   std::string label;
   bool profiling = false;
+  std::shared_ptr<autodiff::OpListener> watch;  // while profiling (Note [what a sweep keeps] in budget.cpp)
   const std::vector<schedule::PlanNode>* plan = nullptr;
   int stages = 0;
   int position = 0;                 // layer calls met so far
@@ -159,6 +160,7 @@ std::unique_ptr<PlanScope> begin_plan(const CallSite& site, const Policy& budget
   } else {
     st.start_profiling(shapes, detail::device_of(inputs));
     ps->profiling = true;
+    ps->watch = st.watch_sweeps();
   }
   return ps;
 }

@@ -149,6 +149,19 @@ void ChainCosts::validate() const {
       invalid(function, "a swept value read by stage " + std::to_string(v.read_by) + " and made by stage " +
                             std::to_string(v.made_by) + ": it must be read by a stage in 1.." +
                             std::to_string(stages - 1) + " and made before the stage ahead of it (-1: before the chain)");
+  std::vector<const SweptValue*> first_of(swept_values.size(), nullptr);
+  for (const SweptValue& v : swept_values) {
+    if (v.value < -1 || static_cast<size_t>(v.value + 1) > swept_values.size())
+      invalid(function, "a swept value's value index is " + std::to_string(v.value) + "; it must be -1 (its own) or 0.." +
+                            std::to_string(swept_values.size() - 1) + " (one per entry at most)");
+    if (v.value < 0) continue;
+    const SweptValue*& first = first_of[static_cast<size_t>(v.value)];
+    if (first && (first->bytes != v.bytes || first->made_by != v.made_by))
+      invalid(function, "swept value " + std::to_string(v.value) + " has two sizes or makers (" +
+                            std::to_string(first->bytes) + " B by stage " + std::to_string(first->made_by) + ", " +
+                            std::to_string(v.bytes) + " B by stage " + std::to_string(v.made_by) + ")");
+    if (!first) first = &v;
+  }
   if (std::isnan(offload_seconds_per_byte) || std::isinf(offload_seconds_per_byte)) {
     std::ostringstream out;
     out << "offload_seconds_per_byte is " << offload_seconds_per_byte << "; it must be finite (negative: no offload)";
@@ -232,7 +245,13 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   std::vector<bool> boundary_pending(static_cast<size_t>(stages) + 1, false);
   std::vector<std::vector<size_t>> read_at(static_cast<size_t>(stages));  // swept values by read_by
   for (size_t v = 0; v < costs.swept_values.size(); ++v) read_at[static_cast<size_t>(costs.swept_values[v].read_by)].push_back(v);
-  std::vector<bool> kept_by_sweep(costs.swept_values.size(), false);
+  // one flag per value: entries of the same value share it
+  std::vector<size_t> value_of(costs.swept_values.size());
+  size_t values = 0;
+  for (const ChainCosts::SweptValue& v : costs.swept_values) values = std::max(values, static_cast<size_t>(std::max(v.value, -1) + 1));
+  for (size_t v = 0; v < value_of.size(); ++v)
+    value_of[v] = costs.swept_values[v].value >= 0 ? static_cast<size_t>(costs.swept_values[v].value) : values++;
+  std::vector<bool> kept_by_sweep(values, false);
   std::vector<size_t> owned(static_cast<size_t>(stages) + 1, 0);
   std::vector<std::vector<size_t>> owned_of(static_cast<size_t>(stages) + 1);
   const bool held_only = costs.boundaries_counted_when_held;
@@ -273,7 +292,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   const auto hold = [&](size_t j) { boundary_change(j, [&] { boundary_pending[j] = false; }); };
   const auto release = [&](size_t f) {  // what a sweep kept with boundary f goes with it
     boundary_change(f, [&] { owned[f] = 0; });
-    for (size_t v : owned_of[f]) kept_by_sweep[v] = false;
+    for (size_t v : owned_of[f]) kept_by_sweep[value_of[v]] = false;
     owned_of[f].clear();
   };
   int gradient = -1;  // index j of the live gradient d_j; -1 before the loss
@@ -325,8 +344,8 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         } else if (held_only && sweep_from >= 0) {
           const size_t f = static_cast<size_t>(sweep_from);
           for (size_t v : read_at[at]) {
-            if (kept_by_sweep[v] || costs.swept_values[v].made_by >= sweep_from) continue;
-            kept_by_sweep[v] = true;
+            if (kept_by_sweep[value_of[v]] || costs.swept_values[v].made_by >= sweep_from) continue;
+            kept_by_sweep[value_of[v]] = true;
             boundary_change(f, [&] { owned[f] += costs.swept_values[v].bytes; });
             owned_of[f].push_back(v);
           }

@@ -191,13 +191,11 @@ Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts
   rs::ChainPlanOptions planner_options;
   planner_options.progress = planning_progress("remat plan: planning " + std::to_string(stages) + " stages");
   try {
-    rs::ChainPlan chosen = rs::plan_chain(costs, limit, planner_options);
+    // planned and predicted as a budget plan in memory is (remat/budget.h)
+    rs::ChainPlan chosen = held && !costs.can_offload() ? rs::plan_chain_held(costs, *held, limit, planner_options)
+                                                        : rs::plan_chain(costs, limit, planner_options);
     planner_options.progress(-1);  // ends the progress line, if one was printed
     plans.best = std::move(chosen.plan);
-    if (held && !costs.can_offload()) {  // predicted as a budget plan in memory is (budget.cpp)
-      rs::Plan exact = rs::make_plan(*held, plans.best.tree);
-      if (exact.predicted_peak_bytes <= plans.best.predicted_peak_bytes) plans.best = std::move(exact);
-    }
     plans.method = chosen.method;
     plans.planner = chosen.describe();
     plans.every_layer = rs::plan_every_layer(costs);
