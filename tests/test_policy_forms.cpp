@@ -9,8 +9,11 @@
 #include <utility>
 #include <vector>
 
+#include "remat/checkpoint.h"
 #include "remat/error.h"
+#include "remat/ops.h"
 #include "remat/policy.h"
+#include "temp_dir.h"
 
 using namespace remat;
 
@@ -269,4 +272,38 @@ TEST(PolicyForms, ValuesThatDoNotGoTogetherAreRefused) {
   p.keep.kind = Keep::Kind::every_k;
   p.keep.k = 0;
   EXPECT_NE(error_of([&] { ScopedPolicy scope(p); }).find("K must be at least 1"), std::string::npos);
+}
+
+// wait_for_offload_writes: under an offload: policy, every value the forward pass handed to the
+// runtime is written out when it returns (the count of written bytes moves only as finished writes
+// are collected: without the wait, the last value's write is never counted before the backward);
+// the backward then writes nothing more, and the gradient is save-all's. Without a runtime it
+// returns at once.
+TEST(PolicyForms, AScopeWaitsForItsOffloadWrites) {
+  const std::string dir = remat::testing::fresh_dir("scoped-wait");
+  Tensor w = randn({48, 48}, DType::f32, RngState{3, 0}, 0.0, 0.15).requires_grad_();
+  const Tensor x = randn({48, 48}, DType::f32, RngState{4, 0});
+  const auto loss = [&] {
+    Tensor h = x;
+    for (int i = 0; i < 6; ++i) h = tanh(matmul(h, w));
+    return mean(h);
+  };
+  const TensorList reference = grad([&](const TensorList&) { return loss(); }, {w}, GradOptions{Policy::save_all()});
+  reset_counters();
+  size_t written = 0;
+  TensorList got;
+  {
+    ScopedPolicy scope(Policy::offload(dir, 1024));
+    Tensor l = loss();
+    scope.wait_for_offload_writes();
+    written = counters().dynamic.bytes_offloaded;
+    got = grad(TensorList{l}, {w});
+  }
+  EXPECT_GT(written, 0u);
+  EXPECT_EQ(counters().dynamic.bytes_offloaded, written);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(max(abs(sub(got[0], reference[0]))).item(), 0.0);
+  ScopedPolicy in_memory(Policy::every_layer());
+  in_memory.wait_for_offload_writes();
+  std::filesystem::remove_all(dir);
 }

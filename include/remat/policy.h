@@ -137,9 +137,15 @@ class ScopedPolicy {
   ScopedPolicy(const ScopedPolicy&) = delete;
   ScopedPolicy& operator=(const ScopedPolicy&) = delete;
 
+  // Where this scope started an offload runtime (an offload: policy without dynamic:): returns
+  // once every value handed to it so far is written out (OffloadScope::wait_for_writes), e.g.
+  // between a forward pass and its backward; otherwise returns at once.
+  void wait_for_offload_writes() const;
+
  private:
   std::optional<Policy> previous_;
   std::shared_ptr<void> runtime_;
+  OffloadScope* offload_ = nullptr;  // runtime_, where it is an OffloadScope
 };
 
 }  // namespace remat

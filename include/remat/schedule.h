@@ -146,6 +146,27 @@ struct ChainCosts {
   // output), i = 0..L-1, or empty (none): while record i and a_{i+1} are both in memory they are
   // counted once by simulate. The planners ignore it (they count both, which errs on the safe side).
   std::vector<size_t> saved_output_bytes;
+  // Whether simulate counts a boundary only while something holds it, as an allocator counts
+  // saved values: a_{i+1} made by a forward is a temporary until the next action that keeps it
+  // (a forward of stage i+1, unless that forward does not record and the next action drops
+  // a_{i+1}: a region's forward sweep; the loss; a backward; an offload); one dropped unused (a
+  // re-run's last output) never counts. false: a boundary counts from the forward that makes it.
+  // The planners ignore it and the next field (docs/planners.md, "boundaries counted while held").
+  bool boundaries_counted_when_held = false;
+  // Values that a region keeps beyond its input once its forward sweep passes from stage
+  // read_by - 1 to stage read_by: made by stage made_by < read_by - 1 (-1: before the chain, the
+  // step's token ids) and read by stage read_by or the ops before it (a position embedding added to
+  // stage read_by - 1's output). A region that starts after made_by keeps them with its input until
+  // that is dropped; one that starts at or before it made them, a temporary of its sweep. Counted
+  // with boundaries_counted_when_held only. Entries with the same value >= 0 are one value read by
+  // several stages (a mask multiplied in after every layer call): counted once while kept.
+  struct SweptValue {
+    int read_by = 1;
+    int made_by = -1;
+    size_t bytes = 0;
+    int value = -1;  // -1: a value of its own
+  };
+  std::vector<SweptValue> swept_values;
   // What writing a kept byte out and reading it back costs (seconds per byte), when kept values
   // may be offloaded; negative: there is no offload target, and no plan offloads.
   double offload_seconds_per_byte = -1;
@@ -316,6 +337,17 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
 // else the least peak of the grouped planner's fixed-scale programme, which it plans once to find
 // (progress as plan_chain reports it). Every limit from it up is planned; a slightly smaller one may be too (finer units).
 size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions& options = {});
+// plan_chain within memory_limit as `held` counts the peak: the same chain with
+// boundaries_counted_when_held and swept_values, as an allocator counts saved bytes (the planners
+// ignore both). Plans with `planning`; where the plan's held peak is above the limit (values a
+// region's sweep keeps), plans again within less, at most three more times, the last within the
+// least peak. The returned plan's predictions are held's. InfeasibleError below
+// chain_min_feasible_memory_held, the least limit from which it plans. For a budget plan in
+// memory (remat/budget.h).
+ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t memory_limit,
+                          const ChainPlanOptions& options = {});
+size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held,
+                                      const ChainPlanOptions& options = {});
 
 // Fixed plans.
 Plan plan_save_all(const ChainCosts& costs);      // every stage F_all

@@ -4,7 +4,9 @@
 #include "budget_internal.h"
 
 #include <algorithm>
+#include <unordered_set>
 
+#include "remat/autodiff.h"
 #include "remat/backend.h"
 #include "remat/devices.h"
 #include "remat/offload.h"
@@ -23,19 +25,23 @@ const schedule::ChainPlanOptions& BudgetPlanner::options() const { return state_
 
 std::optional<BudgetPlanner::FeasibleRange> BudgetPlanner::feasible_range() const {
   const State& st = *state_;
-  schedule::ChainCosts measured;
+  schedule::ChainCosts measured, held;
   size_t outside = 0;
   if (st.profile_complete() && st.profile_runs >= kProfilingSteps) {
     measured = st.measured_costs();
     outside = st.measured_outside_bytes();
+    held = st.held_costs(measured);
   } else if (st.report) {
-    measured = st.report->costs;
+    measured = held = st.report->costs;
     outside = st.report->outside_bytes;
   } else {
     return std::nullopt;
   }
   FeasibleRange range;
-  range.smallest_budget_bytes = schedule::chain_min_feasible_memory(measured, st.options) + outside;
+  range.smallest_budget_bytes = (held.boundaries_counted_when_held
+                                     ? schedule::chain_min_feasible_memory_held(measured, held, st.options)
+                                     : schedule::chain_min_feasible_memory(measured, st.options)) +
+                                outside;
   range.save_all_peak_bytes = schedule::plan_save_all(measured).predicted_peak_bytes + outside;
   return range;
 }
@@ -90,6 +96,119 @@ std::vector<size_t> BudgetPlanner::State::measured_saved_output_bytes(const sche
   return shared;
 }
 
+// Note [what a sweep keeps]. A region keeps, besides its input, every value its steps read that
+// was made before it opened: each op between two layer calls and each call reads its inputs from
+// the region's own steps or from outside it, and the region keeps the latter (as its externals)
+// until its backward. Passing from layer call j-1 to call j, the sweep of a region that began
+// after the values were made keeps: the step's token ids, read only by call j; a position
+// embedding that the model adds to call j-1's output; a constant mask multiplied into every
+// call's output. The chain model sees only a_j, a temporary of the sweep; these go into
+// ChainCosts::swept_values. They are measured while profiling by an op listener (SweepWatch):
+// every op run inside a profiled call marks the storages it makes as made by that call; every op
+// between two calls notes the storages it reads, with the call that made them (the last call
+// begun when an op made it; -1 for storages no op of the scope made: its inputs, constants made
+// before it). At call j, the values that the ops since call j-1 ended and call j itself read are
+// swept where they were made before call j-1 began. Parameters and gradients are not saved
+// values, and are skipped; a storage an op only viewed keeps the call that first made it.
+// A value found is the input of a later call than the one that made it (a branch's input read by
+// the next branch, a residual's input read by its add): a region starting at that call holds it
+// as its input, counted as a boundary, so it is kept beyond the input only by regions starting
+// later.
+class BudgetPlanner::State::SweepWatch : public autodiff::OpListener {
+ public:
+  explicit SweepWatch(State& state) : state_(state), previous_(autodiff::set_op_listener(this)) {}
+  ~SweepWatch() override { autodiff::set_op_listener(previous_); }
+  SweepWatch(const SweepWatch&) = delete;
+  SweepWatch& operator=(const SweepWatch&) = delete;
+
+  void on_op(autodiff::OpEvent& event) override {
+    if (autodiff::recompute_depth() == 0) {
+      const int by = static_cast<int>(state_.calls.size()) - 1;
+      for (const auto& out : event.outputs) state_.note_made(out, by);
+      if (!state_.in_call)
+        for (const auto& in : event.inputs) state_.note_read(in);
+    }
+    if (previous_) previous_->on_op(event);
+  }
+
+ private:
+  State& state_;
+  autodiff::OpListener* previous_;
+};
+
+std::shared_ptr<autodiff::OpListener> BudgetPlanner::State::watch_sweeps() { return std::make_shared<SweepWatch>(*this); }
+
+BudgetPlanner::State::Known* BudgetPlanner::State::known_of(const Tensor& t) {
+  if (!t.defined() || !t.storage()) return nullptr;
+  const memory::Tag tag = t.storage()->tag();
+  if (tag != memory::Tag::other && tag != memory::Tag::saved) return nullptr;  // parameters, gradients
+  Known& k = known[t.storage().get()];
+  if (k.storage.lock() != t.storage()) k = Known{t.storage(), -1, next_value++};  // new, or a reused address
+  return &k;
+}
+
+void BudgetPlanner::State::note_made(const Tensor& t, int by) {
+  if (!t.defined() || !t.storage()) return;
+  const auto k = known.find(t.storage().get());
+  if (k != known.end() && k->second.storage.lock() == t.storage()) return;  // a view: its maker stays
+  if (Known* made = known_of(t)) made->made_by = by;
+}
+
+void BudgetPlanner::State::note_read(const Tensor& t) {
+  if (Known* k = known_of(t)) reads.push_back({t.storage(), k->made_by, k->value, t.storage()->bytes()});
+}
+
+void BudgetPlanner::State::profile_call_start(RegionProfile& profile, const TensorList& inputs) {
+  for (const auto& t : inputs) note_read(t);
+  ProfiledCall call;
+  for (const auto& t : inputs)
+    if (t.defined() && t.storage()) call.input_storages.push_back(t.storage());
+  if (!calls.empty()) measure_sweep_kept(profile);
+  reads.clear();
+  calls.push_back(std::move(call));
+  in_call = true;
+}
+
+void BudgetPlanner::State::measure_sweep_kept(RegionProfile& profile) const {
+  const int stage = static_cast<int>(calls.size());
+  std::unordered_set<int> seen;
+  for (const Read& r : reads) {
+    if (!seen.insert(r.value).second) continue;  // read twice
+    const std::shared_ptr<Storage> storage = r.storage.lock();  // null: freed since, kept by a region's sweep all the same
+    if (storage && std::any_of(last_outputs.begin(), last_outputs.end(),
+                               [&](const std::weak_ptr<Storage>& w) { return w.lock() == storage; }))
+      continue;  // call j-1's output, passed on (a_j)
+    int made = r.made_by;
+    for (int m = stage - 1; m > made; --m) {
+      const auto& in = calls[static_cast<size_t>(m)].input_storages;
+      if (storage && std::any_of(in.begin(), in.end(), [&](const auto& w) { return w.lock() == storage; })) {
+        made = m;
+        break;
+      }
+    }
+    if (made <= stage - 2) profile.sweep_kept.push_back({stage, made, r.bytes, r.value});
+  }
+}
+
+void BudgetPlanner::State::profile_call_end(const TensorList& outputs) {
+  in_call = false;
+  last_outputs.clear();
+  for (const auto& t : outputs)
+    if (t.defined() && t.storage()) last_outputs.push_back(t.storage());
+}
+schedule::ChainCosts BudgetPlanner::State::held_costs(const schedule::ChainCosts& measured) const {
+  schedule::ChainCosts held = measured;
+  held.saved_output_bytes = measured_saved_output_bytes(measured);
+  held.boundaries_counted_when_held = true;
+  std::unordered_map<int, int> value_index;  // the profile's value numbers, 0.. in order
+  for (const auto& p : profiles)
+    for (schedule::ChainCosts::SweptValue v : p->sweep_kept) {
+      v.value = value_index.emplace(v.value, static_cast<int>(value_index.size())).first->second;
+      held.swept_values.push_back(v);
+    }
+  return held;
+}
+
 size_t BudgetPlanner::State::measured_after_chain_bytes() const {
   // the step's saved peak when the backward reached the chain, beyond what was live at entry
   // plus the chain's own boundaries, if that peak was reached during this step
@@ -131,6 +250,12 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Dev
   const memory::Stats s = memory_stats(device);
   saved_live_at_entry = s.live(memory::Tag::saved);
   saved_peak_at_entry = s.peak(memory::Tag::saved);
+  calls.clear();
+  last_outputs.clear();
+  known.clear();
+  reads.clear();
+  next_value = 0;
+  in_call = false;
 }
 
 // budget:auto: the memory the run may use, less what it held besides saved values (the profiled
@@ -227,8 +352,16 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   r.costs = measured;
   std::string inputs;
   for (const auto& s : shapes) inputs += (inputs.empty() ? "" : ", ") + shape_str(s);
+  // In memory the plan is predicted as the allocator counts (Note [plans within the
+  // allocator's count] in src/schedule/rotor_grouped.cpp). With an offload target it is not: the writes behind a plan's peak wait for room only
+  // when a value is packed, after the op that made it, so a step may go one value above the level
+  // the model gives while a write is under way (Note [writes behind a plan's peak] in
+  // src/saved/offload.cpp); the values the planners count twice cover that.
+  const std::optional<schedule::ChainCosts> held =
+      budget.saved.offload ? std::nullopt : std::optional<schedule::ChainCosts>(held_costs(measured));
   try {
-    schedule::ChainPlan chosen = schedule::plan_chain(measured, limit, options);
+    schedule::ChainPlan chosen = held ? schedule::plan_chain_held(measured, *held, limit, options)
+                                      : schedule::plan_chain(measured, limit, options);
     r.plan = std::move(chosen.plan);
     r.planner = chosen.describe();
   } catch (const schedule::InfeasibleError& e) {
@@ -244,14 +377,8 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     throw Error(detail::concat("budget policy: ", budget.to_string(), ": cannot plan ", scope, " (",
                                measured.num_stages(), " layer calls): ", e.what()));
   }
-  // In memory the prediction counts a record's output once (Note [records that keep their
-  // outputs]). With an offload target it does not: the writes behind a plan's peak wait for room
-  // only when a value is packed, after the op that made it, so a step may go one value above the
-  // level the model gives while a write is under way (Note [writes behind a plan's peak] in
-  // src/saved/offload.cpp); the outputs counted twice have covered that so far.
-  if (!budget.saved.offload) {
-    measured.saved_output_bytes = measured_saved_output_bytes(measured);
-    r.plan = schedule::make_plan(measured, std::move(r.plan.tree));
+  if (held) {
+    measured = *held;
     r.costs = measured;
   }
   r.tree = schedule::format_tree(r.plan.tree);

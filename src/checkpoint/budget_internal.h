@@ -4,8 +4,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "remat/autodiff.h"
 #include "remat/budget.h"
 #include "remat/offload.h"
 #include "remat/policy.h"
@@ -21,6 +23,38 @@ struct BudgetPlanner::State {
   std::vector<std::shared_ptr<RegionProfile>> profiles;  // one per stage (layer call), in order
   std::vector<std::string> stage_labels;
   size_t saved_live_at_entry = 0, saved_peak_at_entry = 0;
+  // profiling: what the ops between layer calls read, and who made it (Note [what a sweep keeps]
+  // in budget.cpp): per layer call, its inputs; the last call's outputs; per storage seen, the call
+  // that made it (-1: none of the scope's ops) and its value index; the reads since the last call
+  struct ProfiledCall {
+    std::vector<std::weak_ptr<Storage>> input_storages;
+  };
+  struct Known {
+    std::weak_ptr<Storage> storage;
+    int made_by = -1;
+    int value = 0;
+  };
+  struct Read {
+    std::weak_ptr<Storage> storage;
+    int made_by = -1, value = 0;
+    size_t bytes = 0;
+  };
+  class SweepWatch;
+  std::vector<ProfiledCall> calls;
+  std::vector<std::weak_ptr<Storage>> last_outputs;
+  std::unordered_map<const Storage*, Known> known;
+  std::vector<Read> reads;
+  int next_value = 0;
+  bool in_call = false;  // a profiled layer call runs
+  // An op listener noting what the scope's ops make and read, installed until it is destroyed
+  // (while a profiling step's forward runs).
+  std::shared_ptr<autodiff::OpListener> watch_sweeps();
+  Known* known_of(const Tensor& t);  // null: not a saved-value candidate (a parameter, a gradient)
+  void note_made(const Tensor& t, int by);
+  void note_read(const Tensor& t);
+  void measure_sweep_kept(RegionProfile& profile) const;
+  void profile_call_start(RegionProfile& profile, const TensorList& inputs);
+  void profile_call_end(const TensorList& outputs);
   // the plan for report->signature
   std::optional<Report> report;
   std::optional<schedule::ChainCosts> costs;
@@ -38,6 +72,9 @@ struct BudgetPlanner::State {
   // per stage, the bytes its record shares with its output a_{i+1} (Note [records that keep their
   // outputs] in budget.cpp)
   std::vector<size_t> measured_saved_output_bytes(const schedule::ChainCosts& c) const;
+  // measured, counted as the allocator counts saved bytes (Note [plans within the allocator's
+  // count] in budget.cpp): boundaries while held, a record's output once, what sweeps keep
+  schedule::ChainCosts held_costs(const schedule::ChainCosts& measured) const;
 
   // Is the plan in force for these input shapes and this budget?
   bool planned_for(const std::vector<Shape>& shapes, const Policy& budget) const;

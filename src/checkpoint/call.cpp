@@ -28,6 +28,7 @@ struct PlanScope {
   Policy budget;
   std::string label;
   bool profiling = false;
+  std::shared_ptr<autodiff::OpListener> watch;  // while profiling (Note [what a sweep keeps] in budget.cpp)
   const std::vector<schedule::PlanNode>* plan = nullptr;
   int stages = 0;
   int position = 0;                 // layer calls met so far
@@ -159,6 +160,7 @@ std::unique_ptr<PlanScope> begin_plan(const CallSite& site, const Policy& budget
   } else {
     st.start_profiling(shapes, detail::device_of(inputs));
     ps->profiling = true;
+    ps->watch = st.watch_sweeps();
   }
   return ps;
 }
@@ -192,9 +194,12 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
   BudgetPlanner::State& st = *ps.state;
   if (ps.profiling) {
     auto profile = std::make_shared<RegionProfile>();
+    st.profile_call_start(*profile, inputs);  // what a sweep would keep (Note [what a sweep keeps])
     st.profiles.push_back(profile);
     st.stage_labels.push_back(site.label);
-    return single_region(fn, inputs, site, Policy::every_layer(), profile, /*record_all=*/true);
+    TensorList outputs = single_region(fn, inputs, site, Policy::every_layer(), profile, /*record_all=*/true);
+    st.profile_call_end(outputs);
+    return outputs;
   }
   if (position >= ps.stages) {
     st.stale = true;  // more layer calls than planned: profile again next time

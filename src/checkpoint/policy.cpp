@@ -325,12 +325,18 @@ ScopedPolicy::ScopedPolicy(Policy policy) : previous_(scoped_policy) {
     } else if (policy.saved.dynamic_bytes > 0) {
       runtime_ = std::make_shared<DynamicScope>(policy.saved.dynamic_bytes, policy.saved.offload);
     } else {
-      runtime_ = std::make_shared<OffloadScope>(*policy.saved.offload);
+      auto scope = std::make_shared<OffloadScope>(*policy.saved.offload);
+      offload_ = scope.get();
+      runtime_ = std::move(scope);
     }
     if (runtime_) runtime_policy = text;
   }
   scoped_policy = std::move(policy);
 }
+void ScopedPolicy::wait_for_offload_writes() const {
+  if (offload_) offload_->wait_for_writes();
+}
+
 ScopedPolicy::~ScopedPolicy() {
   scoped_policy = previous_;
   if (runtime_) runtime_policy.reset();

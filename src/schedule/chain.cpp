@@ -144,6 +144,24 @@ void ChainCosts::validate() const {
       invalid(function, "saved_output_bytes[" + std::to_string(i) + "] = " + std::to_string(saved_output_bytes[i]) +
                             " exceeds the stage's record (" + std::to_string(saved_bytes[i]) + ") or its output (" +
                             std::to_string(boundary_bytes[i + 1]) + ")");
+  for (const SweptValue& v : swept_values)
+    if (v.read_by < 1 || static_cast<size_t>(v.read_by) >= stages || v.made_by < -1 || v.made_by > v.read_by - 2)
+      invalid(function, "a swept value read by stage " + std::to_string(v.read_by) + " and made by stage " +
+                            std::to_string(v.made_by) + ": it must be read by a stage in 1.." +
+                            std::to_string(stages - 1) + " and made before the stage ahead of it (-1: before the chain)");
+  std::vector<const SweptValue*> first_of(swept_values.size(), nullptr);
+  for (const SweptValue& v : swept_values) {
+    if (v.value < -1 || static_cast<size_t>(v.value + 1) > swept_values.size())
+      invalid(function, "a swept value's value index is " + std::to_string(v.value) + "; it must be -1 (its own) or 0.." +
+                            std::to_string(swept_values.size() - 1) + " (one per entry at most)");
+    if (v.value < 0) continue;
+    const SweptValue*& first = first_of[static_cast<size_t>(v.value)];
+    if (first && (first->bytes != v.bytes || first->made_by != v.made_by))
+      invalid(function, "swept value " + std::to_string(v.value) + " has two sizes or makers (" +
+                            std::to_string(first->bytes) + " B by stage " + std::to_string(first->made_by) + ", " +
+                            std::to_string(v.bytes) + " B by stage " + std::to_string(v.made_by) + ")");
+    if (!first) first = &v;
+  }
   if (std::isnan(offload_seconds_per_byte) || std::isinf(offload_seconds_per_byte)) {
     std::ostringstream out;
     out << "offload_seconds_per_byte is " << offload_seconds_per_byte << "; it must be finite (negative: no offload)";
@@ -169,7 +187,12 @@ void ChainCosts::validate() const {
   // Every peak is a sum of distinct buffers; keep the total far from overflow.
   constexpr size_t kLimit = size_t{1} << 60;
   size_t total = 0;
-  for (const std::vector<size_t>* sizes : {&boundary_bytes, &saved_bytes})
+  const std::vector<size_t> swept = [&] {
+    std::vector<size_t> out;
+    for (const SweptValue& v : swept_values) out.push_back(v.bytes);
+    return out;
+  }();
+  for (const std::vector<size_t>* sizes : {&boundary_bytes, &saved_bytes, &swept})
     for (size_t bytes : *sizes) {
       if (bytes > kLimit || total > kLimit - bytes) invalid(function, "the sizes sum to more than 2^60 bytes");
       total += bytes;
@@ -209,8 +232,36 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   // offloaded (live, but not in memory) until fetched
   std::vector<bool> boundary_away(static_cast<size_t>(stages) + 1, false);
   std::vector<bool> record_away(static_cast<size_t>(stages), false);
+  // Note [boundaries counted while held]. With costs.boundaries_counted_when_held a boundary that
+  // a forward made is pending (live, but a temporary that no saved value holds yet, and not
+  // counted) until an action keeps it (`hold`): the forward of the next stage, unless that forward
+  // records nothing and the next action drops the boundary (a region's forward sweep, whose
+  // values pass from one layer call to the next unsaved), the loss, a backward or an offload. A
+  // pending boundary dropped (a re-run's last output, a sweep's values) never counted. What a
+  // sweep from a_f passing from stage j-1 to stage j reads that was made before stage f
+  // (costs.swept_values: the step's token ids, a position embedding added after the next layer
+  // call) is no temporary: the region keeps it with its input a_f until a_f is dropped
+  // (`owned[f]`); it counts there once, however often a re-run's sweep reads it again.
+  std::vector<bool> boundary_pending(static_cast<size_t>(stages) + 1, false);
+  std::vector<std::vector<size_t>> read_at(static_cast<size_t>(stages));  // swept values by read_by
+  for (size_t v = 0; v < costs.swept_values.size(); ++v) read_at[static_cast<size_t>(costs.swept_values[v].read_by)].push_back(v);
+  // one flag per value: entries of the same value share it
+  std::vector<size_t> value_of(costs.swept_values.size());
+  size_t values = 0;
+  for (const ChainCosts::SweptValue& v : costs.swept_values) values = std::max(values, static_cast<size_t>(std::max(v.value, -1) + 1));
+  for (size_t v = 0; v < value_of.size(); ++v)
+    value_of[v] = costs.swept_values[v].value >= 0 ? static_cast<size_t>(costs.swept_values[v].value) : values++;
+  std::vector<bool> kept_by_sweep(values, false);
+  std::vector<size_t> owned(static_cast<size_t>(stages) + 1, 0);
+  std::vector<std::vector<size_t>> owned_of(static_cast<size_t>(stages) + 1);
+  const bool held_only = costs.boundaries_counted_when_held;
+  const auto counted = [&](size_t j) -> size_t {  // what boundary j adds to `live`
+    if (!boundary_live[j] || boundary_away[j]) return 0;
+    return (boundary_pending[j] ? 0 : x[j]) + owned[j];
+  };
   boundary_live[0] = true;
   size_t live = x[0];
+  int sweep_from = -1;  // the input of the region whose forward sweep runs
   // Note [a record that keeps its output]. Where stage i's record holds its output a_{i+1} (an op
   // that saves its own output, like tanh), the two share saved_output_bytes[i] bytes of storage:
   // while both are in memory those bytes are counted once (`shared` is taken off `live`). When
@@ -218,7 +269,8 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   size_t shared = 0;
   const auto pair_bytes = [&](size_t i) -> size_t {
     if (costs.saved_output_bytes.empty() || i >= static_cast<size_t>(stages)) return 0;
-    return record_live[i] && !record_away[i] && boundary_live[i + 1] && !boundary_away[i + 1]
+    return record_live[i] && !record_away[i] && boundary_live[i + 1] && !boundary_away[i + 1] &&
+                   !boundary_pending[i + 1]
                ? costs.saved_output_bytes[i]
                : 0;
   };
@@ -227,6 +279,21 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
     shared -= pair_bytes(i);
     change();
     shared += pair_bytes(i);
+  };
+  // runs `change`, which touches boundary j only, and recounts its bytes
+  const auto boundary_change = [&](size_t j, const auto& change) {
+    live -= counted(j);
+    if (j == 0)
+      change();
+    else
+      updating(j - 1, change);
+    live += counted(j);
+  };
+  const auto hold = [&](size_t j) { boundary_change(j, [&] { boundary_pending[j] = false; }); };
+  const auto release = [&](size_t f) {  // what a sweep kept with boundary f goes with it
+    boundary_change(f, [&] { owned[f] = 0; });
+    for (size_t v : owned_of[f]) kept_by_sweep[value_of[v]] = false;
+    owned_of[f].clear();
   };
   int gradient = -1;  // index j of the live gradient d_j; -1 before the loss
   // Note [writes behind the forward pass]. An offload's write goes to one disk worker, queued in
@@ -270,11 +337,27 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (finished(i)) fail("stage " + std::to_string(i) + " already ran its backward");
         const bool record = action.kind == ActionKind::forward_save_all;
         if (record && record_live[at]) fail("stage " + std::to_string(i) + " already holds a record");
-        live += x[at + 1] + (record ? xbar[at] : 0);
-        updating(at, [&] {
+        const bool swept = !record && position + 1 < actions.size() && actions[position + 1] == Action{ActionKind::drop, i};
+        if (!swept) {
+          hold(at);
+          if (!record) sweep_from = i;
+        } else if (held_only && sweep_from >= 0) {
+          const size_t f = static_cast<size_t>(sweep_from);
+          for (size_t v : read_at[at]) {
+            if (kept_by_sweep[value_of[v]] || costs.swept_values[v].made_by >= sweep_from) continue;
+            kept_by_sweep[value_of[v]] = true;
+            boundary_change(f, [&] { owned[f] += costs.swept_values[v].bytes; });
+            owned_of[f].push_back(v);
+          }
+        }
+        boundary_change(at + 1, [&] {
           boundary_live[at + 1] = true;
-          if (record) record_live[at] = true;
+          boundary_pending[at + 1] = held_only;
         });
+        if (record) {
+          live += xbar[at];
+          updating(at, [&] { record_live[at] = true; });
+        }
         result.total_time += costs.forward_time[at];
         compute[position] = costs.forward_time[at];
         if (gradient < 0) forward_clock += costs.forward_time[at];
@@ -285,8 +368,11 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (i <= 0 || i > stages) fail("boundary outside 1.." + std::to_string(stages) + " (a_0 is the caller's)");
         if (!boundary_live[static_cast<size_t>(i)]) fail("boundary " + std::to_string(i) + " is not live");
         if (boundary_away[static_cast<size_t>(i)]) fail("boundary " + std::to_string(i) + " is offloaded (not fetched)");
-        updating(static_cast<size_t>(i - 1), [&] { boundary_live[static_cast<size_t>(i)] = false; });
-        live -= x[static_cast<size_t>(i)];
+        release(static_cast<size_t>(i));
+        boundary_change(static_cast<size_t>(i), [&] {
+          boundary_live[static_cast<size_t>(i)] = false;
+          boundary_pending[static_cast<size_t>(i)] = false;
+        });
         break;
       case ActionKind::loss:
         if (i != stages) fail("the loss index must be L = " + std::to_string(stages));
@@ -294,11 +380,12 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (!boundary_live[static_cast<size_t>(stages)]) fail("the chain output is not live");
         result.write_stall_time = std::max(0.0, writes_done - forward_clock);
         result.total_time += result.write_stall_time;
+        hold(static_cast<size_t>(stages));
         live += costs.gradient_bytes(static_cast<size_t>(stages));
         result.peak_bytes = std::max(result.peak_bytes, live - shared);
         step_level = std::max(step_level, live - shared);
-        live -= x[static_cast<size_t>(stages)];  // a_L freed, d_L stays
-        updating(static_cast<size_t>(stages - 1), [&] { boundary_live[static_cast<size_t>(stages)] = false; });
+        release(static_cast<size_t>(stages));  // a_L freed, d_L stays
+        boundary_change(static_cast<size_t>(stages), [&] { boundary_live[static_cast<size_t>(stages)] = false; });
         gradient = stages;
         break;
       case ActionKind::backward: {
@@ -309,6 +396,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (!record_live[at]) fail("stage " + std::to_string(i) + " has no record");
         if (record_away[at]) fail("stage " + std::to_string(i) + "'s record is offloaded (not fetched)");
         if (!boundary_live[at] || boundary_away[at]) fail("its input boundary " + std::to_string(i) + " is not in memory");
+        hold(at);
         live += costs.gradient_bytes(at);
         result.peak_bytes = std::max(result.peak_bytes, live - shared);
         step_level = std::max(step_level, live - shared);
@@ -328,13 +416,23 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (!record && (i == 0 || !boundary_live[at]))
           fail(i == 0 ? "stage 0 holds no record, and a_0 is the caller's" : "neither a record of stage " +
                         std::to_string(i) + " nor boundary " + std::to_string(i) + " is live");
+        if (!record && boundary_pending[at]) {  // kept while it is written
+          hold(at);
+          result.peak_bytes = std::max(result.peak_bytes, live - shared);
+          step_level = std::max(step_level, live - shared);
+        }
         std::vector<bool>::reference away = record ? record_away[at] : boundary_away[at];
         const size_t bytes = record ? xbar[at] : x[at];
         const bool out = action.kind == ActionKind::offload;
         if (away == out) fail(out ? "it is offloaded already" : "it is not offloaded");
-        updating(record ? at : at - 1, [&] { away = out; });
+        const size_t before = live;  // a boundary takes what a sweep kept with it along
+        if (!record) {
+          boundary_change(at, [&] { away = out; });
+        } else {
+          updating(at, [&] { away = out; });
+          live = out ? live - bytes : live + bytes;
+        }
         if (out) {
-          live -= bytes;
           result.offloaded_bytes += bytes;
           const double write = costs.offload_write_seconds_per_byte * static_cast<double>(bytes);
           if (gradient >= 0) {  // after the loss: nothing left to hide the write behind
@@ -344,8 +442,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
             writes_done = std::max(writes_done, forward_clock) + write;
           }
         } else {
-          live += bytes;
-          fetched[position] = bytes;
+          fetched[position] = live - before;
         }
         break;
       }

@@ -419,6 +419,14 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   return result;
 }
 
+// plan_chain_held's two costs must describe one chain.
+void check_held(const ChainCosts& planning, const ChainCosts& held) {
+  held.validate();
+  if (held.boundary_bytes != planning.boundary_bytes || held.saved_bytes != planning.saved_bytes ||
+      held.forward_time != planning.forward_time || held.backward_time != planning.backward_time)
+    throw Error("plan_chain_held: the held costs are not the planning costs' chain (their sizes or times differ)");
+}
+
 // Whether plan_chain runs the exact programme for this chain.
 bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options) {
   const double stages = costs.num_stages();
@@ -470,6 +478,55 @@ size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions
     if (options.progress) options.progress(1.0);  // done: the grouped planner's infeasible path reports no end
     return e.min_feasible_bytes;
   }
+}
+
+// Note [plans within the allocator's count]. The planners count every boundary from the forward
+// that makes it, and nothing a region's sweep keeps (ChainCosts::swept_values). An allocator
+// counts a boundary only while a saved value holds it (Note [boundaries counted while held] in
+// chain.cpp: a region's forward sweep and a re-run's last output are temporaries) and a record's
+// output once (Note [a record that keeps its output]), but it also counts what a sweep keeps: the
+// token ids, a position embedding, a constant bias (measured by the budget policy: Note [what a
+// sweep keeps] in src/checkpoint/budget.cpp). So plan_chain_held predicts a plan with the held
+// costs, which count as an allocator does, and makes a plan whose held peak is above the limit
+// again within the limit less the excess, at most three more times, the last within the chain's
+// least peak. The smallest limit it plans from is the larger of the least peak and the held peak
+// of the plan made within it (chain_min_feasible_memory_held); below it some limits may still be
+// planned, as with chain_min_feasible_memory. Without swept values the held count is never above
+// the planners', so the first plan stands and the least peak is the smallest limit.
+ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
+                          const ChainPlanOptions& options) {
+  check_held(planning, held);
+  ChainPlan chosen;
+  try {
+    chosen = plan_chain(planning, limit, options);
+  } catch (const InfeasibleError& e) {  // named with the least limit that plans as held counts
+    const size_t smallest = chain_min_feasible_memory_held(planning, held, options);
+    throw InfeasibleError("plan_chain: memory limit " + std::to_string(limit) + " bytes is below the least limit " +
+                              std::to_string(smallest) + " bytes from which plans fit as held counts them (" + e.what() + ")",
+                          smallest);
+  }
+  chosen.plan = make_plan(held, std::move(chosen.plan.tree));
+  std::optional<size_t> least;
+  size_t within = limit;
+  for (int tries = 0; chosen.plan.predicted_peak_bytes > limit; ++tries) {
+    if (!least) least = chain_min_feasible_memory(planning, options);
+    if (within <= *least)
+      throw InfeasibleError("plan_chain: no plan's peak, counted as held, is within " + std::to_string(limit) +
+                                " bytes; the least is " + std::to_string(chosen.plan.predicted_peak_bytes),
+                            chosen.plan.predicted_peak_bytes);
+    const size_t over = chosen.plan.predicted_peak_bytes - limit;
+    within = tries >= 2 || within - *least <= over ? *least : within - over;
+    chosen = plan_chain(planning, within, options);
+    chosen.plan = make_plan(held, std::move(chosen.plan.tree));
+  }
+  return chosen;
+}
+
+size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
+  check_held(planning, held);
+  const size_t least = chain_min_feasible_memory(planning, options);
+  if (held.swept_values.empty()) return least;  // the held count is never above the planners' then
+  return std::max(least, make_plan(held, plan_chain(planning, least, options).plan.tree).predicted_peak_bytes);
 }
 
 }  // namespace remat::schedule

@@ -41,6 +41,10 @@ struct ModelProfile {
   std::string offload_target;
   OffloadBandwidth bandwidth;
   std::optional<size_t> offload_smallest;
+  // A model: its costs as the allocator counts saved bytes (ChainCosts::boundaries_counted_when_held
+  // and swept_values), with which a budget plan in memory is predicted; `costs` is what the planners
+  // plan with, as the budget policy's own check and plan do.
+  std::optional<rs::ChainCosts> held;
 };
 
 // Profiles the GPT of `remat train` with these options, as its steps run (a forward and backward
@@ -75,9 +79,13 @@ ModelProfile profile_model(const PlanOptions& o) {
   }
   auto report = model.planner()->report();
   REMAT_CHECK(report.has_value(), "plan: profiling the model produced no costs");
-  ModelProfile profile{report->costs, report->outside_bytes, report->after_chain_bytes,
+  rs::ChainCosts planned = report->costs;
+  planned.boundaries_counted_when_held = false;
+  planned.swept_values.clear();
+  ModelProfile profile{planned, report->outside_bytes, report->after_chain_bytes,
                        model.planner()->feasible_range(), std::nullopt,
                        report->stage_labels, report->stage_forward_flops};
+  if (report->costs.boundaries_counted_when_held) profile.held = report->costs;
   profile.dynamic_range = dynamic_feasible_range([&] {
     model.zero_grad();
     manual_seed(o.train.seed);
@@ -175,14 +183,17 @@ struct Plans {
   std::string planner;
 };
 
-Plans make_plans(const rs::ChainCosts& costs, size_t outside, size_t budget) {
+Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts>& held, size_t outside,
+                 size_t budget) {
   const int stages = costs.num_stages();
   const size_t limit = budget > outside ? budget - outside : 0;
   Plans plans;
   rs::ChainPlanOptions planner_options;
   planner_options.progress = planning_progress("remat plan: planning " + std::to_string(stages) + " stages");
   try {
-    rs::ChainPlan chosen = rs::plan_chain(costs, limit, planner_options);
+    // planned and predicted as a budget plan in memory is (remat/budget.h)
+    rs::ChainPlan chosen = held && !costs.can_offload() ? rs::plan_chain_held(costs, *held, limit, planner_options)
+                                                        : rs::plan_chain(costs, limit, planner_options);
     planner_options.progress(-1);  // ends the progress line, if one was printed
     plans.best = std::move(chosen.plan);
     plans.method = chosen.method;
@@ -334,7 +345,7 @@ int run_plan(const PlanOptions& o) {
       print_profile_text(profile, std::nullopt);
     return 0;
   }
-  const Plans plans = make_plans(profile.costs, profile.outside, *budget);
+  const Plans plans = make_plans(profile.costs, profile.held, profile.outside, *budget);
   if (o.train.json)
     print_plans_json(profile, plans, *budget);
   else

@@ -473,6 +473,34 @@ TEST_F(Cli, PlanWithOffloadPrintsBothSmallestBudgets) {
   expect_error("plan --offload " + path("missing/dir") + " --costs " + path("offload.json"), {path("missing/dir")});
 }
 
+// A profiled model long enough for the grouped planner (114 layer calls): the smallest budgets
+// `remat plan` prints, with and without --offload DIR, are the ones `remat train` runs from (one
+// byte less is refused), and a plan's predicted peak at that budget is what train reports.
+TEST_F(Cli, PlanPrintsTheSmallestBudgetsTrainRunsFrom) {
+  fs::create_directories(path("smallest"));
+  const std::string model = " --threads 1 --data " + path("corpus.txt") + " --layers 110 --width 8 --heads 2 --seq 8 --batch 2";
+  const Result range = run("plan --json --offload " + path("smallest") + model);
+  ASSERT_EQ(range.code, 0) << range.output;
+  const nlohmann::json feasible = nlohmann::json::parse(lines_of(range.output).back())["feasible"];
+  const std::string steps = std::to_string(BudgetPlanner::kProfilingSteps + 1);
+  for (const std::string& offload : std::vector<std::string>{"", "+offload:" + path("smallest") + ",threshold=0"}) {
+    const size_t smallest = feasible[offload.empty() ? "budget" : "budget_offload"]["smallest_bytes"];
+    SCOPED_TRACE("budget:" + std::to_string(smallest) + offload);
+    const Result runs = run("train --quiet --json --steps " + steps + " --policy budget:" + std::to_string(smallest) + offload + model);
+    EXPECT_EQ(runs.code, 0) << runs.output;
+    const Result below = run("train --quiet --steps " + steps + " --policy budget:" + std::to_string(smallest - 1) + offload + model);
+    EXPECT_NE(below.output.find("is below the smallest feasible budget"), std::string::npos) << below.output;
+    if (!offload.empty()) continue;
+    const Result plan = run("plan --json --budget " + std::to_string(smallest) + model);
+    ASSERT_EQ(plan.code, 0) << plan.output;
+    const size_t predicted = nlohmann::json::parse(lines_of(plan.output).back())["plan"]["predicted_peak_bytes"];
+    const std::string key = "\"predicted_peak_saved_bytes\":";
+    const size_t at = runs.output.rfind(key);
+    ASSERT_NE(at, std::string::npos) << runs.output;
+    EXPECT_EQ(std::stoull(runs.output.substr(at + key.size())), predicted) << runs.output;
+  }
+}
+
 TEST_F(Cli, GradDigestHashesAStepThatRanThePlan) {
   auto field = [](const std::string& out, const std::string& name) {
     const size_t at = out.rfind("\"" + name + "\":");
