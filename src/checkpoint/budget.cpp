@@ -122,6 +122,9 @@ class BudgetPlanner::State::SweepWatch : public autodiff::OpListener {
     autodiff::set_op_listener(previous_);
     state_.after_chain_saves.clear();
     for (const auto& [value, bytes] : state_.gap_saves) state_.after_chain_saves.push_back(value);
+    state_.known.clear();  // what the forward made and read: measured into the profiles by now
+    state_.reads.clear();
+    state_.gap_saves.clear();
   }
   SweepWatch(const SweepWatch&) = delete;
   SweepWatch& operator=(const SweepWatch&) = delete;
