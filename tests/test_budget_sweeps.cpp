@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "checkpoint_models.h"
@@ -20,26 +21,27 @@ namespace rs = remat::schedule;
 
 namespace {
 
-// Layer calls with a constant bias added to each call's output between the calls. The bias is made
-// before the first call and has no gradient path; a region over several calls keeps it. (An add
-// saves nothing: a product would also save the bias and the call's output in a record of its own,
-// outside the layer calls, which the chain model does not count: docs/checkpointing.md, "Budgets".)
-class BiasedTanhModel : public nn::Module {
+// Layer calls with a constant made before the first call, with no gradient path, added to (or
+// multiplied into) each call's output between the calls. A region over several calls keeps it;
+// a product also saves it and the call's output for its own backward, where it runs outside a
+// region (Note [what the ops between calls save] in src/schedule/chain.cpp).
+class ConstantBetweenCalls : public nn::Module {
  public:
-  BiasedTanhModel(int layers, int64_t width) : width_(width) {
+  ConstantBetweenCalls(int layers, int64_t width, bool product) : width_(width), product_(product) {
     for (int i = 0; i < layers; ++i)
       layers_.push_back(register_module("l" + std::to_string(i),
                                         std::make_shared<remat::testing::TanhBlock>(width, DType::f32)));
   }
   Tensor forward_impl(const Tensor& x) override {
-    const Tensor bias = randn({x.shape()[0], width_}, DType::f32, RngState{77, 0});
+    const Tensor constant = randn({x.shape()[0], width_}, DType::f32, RngState{77, 0});
     Tensor h = x;
-    for (auto& layer : layers_) h = add(layer->forward(h), bias);
+    for (auto& layer : layers_) h = product_ ? mul(layer->forward(h), constant) : add(layer->forward(h), constant);
     return h;
   }
 
  private:
   int64_t width_;
+  bool product_;
   std::vector<std::shared_ptr<remat::testing::TanhBlock>> layers_;
 };
 
@@ -63,9 +65,36 @@ TEST(BudgetSweeps, OneValueReadByManyStagesCountsOnce) {
   EXPECT_THROW(rs::simulate(held, plan), Error);
 }
 
-// On random chains with random swept values, plan_chain_held's plan keeps its held peak within
-// the limit at every limit from its smallest, is refused below it with that smallest named, and
-// its prediction is simulate's with the held costs.
+// What the ops between stages save (a product with a mask) counts from the forward where its stage
+// starts a node until that stage's backward: every gap at once under save-all, or in a region's
+// re-run (never in its sweep); one gap at a time when nested regions re-run one stage each.
+TEST(BudgetSweeps, WhatTheOpsBetweenStagesSaveCountsWhileTheyAreRecorded) {
+  rs::ChainCosts costs = rs::ChainCosts::uniform(4, 1.0, 1.0, 100, 1000);
+  costs.gradients_counted = false;
+  costs.boundaries_counted_when_held = true;
+  const auto peaks = [&](const rs::Plan& plan) {  // without gaps; one value in gaps 1..3; three values
+    rs::ChainCosts held = costs;
+    const size_t none = rs::simulate(held, plan).peak_bytes;
+    for (int stage = 1; stage < 4; ++stage) held.gap_saved.push_back({stage, 10000, 0});
+    const size_t shared = rs::simulate(held, plan).peak_bytes;
+    for (auto& g : held.gap_saved) g.value = -1;
+    return std::vector<size_t>{none, shared, rs::simulate(held, plan).peak_bytes};
+  };
+  EXPECT_EQ(peaks(rs::plan_save_all(costs)), (std::vector<size_t>{4500, 14500, 34500}));
+  EXPECT_EQ(peaks(rs::plan_every_k(costs, 4)), (std::vector<size_t>{4400, 14400, 34400}));
+  using N = rs::PlanNode;
+  const rs::Plan nested = rs::make_plan(
+      costs, {N::region(0, 2, {N::region(0, 1, {N::region(0, 0, {N::stage(0)}), N::stage(1)}), N::stage(2)}), N::stage(3)});
+  EXPECT_EQ(peaks(nested), (std::vector<size_t>{1300, 11300, 11300}));
+  costs.gap_saved = {{.stage = 4, .bytes = 1}};
+  EXPECT_THROW(rs::simulate(costs, nested), Error);  // past the last stage
+  costs.gap_saved = {{.stage = 1, .bytes = 1, .value = 0}, {.stage = 2, .bytes = 2, .value = 0}};
+  EXPECT_THROW(rs::simulate(costs, nested), Error);  // one value, two sizes
+}
+
+// On random chains with random swept values and values saved between stages, plan_chain_held's
+// plan keeps its held peak within the limit at every limit from its smallest, is refused below it
+// with that smallest named, and its prediction is simulate's with the held costs.
 TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
   int replanned = 0;
   for (unsigned seed = 1; seed <= 12; ++seed) {
@@ -78,6 +107,9 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
       held.swept_values.push_back({read_by, static_cast<int>(rng() % static_cast<unsigned>(read_by)) - 1,
                                    1000 + rng() % 3000, -1});
     }
+    const size_t shared = 500 + rng() % 2000;  // one value three gaps save, and one of its own
+    for (int g = 0; g < 3; ++g) held.gap_saved.push_back({static_cast<int>(rng() % 24), shared, 0});
+    held.gap_saved.push_back({static_cast<int>(rng() % 24), 500 + rng() % 2000, -1});
     const size_t smallest = rs::chain_min_feasible_memory_held(costs, held);
     const size_t save_all = rs::plan_save_all(costs).predicted_peak_bytes;
     for (int k = 0; k <= 6; ++k) {
@@ -88,8 +120,9 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
       EXPECT_EQ(chosen.plan.predicted_peak_bytes, rs::simulate(held, chosen.plan).peak_bytes);
       const rs::ChainPlan plain = rs::plan_chain(costs, limit);
       replanned += rs::simulate(held, plain.plan).peak_bytes > limit;
-      rs::ChainCosts unswept = held;  // without swept values the held count is never above the planners'
+      rs::ChainCosts unswept = held;  // without swept and gap values the held count is never above the planners'
       unswept.swept_values.clear();
+      unswept.gap_saved.clear();
       EXPECT_LE(rs::simulate(unswept, plain.plan).peak_bytes, plain.plan.predicted_peak_bytes);
     }
     // below it a limit may still be planned (another plan's held peak may fit it), never above
@@ -109,19 +142,18 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
   EXPECT_GT(replanned, 0);  // some limits needed a plan made again: the planners alone went above them
 }
 
-// A model whose ops between layer calls read a constant bias made before them: at every budget
-// from the smallest to save-all's peak the measured peak of saved bytes is within the prediction,
-// which is within the budget; gradients are save-all's. The profile finds the bias, with no
-// gradient path, once for every call that reads it.
-TEST(BudgetSweeps, ABiasWithoutAGradientPathIsCountedWhereARegionKeepsIt) {
-  BiasedTanhModel model(12, 64);
-  model.reset_parameters(3);
-  const Tensor x = randn({16, 64}, DType::f32, RngState{13, 0}).requires_grad_();
+// At budgets from the smallest to save-all's peak: the measured peak of saved bytes is within the
+// prediction, which is within the budget, and gradients are save-all's. Returns the costs of the
+// smallest budget's plan and how many plans swept over several calls.
+std::pair<rs::ChainCosts, int> expect_within_every_budget(nn::Module& model, const Tensor& x) {
   const TensorList reference = remat::testing::module_grads(model, x, Policy::save_all());
   for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) remat::testing::measure_step(model, x, Policy::budget(size_t{1} << 40));
   const auto range = model.planner()->feasible_range();
-  ASSERT_TRUE(range.has_value());
-  int swept_regions = 0;
+  if (!range) {
+    ADD_FAILURE() << "no feasible range";
+    return {};
+  }
+  std::pair<rs::ChainCosts, int> out{{}, 0};
   for (int k = 0; k <= 10; ++k) {
     const size_t budget = range->smallest_budget_bytes + (range->save_all_peak_bytes - range->smallest_budget_bytes) * static_cast<size_t>(k) / 10;
     SCOPED_TRACE(::testing::Message() << "budget " << budget);
@@ -130,18 +162,46 @@ TEST(BudgetSweeps, ABiasWithoutAGradientPathIsCountedWhereARegionKeepsIt) {
     EXPECT_LE(peak, report.predicted_peak_bytes) << report.tree;
     EXPECT_LE(report.predicted_peak_bytes, budget) << report.tree;
     const TensorList got = remat::testing::module_grads(model, x, Policy::budget(budget));
-    ASSERT_EQ(got.size(), reference.size());
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
-    for (const auto& node : report.plan.tree) swept_regions += node.last > node.first;
-    if (k > 0) continue;
-    // the bias, read between every two of the 12 calls (the last sum is the scope's output)
-    const auto& swept = report.costs.swept_values;
-    ASSERT_EQ(swept.size(), 11u);
-    for (const auto& v : swept) {
-      EXPECT_EQ(v.bytes, 16u * 64u * sizeof(float));
-      EXPECT_EQ(v.made_by, -1);
-      EXPECT_EQ(v.value, swept.front().value);
-    }
+    EXPECT_EQ(got.size(), reference.size());
+    for (size_t i = 0; i < got.size() && i < reference.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
+    for (const auto& node : report.plan.tree) out.second += node.last > node.first;
+    if (k == 0) out.first = report.costs;
   }
+  return out;
+}
+
+// A bias added between the calls: the profile finds it, with no gradient path, as one value that
+// each of the 11 sweeps between the 12 calls reads (the last sum is the scope's output).
+TEST(BudgetSweeps, ABiasWithoutAGradientPathIsCountedWhereARegionKeepsIt) {
+  ConstantBetweenCalls model(12, 64, /*product=*/false);
+  model.reset_parameters(3);
+  const Tensor x = randn({16, 64}, DType::f32, RngState{13, 0}).requires_grad_();
+  const auto [costs, swept_regions] = expect_within_every_budget(model, x);
+  ASSERT_EQ(costs.swept_values.size(), 11u);
+  for (const auto& v : costs.swept_values) {
+    EXPECT_EQ(v.bytes, 16u * 64u * sizeof(float));
+    EXPECT_EQ(v.made_by, -1);
+    EXPECT_EQ(v.value, costs.swept_values.front().value);
+  }
+  EXPECT_TRUE(costs.gap_saved.empty());  // an add saves nothing
   EXPECT_GT(swept_regions, 0);  // some plan swept over several calls, past the bias
+}
+
+// A mask multiplied in between the calls: each product saves the mask (one value) and the call's
+// output, and the plans count both where the products run recorded.
+TEST(BudgetSweeps, WhatAProductBetweenCallsSavesIsCounted) {
+  ConstantBetweenCalls model(12, 64, /*product=*/true);
+  model.reset_parameters(3);
+  const Tensor x = randn({16, 64}, DType::f32, RngState{13, 0}).requires_grad_();
+  const auto [costs, swept_regions] = expect_within_every_budget(model, x);
+  ASSERT_EQ(costs.gap_saved.size(), 22u);  // the mask and the output, before stages 1..11
+  int mask = -1;
+  for (const auto& g : costs.gap_saved) {
+    EXPECT_EQ(g.bytes, 16u * 64u * sizeof(float));
+    EXPECT_GE(g.stage, 1);
+  }
+  for (size_t i = 0; i < costs.gap_saved.size(); ++i)
+    for (size_t j = 0; j < i; ++j) mask = costs.gap_saved[i].value == costs.gap_saved[j].value ? costs.gap_saved[i].value : mask;
+  EXPECT_GE(mask, 0);  // one value saved by several products
+  EXPECT_GT(swept_regions, 0);
 }

@@ -72,6 +72,8 @@ struct RegionProfile {
   size_t saved_output_bytes = 0;  // of saved_bytes, the re-run's outputs themselves (e.g. tanh's)
   // what a sweep from the previous call to this one keeps (read_by: this stage), as ChainCosts::swept_values
   std::vector<schedule::ChainCosts::SweptValue> sweep_kept;
+  // what the ops between the previous call and this one save, as ChainCosts::gap_saved
+  std::vector<schedule::ChainCosts::GapSaved> gap_saved;
   const RegionProfile* outputs_kept_by = nullptr;  // the profiled region that kept its outputs as inputs
   size_t outputs_kept_bytes = 0;                   // the bytes it kept of them
   size_t saved_live_at_backward = 0;  // live saved bytes when its backward started

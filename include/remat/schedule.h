@@ -167,6 +167,18 @@ struct ChainCosts {
     int value = -1;  // -1: a value of its own
   };
   std::vector<SweptValue> swept_values;
+  // What the ops just before stage `stage` (after stage - 1's layer call; for stage 0, before the
+  // first call) save for their own backward: a product with a constant mask between two calls.
+  // They run recorded where stage `stage` starts a node (its record, or before a region over it
+  // opens), not inside a region's sweep, and keep these values until stage `stage`'s backward has
+  // run. Entries with the same value >= 0 are one value that several gaps save: counted once
+  // while any holds it. Counted with boundaries_counted_when_held only.
+  struct GapSaved {
+    int stage = 0;
+    size_t bytes = 0;
+    int value = -1;  // -1: a value of its own
+  };
+  std::vector<GapSaved> gap_saved;
   // What writing a kept byte out and reading it back costs (seconds per byte), when kept values
   // may be offloaded; negative: there is no offload target, and no plan offloads.
   double offload_seconds_per_byte = -1;
@@ -338,8 +350,9 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
 // (progress as plan_chain reports it). Every limit from it up is planned; a slightly smaller one may be too (finer units).
 size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions& options = {});
 // plan_chain within memory_limit as `held` counts the peak: the same chain with
-// boundaries_counted_when_held and swept_values, as an allocator counts saved bytes (the planners
-// ignore both). Plans with `planning`; where the plan's held peak is above the limit (values a
+// boundaries_counted_when_held, swept_values and gap_saved, as an allocator counts saved bytes (the
+// planners ignore them; held's chain output x[L] may be smaller than planning's, where the
+// planning costs count what the ops between stages save with it, on the safe side). Plans with `planning`; where the plan's held peak is above the limit (values a
 // region's sweep keeps), plans again within less, at most three more times, the last within the
 // least peak. The returned plan's predictions are held's. InfeasibleError below
 // chain_min_feasible_memory_held, the least limit from which it plans. For a budget plan in

@@ -31,6 +31,7 @@ std::optional<BudgetPlanner::FeasibleRange> BudgetPlanner::feasible_range() cons
     measured = st.measured_costs();
     outside = st.measured_outside_bytes();
     held = st.held_costs(measured);
+    measured.boundary_bytes.back() = held.boundary_bytes.back();  // as make_plan plans in memory
   } else if (st.report) {
     measured = held = st.report->costs;
     outside = st.report->outside_bytes;
@@ -117,7 +118,14 @@ std::vector<size_t> BudgetPlanner::State::measured_saved_output_bytes(const sche
 class BudgetPlanner::State::SweepWatch : public autodiff::OpListener {
  public:
   explicit SweepWatch(State& state) : state_(state), previous_(autodiff::set_op_listener(this)) {}
-  ~SweepWatch() override { autodiff::set_op_listener(previous_); }
+  ~SweepWatch() override {  // the forward's end: what the ops after the last call saved is after the chain
+    autodiff::set_op_listener(previous_);
+    state_.after_chain_saves.clear();
+    for (const auto& [value, bytes] : state_.gap_saves) state_.after_chain_saves.push_back(value);
+    state_.known.clear();  // what the forward made and read: measured into the profiles by now
+    state_.reads.clear();
+    state_.gap_saves.clear();
+  }
   SweepWatch(const SweepWatch&) = delete;
   SweepWatch& operator=(const SweepWatch&) = delete;
 
@@ -125,13 +133,23 @@ class BudgetPlanner::State::SweepWatch : public autodiff::OpListener {
     if (autodiff::recompute_depth() == 0) {
       const int by = static_cast<int>(state_.calls.size()) - 1;
       for (const auto& out : event.outputs) state_.note_made(out, by);
-      if (!state_.in_call)
+      if (!state_.in_call) {
         for (const auto& in : event.inputs) state_.note_read(in);
+        if (recorded(event.inputs)) {  // what its node keeps (Note [what the ops between calls save] in chain.cpp)
+          for (size_t i = 0; i < event.inputs.size(); ++i)
+            if (event.saves_input && event.saves_input(i)) state_.note_gap_saved(event.inputs[i]);
+          for (size_t i = 0; i < event.outputs.size(); ++i)
+            if (event.saves_output && event.saves_output(i)) state_.note_gap_saved(event.outputs[i]);
+        }
+      }
     }
     if (previous_) previous_->on_op(event);
   }
 
  private:
+  static bool recorded(const TensorList& inputs) {
+    return grad_enabled() && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.requires_grad(); });
+  }
   State& state_;
   autodiff::OpListener* previous_;
 };
@@ -158,7 +176,15 @@ void BudgetPlanner::State::note_read(const Tensor& t) {
   if (Known* k = known_of(t)) reads.push_back({t.storage(), k->made_by, k->value, t.storage()->bytes()});
 }
 
+void BudgetPlanner::State::note_gap_saved(const Tensor& t) {
+  if (Known* k = known_of(t)) gap_saves.emplace_back(k->value, t.storage()->bytes());
+}
+
 void BudgetPlanner::State::profile_call_start(RegionProfile& profile, const TensorList& inputs) {
+  std::unordered_set<int> saved;
+  for (const auto& [value, bytes] : gap_saves)
+    if (saved.insert(value).second) profile.gap_saved.push_back({static_cast<int>(calls.size()), bytes, value});
+  gap_saves.clear();
   for (const auto& t : inputs) note_read(t);
   ProfiledCall call;
   for (const auto& t : inputs)
@@ -200,12 +226,30 @@ schedule::ChainCosts BudgetPlanner::State::held_costs(const schedule::ChainCosts
   schedule::ChainCosts held = measured;
   held.saved_output_bytes = measured_saved_output_bytes(measured);
   held.boundaries_counted_when_held = true;
-  std::unordered_map<int, int> value_index;  // the profile's value numbers, 0.. in order
+  std::unordered_map<int, int> swept_index, gap_index;  // the profile's value numbers, 0.. in order
+  const auto number = [](std::unordered_map<int, int>& index, int value) {
+    return index.emplace(value, static_cast<int>(index.size())).first->second;
+  };
+  // What the ops between calls save was live when the profiled backward reached the chain (they
+  // all ran recorded), so measured_after_chain_bytes holds it; gap_saved counts it now, where it
+  // lives (but what the ops after the chain save too, such as a mask they read as well).
+  std::unordered_map<int, size_t> gap_bytes;
   for (const auto& p : profiles)
+    for (const auto& g : p->gap_saved) gap_bytes.emplace(g.value, g.bytes);
+  size_t in_gaps = 0;
+  for (const auto& [value, bytes] : gap_bytes)
+    if (std::find(after_chain_saves.begin(), after_chain_saves.end(), value) == after_chain_saves.end()) in_gaps += bytes;
+  held.boundary_bytes.back() -= std::min(in_gaps, measured_after_chain_bytes());
+  for (const auto& p : profiles) {
     for (schedule::ChainCosts::SweptValue v : p->sweep_kept) {
-      v.value = value_index.emplace(v.value, static_cast<int>(value_index.size())).first->second;
+      v.value = number(swept_index, v.value);
       held.swept_values.push_back(v);
     }
+    for (schedule::ChainCosts::GapSaved g : p->gap_saved) {
+      g.value = number(gap_index, g.value);
+      held.gap_saved.push_back(g);
+    }
+  }
   return held;
 }
 
@@ -254,6 +298,8 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Dev
   last_outputs.clear();
   known.clear();
   reads.clear();
+  gap_saves.clear();
+  after_chain_saves.clear();
   next_value = 0;
   in_call = false;
 }
@@ -359,6 +405,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   // src/saved/offload.cpp); the values the planners count twice cover that.
   const std::optional<schedule::ChainCosts> held =
       budget.saved.offload ? std::nullopt : std::optional<schedule::ChainCosts>(held_costs(measured));
+  if (held) measured.boundary_bytes.back() = held->boundary_bytes.back();  // the ops between calls' saves: in gap_saved
   try {
     schedule::ChainPlan chosen = held ? schedule::plan_chain_held(measured, *held, limit, options)
                                       : schedule::plan_chain(measured, limit, options);

@@ -52,6 +52,10 @@ struct BudgetPlanner::State {
   Known* known_of(const Tensor& t);  // null: not a saved-value candidate (a parameter, a gradient)
   void note_made(const Tensor& t, int by);
   void note_read(const Tensor& t);
+  // what the ops since the last call save (value, bytes): the next stage's ChainCosts::gap_saved
+  std::vector<std::pair<int, size_t>> gap_saves;
+  void note_gap_saved(const Tensor& t);
+  std::vector<int> after_chain_saves;  // the values the ops after the last call saved
   void measure_sweep_kept(RegionProfile& profile) const;
   void profile_call_start(RegionProfile& profile, const TensorList& inputs);
   void profile_call_end(const TensorList& outputs);

@@ -149,6 +149,21 @@ void ChainCosts::validate() const {
       invalid(function, "a swept value read by stage " + std::to_string(v.read_by) + " and made by stage " +
                             std::to_string(v.made_by) + ": it must be read by a stage in 1.." +
                             std::to_string(stages - 1) + " and made before the stage ahead of it (-1: before the chain)");
+  std::vector<const GapSaved*> gap_first(gap_saved.size(), nullptr);
+  for (const GapSaved& g : gap_saved) {
+    if (g.stage < 0 || static_cast<size_t>(g.stage) >= stages)
+      invalid(function, "a gap's saved value is before stage " + std::to_string(g.stage) + "; it must be in 0.." +
+                            std::to_string(stages - 1));
+    if (g.value < -1 || static_cast<size_t>(g.value + 1) > gap_saved.size())
+      invalid(function, "a gap's saved value index is " + std::to_string(g.value) + "; it must be -1 (its own) or 0.." +
+                            std::to_string(gap_saved.size() - 1));
+    if (g.value < 0) continue;
+    const GapSaved*& first = gap_first[static_cast<size_t>(g.value)];
+    if (first && first->bytes != g.bytes)
+      invalid(function, "gap saved value " + std::to_string(g.value) + " has two sizes (" + std::to_string(first->bytes) +
+                            " and " + std::to_string(g.bytes) + " B)");
+    if (!first) first = &g;
+  }
   std::vector<const SweptValue*> first_of(swept_values.size(), nullptr);
   for (const SweptValue& v : swept_values) {
     if (v.value < -1 || static_cast<size_t>(v.value + 1) > swept_values.size())
@@ -190,6 +205,7 @@ void ChainCosts::validate() const {
   const std::vector<size_t> swept = [&] {
     std::vector<size_t> out;
     for (const SweptValue& v : swept_values) out.push_back(v.bytes);
+    for (const GapSaved& g : gap_saved) out.push_back(g.bytes);
     return out;
   }();
   for (const std::vector<size_t>* sizes : {&boundary_bytes, &saved_bytes, &swept})
@@ -262,6 +278,29 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   boundary_live[0] = true;
   size_t live = x[0];
   int sweep_from = -1;  // the input of the region whose forward sweep runs
+  // Note [what the ops between calls save]. The ops just before stage j are recorded where stage j
+  // starts a node (its first forward that is not a sweep's step), and what they save
+  // (costs.gap_saved) stays until stage j's backward; a value that several gaps save counts once
+  // while any of them holds it. It is counted apart from the sweeps' values and the records (a
+  // value both keep counts twice: over, never under).
+  std::vector<std::vector<size_t>> gap_of(static_cast<size_t>(stages));
+  std::vector<size_t> gap_value(costs.gap_saved.size());
+  size_t gap_values = 0;
+  for (const auto& g : costs.gap_saved) gap_values = std::max(gap_values, static_cast<size_t>(std::max(g.value, -1) + 1));
+  for (size_t g = 0; g < costs.gap_saved.size(); ++g) {
+    gap_of[static_cast<size_t>(costs.gap_saved[g].stage)].push_back(g);
+    gap_value[g] = costs.gap_saved[g].value >= 0 ? static_cast<size_t>(costs.gap_saved[g].value) : gap_values++;
+  }
+  std::vector<int> gap_holds(gap_values, 0);
+  std::vector<bool> gap_recorded(static_cast<size_t>(stages), false);
+  const auto gap = [&](size_t j, bool recorded) {
+    if (!costs.boundaries_counted_when_held || gap_recorded[j] == recorded) return;
+    gap_recorded[j] = recorded;
+    for (size_t g : gap_of[j]) {
+      int& holds = gap_holds[gap_value[g]];
+      if (recorded ? holds++ == 0 : --holds == 0) live = recorded ? live + costs.gap_saved[g].bytes : live - costs.gap_saved[g].bytes;
+    }
+  };
   // Note [a record that keeps its output]. Where stage i's record holds its output a_{i+1} (an op
   // that saves its own output, like tanh), the two share saved_output_bytes[i] bytes of storage:
   // while both are in memory those bytes are counted once (`shared` is taken off `live`). When
@@ -339,6 +378,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (record && record_live[at]) fail("stage " + std::to_string(i) + " already holds a record");
         const bool swept = !record && position + 1 < actions.size() && actions[position + 1] == Action{ActionKind::drop, i};
         if (!swept) {
+          gap(at, true);
           hold(at);
           if (!record) sweep_from = i;
         } else if (held_only && sweep_from >= 0) {
@@ -402,6 +442,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         step_level = std::max(step_level, live - shared);
         live -= costs.gradient_bytes(at + 1) + xbar[at];
         updating(at, [&] { record_live[at] = false; });
+        gap(at, false);
         gradient = i;
         result.total_time += costs.backward_time[at];
         compute[position] = costs.backward_time[at];

@@ -422,9 +422,14 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
 // plan_chain_held's two costs must describe one chain.
 void check_held(const ChainCosts& planning, const ChainCosts& held) {
   held.validate();
-  if (held.boundary_bytes != planning.boundary_bytes || held.saved_bytes != planning.saved_bytes ||
-      held.forward_time != planning.forward_time || held.backward_time != planning.backward_time)
-    throw Error("plan_chain_held: the held costs are not the planning costs' chain (their sizes or times differ)");
+  planning.validate();
+  const size_t n = planning.boundary_bytes.size();
+  if (held.boundary_bytes.size() != n || held.saved_bytes != planning.saved_bytes ||
+      held.forward_time != planning.forward_time || held.backward_time != planning.backward_time ||
+      !std::equal(held.boundary_bytes.begin(), held.boundary_bytes.end() - 1, planning.boundary_bytes.begin()) ||
+      held.boundary_bytes.back() > planning.boundary_bytes.back())
+    throw Error("plan_chain_held: the held costs are not the planning costs' chain (their sizes or times differ, or "
+                "the held chain output is larger)");
 }
 
 // Whether plan_chain runs the exact programme for this chain.
@@ -525,7 +530,7 @@ ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, si
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
   check_held(planning, held);
   const size_t least = chain_min_feasible_memory(planning, options);
-  if (held.swept_values.empty()) return least;  // the held count is never above the planners' then
+  if (held.swept_values.empty() && held.gap_saved.empty()) return least;  // the held count is never above the planners' then
   return std::max(least, make_plan(held, plan_chain(planning, least, options).plan.tree).predicted_peak_bytes);
 }
 

@@ -41,9 +41,9 @@ struct ModelProfile {
   std::string offload_target;
   OffloadBandwidth bandwidth;
   std::optional<size_t> offload_smallest;
-  // A model: its costs as the allocator counts saved bytes (ChainCosts::boundaries_counted_when_held
-  // and swept_values), with which a budget plan in memory is predicted; `costs` is what the planners
-  // plan with, as the budget policy's own check and plan do.
+  // A model: its costs as the allocator counts saved bytes (ChainCosts::boundaries_counted_when_held,
+  // swept_values, gap_saved), with which a budget plan in memory is predicted; `costs` is what the
+  // planners plan with, as the budget policy's own check and plan do.
   std::optional<rs::ChainCosts> held;
 };
 
@@ -82,6 +82,7 @@ ModelProfile profile_model(const PlanOptions& o) {
   rs::ChainCosts planned = report->costs;
   planned.boundaries_counted_when_held = false;
   planned.swept_values.clear();
+  planned.gap_saved.clear();
   ModelProfile profile{planned, report->outside_bytes, report->after_chain_bytes,
                        model.planner()->feasible_range(), std::nullopt,
                        report->stage_labels, report->stage_forward_flops};
