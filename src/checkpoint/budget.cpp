@@ -363,6 +363,26 @@ std::shared_ptr<const detail::OffloadReadPlan> read_plan_of(const schedule::Plan
 
 }  // namespace
 
+// The offload target's measured bandwidth, in the report and as the costs' price per byte.
+void BudgetPlanner::State::price_offload(const OffloadTarget& target, schedule::ChainCosts& measured, Report& r) const {
+  const OffloadBandwidth bandwidth = offload_bandwidth(target.directory);
+  r.offload_target = target.to_string();
+  r.offload_write_bytes_per_second = bandwidth.write_bytes_per_second;
+  r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
+  // a device's values go to host memory before they are written and come back after they are read
+  const HostCopyBandwidth copies = host_copy_bandwidth(device);
+  r.offload_to_host_bytes_per_second = copies.to_host_bytes_per_second;
+  r.offload_from_host_bytes_per_second = copies.from_host_bytes_per_second;
+  const double write = 1.0 / bandwidth.write_bytes_per_second + copies.to_host_seconds_per_byte();
+  measured.offload_seconds_per_byte = options.offload_seconds_per_byte >= 0
+                                          ? options.offload_seconds_per_byte
+                                          : bandwidth.seconds_per_byte() + copies.to_host_seconds_per_byte() +
+                                                copies.from_host_seconds_per_byte();
+  // the measured write runs behind the forward compute after its node; a given cost is serial
+  measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 ? 0.0 : write;
+  measured.reads_ahead = true;  // where the plan's peak leaves room (read_plan_of)
+}
+
 void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {
   schedule::ChainCosts measured = measured_costs();
   // in memory the plan is counted as an allocator counts (see below); what the ops between calls
@@ -375,24 +395,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   r.policy = budget.keep.to_string();
   r.budget_bytes = budget.keep.budget_bytes;
   if (budget.keep.budget_auto) derive_budget(budget, r);
-  if (budget.saved.offload) {
-    const OffloadBandwidth bandwidth = offload_bandwidth(budget.saved.offload->directory);
-    r.offload_target = budget.saved.offload->to_string();
-    r.offload_write_bytes_per_second = bandwidth.write_bytes_per_second;
-    r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
-    // a device's values go to host memory before they are written and come back after they are read
-    const HostCopyBandwidth copies = host_copy_bandwidth(device);
-    r.offload_to_host_bytes_per_second = copies.to_host_bytes_per_second;
-    r.offload_from_host_bytes_per_second = copies.from_host_bytes_per_second;
-    const double write = 1.0 / bandwidth.write_bytes_per_second + copies.to_host_seconds_per_byte();
-    measured.offload_seconds_per_byte = options.offload_seconds_per_byte >= 0
-                                            ? options.offload_seconds_per_byte
-                                            : bandwidth.seconds_per_byte() + copies.to_host_seconds_per_byte() +
-                                                  copies.from_host_seconds_per_byte();
-    // the measured write runs behind the forward compute after its node; a given cost is serial
-    measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 ? 0.0 : write;
-    measured.reads_ahead = true;  // where the plan's peak leaves room (read_plan_of)
-  }
+  if (budget.saved.offload) price_offload(*budget.saved.offload, measured, r);
   const size_t limit = r.budget_bytes > outside ? r.budget_bytes - outside : 0;
   r.input_shape = shapes.empty() ? Shape{} : shapes[0];
   r.signature = shapes;
