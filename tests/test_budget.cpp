@@ -451,7 +451,7 @@ TEST(BudgetPeaks, AGptWithOffloadedRegionsStaysWithinItsPrediction) {
   ASSERT_TRUE(range.has_value());
   int offloaded_regions = 0;
   uint64_t read_ahead = 0;  // bytes the plans' reads ahead brought back before their nodes ran
-  const size_t smallest = range->smallest_budget_bytes;
+  const size_t smallest = range->least_planned_peak_bytes;  // from which offload plans offload
   for (size_t budget : falling(smallest, smallest + (range->save_all_peak_bytes - smallest) / 3, 8)) {
     SCOPED_TRACE(::testing::Message() << "budget " << budget);
     reset_counters();
@@ -489,11 +489,11 @@ TEST(Budget, TheSmallestGroupedBudgetIsTheExactLeastPeakAndItOffloads) {
   model.chain.planner()->set_options(options);
   ScopedPolicy scope(policy_for(size_t{1} << 40));
   for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step_peak_saved(model, x, policy_for(size_t{1} << 40));
-  const size_t smallest = model.chain.planner()->feasible_range()->smallest_budget_bytes;
+  const size_t smallest = model.chain.planner()->feasible_range()->least_planned_peak_bytes;  // offload plans offload from it
   rs::ChainPlanOptions grouped_only = options;
   grouped_only.exact_max_work = 0;
   model.chain.planner()->set_options(grouped_only);
-  const size_t grouped_smallest = model.chain.planner()->feasible_range()->smallest_budget_bytes;
+  const size_t grouped_smallest = model.chain.planner()->feasible_range()->least_planned_peak_bytes;
   ASSERT_LT(smallest, grouped_smallest);
   EXPECT_THROW(step_peak_saved(model, x, policy_for(smallest)), Error);
   model.chain.planner()->set_options(options);

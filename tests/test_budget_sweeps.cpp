@@ -94,9 +94,10 @@ TEST(BudgetSweeps, WhatTheOpsBetweenStagesSaveCountsWhileTheyAreRecorded) {
 
 // On random chains with random swept values and values saved between stages, plan_chain_held's
 // plan keeps its held peak within the limit at every limit from its smallest, is refused below it
-// with that smallest named, and its prediction is simulate's with the held costs.
+// with that smallest named or planned within the limit, and its prediction is simulate's with the
+// held costs; without those values the smallest may lie below the planners' least peak.
 TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
-  int replanned = 0;
+  int replanned = 0, below_least = 0;
   for (unsigned seed = 1; seed <= 12; ++seed) {
     const rs::ChainCosts costs = random_chain(24, seed);
     rs::ChainCosts held = costs;
@@ -125,20 +126,28 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
       unswept.gap_saved.clear();
       EXPECT_LE(rs::simulate(unswept, plain.plan).peak_bytes, plain.plan.predicted_peak_bytes);
     }
-    // below it a limit may still be planned (another plan's held peak may fit it), never above
-    // itself; below the planners' least peak it is refused, naming the smallest
-    try {
-      EXPECT_LE(rs::plan_chain_held(costs, held, smallest - 1).plan.predicted_peak_bytes, smallest - 1);
-    } catch (const rs::InfeasibleError& e) {
-      EXPECT_EQ(e.min_feasible_bytes, smallest);
-    }
-    try {
-      rs::plan_chain_held(costs, held, rs::chain_min_feasible_memory(costs) - 1);
-      ADD_FAILURE() << "seed " << seed << ": a limit below the planners' least peak was planned";
-    } catch (const rs::InfeasibleError& e) {
-      EXPECT_EQ(e.min_feasible_bytes, smallest);
-    }
+    // below it a limit may be planned (another plan's held peak may fit it), never above itself
+    const auto refused_or_within = [&](size_t limit) {
+      try {
+        EXPECT_LE(rs::plan_chain_held(costs, held, limit).plan.predicted_peak_bytes, limit);
+      } catch (const rs::InfeasibleError& e) {
+        EXPECT_EQ(e.min_feasible_bytes, smallest);
+      }
+    };
+    refused_or_within(smallest - 1);
+    refused_or_within(rs::chain_min_feasible_memory(costs) - 1);
+    // without swept and gap values, limits below the planners' least peak are planned down to the
+    // held peak of their least plan
+    rs::ChainCosts unswept = held;
+    unswept.swept_values.clear();
+    unswept.gap_saved.clear();
+    const size_t least = rs::chain_min_feasible_memory(costs), least_held = rs::chain_min_feasible_memory_held(costs, unswept);
+    EXPECT_LE(least_held, least);
+    below_least += least_held < least;
+    EXPECT_LE(rs::plan_chain_held(costs, unswept, least_held).plan.predicted_peak_bytes, least_held);
+    EXPECT_THROW(rs::plan_chain_held(costs, unswept, least_held - 1), rs::InfeasibleError);
   }
+  EXPECT_GT(below_least, 0);  // the held count ran below the planners' least peak somewhere
   EXPECT_GT(replanned, 0);  // some limits needed a plan made again: the planners alone went above them
 }
 

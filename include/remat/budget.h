@@ -120,12 +120,15 @@ class BudgetPlanner {
     double profiled_chain_seconds = 0;  // the chain's forward + re-run + backward on the profiling step
     std::string planner;             // which planner made the plan (schedule::ChainPlan::describe)
   };
-  // What budgets a profiled model can run under: the smallest from which the planner plans
-  // (schedule::chain_min_feasible_memory) and save-all's predicted peak (a budget at or above it
-  // recomputes nothing), outside bytes included.
+  // What budgets a profiled model can run under, outside bytes included: the smallest from which
+  // plans are made (schedule::chain_min_feasible_memory_held: counted as the allocator counts),
+  // save-all's predicted peak (a budget at or above it recomputes nothing), and the planners' own
+  // least peak (schedule::chain_min_feasible_memory), from which a plan with an offload target
+  // may offload (below it, such a budget runs the plan in memory, which offloads nothing).
   struct FeasibleRange {
     size_t smallest_budget_bytes = 0;
     size_t save_all_peak_bytes = 0;
+    size_t least_planned_peak_bytes = 0;
   };
   // The plan in force for the last input shape, if planned yet.
   std::optional<Report> report() const;

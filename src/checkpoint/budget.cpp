@@ -39,10 +39,10 @@ std::optional<BudgetPlanner::FeasibleRange> BudgetPlanner::feasible_range() cons
     return std::nullopt;
   }
   FeasibleRange range;
+  range.least_planned_peak_bytes = schedule::chain_min_feasible_memory(measured, st.options) + outside;
   range.smallest_budget_bytes = (held.boundaries_counted_when_held
-                                     ? schedule::chain_min_feasible_memory_held(measured, held, st.options)
-                                     : schedule::chain_min_feasible_memory(measured, st.options)) +
-                                outside;
+                                     ? schedule::chain_min_feasible_memory_held(measured, held, st.options) + outside
+                                     : range.least_planned_peak_bytes);
   range.save_all_peak_bytes = schedule::plan_save_all(measured).predicted_peak_bytes + outside;
   return range;
 }
@@ -363,31 +363,39 @@ std::shared_ptr<const detail::OffloadReadPlan> read_plan_of(const schedule::Plan
 
 }  // namespace
 
+// The offload target's measured bandwidth, in the report and as the costs' price per byte.
+void BudgetPlanner::State::price_offload(const OffloadTarget& target, schedule::ChainCosts& measured, Report& r) const {
+  const OffloadBandwidth bandwidth = offload_bandwidth(target.directory);
+  r.offload_target = target.to_string();
+  r.offload_write_bytes_per_second = bandwidth.write_bytes_per_second;
+  r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
+  // a device's values go to host memory before they are written and come back after they are read
+  const HostCopyBandwidth copies = host_copy_bandwidth(device);
+  r.offload_to_host_bytes_per_second = copies.to_host_bytes_per_second;
+  r.offload_from_host_bytes_per_second = copies.from_host_bytes_per_second;
+  const double write = 1.0 / bandwidth.write_bytes_per_second + copies.to_host_seconds_per_byte();
+  measured.offload_seconds_per_byte = options.offload_seconds_per_byte >= 0
+                                          ? options.offload_seconds_per_byte
+                                          : bandwidth.seconds_per_byte() + copies.to_host_seconds_per_byte() +
+                                                copies.from_host_seconds_per_byte();
+  // the measured write runs behind the forward compute after its node; a given cost is serial
+  measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 ? 0.0 : write;
+  measured.reads_ahead = true;  // where the plan's peak leaves room (read_plan_of)
+}
+
 void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {
   schedule::ChainCosts measured = measured_costs();
+  // in memory the plan is counted as an allocator counts (see below); what the ops between calls
+  // save is in held's gap_saved, not after the chain
+  const schedule::ChainCosts held = held_costs(measured);
+  schedule::ChainCosts memory_costs = measured;
+  memory_costs.boundary_bytes.back() = held.boundary_bytes.back();
   const size_t outside = measured_outside_bytes();
   Report r;
   r.policy = budget.keep.to_string();
   r.budget_bytes = budget.keep.budget_bytes;
   if (budget.keep.budget_auto) derive_budget(budget, r);
-  if (budget.saved.offload) {
-    const OffloadBandwidth bandwidth = offload_bandwidth(budget.saved.offload->directory);
-    r.offload_target = budget.saved.offload->to_string();
-    r.offload_write_bytes_per_second = bandwidth.write_bytes_per_second;
-    r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
-    // a device's values go to host memory before they are written and come back after they are read
-    const HostCopyBandwidth copies = host_copy_bandwidth(device);
-    r.offload_to_host_bytes_per_second = copies.to_host_bytes_per_second;
-    r.offload_from_host_bytes_per_second = copies.from_host_bytes_per_second;
-    const double write = 1.0 / bandwidth.write_bytes_per_second + copies.to_host_seconds_per_byte();
-    measured.offload_seconds_per_byte = options.offload_seconds_per_byte >= 0
-                                            ? options.offload_seconds_per_byte
-                                            : bandwidth.seconds_per_byte() + copies.to_host_seconds_per_byte() +
-                                                  copies.from_host_seconds_per_byte();
-    // the measured write runs behind the forward compute after its node; a given cost is serial
-    measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 ? 0.0 : write;
-    measured.reads_ahead = true;  // where the plan's peak leaves room (read_plan_of)
-  }
+  if (budget.saved.offload) price_offload(*budget.saved.offload, measured, r);
   const size_t limit = r.budget_bytes > outside ? r.budget_bytes - outside : 0;
   r.input_shape = shapes.empty() ? Shape{} : shapes[0];
   r.signature = shapes;
@@ -398,17 +406,28 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   r.costs = measured;
   std::string inputs;
   for (const auto& s : shapes) inputs += (inputs.empty() ? "" : ", ") + shape_str(s);
-  // In memory the plan is predicted as the allocator counts (Note [plans within the
-  // allocator's count] in src/schedule/rotor_grouped.cpp). With an offload target it is not: the writes behind a plan's peak wait for room only
-  // when a value is packed, after the op that made it, so a step may go one value above the level
-  // the model gives while a write is under way (Note [writes behind a plan's peak] in
-  // src/saved/offload.cpp); the values the planners count twice cover that.
-  const std::optional<schedule::ChainCosts> held =
-      budget.saved.offload ? std::nullopt : std::optional<schedule::ChainCosts>(held_costs(measured));
-  if (held) measured.boundary_bytes.back() = held->boundary_bytes.back();  // the ops between calls' saves: in gap_saved
+  // In memory the plan is predicted as the allocator counts (Note [plans within the allocator's
+  // count] in src/schedule/rotor_grouped.cpp). With an offload target it is not: the writes behind
+  // a plan's peak wait for room only when a value is packed, after the op that made it, so a step
+  // may go one value above the level the model gives while a write is under way (Note [writes
+  // behind a plan's peak] in src/saved/offload.cpp); the values the planners count twice cover
+  // that. Below the smallest budget with offload a plan in memory may still fit (offload never
+  // lowers the least peak, and the held count may lie below the planners'): it offloads nothing.
+  bool in_memory = !budget.saved.offload;
   try {
-    schedule::ChainPlan chosen = held ? schedule::plan_chain_held(measured, *held, limit, options)
-                                      : schedule::plan_chain(measured, limit, options);
+    schedule::ChainPlan chosen;
+    try {
+      chosen = in_memory ? schedule::plan_chain_held(memory_costs, held, limit, options)
+                         : schedule::plan_chain(measured, limit, options);
+    } catch (const schedule::InfeasibleError& e) {
+      if (in_memory) throw;
+      try {
+        chosen = schedule::plan_chain_held(memory_costs, held, limit, options);
+        in_memory = true;
+      } catch (const schedule::InfeasibleError& f) {
+        throw schedule::InfeasibleError(e.what(), std::min(e.min_feasible_bytes, f.min_feasible_bytes));
+      }
+    }
     r.plan = std::move(chosen.plan);
     r.planner = chosen.describe();
   } catch (const schedule::InfeasibleError& e) {
@@ -424,8 +443,8 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     throw Error(detail::concat("budget policy: ", budget.to_string(), ": cannot plan ", scope, " (",
                                measured.num_stages(), " layer calls): ", e.what()));
   }
-  if (held) {
-    measured = *held;
+  if (in_memory) {
+    measured = held;
     r.costs = measured;
   }
   r.tree = schedule::format_tree(r.plan.tree);

@@ -494,30 +494,31 @@ size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions
 // sweep keeps] in src/checkpoint/budget.cpp). So plan_chain_held predicts a plan with the held
 // costs, which count as an allocator does, and makes a plan whose held peak is above the limit
 // again within the limit less the excess, at most three more times, the last within the chain's
-// least peak. The smallest limit it plans from is the larger of the least peak and the held peak
-// of the plan made within it (chain_min_feasible_memory_held); below it some limits may still be
-// planned, as with chain_min_feasible_memory. Without swept values the held count is never above
-// the planners', so the first plan stands and the least peak is the smallest limit.
+// least peak. A limit below the least peak gets the plan made within the least peak where its held
+// peak fits. So the smallest limit it plans from is that plan's held peak
+// (chain_min_feasible_memory_held): below the least peak where the planners count more than is
+// held (a boundary made and dropped in a re-run). Every limit from it up is planned; where swept
+// values lift that plan above the least peak, a limit between the two may be planned too (another
+// plan's held peak may fit it). Without swept and gap values the held count is never above the
+// planners', so the first plan made within a limit stands.
 ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
                           const ChainPlanOptions& options) {
   check_held(planning, held);
   ChainPlan chosen;
+  std::optional<size_t> least;
   try {
     chosen = plan_chain(planning, limit, options);
-  } catch (const InfeasibleError& e) {  // named with the least limit that plans as held counts
-    const size_t smallest = chain_min_feasible_memory_held(planning, held, options);
-    throw InfeasibleError("plan_chain: memory limit " + std::to_string(limit) + " bytes is below the least limit " +
-                              std::to_string(smallest) + " bytes from which plans fit as held counts them (" + e.what() + ")",
-                          smallest);
+  } catch (const InfeasibleError&) {  // below the planners' least peak: their least plan, if held fits it
+    least = chain_min_feasible_memory(planning, options);
+    chosen = plan_chain(planning, *least, options);
   }
   chosen.plan = make_plan(held, std::move(chosen.plan.tree));
-  std::optional<size_t> least;
-  size_t within = limit;
+  size_t within = least ? *least : limit;
   for (int tries = 0; chosen.plan.predicted_peak_bytes > limit; ++tries) {
     if (!least) least = chain_min_feasible_memory(planning, options);
     if (within <= *least)
-      throw InfeasibleError("plan_chain: no plan's peak, counted as held, is within " + std::to_string(limit) +
-                                " bytes; the least is " + std::to_string(chosen.plan.predicted_peak_bytes),
+      throw InfeasibleError("plan_chain: memory limit " + std::to_string(limit) + " bytes is below the least peak " +
+                                std::to_string(chosen.plan.predicted_peak_bytes) + " bytes of any plan, counted as held",
                             chosen.plan.predicted_peak_bytes);
     const size_t over = chosen.plan.predicted_peak_bytes - limit;
     within = tries >= 2 || within - *least <= over ? *least : within - over;
@@ -530,8 +531,7 @@ ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, si
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
   check_held(planning, held);
   const size_t least = chain_min_feasible_memory(planning, options);
-  if (held.swept_values.empty() && held.gap_saved.empty()) return least;  // the held count is never above the planners' then
-  return std::max(least, make_plan(held, plan_chain(planning, least, options).plan.tree).predicted_peak_bytes);
+  return make_plan(held, plan_chain(planning, least, options).plan.tree).predicted_peak_bytes;
 }
 
 }  // namespace remat::schedule

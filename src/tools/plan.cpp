@@ -192,9 +192,27 @@ Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts
   rs::ChainPlanOptions planner_options;
   planner_options.progress = planning_progress("remat plan: planning " + std::to_string(stages) + " stages");
   try {
-    // planned and predicted as a budget plan in memory is (remat/budget.h)
-    rs::ChainPlan chosen = held && !costs.can_offload() ? rs::plan_chain_held(costs, *held, limit, planner_options)
-                                                        : rs::plan_chain(costs, limit, planner_options);
+    // planned and predicted as a budget plan is (budget.cpp): in memory with the held count; with
+    // an offload target, below its smallest budget, in memory if that fits
+    rs::ChainCosts in_memory = costs;
+    in_memory.offload_seconds_per_byte = -1;
+    in_memory.offload_write_seconds_per_byte = 0;
+    in_memory.reads_ahead = false;
+    rs::ChainPlan chosen;
+    if (held && !costs.can_offload()) {
+      chosen = rs::plan_chain_held(costs, *held, limit, planner_options);
+    } else {
+      try {
+        chosen = rs::plan_chain(costs, limit, planner_options);
+      } catch (const rs::InfeasibleError& e) {
+        if (!held) throw;
+        try {
+          chosen = rs::plan_chain_held(in_memory, *held, limit, planner_options);
+        } catch (const rs::InfeasibleError& f) {
+          throw rs::InfeasibleError(e.what(), std::min(e.min_feasible_bytes, f.min_feasible_bytes));
+        }
+      }
+    }
     planner_options.progress(-1);  // ends the progress line, if one was printed
     plans.best = std::move(chosen.plan);
     plans.method = chosen.method;
@@ -334,6 +352,8 @@ int run_plan(const PlanOptions& o) {
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: the smallest feasible budget with offload");
     profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;
+    if (profile.budget_range)  // below it a plan in memory, which offloads nothing (budget.cpp)
+      profile.offload_smallest = std::min(*profile.offload_smallest, profile.budget_range->smallest_budget_bytes);
   }
   if (!budget) {  // the feasible range alone
     if (o.train.json)
