@@ -123,6 +123,7 @@ class BudgetPlanner::State::SweepWatch : public autodiff::OpListener {
     state_.after_chain_saves.clear();
     for (const auto& [value, bytes] : state_.gap_saves) state_.after_chain_saves.push_back(value);
     state_.known.clear();  // what the forward made and read: measured into the profiles by now
+    state_.last_input_of.clear();
     state_.reads.clear();
     state_.gap_saves.clear();
   }
@@ -131,7 +132,7 @@ class BudgetPlanner::State::SweepWatch : public autodiff::OpListener {
 
   void on_op(autodiff::OpEvent& event) override {
     if (autodiff::recompute_depth() == 0) {
-      const int by = static_cast<int>(state_.calls.size()) - 1;
+      const int by = state_.profiled_calls - 1;
       for (const auto& out : event.outputs) state_.note_made(out, by);
       if (!state_.in_call) {
         for (const auto& in : event.inputs) state_.note_read(in);
@@ -183,20 +184,19 @@ void BudgetPlanner::State::note_gap_saved(const Tensor& t) {
 void BudgetPlanner::State::profile_call_start(RegionProfile& profile, const TensorList& inputs) {
   std::unordered_set<int> saved;
   for (const auto& [value, bytes] : gap_saves)
-    if (saved.insert(value).second) profile.gap_saved.push_back({static_cast<int>(calls.size()), bytes, value});
+    if (saved.insert(value).second) profile.gap_saved.push_back({profiled_calls, bytes, value});
   gap_saves.clear();
   for (const auto& t : inputs) note_read(t);
-  ProfiledCall call;
-  for (const auto& t : inputs)
-    if (t.defined() && t.storage()) call.input_storages.push_back(t.storage());
-  if (!calls.empty()) measure_sweep_kept(profile);
+  if (profiled_calls > 0) measure_sweep_kept(profile);
   reads.clear();
-  calls.push_back(std::move(call));
+  for (const auto& t : inputs)
+    if (t.defined() && t.storage()) last_input_of[t.storage().get()] = {t.storage(), profiled_calls};
+  ++profiled_calls;
   in_call = true;
 }
 
 void BudgetPlanner::State::measure_sweep_kept(RegionProfile& profile) const {
-  const int stage = static_cast<int>(calls.size());
+  const int stage = profiled_calls;
   std::unordered_set<int> seen;
   for (const Read& r : reads) {
     if (!seen.insert(r.value).second) continue;  // read twice
@@ -205,13 +205,9 @@ void BudgetPlanner::State::measure_sweep_kept(RegionProfile& profile) const {
                                [&](const std::weak_ptr<Storage>& w) { return w.lock() == storage; }))
       continue;  // call j-1's output, passed on (a_j)
     int made = r.made_by;
-    for (int m = stage - 1; m > made; --m) {
-      const auto& in = calls[static_cast<size_t>(m)].input_storages;
-      if (storage && std::any_of(in.begin(), in.end(), [&](const auto& w) { return w.lock() == storage; })) {
-        made = m;
-        break;
-      }
-    }
+    if (const auto in = storage ? last_input_of.find(storage.get()) : last_input_of.end();
+        in != last_input_of.end() && in->second.first.lock() == storage)
+      made = std::max(made, in->second.second);  // the latest call that took it as its input
     if (made <= stage - 2) profile.sweep_kept.push_back({stage, made, r.bytes, r.value});
   }
 }
@@ -222,6 +218,7 @@ void BudgetPlanner::State::profile_call_end(const TensorList& outputs) {
   for (const auto& t : outputs)
     if (t.defined() && t.storage()) last_outputs.push_back(t.storage());
 }
+
 schedule::ChainCosts BudgetPlanner::State::held_costs(const schedule::ChainCosts& measured) const {
   schedule::ChainCosts held = measured;
   held.saved_output_bytes = measured_saved_output_bytes(measured);
@@ -294,7 +291,8 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Dev
   const memory::Stats s = memory_stats(device);
   saved_live_at_entry = s.live(memory::Tag::saved);
   saved_peak_at_entry = s.peak(memory::Tag::saved);
-  calls.clear();
+  profiled_calls = 0;
+  last_input_of.clear();
   last_outputs.clear();
   known.clear();
   reads.clear();

@@ -24,11 +24,11 @@ struct BudgetPlanner::State {
   std::vector<std::string> stage_labels;
   size_t saved_live_at_entry = 0, saved_peak_at_entry = 0;
   // profiling: what the ops between layer calls read, and who made it (Note [what a sweep keeps]
-  // in budget.cpp): per layer call, its inputs; the last call's outputs; per storage seen, the call
-  // that made it (-1: none of the scope's ops) and its value index; the reads since the last call
-  struct ProfiledCall {
-    std::vector<std::weak_ptr<Storage>> input_storages;
-  };
+  // in budget.cpp): the calls met so far; per storage a call took as its input, the latest such
+  // call; the last call's outputs; per storage seen, the call that made it (-1: none of the scope's
+  // ops) and its value index; the reads since the last call
+  int profiled_calls = 0;
+  std::unordered_map<const Storage*, std::pair<std::weak_ptr<Storage>, int>> last_input_of;
   struct Known {
     std::weak_ptr<Storage> storage;
     int made_by = -1;
@@ -40,7 +40,6 @@ struct BudgetPlanner::State {
     size_t bytes = 0;
   };
   class SweepWatch;
-  std::vector<ProfiledCall> calls;
   std::vector<std::weak_ptr<Storage>> last_outputs;
   std::unordered_map<const Storage*, Known> known;
   std::vector<Read> reads;
