@@ -361,6 +361,12 @@ size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions
 // (remat/budget.h).
 ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t memory_limit,
                           const ChainPlanOptions& options = {});
+// A budget plan with an offload target: plan_chain with `offload` (the costs priced for the
+// target); below its smallest limit, plan_chain_held in memory (the same chain without the target,
+// its output as `held` counts it), which offloads nothing, where that fits; `in_memory` says
+// which. InfeasibleError names the smaller of the two smallest limits.
+ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts& held, size_t memory_limit,
+                                     const ChainPlanOptions& options, bool& in_memory);
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held,
                                       const ChainPlanOptions& options = {});
 

@@ -413,19 +413,9 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   // lowers the least peak, and the held count may lie below the planners'): it offloads nothing.
   bool in_memory = !budget.saved.offload;
   try {
-    schedule::ChainPlan chosen;
-    try {
-      chosen = in_memory ? schedule::plan_chain_held(memory_costs, held, limit, options)
-                         : schedule::plan_chain(measured, limit, options);
-    } catch (const schedule::InfeasibleError& e) {
-      if (in_memory) throw;
-      try {
-        chosen = schedule::plan_chain_held(memory_costs, held, limit, options);
-        in_memory = true;
-      } catch (const schedule::InfeasibleError& f) {
-        throw schedule::InfeasibleError(e.what(), std::min(e.min_feasible_bytes, f.min_feasible_bytes));
-      }
-    }
+    schedule::ChainPlan chosen = in_memory
+                                     ? schedule::plan_chain_held(memory_costs, held, limit, options)
+                                     : schedule::plan_chain_offload_or_held(measured, held, limit, options, in_memory);
     r.plan = std::move(chosen.plan);
     r.planner = chosen.describe();
   } catch (const schedule::InfeasibleError& e) {

@@ -115,6 +115,18 @@ void charge_reads(bool ahead, double read_per_byte, const std::vector<Action>& a
   }
 }
 
+// Each entry's value slot: its value where >= 0, else a slot of its own after the largest;
+// `count` gets the number of slots (ChainCosts::SweptValue, ChainCosts::GapSaved).
+template <typename Entry>
+std::vector<size_t> value_slots(const std::vector<Entry>& entries, size_t& count) {
+  count = 0;
+  for (const Entry& e : entries) count = std::max(count, static_cast<size_t>(std::max(e.value, -1) + 1));
+  std::vector<size_t> slots(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i)
+    slots[i] = entries[i].value >= 0 ? static_cast<size_t>(entries[i].value) : count++;
+  return slots;
+}
+
 }  // namespace
 
 void validate_tree(const std::vector<PlanNode>& tree, int num_stages) {
@@ -152,12 +164,8 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   std::vector<bool> boundary_pending(static_cast<size_t>(stages) + 1, false);
   std::vector<std::vector<size_t>> read_at(static_cast<size_t>(stages));  // swept values by read_by
   for (size_t v = 0; v < costs.swept_values.size(); ++v) read_at[static_cast<size_t>(costs.swept_values[v].read_by)].push_back(v);
-  // one flag per value: entries of the same value share it
-  std::vector<size_t> value_of(costs.swept_values.size());
-  size_t values = 0;
-  for (const ChainCosts::SweptValue& v : costs.swept_values) values = std::max(values, static_cast<size_t>(std::max(v.value, -1) + 1));
-  for (size_t v = 0; v < value_of.size(); ++v)
-    value_of[v] = costs.swept_values[v].value >= 0 ? static_cast<size_t>(costs.swept_values[v].value) : values++;
+  size_t values = 0;  // one flag per value: entries of the same value share it
+  const std::vector<size_t> value_of = value_slots(costs.swept_values, values);
   std::vector<bool> kept_by_sweep(values, false);
   std::vector<size_t> owned(static_cast<size_t>(stages) + 1, 0);
   std::vector<std::vector<size_t>> owned_of(static_cast<size_t>(stages) + 1);
@@ -175,13 +183,9 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   // while any of them holds it. It is counted apart from the sweeps' values and the records (a
   // value both keep counts twice: over, never under).
   std::vector<std::vector<size_t>> gap_of(static_cast<size_t>(stages));
-  std::vector<size_t> gap_value(costs.gap_saved.size());
+  for (size_t g = 0; g < costs.gap_saved.size(); ++g) gap_of[static_cast<size_t>(costs.gap_saved[g].stage)].push_back(g);
   size_t gap_values = 0;
-  for (const auto& g : costs.gap_saved) gap_values = std::max(gap_values, static_cast<size_t>(std::max(g.value, -1) + 1));
-  for (size_t g = 0; g < costs.gap_saved.size(); ++g) {
-    gap_of[static_cast<size_t>(costs.gap_saved[g].stage)].push_back(g);
-    gap_value[g] = costs.gap_saved[g].value >= 0 ? static_cast<size_t>(costs.gap_saved[g].value) : gap_values++;
-  }
+  const std::vector<size_t> gap_value = value_slots(costs.gap_saved, gap_values);
   std::vector<int> gap_holds(gap_values, 0);
   std::vector<bool> gap_recorded(static_cast<size_t>(stages), false);
   const auto gap = [&](size_t j, bool recorded) {

@@ -528,6 +528,27 @@ ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, si
   return chosen;
 }
 
+ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts& held, size_t limit,
+                                     const ChainPlanOptions& options, bool& in_memory) {
+  in_memory = false;
+  try {
+    return plan_chain(offload, limit, options);
+  } catch (const InfeasibleError& e) {
+    ChainCosts memory = offload;  // the same chain without the target, its output as held counts it
+    memory.offload_seconds_per_byte = -1;
+    memory.offload_write_seconds_per_byte = 0;
+    memory.reads_ahead = false;
+    memory.boundary_bytes.back() = held.boundary_bytes.back();
+    try {
+      ChainPlan chosen = plan_chain_held(memory, held, limit, options);
+      in_memory = true;
+      return chosen;
+    } catch (const InfeasibleError& f) {
+      throw InfeasibleError(e.what(), std::min(e.min_feasible_bytes, f.min_feasible_bytes));
+    }
+  }
+}
+
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
   check_held(planning, held);
   const size_t least = chain_min_feasible_memory(planning, options);

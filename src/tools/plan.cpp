@@ -194,25 +194,14 @@ Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts
   try {
     // planned and predicted as a budget plan is (budget.cpp): in memory with the held count; with
     // an offload target, below its smallest budget, in memory if that fits
-    rs::ChainCosts in_memory = costs;
-    in_memory.offload_seconds_per_byte = -1;
-    in_memory.offload_write_seconds_per_byte = 0;
-    in_memory.reads_ahead = false;
     rs::ChainPlan chosen;
-    if (held && !costs.can_offload()) {
+    bool in_memory = false;
+    if (held && !costs.can_offload())
       chosen = rs::plan_chain_held(costs, *held, limit, planner_options);
-    } else {
-      try {
-        chosen = rs::plan_chain(costs, limit, planner_options);
-      } catch (const rs::InfeasibleError& e) {
-        if (!held) throw;
-        try {
-          chosen = rs::plan_chain_held(in_memory, *held, limit, planner_options);
-        } catch (const rs::InfeasibleError& f) {
-          throw rs::InfeasibleError(e.what(), std::min(e.min_feasible_bytes, f.min_feasible_bytes));
-        }
-      }
-    }
+    else if (held)
+      chosen = rs::plan_chain_offload_or_held(costs, *held, limit, planner_options, in_memory);
+    else
+      chosen = rs::plan_chain(costs, limit, planner_options);
     planner_options.progress(-1);  // ends the progress line, if one was printed
     plans.best = std::move(chosen.plan);
     plans.method = chosen.method;
