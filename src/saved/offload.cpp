@@ -120,8 +120,8 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
       if (offload_reads) read_plan_ = offload_reads;
       entry->plan_node = offload_plan_node;
     }
-    if (!recomputing && whole.device().type == DeviceType::cpu)
-      wait_below_cap(tag == memory::Tag::saved ? 0 : entry->bytes);
+    if (whole.device().type == DeviceType::cpu)  // a re-run's values under the cap its forward set
+      wait_below_cap(tag == memory::Tag::saved ? 0 : entry->bytes, recomputing ? plan_cap_ : offload_cap);
     if (small || recomputing || gate == OffloadGate::Mode::closed || tag == memory::Tag::parameter ||
         tag == memory::Tag::gradient) {
       entry->ram.hold(whole);
@@ -139,6 +139,16 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     return entry;
   }
 
+  // A planned forward's later node saves a value an earlier node packed (a region keeps as its
+  // input the output that the stage before it saved): the backward reaches the later node first,
+  // and its first unpack of the value is where the reads planned there start (reached), so the
+  // value goes with the later node. Otherwise the reads planned for the earlier node would start
+  // before the later node's re-run, whose peak the plan left no room beside.
+  void saved_again(OffloadEntry& entry) {
+    if (autodiff::recompute_depth() > 0 || entry.plan_node < 0) return;
+    entry.plan_node = std::max(entry.plan_node, offload_plan_node);
+  }
+
   Tensor unpack(const std::shared_ptr<OffloadEntry>& entry) {
     end_window();  // the backward pass has begun (once; see the yielding rule below)
     unpacked_ = true;
@@ -147,6 +157,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     if (entry->state == OffloadEntry::State::copying) return entry->on_device.value;  // still on its device
     if (!entry->on_home.defined()) {
       if (entry->state == OffloadEntry::State::reading) wait_done(*entry);
+      if (!entry->ram.defined() && entry->home.type == DeviceType::cpu) wait_below_cap(entry->bytes, plan_cap_);
       throw_pending_error();
       read_back(*entry);
       if (entry->ram.value.device() == entry->home) return entry->ram.value;
@@ -412,8 +423,10 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   // predicted peak (OffloadGate), and a value about to be kept or written that would lift them
   // above it first waits for the oldest writes in flight, whose memory copies are then dropped,
   // until it fits or nothing is in flight (what is left is the plan's own, which the plan
-  // counted). So the writes run behind the nodes that follow, and the measured saved peak stays
-  // within the prediction whenever the plan's model holds. The cap counts host memory only: a
+  // counted). A value a re-run saves in the backward pass, and a value read back when its node
+  // needs it, wait the same way under the cap the forward set. So the writes run behind the nodes
+  // that follow, and the measured saved peak stays within the prediction whenever the plan's
+  // model holds. The cap counts host memory only: a
   // device value's host copy does not occupy the device (Note [offload of device values] in
   // offload_device.cpp).
   // The backward of a planned step reads ahead only where its plan says: a value read (or mapped)
@@ -422,8 +435,7 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
   // 2.4 % above the prediction), so the engine's read-ahead is off and the plan's reads start
   // where its peak leaves room (Note [reads ahead of a plan's nodes]); a value the plan reads at
   // its node is read when its node runs: mapped pages when resident, else a read.
-  void wait_below_cap(size_t adding) {
-    const size_t cap = offload_cap;
+  void wait_below_cap(size_t adding, size_t cap) {
     if (cap == 0) return;
     while (memory::live_bytes(memory::Tag::saved) + adding > cap) {
       std::shared_ptr<OffloadEntry> oldest;
@@ -584,6 +596,10 @@ OffloadScope::OffloadScope(const OffloadTarget& options, const OffloadFaults& fa
   hooks.prefetch = [](const PackedValue& packed) {
     auto entry = std::static_pointer_cast<detail::OffloadEntry>(packed);
     entry->store->prefetch(entry);
+  };
+  hooks.repack = [](const PackedValue& packed) {
+    auto entry = std::static_pointer_cast<detail::OffloadEntry>(packed);
+    entry->store->saved_again(*entry);
   };
   state_->hooks = std::make_unique<ScopedSavedTensorHooks>(std::move(hooks));
   ++detail::offload_scopes;

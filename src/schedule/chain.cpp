@@ -169,10 +169,20 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   std::vector<bool> kept_by_sweep(values, false);
   std::vector<size_t> owned(static_cast<size_t>(stages) + 1, 0);
   std::vector<std::vector<size_t>> owned_of(static_cast<size_t>(stages) + 1);
+  // Note [a record that keeps its input]. Where stage i's record holds its input a_i itself (a
+  // Linear saves it: costs.saved_input_bytes), an offloaded record sends those bytes to the target
+  // with it, so while it is away a_i counts only what the record does not hold. What comes back
+  // from the target is a copy of its own: from then on a_i shares no bytes with record i - 1's
+  // output (`copied`), and neither does a region's input once fetched.
   const bool held_only = costs.boundaries_counted_when_held;
+  const auto input_away = [&](size_t j) -> size_t {
+    if (!held_only || costs.saved_input_bytes.empty() || j >= static_cast<size_t>(stages)) return 0;
+    return record_live[j] && record_away[j] ? costs.saved_input_bytes[j] : 0;
+  };
+  std::vector<bool> copied(static_cast<size_t>(stages) + 1, false);
   const auto counted = [&](size_t j) -> size_t {  // what boundary j adds to `live`
     if (!boundary_live[j] || boundary_away[j]) return 0;
-    return (boundary_pending[j] ? 0 : x[j]) + owned[j];
+    return (boundary_pending[j] ? 0 : x[j] - std::min(x[j], input_away(j))) + owned[j];
   };
   boundary_live[0] = true;
   size_t live = x[0];
@@ -204,7 +214,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   const auto pair_bytes = [&](size_t i) -> size_t {
     if (costs.saved_output_bytes.empty() || i >= static_cast<size_t>(stages)) return 0;
     return record_live[i] && !record_away[i] && boundary_live[i + 1] && !boundary_away[i + 1] &&
-                   !boundary_pending[i + 1]
+                   !boundary_pending[i + 1] && !copied[i + 1]
                ? costs.saved_output_bytes[i]
                : 0;
   };
@@ -363,14 +373,21 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (away == out) fail(out ? "it is offloaded already" : "it is not offloaded");
         const size_t before = live;  // a boundary takes what a sweep kept with it along
         if (!record) {
-          boundary_change(at, [&] { away = out; });
+          boundary_change(at, [&] {
+            away = out;
+            copied[at] = true;
+          });
         } else {
-          updating(at, [&] { away = out; });
+          boundary_change(at, [&] {
+            updating(at, [&] { away = out; });
+            if (input_away(at) > 0) copied[at] = true;
+          });
           live = out ? live - bytes : live + bytes;
         }
         if (out) {
-          result.offloaded_bytes += bytes;
-          const double write = costs.offload_write_seconds_per_byte * static_cast<double>(bytes);
+          const size_t written = bytes + (record ? input_away(at) : 0);  // a record's input goes with it
+          result.offloaded_bytes += written;
+          const double write = costs.offload_write_seconds_per_byte * static_cast<double>(written);
           if (gradient >= 0) {  // after the loss: nothing left to hide the write behind
             result.total_time += write;
             result.write_stall_time += write;

@@ -528,11 +528,19 @@ ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, si
   return chosen;
 }
 
+ChainCosts held_with_target(const ChainCosts& held, const ChainCosts& offload) {
+  ChainCosts out = held;
+  out.offload_seconds_per_byte = offload.offload_seconds_per_byte;
+  out.offload_write_seconds_per_byte = offload.offload_write_seconds_per_byte;
+  out.reads_ahead = offload.reads_ahead;
+  return out;
+}
+
 ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts& held, size_t limit,
                                      const ChainPlanOptions& options, bool& in_memory) {
   in_memory = false;
   try {
-    return plan_chain(offload, limit, options);
+    return plan_chain_held(offload, held_with_target(held, offload), limit, options);
   } catch (const InfeasibleError& e) {
     ChainCosts memory = offload;  // the same chain without the target, its output as held counts it
     memory.offload_seconds_per_byte = -1;
