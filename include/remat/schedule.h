@@ -147,11 +147,13 @@ struct ChainCosts {
   // counted once by simulate. The planners ignore it (they count both, which errs on the safe side).
   std::vector<size_t> saved_output_bytes;
   // Of x[i], the bytes that stage i's record holds itself (ops that save their input, like a
-  // Linear's), i = 0..L-1, or empty (none). With boundaries_counted_when_held, a record sent to
-  // the offload target takes them along: while it is away they are not in memory unless another
-  // holder keeps them (Note [a record that keeps its input] in src/schedule/chain.cpp). The
-  // planners ignore it (they keep a_i in memory, on the safe side).
+  // Linear's), i = 0..L-1, or empty (none). A record sent to the offload target takes them along:
+  // while it is away they are not in memory unless another holder keeps them (simulate: Note [a
+  // record that keeps its input] in src/schedule/chain.cpp), and the planners credit its offload
+  // with them (a budget plan gives the planners these bytes less what record i - 1 shares with
+  // a_i, which stays while that record is in memory).
   std::vector<size_t> saved_input_bytes;
+  size_t input_sent_with_record(size_t i) const { return saved_input_bytes.empty() ? 0 : saved_input_bytes[i]; }
   // Whether simulate counts a boundary only while something holds it, as an allocator counts
   // saved values: a_{i+1} made by a forward is a temporary until the next action that keeps it
   // (a forward of stage i+1, unless that forward does not record and the next action drops
@@ -378,6 +380,9 @@ ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts
                                      const ChainPlanOptions& options, bool& in_memory);
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held,
                                       const ChainPlanOptions& options = {});
+// The least limit from which plan_chain_offload_or_held plans (the smaller of its two floors).
+size_t chain_min_feasible_memory_offload_or_held(const ChainCosts& offload, const ChainCosts& held,
+                                                 const ChainPlanOptions& options = {});
 
 // Fixed plans.
 Plan plan_save_all(const ChainCosts& costs);      // every stage F_all

@@ -176,8 +176,8 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   // output (`copied`), and neither does a region's input once fetched.
   const bool held_only = costs.boundaries_counted_when_held;
   const auto input_away = [&](size_t j) -> size_t {
-    if (!held_only || costs.saved_input_bytes.empty() || j >= static_cast<size_t>(stages)) return 0;
-    return record_live[j] && record_away[j] ? costs.saved_input_bytes[j] : 0;
+    if (j >= static_cast<size_t>(stages)) return 0;
+    return record_live[j] && record_away[j] ? costs.input_sent_with_record(j) : 0;
   };
   std::vector<bool> copied(static_cast<size_t>(stages) + 1, false);
   const auto counted = [&](size_t j) -> size_t {  // what boundary j adds to `live`

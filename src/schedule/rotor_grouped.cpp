@@ -187,11 +187,12 @@ class GroupBuilder {
     o.at_loss = o.kept - static_cast<int64_t>(costs_.saved_output_bytes.empty() ? 0 : costs_.saved_output_bytes[at]);
     o.bwd = record + model_.gradient(x[at + 1]) + model_.gradient(x[at]);
     p.options.push_back(o);
-    if (model_.can_offload()) {  // recorded, the record offloaded until its backward
-      o.time += model_.read_time(costs_.saved_bytes[at]);
-      o.queue = WriteQueue::single(model_.write_time(costs_.saved_bytes[at]));
-      o.kept = o.at_loss = out;
-      o.read_bytes = costs_.saved_bytes[at];
+    if (model_.can_offload()) {  // recorded, the record (and the input it holds) offloaded until its backward
+      const size_t input = costs_.input_sent_with_record(at), moved = costs_.saved_bytes[at] + input;
+      o.time += model_.read_time(moved);
+      o.queue = WriteQueue::single(model_.write_time(moved));
+      o.kept = o.at_loss = out - static_cast<int64_t>(input);
+      o.read_bytes = moved;
       o.offloads = o.offload_record = true;
       p.options.push_back(o);
     }
@@ -536,25 +537,50 @@ ChainCosts held_with_target(const ChainCosts& held, const ChainCosts& offload) {
   return out;
 }
 
+namespace {
+
+// The planning costs with the input each offloaded record takes along (Note [a record that keeps
+// its input] in chain.cpp). The planners count a record's output apart from the next boundary (the
+// same bytes, twice), so crediting the whole input is exact where record i - 1 keeps it in memory.
+ChainCosts with_input_credits(const ChainCosts& planning, const ChainCosts& held) {
+  ChainCosts out = planning;
+  out.saved_input_bytes = held.saved_input_bytes;
+  return out;
+}
+
+// The same chain without the target, its output as `held` counts it (an in-memory budget plan's).
+ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
+  ChainCosts memory = offload;
+  memory.offload_seconds_per_byte = -1;
+  memory.offload_write_seconds_per_byte = 0;
+  memory.reads_ahead = false;
+  memory.saved_input_bytes.clear();
+  memory.boundary_bytes.back() = held.boundary_bytes.back();
+  return memory;
+}
+
+}  // namespace
+
 ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts& held, size_t limit,
                                      const ChainPlanOptions& options, bool& in_memory) {
   in_memory = false;
   try {
-    return plan_chain_held(offload, held_with_target(held, offload), limit, options);
+    return plan_chain_held(with_input_credits(offload, held), held_with_target(held, offload), limit, options);
   } catch (const InfeasibleError& e) {
-    ChainCosts memory = offload;  // the same chain without the target, its output as held counts it
-    memory.offload_seconds_per_byte = -1;
-    memory.offload_write_seconds_per_byte = 0;
-    memory.reads_ahead = false;
-    memory.boundary_bytes.back() = held.boundary_bytes.back();
     try {
-      ChainPlan chosen = plan_chain_held(memory, held, limit, options);
+      ChainPlan chosen = plan_chain_held(without_target(offload, held), held, limit, options);
       in_memory = true;
       return chosen;
     } catch (const InfeasibleError& f) {
       throw InfeasibleError(e.what(), std::min(e.min_feasible_bytes, f.min_feasible_bytes));
     }
   }
+}
+
+size_t chain_min_feasible_memory_offload_or_held(const ChainCosts& offload, const ChainCosts& held,
+                                                 const ChainPlanOptions& options) {
+  return std::min(chain_min_feasible_memory_held(with_input_credits(offload, held), held_with_target(held, offload), options),
+                  chain_min_feasible_memory_held(without_target(offload, held), held, options));
 }
 
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
