@@ -76,6 +76,13 @@ TEST(ChainSim, AnOffloadedRecordTakesTheInputItHolds) {
   const rs::SimResult sim = rs::simulate(with, rs::make_plan(with, tree));
   EXPECT_EQ(sim.peak_bytes, 6 * K);
   EXPECT_EQ(sim.offloaded_bytes, 5 * (5 * K + K));
+  // S1+o alone: record 0 keeps a_1 as its output, so a_1 stays (once); a_2, record 1's output,
+  // is counted apart while record 1 is away (the runtime may have written it: over, never under)
+  std::vector<PlanNode> one;
+  for (int i = 0; i < 6; ++i) one.push_back(PlanNode::stage(i));
+  one[1].offload();
+  EXPECT_EQ(rs::simulate(with, rs::make_plan(with, one)).peak_bytes, 27 * K);
+  EXPECT_EQ(rs::simulate(with, rs::plan_save_all(with)).peak_bytes, 31 * K);
   ChainCosts without = with;
   without.saved_input_bytes.clear();
   const rs::SimResult kept = rs::simulate(without, rs::make_plan(without, tree));

@@ -124,8 +124,10 @@ class BudgetPlanner {
   // What budgets a profiled model can run under, outside bytes included: the smallest from which
   // plans are made (schedule::chain_min_feasible_memory_held: counted as the allocator counts),
   // save-all's predicted peak (a budget at or above it recomputes nothing), and the planners' own
-  // least peak (schedule::chain_min_feasible_memory), from which a plan with an offload target
-  // may offload (below it, such a budget runs the plan in memory, which offloads nothing).
+  // least peak in memory (schedule::chain_min_feasible_memory). With an offload target the
+  // smallest budget may lie lower (records that take their inputs along): the refusal of a budget
+  // below it names it, and `remat plan --offload DIR` prints it
+  // (schedule::chain_min_feasible_memory_offload_or_held).
   struct FeasibleRange {
     size_t smallest_budget_bytes = 0;
     size_t save_all_peak_bytes = 0;

@@ -171,15 +171,14 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   std::vector<std::vector<size_t>> owned_of(static_cast<size_t>(stages) + 1);
   // Note [a record that keeps its input]. Where stage i's record holds its input a_i itself (a
   // Linear saves it: costs.saved_input_bytes), an offloaded record sends those bytes to the target
-  // with it, so while it is away a_i counts only what the record does not hold. What comes back
-  // from the target is a copy of its own: from then on a_i shares no bytes with record i - 1's
-  // output (`copied`), and neither does a region's input once fetched.
+  // with it, so while it is away a_i counts only what the record does not hold. Where record i - 1
+  // holds the same bytes as its output, the runtime packs them once (every save of a storage shares
+  // one packed form): they stay in memory with record i - 1 while it is, and come back once.
   const bool held_only = costs.boundaries_counted_when_held;
   const auto input_away = [&](size_t j) -> size_t {
     if (j >= static_cast<size_t>(stages)) return 0;
     return record_live[j] && record_away[j] ? costs.input_sent_with_record(j) : 0;
   };
-  std::vector<bool> copied(static_cast<size_t>(stages) + 1, false);
   const auto counted = [&](size_t j) -> size_t {  // what boundary j adds to `live`
     if (!boundary_live[j] || boundary_away[j]) return 0;
     return (boundary_pending[j] ? 0 : x[j] - std::min(x[j], input_away(j))) + owned[j];
@@ -214,8 +213,8 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   const auto pair_bytes = [&](size_t i) -> size_t {
     if (costs.saved_output_bytes.empty() || i >= static_cast<size_t>(stages)) return 0;
     return record_live[i] && !record_away[i] && boundary_live[i + 1] && !boundary_away[i + 1] &&
-                   !boundary_pending[i + 1] && !copied[i + 1]
-               ? costs.saved_output_bytes[i]
+                   !boundary_pending[i + 1]
+               ? std::min(costs.saved_output_bytes[i], x[i + 1] - std::min(x[i + 1], input_away(i + 1)))
                : 0;
   };
   // runs `change`, which touches record i and boundary i + 1 only, and recounts their shared bytes
@@ -373,15 +372,9 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (away == out) fail(out ? "it is offloaded already" : "it is not offloaded");
         const size_t before = live;  // a boundary takes what a sweep kept with it along
         if (!record) {
-          boundary_change(at, [&] {
-            away = out;
-            copied[at] = true;
-          });
+          boundary_change(at, [&] { away = out; });
         } else {
-          boundary_change(at, [&] {
-            updating(at, [&] { away = out; });
-            if (input_away(at) > 0) copied[at] = true;
-          });
+          boundary_change(at, [&] { updating(at, [&] { away = out; }); });
           live = out ? live - bytes : live + bytes;
         }
         if (out) {
