@@ -408,7 +408,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   std::string inputs;
   for (const auto& s : shapes) inputs += (inputs.empty() ? "" : ", ") + shape_str(s);
   // The plan is predicted as the allocator counts (Note [plans within the allocator's count] in
-  // src/schedule/rotor_grouped.cpp), with an offload target too: an offloaded record takes the
+  // src/schedule/held_plans.cpp), with an offload target too: an offloaded record takes the
   // input it holds along (Note [a record that keeps its input] in src/schedule/chain.cpp), and the
   // runtime holds the saved bytes at the prediction by waiting for writes still under way (Note
   // [writes behind a plan's peak] in src/saved/offload.cpp). Below the smallest budget with

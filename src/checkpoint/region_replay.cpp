@@ -215,15 +215,15 @@ size_t Region::saved_output_bytes(const std::vector<TensorList>& replayed, const
   return total;
 }
 
-// Each leaf's saved references, before the re-run (saved_input_bytes).
-std::vector<int> Region::saved_references(const TensorList& leaves) {
+// How many saved values hold each leaf, before the re-run (saved_input_bytes).
+std::vector<int> Region::saved_holders_of(const TensorList& leaves) {
   std::vector<int> out;
   out.reserve(leaves.size());
   for (const auto& leaf : leaves) out.push_back(leaf.defined() && leaf.storage() ? autodiff::saved_holders(*leaf.storage()) : 0);
   return out;
 }
 
-// Of the region's inputs, the bytes the re-run's ops saved (their storage gained saved references
+// Of the region's inputs, the bytes the re-run's ops saved (their storage gained saved holders
 // since `before`): what a record of this layer call holds of its input (ChainCosts::saved_input_bytes).
 size_t Region::saved_input_bytes(const TensorList& leaves, const std::vector<int>& before) {
   std::unordered_set<const Storage*> seen;
@@ -309,7 +309,7 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   const uint64_t first_sequence_nr = autodiff::next_sequence_nr();
   const size_t saved_before = saved_live();
   const autodiff::OpCounters ops_before = autodiff::op_counters();
-  const std::vector<int> leaf_references = profile_ ? saved_references(leaves) : std::vector<int>{};
+  const std::vector<int> leaf_references = profile_ ? saved_holders_of(leaves) : std::vector<int>{};
   std::vector<TensorList> replayed = replay_steps(leaves);
   if (profile_) profile_->saved_input_bytes = saved_input_bytes(leaves, leaf_references);
   trace_.end_recomputation();

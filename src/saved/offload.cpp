@@ -139,11 +139,9 @@ class OffloadStore : public std::enable_shared_from_this<OffloadStore> {
     return entry;
   }
 
-  // A planned forward's later node saves a value an earlier node packed (a region keeps as its
-  // input the output that the stage before it saved): the backward reaches the later node first,
-  // and its first unpack of the value is where the reads planned there start (reached), so the
-  // value goes with the later node. Otherwise the reads planned for the earlier node would start
-  // before the later node's re-run, whose peak the plan left no room beside.
+  // A later node of a planned forward saves a value an earlier one packed (a region keeps as its
+  // input the output the stage before saved): the value goes with the later node, which the
+  // backward reaches first, so the reads planned at the earlier one do not start before its re-run.
   void saved_again(OffloadEntry& entry) {
     if (autodiff::recompute_depth() > 0 || entry.plan_node < 0) return;
     entry.plan_node = std::max(entry.plan_node, offload_plan_node);

@@ -179,9 +179,10 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
     if (j >= static_cast<size_t>(stages)) return 0;
     return record_live[j] && record_away[j] ? costs.input_sent_with_record(j) : 0;
   };
+  const auto in_memory = [&](size_t j) { return x[j] - std::min(x[j], input_away(j)); };  // of a_j
   const auto counted = [&](size_t j) -> size_t {  // what boundary j adds to `live`
     if (!boundary_live[j] || boundary_away[j]) return 0;
-    return (boundary_pending[j] ? 0 : x[j] - std::min(x[j], input_away(j))) + owned[j];
+    return (boundary_pending[j] ? 0 : in_memory(j)) + owned[j];
   };
   boundary_live[0] = true;
   size_t live = x[0];
@@ -214,7 +215,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
     if (costs.saved_output_bytes.empty() || i >= static_cast<size_t>(stages)) return 0;
     return record_live[i] && !record_away[i] && boundary_live[i + 1] && !boundary_away[i + 1] &&
                    !boundary_pending[i + 1]
-               ? std::min(costs.saved_output_bytes[i], x[i + 1] - std::min(x[i + 1], input_away(i + 1)))
+               ? std::min(costs.saved_output_bytes[i], in_memory(i + 1))
                : 0;
   };
   // runs `change`, which touches record i and boundary i + 1 only, and recounts their shared bytes
