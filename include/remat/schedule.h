@@ -150,8 +150,7 @@ struct ChainCosts {
   // Linear's), i = 0..L-1, or empty (none). A record sent to the offload target takes them along:
   // while it is away they are not in memory unless another holder keeps them (simulate: Note [a
   // record that keeps its input] in src/schedule/chain.cpp), and the planners credit its offload
-  // with them (a budget plan gives the planners these bytes less what record i - 1 shares with
-  // a_i, which stays while that record is in memory).
+  // with them (exact where record i - 1 keeps a_i as its output: they count those bytes twice).
   std::vector<size_t> saved_input_bytes;
   size_t input_sent_with_record(size_t i) const { return saved_input_bytes.empty() ? 0 : saved_input_bytes[i]; }
   // Whether simulate counts a boundary only while something holds it, as an allocator counts
