@@ -450,7 +450,7 @@ TEST(BudgetPeaks, AGptWithOffloadedRegionsStaysWithinItsPrediction) {
   for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step(policy_for(size_t{1} << 40), nullptr);
   // a transfer as dear as recomputing the bytes, whatever this machine's speed: at no cost,
   // offloading every record (with the input it holds) wins at every budget, and no region is offloaded
-  step(policy_for(size_t{1} << 40), nullptr);  // planned: the costs are the plan's
+  step(policy_for(size_t{1} << 40), nullptr);  // the costs come with the first plan
   const std::optional<rs::ChainCosts> profiled = model.planner()->costs();
   ASSERT_TRUE(profiled.has_value());
   double forward = 0, bytes = 0;

@@ -135,7 +135,9 @@ class BudgetPlanner {
   };
   // The plan in force for the last input shape, if planned yet.
   std::optional<Report> report() const;
-  // The measured costs of the last profiled shape, once its backward finished.
+  // The measured costs of the last profiled shape, as its plan was made from them (counted as
+  // held; with an offload target, priced for it): set with the first plan after the profiling
+  // steps, not by them (feasible_range() is there as soon as they finish).
   std::optional<schedule::ChainCosts> costs() const;
   // The feasible budgets of the last profiled shape, once its backward finished (as costs());
   // plans once, so it takes as long as planning (progress goes to the options' callback).
