@@ -331,7 +331,7 @@ void BudgetPlanner::State::derive_budget(const Policy& budget, Report& r) const 
 namespace {
 
 // The runtime's reads ahead of a plan (Note [reads ahead of a plan's nodes] in
-// src/saved/offload.cpp): a read the plan starts at action s begins when the backward reaches the
+// src/saved/offload_store.cpp): a read the plan starts at action s begins when the backward reaches the
 // first top-level node (in the backward's order) whose part of the backward starts at s or later,
 // so the read occupies memory no earlier than the plan counted it. A node's part starts after the
 // backward of the node behind it (after the loss, for the last node); the reads and these starts
@@ -411,7 +411,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   // src/schedule/held_plans.cpp), with an offload target too: an offloaded record takes the
   // input it holds along (Note [a record that keeps its input] in src/schedule/chain.cpp), and the
   // runtime holds the saved bytes at the prediction by waiting for writes still under way (Note
-  // [writes behind a plan's peak] in src/saved/offload.cpp). Below the smallest budget with
+  // [writes behind a plan's peak] in src/saved/offload_store.cpp). Below the smallest budget with
   // offload a plan in memory may still fit (offload never lowers the planners' least peak, and the
   // held count may lie below theirs): it offloads nothing.
   bool in_memory = !budget.saved.offload;

@@ -243,7 +243,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   // Note [writes behind the forward pass]. An offload's write goes to one disk worker, queued in
   // the order of the offloads, and runs while the forward pass goes on: the runtime keeps the
   // value in memory until it is written, within the plan's peak (Note [writes behind a plan's
-  // peak] in src/saved/offload.cpp). The forward compute after a node is its write's window; what
+  // peak] in src/saved/offload_store.cpp). The forward compute after a node is its write's window; what
   // the queue runs past the loss is a stall, charged once there: max over the offloaded nodes k of
   // (the writes from k on) - (the forward compute after k). The reads back: Note [reads ahead
   // within the peak] in charge_reads.
