@@ -142,6 +142,8 @@ TEST(SavedHooks, ACountingHookSeesEachStorageOnceAndChangesNothing) {
                               ++unpacks;
                               return *std::static_pointer_cast<Tensor>(p);
                             }};
+  std::vector<PackedValue> repacked;  // what is saved again shares its first packed form
+  counting.repack = [&](const PackedValue& p) { repacked.push_back(p); };
   TensorList got;
   {
     ScopedSavedTensorHooks hooks(counting);
@@ -150,6 +152,8 @@ TEST(SavedHooks, ACountingHookSeesEachStorageOnceAndChangesNothing) {
   expect_same(got, reference, "counting hook");
   // saved: x, w (first matmul), h (tanh output; also both operands of the second matmul): 3 storages
   EXPECT_EQ(packs, 3);
+  ASSERT_EQ(repacked.size(), 2u);  // h, by the second matmul, twice
+  EXPECT_EQ(repacked[0], repacked[1]);
   EXPECT_EQ(packed_bytes, (4 * 6 + 36 + 4 * 6) * sizeof(double));
   EXPECT_GE(unpacks, 4);
 }

@@ -70,6 +70,7 @@ struct RegionProfile {
   size_t output_bytes = 0;
   size_t saved_bytes = 0;        // what the re-run's ops kept (allocator-measured)
   size_t saved_output_bytes = 0;  // of saved_bytes, the re-run's outputs themselves (e.g. tanh's)
+  size_t saved_input_bytes = 0;   // of boundary_bytes, what the re-run's ops saved (e.g. a Linear's input)
   // what a sweep from the previous call to this one keeps (read_by: this stage), as ChainCosts::swept_values
   std::vector<schedule::ChainCosts::SweptValue> sweep_kept;
   // what the ops between the previous call and this one save, as ChainCosts::gap_saved
@@ -123,8 +124,10 @@ class BudgetPlanner {
   // What budgets a profiled model can run under, outside bytes included: the smallest from which
   // plans are made (schedule::chain_min_feasible_memory_held: counted as the allocator counts),
   // save-all's predicted peak (a budget at or above it recomputes nothing), and the planners' own
-  // least peak (schedule::chain_min_feasible_memory), from which a plan with an offload target
-  // may offload (below it, such a budget runs the plan in memory, which offloads nothing).
+  // least peak in memory (schedule::chain_min_feasible_memory). With an offload target the
+  // smallest budget may lie lower (records that take their inputs along): the refusal of a budget
+  // below it names it, and `remat plan --offload DIR` prints it
+  // (schedule::chain_min_feasible_memory_offload_or_held).
   struct FeasibleRange {
     size_t smallest_budget_bytes = 0;
     size_t save_all_peak_bytes = 0;
@@ -132,7 +135,9 @@ class BudgetPlanner {
   };
   // The plan in force for the last input shape, if planned yet.
   std::optional<Report> report() const;
-  // The measured costs of the last profiled shape, once its backward finished.
+  // The measured costs of the last profiled shape, as its plan was made from them (counted as
+  // held; with an offload target, priced for it): set with the first plan after the profiling
+  // steps, not by them (feasible_range() is there as soon as they finish).
   std::optional<schedule::ChainCosts> costs() const;
   // The feasible budgets of the last profiled shape, once its backward finished (as costs());
   // plans once, so it takes as long as planning (progress goes to the options' callback).

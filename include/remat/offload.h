@@ -20,7 +20,7 @@
 // write (a full disk) is a remat::Error at the next saved value or read, and nothing is lost: the
 // value stays in memory. The allocator counts values in flight and values handed back while the
 // backward pass uses them, not the kernel's page cache; mapped pages that a failing disk cannot
-// read give SIGBUS, as any mapped file. How: the Notes of src/saved/offload.cpp and
+// read give SIGBUS, as any mapped file. How: the Notes of src/saved/offload_store.cpp and
 // src/saved/offload_file.cpp. Counters: DynamicCounters (remat/counters.h).
 #pragma once
 
@@ -105,10 +105,10 @@ bool offload_running();  // an OffloadScope is alive on this thread
 // gate's): before the store keeps or writes a value that would lift the saved bytes above it,
 // it waits for its writes in flight, oldest first, until the value fits or none is left. A budget
 // plan caps its scope at its predicted peak, so that offloaded nodes' writes overlap the nodes
-// after them (Note [writes behind a plan's peak] in src/saved/offload.cpp).
+// after them (Note [writes behind a plan's peak] in src/saved/offload_store.cpp).
 // The reads ahead of a budget plan: reads_after[m] lists the offloaded top-level nodes (by their
 // first stage) whose values the store starts reading back once the backward pass reaches node m
-// (the plan's ReadAhead starts; Note [reads ahead of a plan's nodes] in src/saved/offload.cpp).
+// (the plan's ReadAhead starts; Note [reads ahead of a plan's nodes] in src/saved/offload_store.cpp).
 using OffloadReadPlan = std::vector<std::vector<int>>;
 class OffloadGate {
  public:

@@ -56,6 +56,9 @@ struct SavedTensorHooks {
   // Optional: called for packed values that the backward pass will read soon (the engine looks a
   // few nodes ahead), so that hooks which moved a value away can bring it back in the background.
   std::function<void(const PackedValue& packed)> prefetch;
+  // Optional: called when a storage packed before is saved again under these hooks (every save of
+  // one storage shares its one packed form), with that packed form.
+  std::function<void(const PackedValue& packed)> repack;
 };
 
 class ScopedSavedTensorHooks {

@@ -146,6 +146,13 @@ struct ChainCosts {
   // output), i = 0..L-1, or empty (none): while record i and a_{i+1} are both in memory they are
   // counted once by simulate. The planners ignore it (they count both, which errs on the safe side).
   std::vector<size_t> saved_output_bytes;
+  // Of x[i], the bytes that stage i's record holds itself (ops that save their input, like a
+  // Linear's), i = 0..L-1, or empty (none). A record sent to the offload target takes them along:
+  // while it is away they are not in memory unless another holder keeps them (simulate: Note [a
+  // record that keeps its input] in src/schedule/chain.cpp), and the planners credit its offload
+  // with them (exact where record i - 1 keeps a_i as its output: they count those bytes twice).
+  std::vector<size_t> saved_input_bytes;
+  size_t input_sent_with_record(size_t i) const { return saved_input_bytes.empty() ? 0 : saved_input_bytes[i]; }
   // Whether simulate counts a boundary only while something holds it, as an allocator counts
   // saved values: a_{i+1} made by a forward is a temporary until the next action that keeps it
   // (a forward of stage i+1, unless that forward does not record and the next action drops
@@ -361,14 +368,20 @@ size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions
 // (remat/budget.h).
 ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t memory_limit,
                           const ChainPlanOptions& options = {});
-// A budget plan with an offload target: plan_chain with `offload` (the costs priced for the
-// target); below its smallest limit, plan_chain_held in memory (the same chain without the target,
-// its output as `held` counts it), which offloads nothing, where that fits; `in_memory` says
-// which. InfeasibleError names the smaller of the two smallest limits.
+// `held` with `offload`'s target: its price per byte, its writes' share and its reads ahead.
+ChainCosts held_with_target(const ChainCosts& held, const ChainCosts& offload);
+// A budget plan with an offload target: plan_chain_held with `offload` (the costs priced for the
+// target) and held_with_target(held, offload), so its predictions count as an allocator does, an
+// offloaded record's input included; below its smallest limit, plan_chain_held in memory (the
+// same chain without the target, its output as `held` counts it), which offloads nothing, where
+// that fits; `in_memory` says which. InfeasibleError names the smaller of the two smallest limits.
 ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts& held, size_t memory_limit,
                                      const ChainPlanOptions& options, bool& in_memory);
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held,
                                       const ChainPlanOptions& options = {});
+// The least limit from which plan_chain_offload_or_held plans (the smaller of its two floors).
+size_t chain_min_feasible_memory_offload_or_held(const ChainCosts& offload, const ChainCosts& held,
+                                                 const ChainPlanOptions& options = {});
 
 // Fixed plans.
 Plan plan_save_all(const ChainCosts& costs);      // every stage F_all

@@ -189,6 +189,7 @@ class Storage {
   // `other` block to the `saved` account, the last one moves it back.
   void add_saved_reference();
   void remove_saved_reference();
+  int saved_references() const { return saved_references_; }
 
   // Bumped by every in-place write, so a saved value can tell it was overwritten.
   uint64_t version() const { return version_; }

@@ -7,6 +7,7 @@
 
 #include "remat/autodiff.h"
 #include "remat/saved_hooks.h"
+#include "state.h"
 
 namespace remat::autodiff {
 
@@ -69,7 +70,13 @@ std::shared_ptr<PackedStorage> pack_storage(const std::shared_ptr<hooks_detail::
   auto it = state->packed.find(storage.get());
   if (it != state->packed.end()) {
     std::shared_ptr<PackedStorage> existing = it->second.lock();
-    if (existing && existing->original.lock() == storage && existing->dtype == dtype) return existing;
+    if (existing && existing->original.lock() == storage && existing->dtype == dtype) {
+      if (state->hooks.repack) {
+        InsideHook guard;
+        state->hooks.repack(existing->value);
+      }
+      return existing;
+    }
   }
   auto packed = std::make_shared<PackedStorage>();
   packed->state = state;
@@ -91,6 +98,14 @@ std::shared_ptr<PackedStorage> pack_storage(const std::shared_ptr<hooks_detail::
 }
 
 }  // namespace
+
+int saved_holders(const Storage& storage) {
+  int holders = storage.saved_references();
+  if (hooks_stack.empty()) return holders;
+  const auto& packed = hooks_stack.back()->packed;
+  if (auto it = packed.find(&storage); it != packed.end()) holders += static_cast<int>(it->second.use_count());
+  return holders;
+}
 
 SavedTensor::SavedTensor(const Tensor& value) {
   if (!value.defined()) return;

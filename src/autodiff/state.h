@@ -18,4 +18,8 @@ struct ThreadState {
 };
 ThreadState& thread_state();
 
+// How many saved values hold `storage` on this thread: as itself (Storage::saved_references), or
+// packed by the innermost saved-value hooks, where every save of one storage shares one packed form.
+int saved_holders(const Storage& storage);
+
 }  // namespace remat::autodiff

@@ -222,6 +222,9 @@ void BudgetPlanner::State::profile_call_end(const TensorList& outputs) {
 schedule::ChainCosts BudgetPlanner::State::held_costs(const schedule::ChainCosts& measured) const {
   schedule::ChainCosts held = measured;
   held.saved_output_bytes = measured_saved_output_bytes(measured);
+  held.saved_input_bytes.clear();
+  for (size_t i = 0; i < profiles.size(); ++i)
+    held.saved_input_bytes.push_back(std::min(profiles[i]->saved_input_bytes, measured.boundary_bytes[i]));
   held.boundaries_counted_when_held = true;
   std::unordered_map<int, int> swept_index, gap_index;  // the profile's value numbers, 0.. in order
   const auto number = [](std::unordered_map<int, int>& index, int value) {
@@ -328,7 +331,7 @@ void BudgetPlanner::State::derive_budget(const Policy& budget, Report& r) const 
 namespace {
 
 // The runtime's reads ahead of a plan (Note [reads ahead of a plan's nodes] in
-// src/saved/offload.cpp): a read the plan starts at action s begins when the backward reaches the
+// src/saved/offload_store.cpp): a read the plan starts at action s begins when the backward reaches the
 // first top-level node (in the backward's order) whose part of the backward starts at s or later,
 // so the read occupies memory no earlier than the plan counted it. A node's part starts after the
 // backward of the node behind it (after the loss, for the last node); the reads and these starts
@@ -404,13 +407,13 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   r.costs = measured;
   std::string inputs;
   for (const auto& s : shapes) inputs += (inputs.empty() ? "" : ", ") + shape_str(s);
-  // In memory the plan is predicted as the allocator counts (Note [plans within the allocator's
-  // count] in src/schedule/rotor_grouped.cpp). With an offload target it is not: the writes behind
-  // a plan's peak wait for room only when a value is packed, after the op that made it, so a step
-  // may go one value above the level the model gives while a write is under way (Note [writes
-  // behind a plan's peak] in src/saved/offload.cpp); the values the planners count twice cover
-  // that. Below the smallest budget with offload a plan in memory may still fit (offload never
-  // lowers the least peak, and the held count may lie below the planners'): it offloads nothing.
+  // The plan is predicted as the allocator counts (Note [plans within the allocator's count] in
+  // src/schedule/held_plans.cpp), with an offload target too: an offloaded record takes the
+  // input it holds along (Note [a record that keeps its input] in src/schedule/chain.cpp), and the
+  // runtime holds the saved bytes at the prediction by waiting for writes still under way (Note
+  // [writes behind a plan's peak] in src/saved/offload_store.cpp). Below the smallest budget with
+  // offload a plan in memory may still fit (offload never lowers the planners' least peak, and the
+  // held count may lie below theirs): it offloads nothing.
   bool in_memory = !budget.saved.offload;
   try {
     schedule::ChainPlan chosen = in_memory
@@ -431,10 +434,8 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     throw Error(detail::concat("budget policy: ", budget.to_string(), ": cannot plan ", scope, " (",
                                measured.num_stages(), " layer calls): ", e.what()));
   }
-  if (in_memory) {
-    measured = held;
-    r.costs = measured;
-  }
+  measured = in_memory ? held : schedule::held_with_target(held, measured);
+  r.costs = measured;
   r.tree = schedule::format_tree(r.plan.tree);
   r.predicted_peak_bytes = r.plan.predicted_peak_bytes + outside;
   r.predicted_seconds = r.plan.predicted_time;

@@ -149,6 +149,8 @@ class Region final : public autodiff::Node {
   autodiff::EngineResult backward_replayed(std::vector<TensorList> replayed, const TensorList& grad_outputs,
                                            uint64_t first_sequence_nr) const;
   size_t saved_output_bytes(const std::vector<TensorList>& replayed, const TensorList& leaves) const;
+  static std::vector<int> saved_holders_of(const TensorList& leaves);
+  static size_t saved_input_bytes(const TensorList& leaves, const std::vector<int>& before);
   void record_recomputation(const TimeMark& recompute_start, const TimeMark& backward_start,
                             const TimeMark& backward_end, size_t recomputed_saved,
                             const autodiff::OpCounters& ops_before, const autodiff::OpCounters& ops_after);

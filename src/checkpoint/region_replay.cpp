@@ -6,6 +6,7 @@
 
 #include "autodiff/digest.h"
 #include "autodiff/replay.h"
+#include "autodiff/state.h"
 #include "region.h"
 #include "remat/backend.h"
 #include "remat/memory.h"
@@ -214,6 +215,29 @@ size_t Region::saved_output_bytes(const std::vector<TensorList>& replayed, const
   return total;
 }
 
+// How many saved values hold each leaf, before the re-run (saved_input_bytes).
+std::vector<int> Region::saved_holders_of(const TensorList& leaves) {
+  std::vector<int> out;
+  out.reserve(leaves.size());
+  for (const auto& leaf : leaves) out.push_back(leaf.defined() && leaf.storage() ? autodiff::saved_holders(*leaf.storage()) : 0);
+  return out;
+}
+
+// Of the region's inputs, the bytes the re-run's ops saved (their storage gained saved holders
+// since `before`): what a record of this layer call holds of its input (ChainCosts::saved_input_bytes).
+size_t Region::saved_input_bytes(const TensorList& leaves, const std::vector<int>& before) {
+  std::unordered_set<const Storage*> seen;
+  size_t total = 0;
+  for (size_t k = 0; k < leaves.size(); ++k) {
+    const Tensor& leaf = leaves[k];
+    if (!leaf.defined() || !leaf.storage() || autodiff::saved_holders(*leaf.storage()) <= before[k]) continue;
+    const memory::Tag tag = leaf.storage()->tag();
+    if ((tag != memory::Tag::saved && tag != memory::Tag::other) || !seen.insert(leaf.storage().get()).second) continue;
+    total += leaf.storage()->bytes();
+  }
+  return total;
+}
+
 // One more recomputation in the counters, the region's record and its profile.
 void Region::record_recomputation(const TimeMark& recompute_start, const TimeMark& backward_start,
                                   const TimeMark& backward_end, size_t recomputed_saved,
@@ -285,7 +309,9 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   const uint64_t first_sequence_nr = autodiff::next_sequence_nr();
   const size_t saved_before = saved_live();
   const autodiff::OpCounters ops_before = autodiff::op_counters();
+  const std::vector<int> leaf_references = profile_ ? saved_holders_of(leaves) : std::vector<int>{};
   std::vector<TensorList> replayed = replay_steps(leaves);
+  if (profile_) profile_->saved_input_bytes = saved_input_bytes(leaves, leaf_references);
   trace_.end_recomputation();
   const autodiff::OpCounters ops_after = autodiff::op_counters();
   const size_t saved_after = saved_live();

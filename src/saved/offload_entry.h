@@ -1,4 +1,4 @@
-// Internal to src/saved/: one offloaded value (OffloadEntry) as the offload store (offload.cpp)
+// Internal to src/saved/: one offloaded value (OffloadEntry) as the offload store (offload_store.cpp)
 // keeps it, and the copies of a device value between its device and host memory
 // (offload_device.cpp, Note [offload of device values]).
 #pragma once

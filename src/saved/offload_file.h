@@ -39,9 +39,9 @@ class SlotFile {
   char* resident(off_t offset, size_t bytes) const;
 
   // Whether the next scope writing to this file yields a core to its writer (Note [yielding a
-  // core to the writer] in offload.cpp): when the worker was busy with I/O for at least kYieldBusy of the
-  // last scope's forward pass (the first scope does not). Results are the same either way; only
-  // the time differs.
+  // core to the writer] in offload_store.cpp): when the worker was busy with I/O for at least
+  // kYieldBusy of the last scope's forward pass (the first scope does not). Results are the same
+  // either way; only the time differs.
   bool choose_yield() const { return last_busy_ >= kYieldBusy; }
   void record(double busy_fraction) { last_busy_ = busy_fraction; }
 

@@ -169,10 +169,20 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   std::vector<bool> kept_by_sweep(values, false);
   std::vector<size_t> owned(static_cast<size_t>(stages) + 1, 0);
   std::vector<std::vector<size_t>> owned_of(static_cast<size_t>(stages) + 1);
+  // Note [a record that keeps its input]. Where stage i's record holds its input a_i itself (a
+  // Linear saves it: costs.saved_input_bytes), an offloaded record sends those bytes to the target
+  // with it, so while it is away a_i counts only what the record does not hold. Where record i - 1
+  // holds the same bytes as its output, the runtime packs them once (every save of a storage shares
+  // one packed form): they stay in memory with record i - 1 while it is, and come back once.
   const bool held_only = costs.boundaries_counted_when_held;
+  const auto input_away = [&](size_t j) -> size_t {
+    if (j >= static_cast<size_t>(stages)) return 0;
+    return record_live[j] && record_away[j] ? costs.input_sent_with_record(j) : 0;
+  };
+  const auto in_memory = [&](size_t j) { return x[j] - std::min(x[j], input_away(j)); };  // of a_j
   const auto counted = [&](size_t j) -> size_t {  // what boundary j adds to `live`
     if (!boundary_live[j] || boundary_away[j]) return 0;
-    return (boundary_pending[j] ? 0 : x[j]) + owned[j];
+    return (boundary_pending[j] ? 0 : in_memory(j)) + owned[j];
   };
   boundary_live[0] = true;
   size_t live = x[0];
@@ -205,7 +215,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
     if (costs.saved_output_bytes.empty() || i >= static_cast<size_t>(stages)) return 0;
     return record_live[i] && !record_away[i] && boundary_live[i + 1] && !boundary_away[i + 1] &&
                    !boundary_pending[i + 1]
-               ? costs.saved_output_bytes[i]
+               ? std::min(costs.saved_output_bytes[i], in_memory(i + 1))
                : 0;
   };
   // runs `change`, which touches record i and boundary i + 1 only, and recounts their shared bytes
@@ -233,7 +243,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   // Note [writes behind the forward pass]. An offload's write goes to one disk worker, queued in
   // the order of the offloads, and runs while the forward pass goes on: the runtime keeps the
   // value in memory until it is written, within the plan's peak (Note [writes behind a plan's
-  // peak] in src/saved/offload.cpp). The forward compute after a node is its write's window; what
+  // peak] in src/saved/offload_store.cpp). The forward compute after a node is its write's window; what
   // the queue runs past the loss is a stall, charged once there: max over the offloaded nodes k of
   // (the writes from k on) - (the forward compute after k). The reads back: Note [reads ahead
   // within the peak] in charge_reads.
@@ -365,12 +375,13 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (!record) {
           boundary_change(at, [&] { away = out; });
         } else {
-          updating(at, [&] { away = out; });
+          boundary_change(at, [&] { updating(at, [&] { away = out; }); });
           live = out ? live - bytes : live + bytes;
         }
         if (out) {
-          result.offloaded_bytes += bytes;
-          const double write = costs.offload_write_seconds_per_byte * static_cast<double>(bytes);
+          const size_t written = bytes + (record ? input_away(at) : 0);  // a record's input goes with it
+          result.offloaded_bytes += written;
+          const double write = costs.offload_write_seconds_per_byte * static_cast<double>(written);
           if (gradient >= 0) {  // after the loss: nothing left to hide the write behind
             result.total_time += write;
             result.write_stall_time += write;

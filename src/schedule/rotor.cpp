@@ -27,6 +27,7 @@ struct UnitCosts {
   std::vector<int64_t> x, xbar;
   std::vector<int64_t> g;       // gradient buffers d_j (x, or 0 when not counted)
   std::vector<int64_t> x_down;  // boundaries rounded down: what offloading one frees, at least
+  std::vector<int64_t> in_down;  // ChainCosts::saved_input_bytes rounded down (0 where none)
   int64_t budget = 0;
 };
 
@@ -39,6 +40,9 @@ UnitCosts to_units(const ChainCosts& costs, size_t available, size_t unit) {
     units.x_down.push_back(static_cast<int64_t>(bytes / unit));
   }
   for (size_t bytes : costs.saved_bytes) units.xbar.push_back(round_up(bytes));
+  units.in_down.assign(costs.saved_bytes.size(), 0);
+  for (size_t i = 0; i < costs.saved_input_bytes.size(); ++i)
+    units.in_down[i] = static_cast<int64_t>(costs.saved_input_bytes[i] / unit);
   units.budget = static_cast<int64_t>(available / unit);
   return units;
 }
@@ -83,7 +87,7 @@ class RotorTable {
       const bool out = top && !top_offloaded_.empty() && top_offloaded_[row(a, b, true) + static_cast<size_t>(m)];
       if (pick == 0) {
         sequence.push_back(PlanNode::stage(a));
-        m -= units_.x[at + 1] + (out ? 0 : units_.xbar[at]);
+        m = out ? std::min(units_.budget, m - units_.x[at + 1] + units_.in_down[at]) : m - units_.x[at + 1] - units_.xbar[at];
         a += 1;
       } else {
         const int c = a + pick;
@@ -194,8 +198,9 @@ class RotorTable {
     }
     if (!r.out) return;
     const int64_t lower = std::max({x[at + 1] + xbar[at], xbar[at] + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
-    const WriteQueue alone = WriteQueue{}.ahead(write_time(costs_.saved_bytes[at]), 0.0);  // the loss is next
-    const double total = uf + read_time(costs_.saved_bytes[at]) + alone.stall() + ub;
+    const size_t moved = costs_.saved_bytes[at] + costs_.input_sent_with_record(at);  // with the input it holds
+    const WriteQueue alone = WriteQueue{}.ahead(write_time(moved), 0.0);  // the loss is next
+    const double total = uf + read_time(moved) + alone.stall() + ub;
     for (int64_t m = std::max<int64_t>(lower, 0); m < std::min(need, units_.budget + 1); ++m)
       r.offer<true>(m, total, 0, true, &alone, output);
   }
@@ -232,13 +237,16 @@ class RotorTable {
       r.offer<kTracked>(m, uf + after_stage[m - held] + ub, 0, false, kTracked ? after_queue + (m - held) : nullptr,
                         kTracked ? output + record + loss_of(a + 1, m - held) : 0);
     if constexpr (!kTracked) return;
-    const double write = write_time(costs_.saved_bytes[at]);
+    // the record takes the input it holds along (ChainCosts::saved_input_bytes): [a+1, b] gets it too
+    const size_t moved = costs_.saved_bytes[at] + costs_.input_sent_with_record(at);
+    const double write = write_time(moved);
     for (int64_t m = need; m <= units_.budget; ++m) {
-      const double read = read_stall(costs_.saved_bytes[at], a + 1, m - x[at + 1]);
-      const WriteQueue& rest = after_queue[m - x[at + 1]];
+      const int64_t left = std::min(units_.budget, m - x[at + 1] + units_.in_down[at]);
+      const double read = read_stall(moved, a + 1, left);
+      const WriteQueue& rest = after_queue[left];
       const WriteQueue ahead = rest.ahead(write, forward_after_[at + 1]);
-      r.offer<true>(m, uf + read + after_stage[m - x[at + 1]] + (ahead.stall() - rest.stall()) + ub, 0, true, &ahead,
-                    output + loss_of(a + 1, m - x[at + 1]));
+      r.offer<true>(m, uf + read + after_stage[left] + (ahead.stall() - rest.stall()) + ub, 0, true, &ahead,
+                    output + loss_of(a + 1, left));
     }
   }
 
@@ -363,7 +371,7 @@ class MinPeak {
         candidate.peak = std::max({x[at + 1] + xbar[at], xbar[at] + g(at + 1) + g(at), x[at + 1] + g(at + 1)});
         candidate.time = uf + ub;
         candidate.choice = 0;
-        offloaded(candidate, Entry{}, xbar[at], 0.0);
+        offloaded(candidate, Entry{}, xbar[at] + costs_.input_sent_with_record(at), 0.0);
         if (candidate.peak < best.peak) best = candidate;
       }
       return best;
@@ -373,12 +381,13 @@ class MinPeak {
     best.time = uf + rest.time + ub;
     best.choice = 0;
     best.queue = rest.queue;
-    if (offload) {  // its record offloaded while [a+1, b] runs
+    if (offload) {  // its record (and the input it holds) offloaded while [a+1, b] runs
+      const size_t input = costs_.input_sent_with_record(at), during = x[at + 1] + rest.peak;
       Entry candidate;
-      candidate.peak = std::max({x[at + 1] + rest.peak, x[at + 1] + xbar[at], xbar[at] + g(at + 1) + g(at)});
+      candidate.peak = std::max({during - std::min(during, input), x[at + 1] + xbar[at], xbar[at] + g(at + 1) + g(at)});
       candidate.time = uf + rest.time + ub;
       candidate.choice = 0;
-      offloaded(candidate, rest, xbar[at], forward_after_[at + 1]);
+      offloaded(candidate, rest, xbar[at] + input, forward_after_[at + 1]);
       if (candidate.better_than(best)) best = candidate;
     }
     const size_t gradient = top ? 0 : g(static_cast<size_t>(b) + 1);

@@ -187,11 +187,12 @@ class GroupBuilder {
     o.at_loss = o.kept - static_cast<int64_t>(costs_.saved_output_bytes.empty() ? 0 : costs_.saved_output_bytes[at]);
     o.bwd = record + model_.gradient(x[at + 1]) + model_.gradient(x[at]);
     p.options.push_back(o);
-    if (model_.can_offload()) {  // recorded, the record offloaded until its backward
-      o.time += model_.read_time(costs_.saved_bytes[at]);
-      o.queue = WriteQueue::single(model_.write_time(costs_.saved_bytes[at]));
-      o.kept = o.at_loss = out;
-      o.read_bytes = costs_.saved_bytes[at];
+    if (model_.can_offload()) {  // recorded, the record (and the input it holds) offloaded until its backward
+      const size_t input = costs_.input_sent_with_record(at), moved = costs_.saved_bytes[at] + input;
+      o.time += model_.read_time(moved);
+      o.queue = WriteQueue::single(model_.write_time(moved));
+      o.kept = o.at_loss = out - static_cast<int64_t>(input);
+      o.read_bytes = moved;
       o.offloads = o.offload_record = true;
       p.options.push_back(o);
     }
@@ -419,19 +420,6 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   return result;
 }
 
-// plan_chain_held's two costs must describe one chain.
-void check_held(const ChainCosts& planning, const ChainCosts& held) {
-  held.validate();
-  planning.validate();
-  const size_t n = planning.boundary_bytes.size();
-  if (held.boundary_bytes.size() != n || held.saved_bytes != planning.saved_bytes ||
-      held.forward_time != planning.forward_time || held.backward_time != planning.backward_time ||
-      !std::equal(held.boundary_bytes.begin(), held.boundary_bytes.end() - 1, planning.boundary_bytes.begin()) ||
-      held.boundary_bytes.back() > planning.boundary_bytes.back())
-    throw Error("plan_chain_held: the held costs are not the planning costs' chain (their sizes or times differ, or "
-                "the held chain output is larger)");
-}
-
 // Whether plan_chain runs the exact programme for this chain.
 bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options) {
   const double stages = costs.num_stages();
@@ -483,76 +471,6 @@ size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions
     if (options.progress) options.progress(1.0);  // done: the grouped planner's infeasible path reports no end
     return e.min_feasible_bytes;
   }
-}
-
-// Note [plans within the allocator's count]. The planners count every boundary from the forward
-// that makes it, and nothing a region's sweep keeps (ChainCosts::swept_values). An allocator
-// counts a boundary only while a saved value holds it (Note [boundaries counted while held] in
-// chain.cpp: a region's forward sweep and a re-run's last output are temporaries) and a record's
-// output once (Note [a record that keeps its output]), but it also counts what a sweep keeps: the
-// token ids, a position embedding, a constant bias (measured by the budget policy: Note [what a
-// sweep keeps] in src/checkpoint/budget.cpp). So plan_chain_held predicts a plan with the held
-// costs, which count as an allocator does, and makes a plan whose held peak is above the limit
-// again within the limit less the excess, at most three more times, the last within the chain's
-// least peak. A limit below the least peak gets the plan made within the least peak where its held
-// peak fits. So the smallest limit it plans from is that plan's held peak
-// (chain_min_feasible_memory_held): below the least peak where the planners count more than is
-// held (a boundary made and dropped in a re-run). Every limit from it up is planned; where swept
-// values lift that plan above the least peak, a limit between the two may be planned too (another
-// plan's held peak may fit it). Without swept and gap values the held count is never above the
-// planners', so the first plan made within a limit stands.
-ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
-                          const ChainPlanOptions& options) {
-  check_held(planning, held);
-  ChainPlan chosen;
-  std::optional<size_t> least;
-  try {
-    chosen = plan_chain(planning, limit, options);
-  } catch (const InfeasibleError&) {  // below the planners' least peak: their least plan, if held fits it
-    least = chain_min_feasible_memory(planning, options);
-    chosen = plan_chain(planning, *least, options);
-  }
-  chosen.plan = make_plan(held, std::move(chosen.plan.tree));
-  size_t within = least ? *least : limit;
-  for (int tries = 0; chosen.plan.predicted_peak_bytes > limit; ++tries) {
-    if (!least) least = chain_min_feasible_memory(planning, options);
-    if (within <= *least)
-      throw InfeasibleError("plan_chain: memory limit " + std::to_string(limit) + " bytes is below the least peak " +
-                                std::to_string(chosen.plan.predicted_peak_bytes) + " bytes of any plan, counted as held",
-                            chosen.plan.predicted_peak_bytes);
-    const size_t over = chosen.plan.predicted_peak_bytes - limit;
-    within = tries >= 2 || within - *least <= over ? *least : within - over;
-    chosen = plan_chain(planning, within, options);
-    chosen.plan = make_plan(held, std::move(chosen.plan.tree));
-  }
-  return chosen;
-}
-
-ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts& held, size_t limit,
-                                     const ChainPlanOptions& options, bool& in_memory) {
-  in_memory = false;
-  try {
-    return plan_chain(offload, limit, options);
-  } catch (const InfeasibleError& e) {
-    ChainCosts memory = offload;  // the same chain without the target, its output as held counts it
-    memory.offload_seconds_per_byte = -1;
-    memory.offload_write_seconds_per_byte = 0;
-    memory.reads_ahead = false;
-    memory.boundary_bytes.back() = held.boundary_bytes.back();
-    try {
-      ChainPlan chosen = plan_chain_held(memory, held, limit, options);
-      in_memory = true;
-      return chosen;
-    } catch (const InfeasibleError& f) {
-      throw InfeasibleError(e.what(), std::min(e.min_feasible_bytes, f.min_feasible_bytes));
-    }
-  }
-}
-
-size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
-  check_held(planning, held);
-  const size_t least = chain_min_feasible_memory(planning, options);
-  return make_plan(held, plan_chain(planning, least, options).plan.tree).predicted_peak_bytes;
 }
 
 }  // namespace remat::schedule

@@ -340,9 +340,14 @@ int run_plan(const PlanOptions& o) {
     profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: the smallest feasible budget with offload");
-    profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;
-    if (profile.budget_range)  // below it a plan in memory, which offloads nothing (budget.cpp)
-      profile.offload_smallest = std::min(*profile.offload_smallest, profile.budget_range->smallest_budget_bytes);
+    if (profile.held) {  // as a budget plan with the target is made (budget.cpp)
+      profile.offload_smallest =
+          rs::chain_min_feasible_memory_offload_or_held(profile.costs, *profile.held, least) + profile.outside;
+    } else {
+      profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;
+      if (profile.budget_range)  // below it a plan in memory, which offloads nothing
+        profile.offload_smallest = std::min(*profile.offload_smallest, profile.budget_range->smallest_budget_bytes);
+    }
   }
   if (!budget) {  // the feasible range alone
     if (o.train.json)

@@ -50,8 +50,10 @@ std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs
     const bool stage = node.kind == rs::PlanNode::Kind::stage;
     d.keep = stage && !node.offloaded;
     d.offload = stage && node.offloaded;
-    d.input_offloaded = !stage && node.offloaded;
-    if (node.offloaded) d.transfer_bytes = stage ? d.saved_bytes : d.input_bytes;
+    // an offloaded record that holds its whole input takes it along: the input is in the target too
+    const size_t sent = d.offload ? costs.input_sent_with_record(static_cast<size_t>(node.first)) : 0;
+    d.input_offloaded = (!stage && node.offloaded) || (sent > 0 && sent >= d.input_bytes);
+    if (node.offloaded) d.transfer_bytes = stage ? d.saved_bytes + std::min(sent, d.input_bytes) : d.input_bytes;
   }
   charge_transfers(costs, plan, out);
   for (const rs::Action& a : plan.actions)
@@ -110,7 +112,7 @@ std::vector<ValueDecision> value_decisions(const std::vector<StageDecision>& dec
     } else {
       input.flops_rerun = d.forward_flops < 0 ? -1 : 0;
     }
-    if (d.input_offloaded) input.transfer_seconds = d.transfer_seconds;
+    if (d.input_offloaded && !d.offload) input.transfer_seconds = d.transfer_seconds;  // else on the record
     values.push_back(std::move(input));
     ValueDecision record{d.stage, name(i, "record"), "record", d.saved_bytes, record_decision(d)};
     reran(record, d, last ? reruns : d.reruns_recording);

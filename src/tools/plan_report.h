@@ -29,7 +29,7 @@ struct StageDecision {
   int stage = 0;
   size_t input_bytes = 0, saved_bytes = 0;
   bool input_kept = false;
-  bool input_offloaded = false;  // kept, in the offload target
+  bool input_offloaded = false;  // kept, in the offload target (a region's, or with its stage's offloaded record)
   bool keep = false;           // the record: keep or recompute
   bool offload = false;        // the record kept in the offload target
   size_t transfer_bytes = 0;   // written and read back per step
