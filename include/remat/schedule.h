@@ -153,6 +153,12 @@ struct ChainCosts {
   // with them (exact where record i - 1 keeps a_i as its output: they count those bytes twice).
   std::vector<size_t> saved_input_bytes;
   size_t input_sent_with_record(size_t i) const { return saved_input_bytes.empty() ? 0 : saved_input_bytes[i]; }
+  // Of xbar[i], the most that record i keeps in memory at once when it is streamed: sent to the
+  // offload target value by value as its forward saves them, and read back value by value as its
+  // backward reads them (Note [a record read back value by value] in src/autodiff/saved_tensor.cpp),
+  // i = 0..L-1, or empty (none: a streamed record counts whole, as one that is not).
+  std::vector<size_t> streamed_bytes;
+  size_t streamed(size_t i) const { return streamed_bytes.empty() ? saved_bytes[i] : std::min(streamed_bytes[i], saved_bytes[i]); }
   // Whether simulate counts a boundary only while something holds it, as an allocator counts
   // saved values: a_{i+1} made by a forward is a temporary until the next action that keeps it
   // (a forward of stage i+1, unless that forward does not record and the next action drops

@@ -62,6 +62,7 @@ schedule::ChainCosts BudgetPlanner::State::measured_costs() const {
     c.backward_time.push_back(p->backward_seconds);
     c.boundary_bytes.push_back(p->boundary_bytes);
     c.saved_bytes.push_back(p->saved_bytes);
+    c.streamed_bytes.push_back(p->streamed_bytes);
   }
   // Note [saved bytes outside the chain]. What the step saves outside its layer calls is counted
   // by when it lives. What was saved before the chain started lives through the whole chain: the

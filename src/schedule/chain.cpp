@@ -87,10 +87,12 @@ void append_sequence(const std::vector<PlanNode>& sequence, int last, bool top, 
 // then) nor before the fetch ahead of it (one read in flight, in the order of the fetches). The
 // compute from there to its fetch is its window; it is charged the stall, max(0, read - window).
 // The windows of successive reads do not overlap, so no read waits behind another, and the whole
-// search is one pass over the backward.
+// search is one pass over the backward. A record counted streamed from its fetch on (Note [a
+// streamed record]) is read ahead whole or not at all: only where its `whole` bytes beyond the
+// streamed count also fit from the fetch through its backward.
 void charge_reads(bool ahead, double read_per_byte, const std::vector<Action>& actions,
                   const std::vector<size_t>& level, const std::vector<double>& compute,
-                  const std::vector<size_t>& fetched, SimResult& result) {
+                  const std::vector<size_t>& fetched, const std::vector<size_t>& whole, SimResult& result) {
   size_t earliest = actions.size();  // no read before the loss
   for (size_t p = 0; p < actions.size(); ++p) {
     const ActionKind kind = actions[p].kind;
@@ -98,11 +100,16 @@ void charge_reads(bool ahead, double read_per_byte, const std::vector<Action>& a
     if (kind != ActionKind::fetch) continue;
     ReadAhead read;
     read.index = actions[p].index;
-    read.bytes = fetched[p];
+    read.bytes = fetched[p] + whole[p];
     read.fetch_action = read.start_action = static_cast<int>(p);
     read.read_time = read_per_byte * static_cast<double>(read.bytes);
+    bool fits = true;  // the whole record through its backward
+    for (size_t q = p; whole[p] > 0 && q < actions.size() && fits; ++q) {
+      fits = level[q] + whole[p] <= result.peak_bytes;
+      if (actions[q] == Action{ActionKind::backward, read.index}) break;
+    }
     size_t start = p;
-    while (ahead && start > earliest && level[start - 1] + read.bytes <= result.peak_bytes) {
+    while (ahead && fits && start > earliest && level[start - 1] + read.bytes <= result.peak_bytes) {
       --start;
       read.window += compute[start];
     }
@@ -211,8 +218,20 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   // while both are in memory those bytes are counted once (`shared` is taken off `live`). When
   // either leaves memory (dropped, offloaded, freed by the backward) the other still holds them.
   size_t shared = 0;
+  // Note [a streamed record]. An offloaded record is written value by value as its forward saves
+  // them and read back value by value as its backward reads them (the runtime reads a node's values
+  // at its node as they are needed, under the plan's cap), so from the forward that records it up
+  // to its offload, and from its fetch to its backward, it counts costs.streamed(i) bytes, not the
+  // whole record (Note [a record read back value by value] in src/autodiff/saved_tensor.cpp). Where
+  // that is less than the record, it shares nothing with its output then (what it holds at a time
+  // is not known), and a read ahead brings it back whole (charge_reads). `record_bytes` is what each
+  // record adds to `live`.
+  // a record streams less than itself, or counts whole (as one in memory, with what it shares)
+  const auto streams = [&](size_t i) { return costs.streamed(i) < xbar[i]; };
+  std::vector<size_t> record_bytes(static_cast<size_t>(stages), 0);
+  std::vector<bool> record_streamed(static_cast<size_t>(stages), false);
   const auto pair_bytes = [&](size_t i) -> size_t {
-    if (costs.saved_output_bytes.empty() || i >= static_cast<size_t>(stages)) return 0;
+    if (costs.saved_output_bytes.empty() || i >= static_cast<size_t>(stages) || record_streamed[i]) return 0;
     return record_live[i] && !record_away[i] && boundary_live[i + 1] && !boundary_away[i + 1] &&
                    !boundary_pending[i + 1]
                ? std::min(costs.saved_output_bytes[i], in_memory(i + 1))
@@ -256,6 +275,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
   std::vector<size_t> level(actions.size(), 0);
   std::vector<double> compute(actions.size(), 0.0);
   std::vector<size_t> fetched(actions.size(), 0);  // a fetch's bytes
+  std::vector<size_t> whole(actions.size(), 0);    // a record's fetch: its bytes beyond the streamed count
   for (size_t position = 0; position < actions.size(); ++position) {
     const Action& action = actions[position];
     const int i = action.index;
@@ -300,8 +320,14 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
           boundary_pending[at + 1] = held_only;
         });
         if (record) {
-          live += xbar[at];
-          updating(at, [&] { record_live[at] = true; });
+          const bool streamed = streams(at) && position + 1 < actions.size() &&
+                                actions[position + 1] == Action{ActionKind::offload, i};
+          record_bytes[at] = streamed ? costs.streamed(at) : xbar[at];
+          live += record_bytes[at];
+          updating(at, [&] {
+            record_live[at] = true;
+            record_streamed[at] = streamed;
+          });
         }
         result.total_time += costs.forward_time[at];
         compute[position] = costs.forward_time[at];
@@ -345,8 +371,11 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         live += costs.gradient_bytes(at);
         result.peak_bytes = std::max(result.peak_bytes, live - shared);
         step_level = std::max(step_level, live - shared);
-        live -= costs.gradient_bytes(at + 1) + xbar[at];
-        updating(at, [&] { record_live[at] = false; });
+        live -= costs.gradient_bytes(at + 1) + record_bytes[at];
+        updating(at, [&] {
+          record_live[at] = false;
+          record_streamed[at] = false;
+        });
         gap(at, false);
         gradient = i;
         result.total_time += costs.backward_time[at];
@@ -375,8 +404,16 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
         if (!record) {
           boundary_change(at, [&] { away = out; });
         } else {
-          boundary_change(at, [&] { updating(at, [&] { away = out; }); });
-          live = out ? live - bytes : live + bytes;
+          boundary_change(at, [&] {
+            updating(at, [&] {
+              away = out;
+              record_streamed[at] = streams(at);
+            });
+          });
+          live -= record_bytes[at];
+          record_bytes[at] = out ? 0 : costs.streamed(at);
+          live += record_bytes[at];
+          if (!out) whole[position] = xbar[at] - record_bytes[at];
         }
         if (out) {
           const size_t written = bytes + (record ? input_away(at) : 0);  // a record's input goes with it
@@ -399,7 +436,7 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
     result.peak_bytes = std::max(result.peak_bytes, live - shared);
     step_level = std::max(step_level, live - shared);
   }
-  charge_reads(costs.reads_ahead, read_per_byte, actions, level, compute, fetched, result);
+  charge_reads(costs.reads_ahead, read_per_byte, actions, level, compute, fetched, whole, result);
   if (gradient != 0)
     throw Error(gradient < 0 ? "simulate: the plan never runs the loss"
                                              : "simulate: the plan ends before stage " + std::to_string(gradient - 1) +
