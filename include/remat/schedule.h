@@ -349,6 +349,11 @@ struct ChainPlanOptions {
   // to plan with instead of the target's measured bandwidth (a known target, or a test), with no
   // queued write part (the read back still starts ahead where the plan's peak leaves room).
   double offload_seconds_per_byte = -1;
+  // For a budget plan: price each layer call by its FLOP estimate (autodiff::OpCounters; the
+  // forward at 1e9 FLOP/s, the backward twice that) instead of its measured times, so that the
+  // same model plans the same on every run and machine, whatever the load (reproducible memory
+  // behaviour; tests). Predicted times are then nominal.
+  bool times_from_flops = false;
 };
 struct ChainPlan {
   Plan plan;

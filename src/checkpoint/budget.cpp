@@ -57,9 +57,11 @@ bool BudgetPlanner::State::profile_complete() const {
 schedule::ChainCosts BudgetPlanner::State::measured_costs() const {
   detail::settle_device_seconds();  // the profiles' times, read off the device's marks
   schedule::ChainCosts c;
+  constexpr double kNominalSecondsPerFlop = 1e-9;  // ChainPlanOptions::times_from_flops
+  const bool nominal = options.times_from_flops;
   for (const auto& p : profiles) {
-    c.forward_time.push_back(p->forward_seconds);
-    c.backward_time.push_back(p->backward_seconds);
+    c.forward_time.push_back(nominal ? p->forward_flops * kNominalSecondsPerFlop : p->forward_seconds);
+    c.backward_time.push_back(nominal ? 2 * p->forward_flops * kNominalSecondsPerFlop : p->backward_seconds);
     c.boundary_bytes.push_back(p->boundary_bytes);
     c.saved_bytes.push_back(p->saved_bytes);
     c.streamed_bytes.push_back(p->streamed_bytes);
