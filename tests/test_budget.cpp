@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <regex>
 #include <vector>
 
 #include "checkpoint_models.h"
@@ -13,6 +12,7 @@
 #include "remat/budget.h"
 #include "remat/dynamic.h"
 #include "remat/schedule.h"
+#include "plan_checks.h"
 #include "random_chain.h"
 #include "temp_dir.h"
 
@@ -507,19 +507,8 @@ TEST(Budget, TheSmallestGroupedBudgetIsTheExactLeastPeakAndItOffloads) {
   model.chain.planner()->set_options(grouped_only);
   const size_t grouped_smallest = model.chain.planner()->feasible_range()->least_planned_peak_bytes;
   ASSERT_LT(smallest, grouped_smallest);
-  const auto refused_down_to = [&](size_t budget) -> size_t {  // the smallest budget the refusal names
-    try {
-      step_peak_saved(model, x, policy_for(budget));
-    } catch (const Error& e) {
-      std::smatch m;
-      const std::string what = e.what();
-      if (std::regex_search(what, m, std::regex("smallest feasible budget for [^:]*: ([0-9]+) bytes")))
-        return std::stoull(m[1].str());
-      ADD_FAILURE() << what;
-      return 0;
-    }
-    ADD_FAILURE() << "budget " << budget << " was not refused";
-    return 0;
+  const auto refused_down_to = [&](size_t budget) {  // the smallest budget the refusal names
+    return remat::testing::smallest_budget_refused([&] { step_peak_saved(model, x, policy_for(budget)); });
   };
   const size_t grouped_floor = refused_down_to(1);
   EXPECT_NO_THROW(step_peak_saved(model, x, policy_for(grouped_floor)));

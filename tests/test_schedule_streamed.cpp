@@ -6,14 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <random>
-#include <regex>
 #include <vector>
 
 #include "checkpoint_models.h"
 #include "gpt_steps.h"
 #include "module_models.h"
+#include "plan_checks.h"
 #include "random_chain.h"
 #include "remat/budget.h"
 #include "remat/nn.h"
@@ -22,6 +21,8 @@
 
 using namespace remat;
 using remat::testing::bitwise_equal;
+using remat::testing::expect_plans_within_their_limits;
+using remat::testing::smallest_budget_refused;
 namespace rs = remat::schedule;
 using rs::ChainCosts;
 using rs::PlanNode;
@@ -42,30 +43,6 @@ TensorList gpt_grads(nn::GPT& model, const Tensor& ids, const Tensor& targets, c
   TensorList grads;
   for (auto& p : model.parameters()) grads.push_back(p.grad().clone());
   return grads;
-}
-
-// The smallest budget a budget policy's refusal names.
-size_t refused_down_to(const std::function<void()>& step) {
-  try {
-    step();
-  } catch (const Error& e) {
-    std::smatch m;
-    const std::string what = e.what();
-    if (std::regex_search(what, m, std::regex("smallest feasible budget for [^:]*: ([0-9]+) bytes")))
-      return std::stoull(m[1].str());
-    ADD_FAILURE() << what;
-    return 0;
-  }
-  ADD_FAILURE() << "the step was not refused";
-  return 0;
-}
-
-// count limits from `high` down to `low`, evenly spaced, both included
-std::vector<size_t> falling(size_t low, size_t high, int count) {
-  std::vector<size_t> out;
-  for (int k = 0; k < count; ++k)
-    out.push_back(high - (high - low) * static_cast<size_t>(k) / static_cast<size_t>(count - 1));
-  return out;
 }
 
 }  // namespace
@@ -120,10 +97,6 @@ TEST(ChainSim, StreamedBytesOfTheWrongLengthAreRefused) {
 // part of themselves simulates within its limit (plan_chain checks it and would throw), and the
 // least peak with the target is no higher than with whole records.
 TEST(ChainPlan, PlansOfStreamedRecordsStayWithinTheirLimits) {
-  rs::ChainPlanOptions grouped;
-  grouped.method = rs::RotorMethod::grouped;
-  grouped.top_parts = 3;
-  grouped.group = 3;
   int plans = 0;
   for (int stages : {12, 40})
     for (unsigned seed = 1; seed <= 3; ++seed) {
@@ -136,17 +109,8 @@ TEST(ChainPlan, PlansOfStreamedRecordsStayWithinTheirLimits) {
       std::uniform_int_distribution<int> percent(10, 100);
       for (size_t bytes : r.saved_bytes) r.streamed_bytes.push_back(bytes * static_cast<size_t>(percent(rng)) / 100);
       EXPECT_LE(rs::min_feasible_memory(r), rs::min_feasible_memory(whole));
-      const size_t high = rs::plan_save_all(r).predicted_peak_bytes;
-      for (const rs::ChainPlanOptions& options : {rs::ChainPlanOptions{}, grouped}) {
-        const size_t low = rs::chain_min_feasible_memory(r, options);
-        for (size_t limit : falling(low, high, 6)) {
-          SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed << ", limit " << limit);
-          const rs::ChainPlan chosen = rs::plan_chain(r, limit, options);
-          EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
-          EXPECT_EQ(rs::simulate(r, chosen.plan).peak_bytes, chosen.plan.predicted_peak_bytes);
-          ++plans;
-        }
-      }
+      SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed);
+      plans += expect_plans_within_their_limits(r);
     }
   EXPECT_EQ(plans, 2 * 3 * 2 * 6);
 }
@@ -213,7 +177,7 @@ TEST(BudgetStreamed, AGptWithATargetRunsBelowTheSmallestBudgetInMemory) {
   EXPECT_GT(counters().dynamic.bytes_offloaded, 0u);
   ASSERT_EQ(got.size(), reference.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
-  const size_t smallest = refused_down_to([&] { grads_under(with_target(1), &peak); });
+  const size_t smallest = smallest_budget_refused([&] { grads_under(with_target(1), &peak); });
   ASSERT_GT(smallest, 0u);
   EXPECT_LE(smallest, budget);
   EXPECT_NO_THROW(grads_under(with_target(smallest), &peak));

@@ -1,8 +1,8 @@
 // The checkpoint region's backward pass: the replay of its steps, the recomputation check, the
 // backward of the sub-tape and the routing of its gradients. The first run is region.cpp; see
 // region.h and the Notes at the top of region.cpp.
-#include <optional>
 #include <map>
+#include <optional>
 #include <unordered_set>
 
 #include "autodiff/digest.h"
