@@ -129,6 +129,25 @@ class TwoTanhBlock : public nn::Module {
   std::shared_ptr<nn::Linear> up, down;
 };
 
+// Three Linear+tanh layers whose first tanh's output is added at the end: the forward keeps it (and
+// the function's locals) alive while the later layers run, while the backward reads them one after
+// the other.
+class LateAddBlock : public nn::Module {
+ public:
+  LateAddBlock(int64_t width, DType dtype) {
+    for (int k = 0; k < 3; ++k)
+      fc.push_back(register_module("fc" + std::to_string(k), std::make_shared<nn::Linear>(width, width, true, dtype)));
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    const Tensor y1 = tanh(fc[0]->forward(x));
+    const Tensor y2 = tanh(fc[1]->forward(y1));
+    const Tensor y3 = tanh(fc[2]->forward(y2));
+    return add(y3, y1);
+  }
+  std::string type_name() const override { return "LateAddBlock"; }
+  std::vector<std::shared_ptr<nn::Linear>> fc;
+};
+
 // The profile measures what a record keeps at once when read back value by value: the backward
 // reads h2 (the second tanh) and releases it before it reads h1 (the second Linear, then the first
 // tanh), so at most h1 is in memory at once, of a record of h1 + h2.
@@ -153,8 +172,8 @@ TEST(BudgetStreamed, TheProfileMeasuresWhatARecordKeepsAtOnce) {
 
 // A 12-block GPT with an offload target runs at 0.8x the smallest budget in memory (its floor
 // there is one block's re-run; streamed records bring it lower): within the budget and the
-// prediction, with values offloaded and save-all's gradients. One byte below the smallest budget
-// with the target is refused.
+// prediction (never over the plan's cap), with values offloaded and save-all's gradients. One
+// byte below the smallest budget with the target is refused.
 TEST(BudgetStreamed, AGptWithATargetRunsBelowTheSmallestBudgetInMemory) {
   nn::GPTConfig config{.vocab = 13, .layers = 12, .width = 32, .heads = 4, .seq = 16, .dropout = 0.0,
                        .dtype = DType::f32, .seed = 7};
@@ -175,6 +194,7 @@ TEST(BudgetStreamed, AGptWithATargetRunsBelowTheSmallestBudgetInMemory) {
   EXPECT_LE(peak, report.predicted_peak_bytes) << report.tree;
   EXPECT_LE(report.predicted_peak_bytes, budget) << report.tree;
   EXPECT_GT(counters().dynamic.bytes_offloaded, 0u);
+  EXPECT_EQ(counters().dynamic.bytes_over_plan, 0u);
   ASSERT_EQ(got.size(), reference.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
   const size_t smallest = smallest_budget_refused([&] { grads_under(with_target(1), &peak); });
@@ -182,4 +202,38 @@ TEST(BudgetStreamed, AGptWithATargetRunsBelowTheSmallestBudgetInMemory) {
   EXPECT_LE(smallest, budget);
   EXPECT_NO_THROW(grads_under(with_target(smallest), &peak));
   EXPECT_THROW(grads_under(with_target(smallest - 1), &peak), Error);
+}
+
+// A layer whose forward keeps saved values alive longer than its backward reads them at once
+// (LateAddBlock) is streamed at the backward's count all the same: once written, a value that is
+// still an activation is no longer a saved value the store holds, and is not in the saved bytes.
+// At the smallest budget with a target the step stays within its prediction, the saved bytes never
+// went over the plan's cap (DynamicCounters::bytes_over_plan), and the gradients are save-all's.
+TEST(BudgetStreamed, ALayerWhoseForwardKeepsItsValuesLongerStaysWithinItsPrediction) {
+  const int64_t width = 32, rows = 16;
+  nn::Sequential model;
+  for (int i = 0; i < 6; ++i) model.add(std::make_shared<LateAddBlock>(width, DType::f32));
+  model.reset_parameters(8);
+  const Tensor x = randn({rows, width}, DType::f32, RngState{9, 0});
+  const TensorList reference = remat::testing::module_grads(model, x, Policy::save_all());
+  const std::string dir = remat::testing::fresh_dir("streamed-late-add");
+  const auto with_target = [&](size_t budget) { return Policy::budget(budget).with_offload(OffloadTarget{dir, 0, 0}); };
+  for (int i = 0; i < BudgetPlanner::kProfilingSteps + 1; ++i) remat::testing::measure_step(model, x, with_target(size_t{1} << 40));
+  const size_t value = static_cast<size_t>(rows * width) * sizeof(float);
+  const std::optional<rs::ChainCosts> costs = model.planner()->costs();
+  ASSERT_TRUE(costs.has_value());
+  for (size_t i = 0; i < costs->saved_bytes.size(); ++i) {
+    EXPECT_EQ(costs->saved_bytes[i], 3 * value) << i;  // y1, y2, y3
+    EXPECT_LT(costs->streamed_bytes[i], costs->saved_bytes[i]) << i;
+  }
+  const size_t smallest = smallest_budget_refused([&] { remat::testing::measure_step(model, x, with_target(1)); });
+  ASSERT_GT(smallest, 0u);
+  const remat::testing::StepMeasure step = remat::testing::measure_step(model, x, with_target(smallest));
+  const BudgetPlanner::Report report = *model.planner()->report();
+  EXPECT_LE(step.peak_saved, report.predicted_peak_bytes) << report.tree;
+  EXPECT_EQ(step.counters.dynamic.bytes_over_plan, 0u) << report.tree;
+  EXPECT_GT(step.counters.dynamic.bytes_offloaded, 0u) << report.tree;
+  const TensorList got = remat::testing::module_grads(model, x, with_target(smallest));
+  ASSERT_EQ(got.size(), reference.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
 }
