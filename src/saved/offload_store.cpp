@@ -374,11 +374,10 @@ void OffloadStore::wait_for_room(size_t bytes) {
 // until it fits or nothing is in flight (what is left is the plan's own, which the plan
 // counted; where that is still above the cap, the plan's model did not hold, and the counters say
 // by how much: DynamicCounters::bytes_over_plan). A value a re-run saves in the backward pass, and
-// a value read back when its node needs it, wait the same way under the cap the forward set. So the writes run behind the nodes
-// that follow, and the measured saved peak stays within the prediction whenever the plan's
-// model holds. The cap counts host memory only: a
-// device value's host copy does not occupy the device (Note [offload of device values] in
-// offload_device.cpp).
+// a value read back when its node needs it, wait the same way under the cap the forward set. So
+// the writes run behind the nodes that follow, and the measured saved peak stays within the
+// prediction whenever the plan's model holds. The cap counts host memory only: a device value's
+// host copy does not occupy the device (Note [offload of device values] in offload_device.cpp).
 // The backward of a planned step reads ahead only where its plan says: a value read (or mapped)
 // a few nodes early is counted during what runs between, which may be a region's re-run at the
 // plan's peak (a GPT's record read back during the next block's re-run lifted the measured peak

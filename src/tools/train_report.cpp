@@ -85,7 +85,7 @@ void print_policy_counters(const Human& say, const TrainOptions& o, const Policy
         bytes_text(dynamic.bytes_mapped).c_str(), dynamic.stall_seconds);
     if (dynamic.bytes_over_plan > 0)
       say("  offload: warning: the saved bytes went %s above the budget plan's prediction, with no write left to "
-          "wait for (a layer call kept saved values alive longer than its profile showed)\n",
+          "wait for (the plan's model of this step did not hold)\n",
           bytes_text(dynamic.bytes_over_plan).c_str());
   }
   if (o.explain) {
