@@ -529,7 +529,7 @@ TEST(Budget, TheSmallestGroupedBudgetIsTheExactLeastPeakAndItOffloads) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
 }
 
-// Note [boundaries counted while held] (src/schedule/chain.cpp): one region over 4 stages
+// Note [boundaries counted while held] (src/schedule/simulate.cpp): one region over 4 stages
 // (boundaries 100 bytes, records 1,000), re-run with every stage recorded. Counted from the forward
 // that makes it, the re-run's last output a_4 adds a boundary to the peak; held, it is a temporary
 // (the re-run drops it unused), as are the values of the region's forward sweep.

@@ -1,5 +1,5 @@
 // An offloaded record takes the input it holds along (ChainCosts::saved_input_bytes; Note [a record
-// that keeps its input] in src/schedule/chain.cpp): simulate counts it out of memory while the
+// that keeps its input] in src/schedule/simulate.cpp): simulate counts it out of memory while the
 // record is away, the planners credit the offload with it, and a budget plan with an offload
 // target, planned and predicted as the allocator counts, stays within its limit and never rises
 // when the limit falls.

@@ -1,6 +1,6 @@
 // A record sent to the offload target is written value by value as its forward saves them and read
 // back value by value as its backward reads them (ChainCosts::streamed_bytes; Note [a streamed
-// record] in src/schedule/chain.cpp): simulate and the planners count what it keeps in memory at
+// record] in src/schedule/simulate.cpp): simulate and the planners count what it keeps in memory at
 // once, the profile measures it, and a budget with an offload target then runs below the smallest
 // budget in memory, within its prediction and with save-all's gradients.
 #include <gtest/gtest.h>

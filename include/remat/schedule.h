@@ -149,7 +149,7 @@ struct ChainCosts {
   // Of x[i], the bytes that stage i's record holds itself (ops that save their input, like a
   // Linear's), i = 0..L-1, or empty (none). A record sent to the offload target takes them along:
   // while it is away they are not in memory unless another holder keeps them (simulate: Note [a
-  // record that keeps its input] in src/schedule/chain.cpp), and the planners credit its offload
+  // record that keeps its input] in src/schedule/simulate.cpp), and the planners credit its offload
   // with them (exact where record i - 1 keeps a_i as its output: they count those bytes twice).
   std::vector<size_t> saved_input_bytes;
   size_t input_sent_with_record(size_t i) const { return saved_input_bytes.empty() ? 0 : saved_input_bytes[i]; }

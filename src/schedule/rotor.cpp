@@ -199,7 +199,7 @@ class RotorTable {
       else r.offer<false>(m, uf + ub, 0, false, &none);
     }
     if (!r.out) return;
-    const int64_t xs = units_.xs[at];  // offloaded, the record streams (Note [a streamed record] in chain.cpp)
+    const int64_t xs = units_.xs[at];  // offloaded, the record streams (Note [a streamed record] in simulate.cpp)
     const int64_t lower = std::max({x[at + 1] + xs, xs + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
     const size_t moved = costs_.saved_bytes[at] + costs_.input_sent_with_record(at);  // with the input it holds
     const WriteQueue alone = WriteQueue{}.ahead(write_time(moved), 0.0);  // the loss is next
@@ -241,7 +241,7 @@ class RotorTable {
                         kTracked ? output + record + loss_of(a + 1, m - held) : 0);
     if constexpr (!kTracked) return;
     // the record takes the input it holds along (ChainCosts::saved_input_bytes): [a+1, b] gets it too
-    // streamed (Note [a streamed record] in chain.cpp): read ahead only where the whole record fits
+    // streamed (Note [a streamed record] in simulate.cpp): read ahead only where the whole record fits
     const size_t moved = costs_.saved_bytes[at] + costs_.input_sent_with_record(at);
     const double write = write_time(moved);
     const int64_t xs = units_.xs[at];
@@ -373,7 +373,7 @@ class MinPeak {
       best.choice = 0;
       if (offload) {  // the last stage's record offloaded while the loss runs
         Entry candidate;
-        const size_t xs = costs_.streamed(at);  // Note [a streamed record] in chain.cpp
+        const size_t xs = costs_.streamed(at);  // Note [a streamed record] in simulate.cpp
         candidate.peak = std::max({x[at + 1] + xs, xs + g(at + 1) + g(at), x[at + 1] + g(at + 1)});
         candidate.time = uf + ub;
         candidate.choice = 0;
@@ -390,7 +390,7 @@ class MinPeak {
     if (offload) {  // its record (and the input it holds) offloaded while [a+1, b] runs
       const size_t input = costs_.input_sent_with_record(at), during = x[at + 1] + rest.peak;
       Entry candidate;
-      const size_t xs = costs_.streamed(at);  // Note [a streamed record] in chain.cpp
+      const size_t xs = costs_.streamed(at);  // Note [a streamed record] in simulate.cpp
       candidate.peak = std::max({during - std::min(during, input), x[at + 1] + xs, xs + g(at + 1) + g(at)});
       candidate.time = uf + rest.time + ub;
       candidate.choice = 0;

@@ -195,7 +195,7 @@ class GroupBuilder {
       o.kept = o.at_loss = out - static_cast<int64_t>(input);
       o.read_bytes = moved;
       o.offloads = o.offload_record = true;
-      const int64_t streamed = static_cast<int64_t>(costs_.streamed(at));  // Note [a streamed record] in chain.cpp
+      const int64_t streamed = static_cast<int64_t>(costs_.streamed(at));  // Note [a streamed record] in simulate.cpp
       o.fwd = streamed + out;
       o.bwd = streamed + model_.gradient(x[at + 1]) + model_.gradient(x[at]);
       p.options.push_back(o);
