@@ -215,13 +215,15 @@ Simulator::Simulator(const ChainCosts& costs, const std::vector<Action>& actions
   record_away_.assign(n, false);
   boundary_pending_.assign(n + 1, false);
   read_at_.resize(n);
-  for (size_t v = 0; v < costs.swept_values.size(); ++v) read_at_[static_cast<size_t>(costs.swept_values[v].read_by)].push_back(v);
+  for (size_t v = 0; v < costs.swept_values.size(); ++v)
+    read_at_[static_cast<size_t>(costs.swept_values[v].read_by)].push_back(v);
   value_of_ = value_slots(costs.swept_values, values_);
   kept_by_sweep_.assign(values_, false);
   owned_.assign(n + 1, 0);
   owned_of_.resize(n + 1);
   gap_of_.resize(n);
-  for (size_t g = 0; g < costs.gap_saved.size(); ++g) gap_of_[static_cast<size_t>(costs.gap_saved[g].stage)].push_back(g);
+  for (size_t g = 0; g < costs.gap_saved.size(); ++g)
+    gap_of_[static_cast<size_t>(costs.gap_saved[g].stage)].push_back(g);
   gap_value_ = value_slots(costs.gap_saved, gap_values_);
   gap_holds_.assign(gap_values_, 0);
   gap_recorded_.assign(n, false);
@@ -247,7 +249,8 @@ void Simulator::gap(size_t j, bool recorded) {
   gap_recorded_[j] = recorded;
   for (size_t g : gap_of_[j]) {
     int& holds = gap_holds_[gap_value_[g]];
-    if (recorded ? holds++ == 0 : --holds == 0) live_ = recorded ? live_ + costs_.gap_saved[g].bytes : live_ - costs_.gap_saved[g].bytes;
+    if (recorded ? holds++ == 0 : --holds == 0)
+      live_ = recorded ? live_ + costs_.gap_saved[g].bytes : live_ - costs_.gap_saved[g].bytes;
   }
 }
 
@@ -286,7 +289,8 @@ SimResult Simulator::run() {
   charge_reads(costs_.reads_ahead, read_per_byte, actions_, level_, compute_, fetched_, whole_, result_);
   if (gradient_ != 0)
     throw Error(gradient_ < 0 ? "simulate: the plan never runs the loss"
-                              : "simulate: the plan ends before stage " + std::to_string(gradient_ - 1) + "'s backward");
+                              : "simulate: the plan ends before stage " + std::to_string(gradient_ - 1) +
+                                    "'s backward");
   for (int j = 1; j <= stages_; ++j)
     if (boundary_live_[static_cast<size_t>(j)])
       throw Error("simulate: boundary " + std::to_string(j) + " is still live at the end");
@@ -377,7 +381,8 @@ void Simulator::backward() {
   stage_ok();
   const int i = i_;
   const size_t at = static_cast<size_t>(i);
-  if (gradient_ != i + 1) fail(gradient_ < 0 ? "the loss has not run" : "the live gradient is d_" + std::to_string(gradient_));
+  if (gradient_ != i + 1)
+    fail(gradient_ < 0 ? "the loss has not run" : "the live gradient is d_" + std::to_string(gradient_));
   if (!record_live_[at]) fail("stage " + std::to_string(i) + " has no record");
   if (record_away_[at]) fail("stage " + std::to_string(i) + "'s record is offloaded (not fetched)");
   if (!boundary_live_[at] || boundary_away_[at]) fail("its input boundary " + std::to_string(i) + " is not in memory");
