@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <regex>
 #include <vector>
 
 #include "checkpoint_models.h"
@@ -13,6 +12,7 @@
 #include "remat/budget.h"
 #include "remat/dynamic.h"
 #include "remat/schedule.h"
+#include "plan_checks.h"
 #include "random_chain.h"
 #include "temp_dir.h"
 
@@ -446,9 +446,10 @@ TEST(BudgetPeaks, AGptWithOffloadedRegionsStaysWithinItsPrediction) {
   const auto policy_for = [&](size_t budget) { return Policy::budget(budget).with_offload(OffloadTarget{dir, 0, 0}); };
   rs::ChainPlanOptions options;
   options.offload_seconds_per_byte = 0;
+  options.times_from_flops = true;  // the same plans on every run, whatever the machine's load
   model.planner()->set_options(options);
   for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step(policy_for(size_t{1} << 40), nullptr);
-  // a transfer as dear as recomputing the bytes, whatever this machine's speed: at no cost,
+  // a transfer as dear as recomputing the bytes: at no cost,
   // offloading every record (with the input it holds) wins at every budget, and no region is offloaded
   step(policy_for(size_t{1} << 40), nullptr);  // the costs come with the first plan
   const std::optional<rs::ChainCosts> profiled = model.planner()->costs();
@@ -506,19 +507,8 @@ TEST(Budget, TheSmallestGroupedBudgetIsTheExactLeastPeakAndItOffloads) {
   model.chain.planner()->set_options(grouped_only);
   const size_t grouped_smallest = model.chain.planner()->feasible_range()->least_planned_peak_bytes;
   ASSERT_LT(smallest, grouped_smallest);
-  const auto refused_down_to = [&](size_t budget) -> size_t {  // the smallest budget the refusal names
-    try {
-      step_peak_saved(model, x, policy_for(budget));
-    } catch (const Error& e) {
-      std::smatch m;
-      const std::string what = e.what();
-      if (std::regex_search(what, m, std::regex("smallest feasible budget for [^:]*: ([0-9]+) bytes")))
-        return std::stoull(m[1].str());
-      ADD_FAILURE() << what;
-      return 0;
-    }
-    ADD_FAILURE() << "budget " << budget << " was not refused";
-    return 0;
+  const auto refused_down_to = [&](size_t budget) {  // the smallest budget the refusal names
+    return remat::testing::smallest_budget_refused([&] { step_peak_saved(model, x, policy_for(budget)); });
   };
   const size_t grouped_floor = refused_down_to(1);
   EXPECT_NO_THROW(step_peak_saved(model, x, policy_for(grouped_floor)));
@@ -539,7 +529,7 @@ TEST(Budget, TheSmallestGroupedBudgetIsTheExactLeastPeakAndItOffloads) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(got[i], reference[i])) << i;
 }
 
-// Note [boundaries counted while held] (src/schedule/chain.cpp): one region over 4 stages
+// Note [boundaries counted while held] (src/schedule/simulate.cpp): one region over 4 stages
 // (boundaries 100 bytes, records 1,000), re-run with every stage recorded. Counted from the forward
 // that makes it, the re-run's last output a_4 adds a boundary to the peak; held, it is a temporary
 // (the re-run drops it unused), as are the values of the region's forward sweep.

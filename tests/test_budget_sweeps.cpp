@@ -24,7 +24,7 @@ namespace {
 // Layer calls with a constant made before the first call, with no gradient path, added to (or
 // multiplied into) each call's output between the calls. A region over several calls keeps it;
 // a product also saves it and the call's output for its own backward, where it runs outside a
-// region (Note [what the ops between calls save] in src/schedule/chain.cpp).
+// region (Note [what the ops between calls save] in src/schedule/simulate.cpp).
 class ConstantBetweenCalls : public nn::Module {
  public:
   ConstantBetweenCalls(int layers, int64_t width, bool product) : width_(width), product_(product) {

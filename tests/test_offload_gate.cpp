@@ -25,6 +25,7 @@ struct GatedRun {
   Tensor gradient;
   size_t peak_saved = 0;     // during the forward pass, above what was saved before it
   size_t bytes_offloaded = 0;
+  size_t bytes_over_plan = 0;  // DynamicCounters::bytes_over_plan
 };
 
 // mean(tanh(...tanh(x W)... W)): each layer saves its matmul's input and its tanh's output, every
@@ -49,6 +50,7 @@ GatedRun tanh_chain_step(const Tensor& x, const Tensor& weight, detail::OffloadG
   run.peak_saved = memory::peak_bytes(memory::Tag::saved) - before;
   run.gradient = remat::grad(TensorList{loss}, {weight})[0];
   run.bytes_offloaded = counters().dynamic.bytes_offloaded;
+  run.bytes_over_plan = counters().dynamic.bytes_over_plan;
   return run;
 }
 
@@ -85,5 +87,14 @@ TEST(OffloadGate, ACapMakesWritesWaitOnlyWhenTheSavedBytesWouldPassIt) {
   const GatedRun capped = tanh_chain_step(x, weight, Mode::every_value, cap, slow);
   EXPECT_LE(capped.peak_saved, cap);
   EXPECT_GE(capped.bytes_offloaded, (kLayers - 4) * kValueBytes);  // the writes it waited for
+  EXPECT_EQ(capped.bytes_over_plan, 0u);
   EXPECT_TRUE(remat::testing::bitwise_equal(capped.gradient, reference));
+
+  // a cap below one value: once nothing is left in flight the value is kept all the same, and the
+  // counters say by how much the saved bytes went over the cap
+  const size_t tight = kValueBytes / 2;
+  const GatedRun over = tanh_chain_step(x, weight, Mode::every_value, tight, slow);
+  EXPECT_GE(over.bytes_over_plan, kValueBytes - tight);
+  EXPECT_LE(over.peak_saved, tight + over.bytes_over_plan);
+  EXPECT_TRUE(remat::testing::bitwise_equal(over.gradient, reference));
 }

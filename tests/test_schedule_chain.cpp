@@ -490,7 +490,7 @@ TEST(ChainPlan, InvalidInputsAreRejected) {
 }  // namespace
 
 // A record that holds its stage's output (saved_output_bytes) shares those bytes with the
-// boundary while both are in memory (Note [a record that keeps its output], chain.cpp). Three
+// boundary while both are in memory (Note [a record that keeps its output], simulate.cpp). Three
 // stages, every boundary and record 100 bytes, each record being its stage's output: save-all
 // holds a_0 and the three outputs, 400 bytes (700 when counted twice). Offloading record 1 frees
 // nothing while a_2 holds the same bytes; a region's input offloaded while the record before it

@@ -1,5 +1,5 @@
 // An offloaded record takes the input it holds along (ChainCosts::saved_input_bytes; Note [a record
-// that keeps its input] in src/schedule/chain.cpp): simulate counts it out of memory while the
+// that keeps its input] in src/schedule/simulate.cpp): simulate counts it out of memory while the
 // record is away, the planners credit the offload with it, and a budget plan with an offload
 // target, planned and predicted as the allocator counts, stays within its limit and never rises
 // when the limit falls.
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "module_models.h"
+#include "plan_checks.h"
 #include "random_chain.h"
 #include "remat/budget.h"
 #include "remat/nn.h"
@@ -21,6 +22,7 @@ using namespace remat;
 namespace rs = remat::schedule;
 using rs::ChainCosts;
 using rs::PlanNode;
+using remat::testing::falling;
 
 namespace {
 
@@ -35,14 +37,6 @@ ChainCosts linear_tanh_chain() {
   c.saved_input_bytes.assign(6, K);
   c.offload_seconds_per_byte = 1e-9;
   return c;
-}
-
-// count limits from `high` down to `low`, evenly spaced, both included
-std::vector<size_t> falling(size_t low, size_t high, int count) {
-  std::vector<size_t> out;
-  for (int k = 0; k < count; ++k)
-    out.push_back(high - (high - low) * static_cast<size_t>(k) / static_cast<size_t>(count - 1));
-  return out;
 }
 
 // a random chain whose records hold part or all of their inputs, and some their outputs
@@ -98,27 +92,14 @@ TEST(ChainPlan, ThePlannersCreditAnOffloadedRecordsInput) {
   ChainCosts no_credit = c;
   no_credit.saved_input_bytes.clear();
   EXPECT_LT(rs::min_feasible_memory(c), rs::min_feasible_memory(no_credit));
-  rs::ChainPlanOptions grouped;
-  grouped.method = rs::RotorMethod::grouped;
-  grouped.top_parts = 3;
-  grouped.group = 3;
   int plans = 0;
   for (int stages : {12, 40})
     for (unsigned seed = 1; seed <= 3; ++seed) {
       ChainCosts r = with_held_values(random_chain(stages, 500 + seed), seed);
       r.offload_seconds_per_byte = 2e-4;
       r.offload_write_seconds_per_byte = 1e-4;
-      const size_t high = rs::plan_save_all(r).predicted_peak_bytes;
-      for (const rs::ChainPlanOptions& options : {rs::ChainPlanOptions{}, grouped}) {
-        const size_t low = rs::chain_min_feasible_memory(r, options);
-        for (size_t limit : falling(low, high, 6)) {
-          SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed << ", limit " << limit);
-          const rs::ChainPlan chosen = rs::plan_chain(r, limit, options);
-          EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
-          EXPECT_EQ(rs::simulate(r, chosen.plan).peak_bytes, chosen.plan.predicted_peak_bytes);
-          ++plans;
-        }
-      }
+      SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed);
+      plans += remat::testing::expect_plans_within_their_limits(r);
     }
   EXPECT_EQ(plans, 2 * 3 * 2 * 6);
 }

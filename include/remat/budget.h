@@ -71,6 +71,7 @@ struct RegionProfile {
   size_t saved_bytes = 0;        // what the re-run's ops kept (allocator-measured)
   size_t saved_output_bytes = 0;  // of saved_bytes, the re-run's outputs themselves (e.g. tanh's)
   size_t saved_input_bytes = 0;   // of boundary_bytes, what the re-run's ops saved (e.g. a Linear's input)
+  size_t streamed_bytes = 0;      // of saved_bytes, the most in memory at once when read back value by value
   // what a sweep from the previous call to this one keeps (read_by: this stage), as ChainCosts::swept_values
   std::vector<schedule::ChainCosts::SweptValue> sweep_kept;
   // what the ops between the previous call and this one save, as ChainCosts::gap_saved

@@ -53,6 +53,10 @@ struct DynamicCounters {
   size_t bytes_read_on_demand = 0;     // read back when the backward pass needed them
   size_t bytes_mapped = 0;             // of those read back, the bytes handed over as mapped file pages
   double stall_seconds = 0;            // waiting for writes (ram bound) or reads
+  // A budget plan with an offload target: the most its saved bytes went above the plan's
+  // prediction with no write left to wait for (the plan's model of the step did not hold; no test
+  // model does this). 0: the model held (Note [writes behind a plan's peak]).
+  size_t bytes_over_plan = 0;
 };
 
 // One checkpoint region (or, past 4096 rows, every later region of the same label added up).

@@ -149,10 +149,16 @@ struct ChainCosts {
   // Of x[i], the bytes that stage i's record holds itself (ops that save their input, like a
   // Linear's), i = 0..L-1, or empty (none). A record sent to the offload target takes them along:
   // while it is away they are not in memory unless another holder keeps them (simulate: Note [a
-  // record that keeps its input] in src/schedule/chain.cpp), and the planners credit its offload
+  // record that keeps its input] in src/schedule/simulate.cpp), and the planners credit its offload
   // with them (exact where record i - 1 keeps a_i as its output: they count those bytes twice).
   std::vector<size_t> saved_input_bytes;
   size_t input_sent_with_record(size_t i) const { return saved_input_bytes.empty() ? 0 : saved_input_bytes[i]; }
+  // Of xbar[i], the most that record i keeps in memory at once when it is streamed: sent to the
+  // offload target value by value as its forward saves them, and read back value by value as its
+  // backward reads them (Note [a record read back value by value] in src/autodiff/saved_tensor.cpp),
+  // i = 0..L-1, or empty (none: a streamed record counts whole, as one that is not).
+  std::vector<size_t> streamed_bytes;
+  size_t streamed(size_t i) const { return streamed_bytes.empty() ? saved_bytes[i] : std::min(streamed_bytes[i], saved_bytes[i]); }
   // Whether simulate counts a boundary only while something holds it, as an allocator counts
   // saved values: a_{i+1} made by a forward is a temporary until the next action that keeps it
   // (a forward of stage i+1, unless that forward does not record and the next action drops
@@ -343,6 +349,11 @@ struct ChainPlanOptions {
   // to plan with instead of the target's measured bandwidth (a known target, or a test), with no
   // queued write part (the read back still starts ahead where the plan's peak leaves room).
   double offload_seconds_per_byte = -1;
+  // For a budget plan: price each layer call by its FLOP estimate (autodiff::OpCounters; the
+  // forward at 1e9 FLOP/s, the backward twice that) instead of its measured times, so that the
+  // same model plans the same on every run and machine, whatever the load (reproducible memory
+  // behaviour; tests). Predicted times are then nominal.
+  bool times_from_flops = false;
 };
 struct ChainPlan {
   Plan plan;

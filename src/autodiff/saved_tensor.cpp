@@ -41,6 +41,7 @@ namespace {
 
 thread_local std::vector<std::shared_ptr<hooks_detail::HooksState>> hooks_stack;
 thread_local bool inside_hook = false;  // a hook's own ops never pack
+thread_local StreamProbe* stream_probe = nullptr;
 
 // A contiguous 1-D tensor over the whole of `storage`, read as `dtype`.
 Tensor whole_storage(const std::shared_ptr<Storage>& storage, DType dtype) {
@@ -111,9 +112,14 @@ SavedTensor::SavedTensor(const Tensor& value) {
   if (!value.defined()) return;
   // a value a recomputation deferred (Storage's deferred constructor): computed now, on this thread
   if (value.storage()->pending()) value.storage()->data();
+  // what the probe does not count: a storage held before, or not the saved bytes' (a parameter)
+  const bool held_before = stream_probe && (saved_holders(*value.storage()) > 0 ||
+                                            (value.storage()->tag() != memory::Tag::saved &&
+                                             value.storage()->tag() != memory::Tag::other));
   if (!hooks_stack.empty() && !inside_hook) {
     const std::shared_ptr<Storage>& storage = value.storage();
     packed_ = pack_storage(hooks_stack.back(), storage, value.dtype());
+    if (stream_probe) stream_probe->saved(packed_.get(), packed_->bytes, held_before);
     offset_ = value.offset();
     shape_ = value.shape();
     strides_ = value.strides();
@@ -125,6 +131,7 @@ SavedTensor::SavedTensor(const Tensor& value) {
   value_ = value.detach();  // no grad_fn: no cycle through the node that keeps it
   version_ = value_.storage()->version();
   value_.storage()->add_saved_reference();
+  if (stream_probe) stream_probe->saved(value_.storage().get(), value_.storage()->bytes(), held_before);
 }
 
 SavedTensor::~SavedTensor() { release(); }
@@ -158,6 +165,8 @@ SavedTensor& SavedTensor::operator=(SavedTensor&& other) noexcept {
 Tensor SavedTensor::get() const {
   REMAT_CHECK(!released_, "a value saved for the backward pass was already freed: the graph was run backward "
                           "once already (pass retain_graph=true to run it again)");
+  if (stream_probe && (packed_ || value_.defined()))
+    stream_probe->read(packed_ ? static_cast<const void*>(packed_.get()) : value_.storage().get());
   if (packed_) {
     if (std::shared_ptr<Storage> original = original_.lock())
       REMAT_CHECK(original->version() == version_, "a tensor of shape ", shape_str(shape_),
@@ -190,6 +199,8 @@ Tensor SavedTensor::get() const {
 }
 
 void SavedTensor::release() {
+  if (stream_probe && !released_ && (value_.defined() || packed_))
+    stream_probe->released(packed_ ? static_cast<const void*>(packed_.get()) : value_.storage().get());
   if (value_.defined()) {
     value_.storage()->remove_saved_reference();
     value_ = Tensor();
@@ -199,6 +210,40 @@ void SavedTensor::release() {
     packed_.reset();
     released_ = true;
   }
+}
+
+// Note [a record read back value by value]. A record sent to the offload target need not come
+// back whole: each value is read when its backward first reads it and is gone once its last
+// holder is released, so while the record's backward runs it keeps in memory only the values
+// between their first read and their last use. StreamProbe measures the most such bytes at once
+// during a profiling re-run's backward (the engine's order: what the runtime does), keyed by the
+// storage (or its packed form, one per storage). A storage another value held before the record
+// saved it (its input, which the region keeps; the previous record's output) is the other
+// holder's, and a parameter is no saved value: neither is counted, as the record's saved bytes do
+// not count them (ChainCosts::streamed_bytes).
+StreamProbe::StreamProbe() : previous_(stream_probe) { stream_probe = this; }
+StreamProbe::~StreamProbe() { stream_probe = previous_; }
+
+void StreamProbe::saved(const void* key, size_t bytes, bool held_before) {
+  if (reading_) return;
+  Value& v = values_[key];
+  if (v.holders++ == 0) v = Value{bytes, 1, !held_before, false};
+}
+
+void StreamProbe::read(const void* key) {
+  auto it = values_.find(key);
+  if (it == values_.end() || it->second.read) return;
+  it->second.read = true;
+  if (!it->second.counted) return;
+  live_ += it->second.bytes;
+  peak_ = std::max(peak_, live_);
+}
+
+void StreamProbe::released(const void* key) {
+  auto it = values_.find(key);
+  if (it == values_.end() || --it->second.holders > 0) return;
+  if (it->second.read && it->second.counted) live_ -= it->second.bytes;
+  values_.erase(it);  // its address may be a new storage's later
 }
 
 size_t SavedTensor::bytes() const {

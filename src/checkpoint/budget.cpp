@@ -57,11 +57,14 @@ bool BudgetPlanner::State::profile_complete() const {
 schedule::ChainCosts BudgetPlanner::State::measured_costs() const {
   detail::settle_device_seconds();  // the profiles' times, read off the device's marks
   schedule::ChainCosts c;
+  constexpr double kNominalSecondsPerFlop = 1e-9;  // ChainPlanOptions::times_from_flops
+  const bool nominal = options.times_from_flops;
   for (const auto& p : profiles) {
-    c.forward_time.push_back(p->forward_seconds);
-    c.backward_time.push_back(p->backward_seconds);
+    c.forward_time.push_back(nominal ? p->forward_flops * kNominalSecondsPerFlop : p->forward_seconds);
+    c.backward_time.push_back(nominal ? 2 * p->forward_flops * kNominalSecondsPerFlop : p->backward_seconds);
     c.boundary_bytes.push_back(p->boundary_bytes);
     c.saved_bytes.push_back(p->saved_bytes);
+    c.streamed_bytes.push_back(p->streamed_bytes);
   }
   // Note [saved bytes outside the chain]. What the step saves outside its layer calls is counted
   // by when it lives. What was saved before the chain started lives through the whole chain: the
@@ -80,7 +83,7 @@ schedule::ChainCosts BudgetPlanner::State::measured_costs() const {
 // records those bytes, and the next layer call keeps the same storage as its input: a_{i+1} and
 // stage i's record share it, and the allocator counts it once. The planners count it twice (in
 // x[i+1] and in xbar[i], on the safe side); the prediction counts it once while both are in memory
-// (simulate, Note [a record that keeps its output] in src/schedule/chain.cpp). The sharing is
+// (simulate, Note [a record that keeps its output] in src/schedule/simulate.cpp). The sharing is
 // measured, not assumed: the bytes are the re-run's outputs that its ops saved, and only where the
 // next profiled layer call kept those outputs as its input (the last one's go to the loss as a_L).
 std::vector<size_t> BudgetPlanner::State::measured_saved_output_bytes(const schedule::ChainCosts& c) const {
@@ -136,7 +139,7 @@ class BudgetPlanner::State::SweepWatch : public autodiff::OpListener {
       for (const auto& out : event.outputs) state_.note_made(out, by);
       if (!state_.in_call) {
         for (const auto& in : event.inputs) state_.note_read(in);
-        if (recorded(event.inputs)) {  // what its node keeps (Note [what the ops between calls save] in chain.cpp)
+        if (recorded(event.inputs)) {  // what its node keeps (Note [what the ops between calls save] in simulate.cpp)
           for (size_t i = 0; i < event.inputs.size(); ++i)
             if (event.saves_input && event.saves_input(i)) state_.note_gap_saved(event.inputs[i]);
           for (size_t i = 0; i < event.outputs.size(); ++i)
@@ -409,7 +412,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   for (const auto& s : shapes) inputs += (inputs.empty() ? "" : ", ") + shape_str(s);
   // The plan is predicted as the allocator counts (Note [plans within the allocator's count] in
   // src/schedule/held_plans.cpp), with an offload target too: an offloaded record takes the
-  // input it holds along (Note [a record that keeps its input] in src/schedule/chain.cpp), and the
+  // input it holds along (Note [a record that keeps its input] in src/schedule/simulate.cpp), and the
   // runtime holds the saved bytes at the prediction by waiting for writes still under way (Note
   // [writes behind a plan's peak] in src/saved/offload_store.cpp). Below the smallest budget with
   // offload a plan in memory may still fit (offload never lowers the planners' least peak, and the

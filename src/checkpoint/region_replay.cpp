@@ -2,6 +2,7 @@
 // backward of the sub-tape and the routing of its gradients. The first run is region.cpp; see
 // region.h and the Notes at the top of region.cpp.
 #include <map>
+#include <optional>
 #include <unordered_set>
 
 #include "autodiff/digest.h"
@@ -310,6 +311,8 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   const size_t saved_before = saved_live();
   const autodiff::OpCounters ops_before = autodiff::op_counters();
   const std::vector<int> leaf_references = profile_ ? saved_holders_of(leaves) : std::vector<int>{};
+  std::optional<autodiff::StreamProbe> probe;  // Note [a record read back value by value]
+  if (profile_) probe.emplace();
   std::vector<TensorList> replayed = replay_steps(leaves);
   if (profile_) profile_->saved_input_bytes = saved_input_bytes(leaves, leaf_references);
   trace_.end_recomputation();
@@ -318,8 +321,11 @@ std::vector<TensorList> Region::apply_contributions(TensorList&& grad_outputs) {
   const TimeMark backward_start = device.mark_time();
   if (profile_) profile_->saved_output_bytes = saved_output_bytes(replayed, leaves);
 
+  if (probe) probe->reading();
   const autodiff::EngineResult result = backward_replayed(std::move(replayed), grad_outputs, first_sequence_nr);
   const TimeMark backward_end = device.mark_time();
+  if (probe) profile_->streamed_bytes = probe->peak();
+  probe.reset();
 
   record_recomputation(recompute_start, backward_start, backward_end,
                        saved_after > saved_before ? saved_after - saved_before : 0, ops_before, ops_after);

@@ -17,6 +17,7 @@
 // nodes ahead by prefetch(), else from a read of its own (Note [offload files]).
 #include "offload_store.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "dynamic_internal.h"
@@ -371,12 +372,12 @@ void OffloadStore::wait_for_room(size_t bytes) {
 // predicted peak (OffloadGate), and a value about to be kept or written that would lift them
 // above it first waits for the oldest writes in flight, whose memory copies are then dropped,
 // until it fits or nothing is in flight (what is left is the plan's own, which the plan
-// counted). A value a re-run saves in the backward pass, and a value read back when its node
-// needs it, wait the same way under the cap the forward set. So the writes run behind the nodes
-// that follow, and the measured saved peak stays within the prediction whenever the plan's
-// model holds. The cap counts host memory only: a
-// device value's host copy does not occupy the device (Note [offload of device values] in
-// offload_device.cpp).
+// counted; where that is still above the cap, the plan's model did not hold, and the counters say
+// by how much: DynamicCounters::bytes_over_plan). A value a re-run saves in the backward pass, and
+// a value read back when its node needs it, wait the same way under the cap the forward set. So
+// the writes run behind the nodes that follow, and the measured saved peak stays within the
+// prediction whenever the plan's model holds. The cap counts host memory only: a device value's
+// host copy does not occupy the device (Note [offload of device values] in offload_device.cpp).
 // The backward of a planned step reads ahead only where its plan says: a value read (or mapped)
 // a few nodes early is counted during what runs between, which may be a region's re-run at the
 // plan's peak (a GPT's record read back during the next block's re-run lifted the measured peak
@@ -395,7 +396,11 @@ void OffloadStore::wait_below_cap(size_t adding, size_t cap) {
           break;
         }
     }
-    if (!oldest) return;
+    if (!oldest) {  // nothing left to wait for: what is over the cap is over the plan's prediction
+      const size_t over = memory::live_bytes(memory::Tag::saved) + adding - cap;
+      dynamic_counters().bytes_over_plan = std::max(dynamic_counters().bytes_over_plan, over);
+      return;
+    }
     wait_done(*oldest);
     throw_pending_error();
   }

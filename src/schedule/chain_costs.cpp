@@ -39,6 +39,9 @@ void ChainCosts::validate() const {
     if (saved_input_bytes[i] > boundary_bytes[i])
       invalid(function, "saved_input_bytes[" + std::to_string(i) + "] = " + std::to_string(saved_input_bytes[i]) +
                             " exceeds the stage's input (" + std::to_string(boundary_bytes[i]) + ")");
+  if (!streamed_bytes.empty() && streamed_bytes.size() != stages)
+    invalid(function, "streamed_bytes has " + std::to_string(streamed_bytes.size()) +
+                          " entries; it must be empty or have one per stage (" + std::to_string(stages) + ")");
   for (const SweptValue& v : swept_values)
     if (v.read_by < 1 || static_cast<size_t>(v.read_by) >= stages || v.made_by < -1 || v.made_by > v.read_by - 2)
       invalid(function, "a swept value read by stage " + std::to_string(v.read_by) + " and made by stage " +

@@ -25,7 +25,7 @@ void check_held(const ChainCosts& planning, const ChainCosts& held) {
 }
 
 // The planning costs with the input each offloaded record takes along (Note [a record that keeps
-// its input] in chain.cpp). The planners count a record's output apart from the next boundary (the
+// its input] in simulate.cpp). The planners count a record's output apart from the next boundary (the
 // same bytes, twice), so crediting the whole input is exact where record i - 1 keeps it in memory.
 ChainCosts with_input_credits(const ChainCosts& planning, const ChainCosts& held) {
   ChainCosts out = planning;
@@ -49,7 +49,7 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // Note [plans within the allocator's count]. The planners count every boundary from the forward
 // that makes it, and nothing a region's sweep keeps (ChainCosts::swept_values). An allocator
 // counts a boundary only while a saved value holds it (Note [boundaries counted while held] in
-// chain.cpp: a region's forward sweep and a re-run's last output are temporaries) and a record's
+// simulate.cpp: a region's forward sweep and a re-run's last output are temporaries) and a record's
 // output once (Note [a record that keeps its output]), but it also counts what a sweep keeps: the
 // token ids, a position embedding, a constant bias (measured by the budget policy: Note [what a
 // sweep keeps] in src/checkpoint/budget.cpp). So plan_chain_held predicts a plan with the held

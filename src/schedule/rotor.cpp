@@ -25,6 +25,7 @@ size_t pair_index(int a, int b) { return static_cast<size_t>(b) * (static_cast<s
 // Sizes in whole memory units (rounded up) and the budget in units (rounded down).
 struct UnitCosts {
   std::vector<int64_t> x, xbar;
+  std::vector<int64_t> xs;      // ChainCosts::streamed: an offloaded record's count (Note [a streamed record])
   std::vector<int64_t> g;       // gradient buffers d_j (x, or 0 when not counted)
   std::vector<int64_t> x_down;  // boundaries rounded down: what offloading one frees, at least
   std::vector<int64_t> in_down;  // ChainCosts::saved_input_bytes rounded down (0 where none)
@@ -40,6 +41,7 @@ UnitCosts to_units(const ChainCosts& costs, size_t available, size_t unit) {
     units.x_down.push_back(static_cast<int64_t>(bytes / unit));
   }
   for (size_t bytes : costs.saved_bytes) units.xbar.push_back(round_up(bytes));
+  for (size_t i = 0; i < costs.saved_bytes.size(); ++i) units.xs.push_back(round_up(costs.streamed(i)));
   units.in_down.assign(costs.saved_bytes.size(), 0);
   for (size_t i = 0; i < costs.saved_input_bytes.size(); ++i)
     units.in_down[i] = static_cast<int64_t>(costs.saved_input_bytes[i] / unit);
@@ -197,7 +199,8 @@ class RotorTable {
       else r.offer<false>(m, uf + ub, 0, false, &none);
     }
     if (!r.out) return;
-    const int64_t lower = std::max({x[at + 1] + xbar[at], xbar[at] + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
+    const int64_t xs = units_.xs[at];  // offloaded, the record streams (Note [a streamed record] in simulate.cpp)
+    const int64_t lower = std::max({x[at + 1] + xs, xs + g[at + 1] + g[at], x[at + 1] + g[at + 1]});
     const size_t moved = costs_.saved_bytes[at] + costs_.input_sent_with_record(at);  // with the input it holds
     const WriteQueue alone = WriteQueue{}.ahead(write_time(moved), 0.0);  // the loss is next
     const double total = uf + read_time(moved) + alone.stall() + ub;
@@ -238,11 +241,13 @@ class RotorTable {
                         kTracked ? output + record + loss_of(a + 1, m - held) : 0);
     if constexpr (!kTracked) return;
     // the record takes the input it holds along (ChainCosts::saved_input_bytes): [a+1, b] gets it too
+    // streamed (Note [a streamed record] in simulate.cpp): read ahead only where the whole record fits
     const size_t moved = costs_.saved_bytes[at] + costs_.input_sent_with_record(at);
     const double write = write_time(moved);
-    for (int64_t m = need; m <= units_.budget; ++m) {
+    const int64_t xs = units_.xs[at];
+    for (int64_t m = std::max(xs + g[at + 1] + g[at], x[at + 1] + xs); m <= units_.budget; ++m) {
       const int64_t left = std::min(units_.budget, m - x[at + 1] + units_.in_down[at]);
-      const double read = read_stall(moved, a + 1, left);
+      const double read = m >= need ? read_stall(moved, a + 1, left) : read_time(moved);
       const WriteQueue& rest = after_queue[left];
       const WriteQueue ahead = rest.ahead(write, forward_after_[at + 1]);
       r.offer<true>(m, uf + read + after_stage[left] + (ahead.stall() - rest.stall()) + ub, 0, true, &ahead,
@@ -368,7 +373,8 @@ class MinPeak {
       best.choice = 0;
       if (offload) {  // the last stage's record offloaded while the loss runs
         Entry candidate;
-        candidate.peak = std::max({x[at + 1] + xbar[at], xbar[at] + g(at + 1) + g(at), x[at + 1] + g(at + 1)});
+        const size_t xs = costs_.streamed(at);  // Note [a streamed record] in simulate.cpp
+        candidate.peak = std::max({x[at + 1] + xs, xs + g(at + 1) + g(at), x[at + 1] + g(at + 1)});
         candidate.time = uf + ub;
         candidate.choice = 0;
         offloaded(candidate, Entry{}, xbar[at] + costs_.input_sent_with_record(at), 0.0);
@@ -384,7 +390,8 @@ class MinPeak {
     if (offload) {  // its record (and the input it holds) offloaded while [a+1, b] runs
       const size_t input = costs_.input_sent_with_record(at), during = x[at + 1] + rest.peak;
       Entry candidate;
-      candidate.peak = std::max({during - std::min(during, input), x[at + 1] + xbar[at], xbar[at] + g(at + 1) + g(at)});
+      const size_t xs = costs_.streamed(at);  // Note [a streamed record] in simulate.cpp
+      candidate.peak = std::max({during - std::min(during, input), x[at + 1] + xs, xs + g(at + 1) + g(at)});
       candidate.time = uf + rest.time + ub;
       candidate.choice = 0;
       offloaded(candidate, rest, xbar[at] + input, forward_after_[at + 1]);

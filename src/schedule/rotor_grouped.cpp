@@ -12,8 +12,9 @@
 //        its gradient) and ends with the gradient of its input.
 // The cost model is the exact programme's (docs/planners.md), gradients g counted or not as
 // ChainCosts says. A stage offers two options: recorded, fwd = R = xbar + x_out and
-// bwd = xbar + g_out + g_in; and, with an offload target, recorded and offloaded: the same at
-// c * xbar more time, with R = x_out (the record is out until its backward). For a group, a
+// bwd = xbar + g_out + g_in; and, with an offload target, recorded and offloaded: the same with
+// the streamed count for xbar, at c * xbar more time, with R = x_out (the record is out until
+// its backward). For a group, a
 // rotor-like programme over its parts (the menu programme, rotor_menu.cpp) fills, for every
 // sub-range of parts and memory m in units of the group's own scale, the least time in re-run
 // mode (with the incoming gradient held), and for every suffix in top-level mode (as a whole
@@ -194,6 +195,9 @@ class GroupBuilder {
       o.kept = o.at_loss = out - static_cast<int64_t>(input);
       o.read_bytes = moved;
       o.offloads = o.offload_record = true;
+      const int64_t streamed = static_cast<int64_t>(costs_.streamed(at));  // Note [a streamed record] in simulate.cpp
+      o.fwd = streamed + out;
+      o.bwd = streamed + model_.gradient(x[at + 1]) + model_.gradient(x[at]);
       p.options.push_back(o);
     }
     return p;

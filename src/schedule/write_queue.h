@@ -1,5 +1,5 @@
 // Internal: the disk worker's queue of writes as the planners' suffix programmes see it (Note
-// [writes behind the forward pass] in chain.cpp, which simulate() charges).
+// [writes behind the forward pass] in simulate.cpp, which simulate() charges).
 #pragma once
 
 #include <algorithm>

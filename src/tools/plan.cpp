@@ -269,10 +269,15 @@ void print_profile_text(const ModelProfile& profile, std::optional<size_t> budge
                                      " saved after the chain until its backward (counted with its output)").c_str()
                                   : "");
   std::printf("%s", feasible_text(profile).c_str());
-  for (int i = 0; i < costs.num_stages(); ++i)
-    std::printf("  stage %2d: forward %.4f s, backward %.4f s, input %s, saves %s\n", i, costs.forward_time[i],
+  for (int i = 0; i < costs.num_stages(); ++i) {
+    const size_t at = static_cast<size_t>(i);
+    const std::string streamed = costs.streamed(at) < costs.saved_bytes[at]  // Note [a streamed record]
+                                     ? ", " + memory::format_bytes(static_cast<double>(costs.streamed(at))) + " at once offloaded"
+                                     : "";
+    std::printf("  stage %2d: forward %.4f s, backward %.4f s, input %s, saves %s%s\n", i, costs.forward_time[i],
                 costs.backward_time[i], memory::format_bytes(static_cast<double>(costs.boundary_bytes[i])).c_str(),
-                memory::format_bytes(static_cast<double>(costs.saved_bytes[i])).c_str());
+                memory::format_bytes(static_cast<double>(costs.saved_bytes[i])).c_str(), streamed.c_str());
+  }
 }
 
 void print_plans_text(const ModelProfile& profile, const Plans& plans, size_t budget) {

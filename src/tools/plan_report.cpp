@@ -42,6 +42,7 @@ std::vector<StageDecision> stage_decisions(const rs::ChainCosts& costs, const rs
     d.stage = i;
     d.input_bytes = costs.boundary_bytes[static_cast<size_t>(i)];
     d.saved_bytes = costs.saved_bytes[static_cast<size_t>(i)];
+    d.streamed_bytes = costs.streamed(static_cast<size_t>(i));
     if (forward_flops.size() == static_cast<size_t>(stages)) d.forward_flops = forward_flops[static_cast<size_t>(i)];
   }
   for (const rs::PlanNode& node : plan.tree) {
@@ -80,6 +81,7 @@ nlohmann::json decisions_json(const std::vector<StageDecision>& decisions, const
                     {"input_kept", d.input_kept},
                     {"input_offloaded", d.input_offloaded},
                     {"saved_bytes", d.saved_bytes},
+                    {"streamed_bytes", d.streamed_bytes},
                     {"decision", record_decision(d)},
                     {"forward_runs", d.forward_runs},
                     {"forward_flops", d.forward_flops < 0 ? nlohmann::json(nullptr) : nlohmann::json(d.forward_flops)},

@@ -28,6 +28,7 @@ namespace remat::tools {
 struct StageDecision {
   int stage = 0;
   size_t input_bytes = 0, saved_bytes = 0;
+  size_t streamed_bytes = 0;   // of saved_bytes, the most in memory at once while offloaded (streamed)
   bool input_kept = false;
   bool input_offloaded = false;  // kept, in the offload target (a region's, or with its stage's offloaded record)
   bool keep = false;           // the record: keep or recompute

@@ -83,6 +83,10 @@ void print_policy_counters(const Human& say, const TrainOptions& o, const Policy
         static_cast<unsigned long long>(dynamic.offloaded), bytes_text(dynamic.bytes_offloaded).c_str(),
         bytes_text(dynamic.bytes_prefetched).c_str(), bytes_text(dynamic.bytes_read_on_demand).c_str(),
         bytes_text(dynamic.bytes_mapped).c_str(), dynamic.stall_seconds);
+    if (dynamic.bytes_over_plan > 0)
+      say("  offload: warning: the saved bytes went %s above the budget plan's prediction, with no write left to "
+          "wait for (the plan's model of this step did not hold)\n",
+          bytes_text(dynamic.bytes_over_plan).c_str());
   }
   if (o.explain) {
     say("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s", o.policy.c_str(),
@@ -159,6 +163,7 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"bytes_read_on_demand", dynamic.bytes_read_on_demand},
                       {"bytes_mapped", dynamic.bytes_mapped},
                       {"stall_seconds", dynamic.stall_seconds},
+                      {"bytes_over_plan", dynamic.bytes_over_plan},
                       {"weights_digest", s.weights_digest},
                       {"resumed_from_step", m.start_step},
                       {"state_writes", m.state_writes},

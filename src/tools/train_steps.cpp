@@ -240,6 +240,7 @@ void StepLoop::account(int64_t step, Clock::time_point t0, double loss_value) {
   dynamic.bytes_read_on_demand += d.bytes_read_on_demand;
   dynamic.bytes_mapped += d.bytes_mapped;
   dynamic.stall_seconds += d.stall_seconds;
+  dynamic.bytes_over_plan = std::max(dynamic.bytes_over_plan, d.bytes_over_plan);
 }
 
 // Validation: every --eval-every steps and at the end.
