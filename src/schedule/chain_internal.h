@@ -1,9 +1,11 @@
-// Internal to the schedule layer's chain files (chain.cpp, chain_costs.cpp).
+// Internal to the schedule layer's chain files.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "remat/error.h"
+#include "remat/schedule.h"
 
 namespace remat::schedule {
 
@@ -11,5 +13,15 @@ namespace remat::schedule {
 [[noreturn]] inline void invalid(const std::string& function, const std::string& why) {
   throw Error(function + ": " + why);
 }
+
+// Whether plan_chain runs the exact programme (plan_rotor) for this chain and these options.
+bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options);
+
+// Every plan plan_rotor's programme makes at a memory level of its table for memory_limit (the same
+// units as plan_rotor(costs, memory_limit, slots)): the plan of each level whose least time differs
+// from the level below's, in rising levels; with reads ahead and an offload target, those of the
+// programme that prices reads in full after them. Plans within memory_limit's units, each made
+// in the table's count; the caller simulates them.
+std::vector<std::vector<PlanNode>> rotor_plans_below(const ChainCosts& costs, size_t memory_limit, int slots);
 
 }  // namespace remat::schedule

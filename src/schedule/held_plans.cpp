@@ -1,9 +1,12 @@
 // Budget plans counted as an allocator counts saved bytes: plan_chain_held, in memory and with an
 // offload target, and their smallest limits.
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "chain_internal.h"
 #include "remat/error.h"
 #include "remat/schedule.h"
 
@@ -44,6 +47,77 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
   return memory;
 }
 
+// Note [a prediction that never rises]. The planners count a boundary from the forward that makes
+// it and a record's output again as the next stage's input; the held count does neither (Note
+// [plans within the allocator's count] below). So a plan made within a larger limit can fit a
+// smaller one as held although the planners would not make it there, and the plan they do make
+// there can hold more: the prediction would rise as the limit falls. Where plan_chain runs the
+// exact programme, plan_chain_held therefore chooses from candidates that do not depend on the
+// limit: save-all, the least-peak plan, and every plan of the programme's tables for the limits
+// save-all's peak, half of it, a quarter, ... down to the chain's least peak (a plan per memory
+// level, rotor_plans_below), each simulated as held. It takes the fastest whose held peak fits the
+// limit, the one of least held peak among equally fast ones. A smaller limit has fewer candidates
+// to choose from, so its choice is slower, or as fast and of no larger peak: the prediction never
+// rises as the limit falls. The tables for a limit L are never coarser than twice those of a plan
+// made at L (units of the anchor's bytes over the slots), and their plans at levels above L are
+// candidates where their held peak fits it. The grouped planner's long chains keep the plans made
+// within the limit (it has no table per level); there the property is observed, not guaranteed.
+struct Candidate {
+  std::vector<PlanNode> tree;
+  double time = 0;
+  size_t peak = 0;
+};
+
+std::vector<Candidate> held_candidates(const ChainCosts& planning, const ChainCosts& held,
+                                       const ChainPlanOptions& options) {
+  std::vector<Candidate> out;
+  const auto add = [&](std::vector<PlanNode> tree) {
+    Plan plan = make_plan(held, std::move(tree));
+    out.push_back(Candidate{std::move(plan.tree), plan.predicted_time, plan.predicted_peak_bytes});
+  };
+  const Plan save_all = plan_save_all(planning);
+  add(save_all.tree);
+  add(plan_min_memory(planning).tree);
+  const size_t least = min_feasible_memory(planning);
+  for (size_t anchor = save_all.predicted_peak_bytes;; anchor /= 2) {
+    for (std::vector<PlanNode>& tree : rotor_plans_below(planning, std::max(anchor, least), options.slots))
+      add(std::move(tree));
+    if (anchor <= least) break;
+  }
+  return out;
+}
+
+// The fastest candidate whose held peak fits `limit`, of least peak among equally fast ones.
+const Candidate* fastest_within(const std::vector<Candidate>& candidates, size_t limit) {
+  const Candidate* best = nullptr;
+  for (const Candidate& c : candidates)
+    if (c.peak <= limit && (!best || c.time < best->time || (c.time == best->time && c.peak < best->peak)))
+      best = &c;
+  return best;
+}
+
+size_t least_peak(const std::vector<Candidate>& candidates) {
+  size_t least = SIZE_MAX;
+  for (const Candidate& c : candidates) least = std::min(least, c.peak);
+  return least;
+}
+
+ChainPlan plan_exact_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
+                          const ChainPlanOptions& options) {
+  const std::vector<Candidate> candidates = held_candidates(planning, held, options);
+  const Candidate* best = fastest_within(candidates, limit);
+  if (!best) {
+    const size_t least = least_peak(candidates);
+    throw InfeasibleError("plan_chain: memory limit " + std::to_string(limit) + " bytes is below the least peak " +
+                              std::to_string(least) + " bytes of any plan, counted as held",
+                          least);
+  }
+  ChainPlan chosen;
+  chosen.plan = make_plan(held, best->tree);
+  chosen.method = RotorMethod::exact;
+  return chosen;
+}
+
 }  // namespace
 
 // Note [plans within the allocator's count]. The planners count every boundary from the forward
@@ -53,10 +127,12 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // output once (Note [a record that keeps its output]), but it also counts what a sweep keeps: the
 // token ids, a position embedding, a constant bias (measured by the budget policy: Note [what a
 // sweep keeps] in src/checkpoint/budget.cpp). So plan_chain_held predicts a plan with the held
-// costs, which count as an allocator does, and makes a plan whose held peak is above the limit
-// again within the limit less the excess, at most three more times, the last within the chain's
-// least peak. A limit below the least peak gets the plan made within the least peak where its held
-// peak fits. So the smallest limit it plans from is that plan's held peak
+// costs, which count as an allocator does. On the exact programme's chains it chooses among fixed
+// candidates, each simulated as held (Note [a prediction that never rises] above), from the least
+// held peak among them up. On the grouped planner's, it makes a plan whose held peak is above the
+// limit again within the limit less the excess, at most three more times, the last within the
+// chain's least peak. A limit below the least peak gets the plan made within the least peak where
+// its held peak fits. So the smallest limit it plans from is that plan's held peak
 // (chain_min_feasible_memory_held): below the least peak where the planners count more than is
 // held (a boundary made and dropped in a re-run). Every limit from it up is planned; where swept
 // values lift that plan above the least peak, a limit between the two may be planned too (another
@@ -65,6 +141,7 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
                           const ChainPlanOptions& options) {
   check_held(planning, held);
+  if (runs_exact(planning, options)) return plan_exact_held(planning, held, limit, options);
   ChainPlan chosen;
   std::optional<size_t> least;
   try {
@@ -121,6 +198,7 @@ size_t chain_min_feasible_memory_offload_or_held(const ChainCosts& offload, cons
 
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
   check_held(planning, held);
+  if (runs_exact(planning, options)) return least_peak(held_candidates(planning, held, options));
   const size_t least = chain_min_feasible_memory(planning, options);
   return make_plan(held, plan_chain(planning, least, options).plan.tree).predicted_peak_bytes;
 }

@@ -50,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "chain_internal.h"
 #include "remat/error.h"
 #include "remat/schedule.h"
 #include "rotor_menu.h"
@@ -424,15 +425,14 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   return result;
 }
 
-// Whether plan_chain runs the exact programme for this chain.
+}  // namespace
+
 bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options) {
   const double stages = costs.num_stages();
   const double work = stages * stages * stages * (options.slots + 1.0) / 6;
   return options.method == RotorMethod::exact ||
          (options.method == RotorMethod::automatic && (work <= options.exact_max_work || stages < 2));
 }
-
-}  // namespace
 
 std::string ChainPlan::describe() const {
   if (method == RotorMethod::grouped)
