@@ -58,9 +58,9 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // level, rotor_plans_below), each simulated as held. It takes the fastest whose held peak fits the
 // limit, the one of least held peak among equally fast ones. A smaller limit has fewer candidates
 // to choose from, so its choice is slower, or as fast and of no larger peak: the prediction never
-// rises as the limit falls. The tables for a limit L are never coarser than twice those of a plan
-// made at L (units of the anchor's bytes over the slots), and their plans at levels above L are
-// candidates where their held peak fits it. The grouped planner's long chains keep the plans made
+// rises as the limit falls. The table whose limit is the least anchor at or above L has units at
+// most about twice those of a plan made at L (an anchor's bytes over the slots), and the plans of
+// its levels above L are candidates where their held peak fits it. The grouped planner's long chains keep the plans made
 // within the limit (it has no table per level); there the property is observed, not guaranteed.
 struct Candidate {
   std::vector<PlanNode> tree;
