@@ -129,9 +129,8 @@ TEST(ChainPlan, ThePlannersCreditAnOffloadedRecordsInput) {
 // A budget plan with an offload target on random chains (8, 30 and 150 stages; records holding
 // their inputs, some their outputs): planned and predicted as held, from its smallest limit up to
 // save-all's peak. The prediction is the held simulation of the plan and within the limit, and it
-// never rises as the limit falls (Note [a prediction that never rises] in held_plans.cpp: by
-// construction on the exact programme's chains, observed on the 150-stage chains the grouped
-// planner plans); one byte below the smallest limit is refused.
+// never rises as the limit falls (Note [a prediction that never rises] in held_plans.cpp; the
+// 150-stage chains are the grouped planner's); one byte below the smallest limit is refused.
 TEST(ChainPlan, OffloadPlansCountedAsHeldStayWithinTheirLimits) {
   int plans = 0, rises = 0;
   for (int stages : {8, 30, 150})
@@ -161,9 +160,9 @@ TEST(ChainPlan, OffloadPlansCountedAsHeldStayWithinTheirLimits) {
   EXPECT_EQ(rises, 0);
 }
 
-// The property over more random chains the exact programme plans (8 and 30 stages, seeds 1-5),
-// in memory (plan_chain_held) and with an offload target: at 20 limits falling from save-all's
-// peak to the smallest, the held prediction never rises, and it is the plan's held simulation.
+// The property over more random chains (8 and 30 stages, the exact programme's, seeds 1-5), in
+// memory (plan_chain_held) and with an offload target: at 20 limits falling from save-all's peak
+// to the smallest, the held prediction never rises, and it is the plan's held simulation.
 // With the plans made within each limit alone (before Note [a prediction that never rises]), 4 of
 // these 200 limits rose.
 TEST(ChainPlan, HeldPredictionsNeverRiseWhenTheLimitFalls) {
