@@ -63,9 +63,9 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // larger peak: the prediction never rises as the limit falls. The table whose limit is the least
 // anchor at or above L has units at most about twice those of a plan made at L (an anchor's bytes
 // over the slots), and the plans of its levels above L are candidates where their held peak fits
-// it. Above kFixedCandidatesMaxStages stages (the grouped planner's candidates cost about 9 plans'
-// time, 1.3 s a limit at 2,000 stages) plan_chain_held keeps the plans made within the limit;
-// there the property is observed, not guaranteed.
+// it. Above kFixedCandidatesMaxStages stages (the grouped planner's candidates cost about 9-11
+// plans' time, about 1 s a limit at 2,000 stages) plan_chain_held keeps the plans made within the
+// limit; there the property is observed, not guaranteed.
 constexpr int kFixedCandidatesMaxStages = 4096;
 
 struct Candidate {
