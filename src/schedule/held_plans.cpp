@@ -100,8 +100,9 @@ std::vector<Candidate> held_candidates(const ChainCosts& planning, const ChainCo
     }
     return out;
   }
-  add(plan_min_memory(planning).tree);
-  const size_t least = min_feasible_memory(planning);
+  const Plan least_plan = plan_min_memory(planning);  // its peak is min_feasible_memory's
+  add(least_plan.tree);
+  const size_t least = least_plan.predicted_peak_bytes;
   for (size_t anchor = save_all.predicted_peak_bytes;; anchor /= 2) {
     for (std::vector<PlanNode>& tree : rotor_plans_below(planning, std::max(anchor, least), options.slots))
       add(std::move(tree));
