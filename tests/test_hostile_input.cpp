@@ -443,12 +443,16 @@ TEST_F(Hostile, BudgetChainTooLongForTheExactPlanner) {
   };
   const Tensor reference = step(Policy::save_all());
   for (int i = 0; i < BudgetPlanner::kProfilingSteps; ++i) step(Policy::parse("budget:1GiB"));
-  const auto range = chain.planner()->feasible_range();  // a budget between them: not save-all
+  // a budget between them, below save-all's held peak (about half its planned one here: each
+  // tanh's record is its output), so not save-all
+  const auto range = chain.planner()->feasible_range();
   ASSERT_TRUE(range.has_value());
-  const Tensor planned = step(Policy::budget((range->smallest_budget_bytes + range->save_all_peak_bytes) / 2));
+  const Tensor planned = step(Policy::budget(range->smallest_budget_bytes +
+                                             (range->save_all_peak_bytes - range->smallest_budget_bytes) / 4));
   ASSERT_TRUE(chain.planner()->report().has_value());
   EXPECT_EQ(chain.planner()->report()->costs.num_stages(), 1000);
-  EXPECT_NE(chain.planner()->report()->planner.find("grouped"), std::string::npos);
+  EXPECT_NE(chain.planner()->report()->planner.find("grouped"), std::string::npos)
+      << chain.planner()->report()->planner << ": " << chain.planner()->report()->tree.substr(0, 200);
   EXPECT_EQ(planned.to_vector(), reference.to_vector());  // exact doubles
 }
 

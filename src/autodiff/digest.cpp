@@ -137,7 +137,9 @@ std::optional<ValueDigest> take_digest(const Tensor& t) {
   if (device.type == DeviceType::cpu) {
     Tensor out = digest_slot(device);
     be.digest(t, out);  // a kernel, not an op: a region observing ops sees nothing
-    return ValueDigest{.host = static_cast<uint64_t>(out.data<int64_t>()[0])};
+    ValueDigest d;
+    d.host = static_cast<uint64_t>(out.data<int64_t>()[0]);
+    return d;
   }
   if (!be.supports(Kernel::digest, t.dtype())) return std::nullopt;
   ValueDigest d;

@@ -98,6 +98,11 @@ std::shared_ptr<PackedStorage> pack_storage(const std::shared_ptr<hooks_detail::
   return packed;
 }
 
+// The probe's key for a saved value: its packed form with hooks, else its storage.
+const void* probe_key(const std::shared_ptr<PackedStorage>& packed, const Tensor& value) {
+  return packed ? static_cast<const void*>(packed.get()) : value.storage().get();
+}
+
 }  // namespace
 
 int saved_holders(const Storage& storage) {
@@ -108,14 +113,17 @@ int saved_holders(const Storage& storage) {
   return holders;
 }
 
+bool counted_as_saved(const Storage& storage) {
+  return storage.tag() == memory::Tag::saved || storage.tag() == memory::Tag::other;
+}
+
 SavedTensor::SavedTensor(const Tensor& value) {
   if (!value.defined()) return;
   // a value a recomputation deferred (Storage's deferred constructor): computed now, on this thread
   if (value.storage()->pending()) value.storage()->data();
   // what the probe does not count: a storage held before, or not the saved bytes' (a parameter)
-  const bool held_before = stream_probe && (saved_holders(*value.storage()) > 0 ||
-                                            (value.storage()->tag() != memory::Tag::saved &&
-                                             value.storage()->tag() != memory::Tag::other));
+  const bool held_before =
+      stream_probe && (saved_holders(*value.storage()) > 0 || !counted_as_saved(*value.storage()));
   if (!hooks_stack.empty() && !inside_hook) {
     const std::shared_ptr<Storage>& storage = value.storage();
     packed_ = pack_storage(hooks_stack.back(), storage, value.dtype());
@@ -165,8 +173,7 @@ SavedTensor& SavedTensor::operator=(SavedTensor&& other) noexcept {
 Tensor SavedTensor::get() const {
   REMAT_CHECK(!released_, "a value saved for the backward pass was already freed: the graph was run backward "
                           "once already (pass retain_graph=true to run it again)");
-  if (stream_probe && (packed_ || value_.defined()))
-    stream_probe->read(packed_ ? static_cast<const void*>(packed_.get()) : value_.storage().get());
+  if (stream_probe && defined()) stream_probe->read(probe_key(packed_, value_));
   if (packed_) {
     if (std::shared_ptr<Storage> original = original_.lock())
       REMAT_CHECK(original->version() == version_, "a tensor of shape ", shape_str(shape_),
@@ -199,8 +206,7 @@ Tensor SavedTensor::get() const {
 }
 
 void SavedTensor::release() {
-  if (stream_probe && !released_ && (value_.defined() || packed_))
-    stream_probe->released(packed_ ? static_cast<const void*>(packed_.get()) : value_.storage().get());
+  if (stream_probe && !released_ && defined()) stream_probe->released(probe_key(packed_, value_));
   if (value_.defined()) {
     value_.storage()->remove_saved_reference();
     value_ = Tensor();

@@ -24,6 +24,10 @@ ThreadState& thread_state();
 // packed by the innermost saved-value hooks, where every save of one storage shares one packed form.
 int saved_holders(const Storage& storage);
 
+// Whether a storage's bytes are among the allocator's saved bytes (tagged saved or other), as an
+// activation's are and a parameter's are not.
+bool counted_as_saved(const Storage& storage);
+
 // Measures, on this thread, the most bytes of a record that are in memory at once during its
 // backward when each value comes back at its first read and goes at its last holder's release
 // (Note [a record read back value by value] in saved_tensor.cpp). Values saved while it records

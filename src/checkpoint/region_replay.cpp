@@ -232,8 +232,7 @@ size_t Region::saved_input_bytes(const TensorList& leaves, const std::vector<int
   for (size_t k = 0; k < leaves.size(); ++k) {
     const Tensor& leaf = leaves[k];
     if (!leaf.defined() || !leaf.storage() || autodiff::saved_holders(*leaf.storage()) <= before[k]) continue;
-    const memory::Tag tag = leaf.storage()->tag();
-    if ((tag != memory::Tag::saved && tag != memory::Tag::other) || !seen.insert(leaf.storage().get()).second) continue;
+    if (!autodiff::counted_as_saved(*leaf.storage()) || !seen.insert(leaf.storage().get()).second) continue;
     total += leaf.storage()->bytes();
   }
   return total;

@@ -1,9 +1,12 @@
 // Budget plans counted as an allocator counts saved bytes: plan_chain_held, in memory and with an
 // offload target, and their smallest limits.
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "chain_internal.h"
 #include "remat/error.h"
 #include "remat/schedule.h"
 
@@ -44,6 +47,103 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
   return memory;
 }
 
+// Note [a prediction that never rises]. The planners count a boundary from the forward that makes
+// it and a record's output again as the next stage's input; the held count does neither (Note
+// [plans within the allocator's count] below). So a plan made within a larger limit can fit a
+// smaller one as held although the planners would not make it there, and the plan they do make
+// there can hold more: the prediction would rise as the limit falls. So plan_chain_held chooses
+// from candidates that do not depend on the limit, each simulated as held: save-all, the
+// least-peak plan (where plan_chain would reach for it), and plans made at anchors: save-all's
+// peak, half of it, a quarter, ... down to the chain's least peak. Where plan_chain runs the exact
+// programme, the anchors' tables give a plan for every memory level below them (rotor_plans_below);
+// on the grouped planner's chains, its top-level programme gives one at every 1/64 of each
+// anchor's levels, over group menus built once (grouped_plans_at_anchors). It takes the fastest
+// candidate whose held peak fits the limit, the one of least held peak among equally fast ones. A
+// smaller limit has fewer candidates to choose from, so its choice is slower, or as fast and of no
+// larger peak: the prediction never rises as the limit falls. The table whose limit is the least
+// anchor at or above L has units at most about twice those of a plan made at L (an anchor's bytes
+// over the slots), and the plans of its levels above L are candidates where their held peak fits
+// it. Above kFixedCandidatesMaxStages stages (the grouped planner's candidates cost about 9-11
+// plans' time, about 1 s a limit at 2,000 stages) plan_chain_held keeps the plans made within the
+// limit; there the property is observed, not guaranteed.
+constexpr int kFixedCandidatesMaxStages = 4096;
+
+struct Candidate {
+  std::vector<PlanNode> tree;
+  double time = 0;
+  size_t peak = 0;
+  bool grouped = false;  // made by the grouped planner
+};
+
+size_t least_peak(const std::vector<Candidate>& candidates) {
+  size_t least = SIZE_MAX;
+  for (const Candidate& c : candidates) least = std::min(least, c.peak);
+  return least;
+}
+
+std::vector<Candidate> held_candidates(const ChainCosts& planning, const ChainCosts& held,
+                                       const ChainPlanOptions& options) {
+  std::vector<Candidate> out;
+  const auto add = [&](std::vector<PlanNode> tree, bool grouped = false) {
+    Plan plan = make_plan(held, std::move(tree));
+    out.push_back(Candidate{std::move(plan.tree), plan.predicted_time, plan.predicted_peak_bytes, grouped});
+  };
+  const Plan save_all = plan_save_all(planning);
+  add(save_all.tree);
+  if (!runs_exact(planning, options)) {
+    for (std::vector<PlanNode>& tree : grouped_plans_at_anchors(planning, options)) add(std::move(tree), true);
+    // as plan_grouped: the exact least-peak plan, where it is cheap, only below the grouped least
+    if (least_peak_is_cheap(planning.num_stages(), options)) {
+      const size_t grouped_least = least_peak(out);
+      add(plan_min_memory(planning).tree);
+      if (out.back().peak >= grouped_least) out.pop_back();
+    }
+    return out;
+  }
+  const Plan least_plan = plan_min_memory(planning);  // its peak is min_feasible_memory's
+  add(least_plan.tree);
+  const size_t least = least_plan.predicted_peak_bytes;
+  for (size_t anchor = save_all.predicted_peak_bytes;; anchor /= 2) {
+    for (std::vector<PlanNode>& tree : rotor_plans_below(planning, std::max(anchor, least), options.slots))
+      add(std::move(tree));
+    if (anchor <= least) break;
+  }
+  return out;
+}
+
+// Whether plan_chain_held chooses from fixed candidates (Note [a prediction that never rises]).
+bool fixed_candidates(const ChainCosts& planning, const ChainPlanOptions& options) {
+  return runs_exact(planning, options) || planning.num_stages() <= kFixedCandidatesMaxStages;
+}
+
+// The fastest candidate whose held peak fits `limit`, of least peak among equally fast ones.
+const Candidate* fastest_within(const std::vector<Candidate>& candidates, size_t limit) {
+  const Candidate* best = nullptr;
+  for (const Candidate& c : candidates)
+    if (c.peak <= limit && (!best || c.time < best->time || (c.time == best->time && c.peak < best->peak)))
+      best = &c;
+  return best;
+}
+
+ChainPlan plan_fixed_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
+                          const ChainPlanOptions& options) {
+  const std::vector<Candidate> candidates = held_candidates(planning, held, options);
+  const Candidate* best = fastest_within(candidates, limit);
+  if (!best) {
+    const size_t least = least_peak(candidates);
+    throw InfeasibleError("plan_chain: memory limit " + std::to_string(limit) + " bytes is below the least peak " +
+                              std::to_string(least) + " bytes of any plan, counted as held",
+                          least);
+  }
+  ChainPlan chosen;
+  chosen.plan = make_plan(held, best->tree);
+  if (best->grouped) {
+    chosen.method = RotorMethod::grouped;
+    chosen.levels = grouped_levels(planning.num_stages(), options);
+  }
+  return chosen;
+}
+
 }  // namespace
 
 // Note [plans within the allocator's count]. The planners count every boundary from the forward
@@ -53,10 +153,12 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // output once (Note [a record that keeps its output]), but it also counts what a sweep keeps: the
 // token ids, a position embedding, a constant bias (measured by the budget policy: Note [what a
 // sweep keeps] in src/checkpoint/budget.cpp). So plan_chain_held predicts a plan with the held
-// costs, which count as an allocator does, and makes a plan whose held peak is above the limit
-// again within the limit less the excess, at most three more times, the last within the chain's
-// least peak. A limit below the least peak gets the plan made within the least peak where its held
-// peak fits. So the smallest limit it plans from is that plan's held peak
+// costs, which count as an allocator does. Up to kFixedCandidatesMaxStages stages it chooses
+// among fixed candidates, each simulated as held (Note [a prediction that never rises] above), from
+// the least held peak among them up. On longer chains it makes a plan whose held peak is above the
+// limit again within the limit less the excess, at most three more times, the last within the
+// chain's least peak. A limit below the least peak gets the plan made within the least peak where
+// its held peak fits. So the smallest limit it plans from is that plan's held peak
 // (chain_min_feasible_memory_held): below the least peak where the planners count more than is
 // held (a boundary made and dropped in a re-run). Every limit from it up is planned; where swept
 // values lift that plan above the least peak, a limit between the two may be planned too (another
@@ -65,6 +167,7 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
                           const ChainPlanOptions& options) {
   check_held(planning, held);
+  if (fixed_candidates(planning, options)) return plan_fixed_held(planning, held, limit, options);
   ChainPlan chosen;
   std::optional<size_t> least;
   try {
@@ -121,6 +224,7 @@ size_t chain_min_feasible_memory_offload_or_held(const ChainCosts& offload, cons
 
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
   check_held(planning, held);
+  if (fixed_candidates(planning, options)) return least_peak(held_candidates(planning, held, options));
   const size_t least = chain_min_feasible_memory(planning, options);
   return make_plan(held, plan_chain(planning, least, options).plan.tree).predicted_peak_bytes;
 }

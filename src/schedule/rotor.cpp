@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "chain_internal.h"
 #include "remat/schedule.h"
 #include "write_queue.h"
 
@@ -441,13 +442,14 @@ Plan plan_min_memory(const ChainCosts& costs) {
   return make_plan(costs, solver.build(0, costs.num_stages() - 1, true));
 }
 
-Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
-  costs.validate();
+namespace {
+
+// plan_rotor's memory unit for this limit: the available bytes (the limit less the chain's input)
+// over `slots`, rounded up. Refuses a table above kMaxTableEntries before any planning runs.
+size_t rotor_unit(const ChainCosts& costs, size_t memory_limit, int slots, size_t& available) {
   const int stages = costs.num_stages();
   if (slots < 1) throw Error("plan_rotor: slots must be >= 1, got " + std::to_string(slots));
-  // The table's size first: it needs no planning, and a chain too long to plan is refused before
-  // the O(L^3) least-peak pass below would run.
-  const size_t available = memory_limit > costs.boundary_bytes[0] ? memory_limit - costs.boundary_bytes[0] : 0;
+  available = memory_limit > costs.boundary_bytes[0] ? memory_limit - costs.boundary_bytes[0] : 0;
   const size_t unit = std::max<size_t>(1, available / static_cast<size_t>(slots) +
                                                 (available % static_cast<size_t>(slots) != 0));
   const double entries =
@@ -460,6 +462,39 @@ Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
            "fewer slots";
     throw Error(out.str());
   }
+  return unit;
+}
+
+}  // namespace
+
+std::vector<std::vector<PlanNode>> rotor_plans_below(const ChainCosts& costs, size_t memory_limit, int slots) {
+  costs.validate();
+  const int stages = costs.num_stages();
+  size_t available = 0;
+  const size_t unit = rotor_unit(costs, memory_limit, slots, available);
+  const UnitCosts units = to_units(costs, available, unit);
+  std::vector<std::vector<PlanNode>> out;
+  for (bool reads_ahead : {costs.reads_ahead, false}) {
+    const RotorTable table(costs, units, reads_ahead);
+    double last = kInfinite;
+    for (int64_t m = 0; m <= units.budget; ++m) {
+      const double cost = table.cost(0, stages - 1, m, true);
+      if (cost == kInfinite || cost == last) continue;
+      last = cost;
+      out.push_back(table.build(0, stages - 1, m, true));
+    }
+    if (!costs.reads_ahead || !costs.can_offload()) break;
+  }
+  return out;
+}
+
+Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots) {
+  costs.validate();
+  const int stages = costs.num_stages();
+  // The table's size first: it needs no planning, and a chain too long to plan is refused before
+  // the O(L^3) least-peak pass below would run.
+  size_t available = 0;
+  const size_t unit = rotor_unit(costs, memory_limit, slots, available);
   // Save-all, when it fits, is the fastest plan (every forward runs once), whatever the rounding.
   Plan save_all = plan_save_all(costs);
   if (save_all.predicted_peak_bytes <= memory_limit) return save_all;

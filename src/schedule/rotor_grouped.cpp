@@ -50,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "chain_internal.h"
 #include "remat/error.h"
 #include "remat/schedule.h"
 #include "rotor_menu.h"
@@ -67,6 +68,7 @@ using grouped::Summary;
 
 constexpr double kInfinite = std::numeric_limits<double>::infinity();
 constexpr int kLevelsPerMenu = 16;  // memories read off each table (each mode)
+constexpr int kLevelsPerAnchor = 64;  // grouped_plans_at_anchors: levels read off each top-level table
 
 size_t units_of(size_t bytes, size_t unit) { return bytes / unit + (bytes % unit != 0); }
 
@@ -337,12 +339,27 @@ void expand_sequence(const std::vector<Part>& parts, const std::vector<PartNode>
   }
 }
 
-// Whether the exact least-peak programme (min_feasible_memory: L^2 entries, L^3 / 6 steps)
-// is cheap next to the grouped planner: the same work bound as the exact rotor programme's,
-// without its memory units (about 840 stages with the default bound, under a second).
-bool least_peak_is_cheap(int stages, const ChainPlanOptions& options) {
-  const double l = stages;
-  return l * l * l / 6 <= options.exact_max_work;
+
+// The least peak reachable: the plans of least memory of the top-level programme at the scale of
+// the fastest plan. Both top-level modes with an offload target: the plan that offloads has the
+// least memory in units, but the one that does not may simulate lower in bytes; the caller takes
+// the lower, so an offload target never raises the least peak.
+std::vector<std::vector<PlanNode>> least_peak_trees(const std::vector<Part>& parts, const Model& model,
+                                                    const ChainCosts& costs, size_t slots) {
+  const size_t scale = fastest_scale(parts, costs.boundary_bytes.back(), model);
+  const size_t unit = std::max<size_t>(1, units_of(scale, slots));
+  const int last = static_cast<int>(parts.size()) - 1;
+  const grouped::MenuTable table(parts, model, unit, static_cast<int64_t>(units_of(scale, unit) + parts.size()), true,
+                                 model.can_offload());
+  std::vector<std::vector<PlanNode>> out;
+  for (const Mode at : {Mode::top, Mode::top_offload}) {
+    if (at == Mode::top_offload && !model.can_offload()) continue;
+    const int64_t least = table.least(at);
+    if (least < 0) continue;
+    out.emplace_back();
+    expand_sequence(parts, table.build(0, last, least, at), out.back());
+  }
+  return out;
 }
 
 // The grouped planner at the top level: the fastest plan within memory_limit, or else the plan
@@ -352,7 +369,7 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   const int stages = costs.num_stages();
   GroupBuilder builder(costs, options);
   const int count = std::min(stages, options.top_parts);
-  const int levels = builder.levels_for((stages + count - 1) / count);
+  const int levels = grouped_levels(stages, options);
   builder.set_total(builder.count_top_groups(stages, count) + 1);  // + 1: the top-level programme
   const std::vector<Part> parts = builder.split_top(stages, count);
   const size_t slots = static_cast<size_t>(options.slots);
@@ -377,21 +394,8 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   result.method = RotorMethod::grouped;
   result.levels = levels;
   if (tree.empty()) {
-    // The least peak reachable: the least memory of the programme at the scale of the fastest plan.
-    const size_t scale = fastest_scale(parts, costs.boundary_bytes.back(), model);
-    const size_t unit = std::max<size_t>(1, units_of(scale, slots));
-    // Both top-level modes with an offload target: the plan that offloads has the least memory in
-    // units, but the one that does not may simulate lower in bytes; the lower one is the least
-    // peak, so an offload target never raises it.
-    const grouped::MenuTable table(parts, model, unit, static_cast<int64_t>(units_of(scale, unit) + parts.size()), true,
-                                   mode == Mode::top_offload);
     std::optional<Plan> lowest;
-    for (const Mode at : {Mode::top, Mode::top_offload}) {
-      if (at == Mode::top_offload && mode != Mode::top_offload) continue;
-      const int64_t least = table.least(at);
-      if (least < 0) continue;
-      std::vector<PlanNode> smallest;
-      expand_sequence(parts, table.build(0, last, least, at), smallest);
+    for (std::vector<PlanNode>& smallest : least_peak_trees(parts, model, costs, slots)) {
       Plan candidate = make_plan(costs, std::move(smallest));
       if (!lowest || candidate.predicted_peak_bytes < lowest->predicted_peak_bytes) lowest = std::move(candidate);
     }
@@ -424,7 +428,24 @@ ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const Chain
   return result;
 }
 
-// Whether plan_chain runs the exact programme for this chain.
+}  // namespace
+
+// Whether the exact least-peak programme (min_feasible_memory: L^2 entries, L^3 / 6 steps)
+// is cheap next to the grouped planner: the same work bound as the exact rotor programme's,
+// without its memory units (about 840 stages with the default bound, under a second).
+bool least_peak_is_cheap(int stages, const ChainPlanOptions& options) {
+  const double l = stages;
+  return l * l * l / 6 <= options.exact_max_work;
+}
+
+int grouped_levels(int stages, const ChainPlanOptions& options) {
+  const int64_t count = std::max(1, std::min(stages, options.top_parts));
+  const int64_t span = (stages + count - 1) / count;
+  int levels = 0;
+  for (int64_t covered = 1; covered < span; covered *= options.group) ++levels;
+  return levels;
+}
+
 bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options) {
   const double stages = costs.num_stages();
   const double work = stages * stages * stages * (options.slots + 1.0) / 6;
@@ -432,7 +453,43 @@ bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options) {
          (options.method == RotorMethod::automatic && (work <= options.exact_max_work || stages < 2));
 }
 
-}  // namespace
+std::vector<std::vector<PlanNode>> grouped_plans_at_anchors(const ChainCosts& costs, const ChainPlanOptions& options) {
+  costs.validate();
+  const int stages = costs.num_stages();
+  if (stages < 2) throw Error("plan_chain: the grouped planner needs at least 2 stages");
+  GroupBuilder builder(costs, options);
+  const int count = std::min(stages, options.top_parts);
+  builder.set_total(builder.count_top_groups(stages, count) + 1);
+  const std::vector<Part> parts = builder.split_top(stages, count);
+  const size_t slots = static_cast<size_t>(options.slots);
+  const Model& model = builder.model();
+  const Mode mode = model.can_offload() ? Mode::top_offload : Mode::top;
+  const int last = static_cast<int>(parts.size()) - 1;
+  std::vector<std::vector<PlanNode>> out = least_peak_trees(parts, model, costs, slots);
+  size_t least = SIZE_MAX;
+  for (const std::vector<PlanNode>& tree : out) least = std::min(least, make_plan(costs, tree).predicted_peak_bytes);
+  const size_t x0 = costs.boundary_bytes[0];
+  for (size_t anchor = plan_save_all(costs).predicted_peak_bytes;; anchor /= 2) {
+    const size_t available = std::max(anchor, least) > x0 ? std::max(anchor, least) - x0 : 0;
+    const size_t unit = std::max<size_t>(1, units_of(available, slots));
+    const grouped::MenuTable table(parts, model, unit, static_cast<int64_t>(available / unit), mode == Mode::top,
+                                   mode == Mode::top_offload);
+    // every stride-th level down from the anchor's: a rule that does not depend on any limit
+    const int64_t stride = std::max<int64_t>(1, (table.budget() + kLevelsPerAnchor - 1) / kLevelsPerAnchor);
+    double previous = kInfinite;
+    for (int64_t m = table.budget(); m >= 0; m -= stride) {
+      const double cost = table.cost(0, last, m, mode);
+      if (cost == kInfinite) break;
+      if (cost == previous) continue;
+      previous = cost;
+      out.emplace_back();
+      expand_sequence(parts, table.build(0, last, m, mode), out.back());
+    }
+    if (anchor <= least) break;
+  }
+  if (options.progress) options.progress(1.0);
+  return out;
+}
 
 std::string ChainPlan::describe() const {
   if (method == RotorMethod::grouped)
