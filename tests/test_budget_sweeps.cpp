@@ -111,12 +111,13 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
     const size_t shared = 500 + rng() % 2000;  // one value three gaps save, and one of its own
     for (int g = 0; g < 3; ++g) held.gap_saved.push_back({static_cast<int>(rng() % 24), shared, 0});
     held.gap_saved.push_back({static_cast<int>(rng() % 24), 500 + rng() % 2000, -1});
-    const size_t smallest = rs::chain_min_feasible_memory_held(costs, held);
+    const rs::HeldPlans plans(costs, held);
+    const size_t smallest = plans.smallest_limit();
     const size_t save_all = rs::plan_save_all(costs).predicted_peak_bytes;
     for (int k = 0; k <= 6; ++k) {
       const size_t limit = smallest + (save_all - smallest) * static_cast<size_t>(k) / 6;
       SCOPED_TRACE(::testing::Message() << "seed " << seed << " limit " << limit);
-      const rs::ChainPlan chosen = rs::plan_chain_held(costs, held, limit);
+      const rs::ChainPlan chosen = plans.plan(limit);
       EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
       EXPECT_EQ(chosen.plan.predicted_peak_bytes, rs::simulate(held, chosen.plan).peak_bytes);
       const rs::ChainPlan plain = rs::plan_chain(costs, limit);
@@ -129,7 +130,7 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
     // below it a limit may be planned (another plan's held peak may fit it), never above itself
     const auto refused_or_within = [&](size_t limit) {
       try {
-        EXPECT_LE(rs::plan_chain_held(costs, held, limit).plan.predicted_peak_bytes, limit);
+        EXPECT_LE(plans.plan(limit).plan.predicted_peak_bytes, limit);
       } catch (const rs::InfeasibleError& e) {
         EXPECT_EQ(e.min_feasible_bytes, smallest);
       }
@@ -141,11 +142,12 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
     rs::ChainCosts unswept = held;
     unswept.swept_values.clear();
     unswept.gap_saved.clear();
-    const size_t least = rs::chain_min_feasible_memory(costs), least_held = rs::chain_min_feasible_memory_held(costs, unswept);
+    const rs::HeldPlans unswept_plans(costs, unswept);
+    const size_t least = rs::chain_min_feasible_memory(costs), least_held = unswept_plans.smallest_limit();
     EXPECT_LE(least_held, least);
     below_least += least_held < least;
-    EXPECT_LE(rs::plan_chain_held(costs, unswept, least_held).plan.predicted_peak_bytes, least_held);
-    EXPECT_THROW(rs::plan_chain_held(costs, unswept, least_held - 1), rs::InfeasibleError);
+    EXPECT_LE(unswept_plans.plan(least_held).plan.predicted_peak_bytes, least_held);
+    EXPECT_THROW(unswept_plans.plan(least_held - 1), rs::InfeasibleError);
   }
   EXPECT_GT(below_least, 0);  // the held count ran below the planners' least peak somewhere
   EXPECT_GT(replanned, 0);  // some limits needed a plan made again: the planners alone went above them

@@ -41,6 +41,7 @@ struct ModelProfile {
   std::string offload_target;
   OffloadBandwidth bandwidth;
   std::optional<size_t> offload_smallest;
+  std::shared_ptr<const rs::HeldPlans> offload_plans;  // a model's plans with the target, made once
   // A model: its costs as the allocator counts saved bytes (ChainCosts::boundaries_counted_when_held,
   // swept_values, gap_saved), with which a budget plan in memory is predicted; `costs` is what the
   // planners plan with, as the budget policy's own check and plan do.
@@ -185,7 +186,7 @@ struct Plans {
 };
 
 Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts>& held, size_t outside,
-                 size_t budget) {
+                 size_t budget, const rs::HeldPlans* offload_plans) {
   const int stages = costs.num_stages();
   const size_t limit = budget > outside ? budget - outside : 0;
   Plans plans;
@@ -196,7 +197,9 @@ Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts
     // an offload target, below its smallest budget, in memory if that fits
     rs::ChainPlan chosen;
     bool in_memory = false;
-    if (held && !costs.can_offload())
+    if (offload_plans)  // made for the smallest budget with the target
+      chosen = offload_plans->plan(limit, &in_memory);
+    else if (held && !costs.can_offload())
       chosen = rs::plan_chain_held(costs, *held, limit, planner_options);
     else if (held)
       chosen = rs::plan_chain_offload_or_held(costs, *held, limit, planner_options, in_memory);
@@ -344,10 +347,11 @@ int run_plan(const PlanOptions& o) {
     }
     profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
     rs::ChainPlanOptions least;
-    least.progress = planning_progress("remat plan: the smallest feasible budget with offload");
+    least.progress = planning_progress("remat plan: planning " + std::to_string(profile.costs.num_stages()) +
+                                       " stages with offload");
     if (profile.held) {  // as a budget plan with the target is made (budget.cpp)
-      profile.offload_smallest =
-          rs::chain_min_feasible_memory_offload_or_held(profile.costs, *profile.held, least) + profile.outside;
+      profile.offload_plans = std::make_shared<const rs::HeldPlans>(rs::HeldPlans::with_target(profile.costs, *profile.held, least));
+      profile.offload_smallest = profile.offload_plans->smallest_limit() + profile.outside;
     } else {
       profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;
       if (profile.budget_range)  // below it a plan in memory, which offloads nothing
@@ -365,7 +369,7 @@ int run_plan(const PlanOptions& o) {
       print_profile_text(profile, std::nullopt);
     return 0;
   }
-  const Plans plans = make_plans(profile.costs, profile.held, profile.outside, *budget);
+  const Plans plans = make_plans(profile.costs, profile.held, profile.outside, *budget, profile.offload_plans.get());
   if (o.train.json)
     print_plans_json(profile, plans, *budget);
   else
