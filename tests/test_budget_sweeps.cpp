@@ -45,6 +45,32 @@ class ConstantBetweenCalls : public nn::Module {
   std::vector<std::shared_ptr<remat::testing::TanhBlock>> layers_;
 };
 
+// Layer calls with a custom op between them that saves, through its SaveContext, a value of its
+// own making (twice its input, for the gradient of the square it returns).
+class CustomOpBetweenCalls : public nn::Module {
+ public:
+  CustomOpBetweenCalls(int layers, int64_t width) {
+    for (int i = 0; i < layers; ++i)
+      layers_.push_back(register_module("l" + std::to_string(i),
+                                        std::make_shared<remat::testing::TanhBlock>(width, DType::f32)));
+    square_ = CustomOp{"square",
+                       [](const TensorList& in, SaveContext& ctx) {
+                         ctx.save(mul_scalar(in[0], 2.0));
+                         return TensorList{mul(in[0], in[0])};
+                       },
+                       [](const TensorList& grads, const SavedValues& saved) { return TensorList{mul(grads[0], saved[0])}; }};
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor h = x;
+    for (auto& layer : layers_) h = square_({layer->forward(h)})[0];
+    return h;
+  }
+
+ private:
+  std::vector<std::shared_ptr<remat::testing::TanhBlock>> layers_;
+  CustomOp square_;
+};
+
 }  // namespace
 
 // One value read by several stages (the same `value`) is counted once while a sweep keeps it.
@@ -215,4 +241,15 @@ TEST(BudgetSweeps, WhatAProductBetweenCallsSavesIsCounted) {
     for (size_t j = 0; j < i; ++j) mask = costs.gap_saved[i].value == costs.gap_saved[j].value ? costs.gap_saved[i].value : mask;
   EXPECT_GE(mask, 0);  // one value saved by several products
   EXPECT_GT(swept_regions, 0);
+}
+
+// What a custom op saves through its SaveContext between the calls (a value of its own making) is
+// counted as what the ops between calls save: one value before each of the stages 1..11.
+TEST(BudgetSweeps, WhatACustomOpSavesBetweenCallsIsCounted) {
+  CustomOpBetweenCalls model(12, 64);
+  model.reset_parameters(3);
+  const Tensor x = randn({16, 64}, DType::f32, RngState{13, 0}).requires_grad_();
+  const auto [costs, swept_regions] = expect_within_every_budget(model, x);
+  ASSERT_EQ(costs.gap_saved.size(), 11u);
+  for (const auto& g : costs.gap_saved) EXPECT_EQ(g.bytes, 16u * 64u * sizeof(float));
 }
