@@ -203,6 +203,14 @@ struct ChainCosts {
   // reads_ahead). 0: no queued write (docs/planners.md, "the cost of a transfer").
   double offload_write_seconds_per_byte = 0;
   bool can_offload() const { return offload_seconds_per_byte >= 0; }
+  // The most a plan may offload in a step: every record and every boundary (by which a budget plan
+  // judges whether the page cache holds it: remat::offload_price).
+  size_t offloadable_bytes() const {
+    size_t total = 0;
+    for (size_t b : saved_bytes) total += b;
+    for (size_t b : boundary_bytes) total += b;
+    return total;
+  }
   // Whether a read may start ahead of its node: in the backward, after the loss and after the
   // read before it (one read in flight, in the order of the fetches), at the earliest action from
   // which the live bytes plus the value stay within the plan's peak; then a read is charged only

@@ -39,7 +39,8 @@ struct ModelProfile {
   std::vector<double> flops;         // each stage's forward FLOPs (a model; --costs: none)
   // --offload DIR: the target, its measured bandwidth and the smallest budget with it
   std::string offload_target;
-  OffloadBandwidth bandwidth;
+  OffloadPrice price;     // as a budget plan prices it (offload_price), or as --costs gives it
+  std::string priced_as;  // "page cache", "disk" or "the costs file"
   std::optional<size_t> offload_smallest;
   std::shared_ptr<const rs::HeldPlans> offload_plans;  // a model's plans with the target, made once
   // A model: its costs as the allocator counts saved bytes (ChainCosts::boundaries_counted_when_held,
@@ -133,8 +134,8 @@ std::string feasible_text(const ModelProfile& p) {
   if (p.offload_smallest)
     text += "  budget:+" + p.offload_target + ":  from " + bytes_both(*p.offload_smallest) +
             " (kept values may live in the target: written at " +
-            memory::format_bytes(p.bandwidth.write_bytes_per_second) + "/s, read at " +
-            memory::format_bytes(p.bandwidth.read_bytes_per_second) + "/s)\n";
+            memory::format_bytes(p.price.write_bytes_per_second) + "/s, read at " +
+            memory::format_bytes(p.price.read_bytes_per_second) + "/s, " + p.priced_as + ")\n";
   if (p.dynamic_range)
     text += "  dynamic: from " + bytes_both(p.dynamic_range->smallest_budget_bytes) + ", save-all's peak " +
             bytes_both(p.dynamic_range->save_all_peak_bytes) + " (" + std::to_string(p.dynamic_range->runs) +
@@ -152,8 +153,9 @@ nlohmann::json feasible_json(const ModelProfile& p) {
   if (p.offload_smallest)
     j["budget_offload"] = {{"target", p.offload_target},
                            {"smallest_bytes", *p.offload_smallest},
-                           {"write_bytes_per_second", p.bandwidth.write_bytes_per_second},
-                           {"read_bytes_per_second", p.bandwidth.read_bytes_per_second}};
+                           {"write_bytes_per_second", p.price.write_bytes_per_second},
+                           {"read_bytes_per_second", p.price.read_bytes_per_second},
+                           {"priced_as", p.priced_as}};
   if (p.dynamic_range)
     j["dynamic"] = {{"smallest_bytes", p.dynamic_range->smallest_budget_bytes},
                     {"save_all_peak_bytes", p.dynamic_range->save_all_peak_bytes},
@@ -337,13 +339,16 @@ int run_plan(const PlanOptions& o) {
   if (!o.offload.empty()) {  // the same chain with its kept values allowed in the target
     profile.offload_target = OffloadTarget{o.offload}.to_string();
     if (profile.costs.can_offload()) {  // the --costs file's costs of the target
-      profile.bandwidth.write_bytes_per_second = 1.0 / profile.costs.offload_write_seconds_per_byte;
-      profile.bandwidth.read_bytes_per_second =
+      profile.price.write_bytes_per_second = 1.0 / profile.costs.offload_write_seconds_per_byte;
+      profile.price.read_bytes_per_second =
           1.0 / (profile.costs.offload_seconds_per_byte - profile.costs.offload_write_seconds_per_byte);
-    } else {
-      profile.bandwidth = offload_bandwidth(o.offload);
-      profile.costs.offload_seconds_per_byte = profile.bandwidth.seconds_per_byte();
-      profile.costs.offload_write_seconds_per_byte = 1.0 / profile.bandwidth.write_bytes_per_second;
+      profile.priced_as = "the costs file";
+    } else {  // as a budget plan prices it (budget.cpp): what a step may offload against the host's memory
+      profile.price = offload_price(offload_bandwidth(o.offload), profile.costs.offloadable_bytes(),
+                                    device_memory(Device{}).free_bytes);  // the host's
+      profile.priced_as = profile.price.page_cache ? "page cache" : "disk";
+      profile.costs.offload_seconds_per_byte = profile.price.seconds_per_byte();
+      profile.costs.offload_write_seconds_per_byte = profile.price.write_seconds_per_byte();
     }
     profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
     rs::ChainPlanOptions least;
