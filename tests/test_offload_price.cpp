@@ -3,10 +3,13 @@
 // available memory holds ten times what a step may offload, else the disk's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <thread>
 
 #include "checkpoint_models.h"
+#include "remat/backend.h"
 #include "remat/budget.h"
 #include "remat/devices.h"
 #include "remat/offload.h"
@@ -57,7 +60,9 @@ TEST(OffloadPrice, TheDirectoryIsMeasuredBothWaysOnce) {
 }
 
 // A budget plan prices its target as offload_price does: here, a few KiB a step against the host's
-// memory, the page cache's bandwidths, in the report and in the costs it planned with.
+// memory, the page cache's bandwidths, in the report and in the costs it planned with; and it
+// charges each transfer in full where the store's copies share the step's cores (the CPU, the
+// step's threads on every core), else hides the write behind the forward and reads ahead.
 TEST(OffloadPrice, ABudgetPlanPricesTheTargetAsTheRuleSays) {
   TanhChain model(6, 32, DType::f32, 5);
   Tensor x = randn({8, 32}, DType::f32, RngState{1, 0});
@@ -77,5 +82,21 @@ TEST(OffloadPrice, ABudgetPlanPricesTheTargetAsTheRuleSays) {
   EXPECT_EQ(report.offload_write_bytes_per_second, price.write_bytes_per_second);
   EXPECT_EQ(report.offload_read_bytes_per_second, price.read_bytes_per_second);
   EXPECT_DOUBLE_EQ(report.costs.offload_seconds_per_byte, price.seconds_per_byte());
-  EXPECT_DOUBLE_EQ(report.costs.offload_write_seconds_per_byte, price.write_seconds_per_byte());
+  const bool in_full = offload_copies_share_the_cores(Device{});
+  EXPECT_EQ(report.offload_in_full, in_full);
+  EXPECT_DOUBLE_EQ(report.costs.offload_write_seconds_per_byte, in_full ? 0.0 : price.write_seconds_per_byte());
+  EXPECT_EQ(report.costs.reads_ahead, !in_full);
+}
+
+TEST(OffloadPrice, CopiesShareTheCoresOnTheCpuWhenTheStepTakesThemAll) {
+  const int threads = num_threads();
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  set_num_threads(std::max(1, cores));
+  EXPECT_TRUE(offload_copies_share_the_cores(Device{}));
+  EXPECT_FALSE(offload_copies_share_the_cores(Device{DeviceType::emulated, 0}));
+  if (cores > 1) {
+    set_num_threads(cores - 1);  // a core left for the store's worker
+    EXPECT_FALSE(offload_copies_share_the_cores(Device{}));
+  }
+  set_num_threads(threads);
 }

@@ -109,6 +109,7 @@ class BudgetPlanner {
     std::string offload_target;
     double offload_write_bytes_per_second = 0, offload_read_bytes_per_second = 0;
     std::string offload_priced_as;  // "page cache" or "disk"
+    bool offload_in_full = false;   // each transfer charged in full (offload_copies_share_the_cores)
     // On a device: its values' copies to host memory and back (remat::host_copy_bandwidth), added
     // to the write and the read; 0 on the CPU.
     double offload_to_host_bytes_per_second = 0, offload_from_host_bytes_per_second = 0;

@@ -115,6 +115,12 @@ struct HostCopyBandwidth {
 struct Device;
 HostCopyBandwidth host_copy_bandwidth(Device device);
 
+// Whether the offload store's copies run on a core the step computes on: `device` is the CPU and
+// the step's threads (num_threads()) take every core the host has. A budget plan then charges
+// each transfer in full, none of it hidden behind the compute (Note [measuring the offload
+// target]); on a device the host's cores are free for them.
+bool offload_copies_share_the_cores(Device device);
+
 namespace detail {
 bool offload_running();  // an OffloadScope is alive on this thread
 // Which values an offload store writes while a gate is alive on this thread (gates nest): none

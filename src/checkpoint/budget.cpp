@@ -387,9 +387,12 @@ void BudgetPlanner::State::price_offload(const OffloadTarget& target, schedule::
                                           ? options.offload_seconds_per_byte
                                           : price.seconds_per_byte() + copies.to_host_seconds_per_byte() +
                                                 copies.from_host_seconds_per_byte();
-  // the measured write runs behind the forward compute after its node; a given cost is serial
-  measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 ? 0.0 : write;
-  measured.reads_ahead = true;  // where the plan's peak leaves room (read_plan_of)
+  // the measured write runs behind the forward compute after its node, a read ahead of its node
+  // where the plan's peak leaves room (read_plan_of), unless the store's copies share the step's
+  // cores: then each transfer is charged in full; a given cost's write is not queued
+  r.offload_in_full = options.offload_seconds_per_byte < 0 && offload_copies_share_the_cores(device);
+  measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 || r.offload_in_full ? 0.0 : write;
+  measured.reads_ahead = !r.offload_in_full;
 }
 
 void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {

@@ -60,7 +60,9 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // anchor's levels, over group menus built once (grouped_plans_at_anchors). It takes the fastest
 // candidate whose held peak fits the limit, the one of least held peak among equally fast ones. A
 // smaller limit has fewer candidates to choose from, so its choice is slower, or as fast and of no
-// larger peak: the prediction never rises as the limit falls. The table whose limit is the least
+// larger peak: the prediction never rises as the limit falls. Only the candidates that some limit
+// chooses are kept (choosable: by rising held peak, each faster than all before it), once per
+// chain in a HeldPlans, which then answers any limit with a search. The table whose limit is the least
 // anchor at or above L has units at most about twice those of a plan made at L (an anchor's bytes
 // over the slots), and the plans of its levels above L are candidates where their held peak fits
 // it. Above kFixedCandidatesMaxStages stages (the grouped planner's candidates cost about 9-11
@@ -171,6 +173,7 @@ ChainPlan plan_fixed_held(const std::vector<Candidate>& choices, const ChainCost
 // values lift that plan above the least peak, a limit between the two may be planned too (another
 // plan's held peak may fit it). Without swept and gap values the held count is never above the
 // planners', so the first plan made within a limit stands.
+
 // One chain's plans (HeldPlans): up to kFixedCandidatesMaxStages stages, the candidates that some
 // limit chooses, made once; on longer chains, the costs each limit is planned with, and the
 // chain's least peak once found.

@@ -343,14 +343,20 @@ int run_plan(const PlanOptions& o) {
       profile.price.read_bytes_per_second =
           1.0 / (profile.costs.offload_seconds_per_byte - profile.costs.offload_write_seconds_per_byte);
       profile.priced_as = "the costs file";
+      profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
     } else {  // as a budget plan prices it (budget.cpp): what a step may offload against the host's memory
       profile.price = offload_price(offload_bandwidth(o.offload), profile.costs.offloadable_bytes(),
                                     device_memory(Device{}).free_bytes);  // the host's
       profile.priced_as = profile.price.page_cache ? "page cache" : "disk";
       profile.costs.offload_seconds_per_byte = profile.price.seconds_per_byte();
       profile.costs.offload_write_seconds_per_byte = profile.price.write_seconds_per_byte();
+      profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
+      if (offload_copies_share_the_cores(Device{})) {  // the profile's CPU step: charged in full
+        profile.costs.offload_write_seconds_per_byte = 0;
+        profile.costs.reads_ahead = false;
+        profile.priced_as += ", charged in full";
+      }
     }
-    profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: planning " + std::to_string(profile.costs.num_stages()) +
                                        " stages with offload");
