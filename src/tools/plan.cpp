@@ -41,6 +41,7 @@ struct ModelProfile {
   std::string offload_target;
   OffloadPrice price;     // as a budget plan prices it (offload_price), or as --costs gives it
   std::string priced_as;  // "page cache", "disk" or "the costs file"
+  bool in_full = false;   // each transfer charged in full (offload_copies_share_the_cores)
   std::optional<size_t> offload_smallest;
   std::shared_ptr<const rs::HeldPlans> offload_plans;  // a model's plans with the target, made once
   // A model: its costs as the allocator counts saved bytes (ChainCosts::boundaries_counted_when_held,
@@ -135,7 +136,8 @@ std::string feasible_text(const ModelProfile& p) {
     text += "  budget:+" + p.offload_target + ":  from " + bytes_both(*p.offload_smallest) +
             " (kept values may live in the target: written at " +
             memory::format_bytes(p.price.write_bytes_per_second) + "/s, read at " +
-            memory::format_bytes(p.price.read_bytes_per_second) + "/s, " + p.priced_as + ")\n";
+            memory::format_bytes(p.price.read_bytes_per_second) + "/s, " + p.priced_as +
+            (p.in_full ? ", charged in full" : "") + ")\n";
   if (p.dynamic_range)
     text += "  dynamic: from " + bytes_both(p.dynamic_range->smallest_budget_bytes) + ", save-all's peak " +
             bytes_both(p.dynamic_range->save_all_peak_bytes) + " (" + std::to_string(p.dynamic_range->runs) +
@@ -155,7 +157,8 @@ nlohmann::json feasible_json(const ModelProfile& p) {
                            {"smallest_bytes", *p.offload_smallest},
                            {"write_bytes_per_second", p.price.write_bytes_per_second},
                            {"read_bytes_per_second", p.price.read_bytes_per_second},
-                           {"priced_as", p.priced_as}};
+                           {"priced_as", p.priced_as},
+                           {"charged_in_full", p.in_full}};
   if (p.dynamic_range)
     j["dynamic"] = {{"smallest_bytes", p.dynamic_range->smallest_budget_bytes},
                     {"save_all_peak_bytes", p.dynamic_range->save_all_peak_bytes},
@@ -354,7 +357,7 @@ int run_plan(const PlanOptions& o) {
       if (offload_copies_share_the_cores(Device{})) {  // the profile's CPU step: charged in full
         profile.costs.offload_write_seconds_per_byte = 0;
         profile.costs.reads_ahead = false;
-        profile.priced_as += ", charged in full";
+        profile.in_full = true;
       }
     }
     rs::ChainPlanOptions least;
