@@ -200,14 +200,12 @@ Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts
   try {
     // planned and predicted as a budget plan is (budget.cpp): in memory with the held count; with
     // an offload target, below its smallest budget, in memory if that fits
+    // (a model's costs with a target come with offload_plans, made for its smallest budget)
     rs::ChainPlan chosen;
-    bool in_memory = false;
-    if (offload_plans)  // made for the smallest budget with the target
-      chosen = offload_plans->plan(limit, &in_memory);
-    else if (held && !costs.can_offload())
-      chosen = rs::plan_chain_held(costs, *held, limit, planner_options);
+    if (offload_plans)
+      chosen = offload_plans->plan(limit);
     else if (held)
-      chosen = rs::plan_chain_offload_or_held(costs, *held, limit, planner_options, in_memory);
+      chosen = rs::plan_chain_held(costs, *held, limit, planner_options);
     else
       chosen = rs::plan_chain(costs, limit, planner_options);
     planner_options.progress(-1);  // ends the progress line, if one was printed
@@ -346,20 +344,17 @@ int run_plan(const PlanOptions& o) {
       profile.price.read_bytes_per_second =
           1.0 / (profile.costs.offload_seconds_per_byte - profile.costs.offload_write_seconds_per_byte);
       profile.priced_as = "the costs file";
-      profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
     } else {  // as a budget plan prices it (budget.cpp): what a step may offload against the host's memory
       profile.price = offload_price(offload_bandwidth(o.offload), profile.costs.offloadable_bytes(),
                                     device_memory(Device{}).free_bytes);  // the host's
       profile.priced_as = profile.price.page_cache ? "page cache" : "disk";
       profile.costs.offload_seconds_per_byte = profile.price.seconds_per_byte();
       profile.costs.offload_write_seconds_per_byte = profile.price.write_seconds_per_byte();
-      profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
-      if (offload_copies_share_the_cores(Device{})) {  // the profile's CPU step: charged in full
-        profile.costs.offload_write_seconds_per_byte = 0;
-        profile.costs.reads_ahead = false;
-        profile.in_full = true;
-      }
+      profile.in_full = offload_copies_share_the_cores(Device{});  // the profile's CPU step
+      if (profile.in_full) profile.costs.offload_write_seconds_per_byte = 0;
     }
+    // as budget plans read back (Note [reads ahead within the peak]), unless charged in full
+    profile.costs.reads_ahead = !profile.in_full;
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: planning " + std::to_string(profile.costs.num_stages()) +
                                        " stages with offload");
