@@ -45,6 +45,32 @@ class ConstantBetweenCalls : public nn::Module {
   std::vector<std::shared_ptr<remat::testing::TanhBlock>> layers_;
 };
 
+// Layer calls with a custom op between them that saves, through its SaveContext, a value of its
+// own making (twice its input, for the gradient of the square it returns).
+class CustomOpBetweenCalls : public nn::Module {
+ public:
+  CustomOpBetweenCalls(int layers, int64_t width) {
+    for (int i = 0; i < layers; ++i)
+      layers_.push_back(register_module("l" + std::to_string(i),
+                                        std::make_shared<remat::testing::TanhBlock>(width, DType::f32)));
+    square_ = CustomOp{"square",
+                       [](const TensorList& in, SaveContext& ctx) {
+                         ctx.save(mul_scalar(in[0], 2.0));
+                         return TensorList{mul(in[0], in[0])};
+                       },
+                       [](const TensorList& grads, const SavedValues& saved) { return TensorList{mul(grads[0], saved[0])}; }};
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor h = x;
+    for (auto& layer : layers_) h = square_({layer->forward(h)})[0];
+    return h;
+  }
+
+ private:
+  std::vector<std::shared_ptr<remat::testing::TanhBlock>> layers_;
+  CustomOp square_;
+};
+
 }  // namespace
 
 // One value read by several stages (the same `value`) is counted once while a sweep keeps it.
@@ -111,12 +137,13 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
     const size_t shared = 500 + rng() % 2000;  // one value three gaps save, and one of its own
     for (int g = 0; g < 3; ++g) held.gap_saved.push_back({static_cast<int>(rng() % 24), shared, 0});
     held.gap_saved.push_back({static_cast<int>(rng() % 24), 500 + rng() % 2000, -1});
-    const size_t smallest = rs::chain_min_feasible_memory_held(costs, held);
+    const rs::HeldPlans plans(costs, held);
+    const size_t smallest = plans.smallest_limit();
     const size_t save_all = rs::plan_save_all(costs).predicted_peak_bytes;
     for (int k = 0; k <= 6; ++k) {
       const size_t limit = smallest + (save_all - smallest) * static_cast<size_t>(k) / 6;
       SCOPED_TRACE(::testing::Message() << "seed " << seed << " limit " << limit);
-      const rs::ChainPlan chosen = rs::plan_chain_held(costs, held, limit);
+      const rs::ChainPlan chosen = plans.plan(limit);
       EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
       EXPECT_EQ(chosen.plan.predicted_peak_bytes, rs::simulate(held, chosen.plan).peak_bytes);
       const rs::ChainPlan plain = rs::plan_chain(costs, limit);
@@ -129,7 +156,7 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
     // below it a limit may be planned (another plan's held peak may fit it), never above itself
     const auto refused_or_within = [&](size_t limit) {
       try {
-        EXPECT_LE(rs::plan_chain_held(costs, held, limit).plan.predicted_peak_bytes, limit);
+        EXPECT_LE(plans.plan(limit).plan.predicted_peak_bytes, limit);
       } catch (const rs::InfeasibleError& e) {
         EXPECT_EQ(e.min_feasible_bytes, smallest);
       }
@@ -141,11 +168,12 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
     rs::ChainCosts unswept = held;
     unswept.swept_values.clear();
     unswept.gap_saved.clear();
-    const size_t least = rs::chain_min_feasible_memory(costs), least_held = rs::chain_min_feasible_memory_held(costs, unswept);
+    const rs::HeldPlans unswept_plans(costs, unswept);
+    const size_t least = rs::chain_min_feasible_memory(costs), least_held = unswept_plans.smallest_limit();
     EXPECT_LE(least_held, least);
     below_least += least_held < least;
-    EXPECT_LE(rs::plan_chain_held(costs, unswept, least_held).plan.predicted_peak_bytes, least_held);
-    EXPECT_THROW(rs::plan_chain_held(costs, unswept, least_held - 1), rs::InfeasibleError);
+    EXPECT_LE(unswept_plans.plan(least_held).plan.predicted_peak_bytes, least_held);
+    EXPECT_THROW(unswept_plans.plan(least_held - 1), rs::InfeasibleError);
   }
   EXPECT_GT(below_least, 0);  // the held count ran below the planners' least peak somewhere
   EXPECT_GT(replanned, 0);  // some limits needed a plan made again: the planners alone went above them
@@ -213,4 +241,15 @@ TEST(BudgetSweeps, WhatAProductBetweenCallsSavesIsCounted) {
     for (size_t j = 0; j < i; ++j) mask = costs.gap_saved[i].value == costs.gap_saved[j].value ? costs.gap_saved[i].value : mask;
   EXPECT_GE(mask, 0);  // one value saved by several products
   EXPECT_GT(swept_regions, 0);
+}
+
+// What a custom op saves through its SaveContext between the calls (a value of its own making) is
+// counted as what the ops between calls save: one value before each of the stages 1..11.
+TEST(BudgetSweeps, WhatACustomOpSavesBetweenCallsIsCounted) {
+  CustomOpBetweenCalls model(12, 64);
+  model.reset_parameters(3);
+  const Tensor x = randn({16, 64}, DType::f32, RngState{13, 0}).requires_grad_();
+  const auto [costs, swept_regions] = expect_within_every_budget(model, x);
+  ASSERT_EQ(costs.gap_saved.size(), 11u);
+  for (const auto& g : costs.gap_saved) EXPECT_EQ(g.bytes, 16u * 64u * sizeof(float));
 }

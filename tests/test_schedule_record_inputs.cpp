@@ -137,11 +137,12 @@ TEST(ChainPlan, OffloadPlansCountedAsHeldStayWithinTheirLimits) {
     for (unsigned seed = 1; seed <= 2; ++seed) {
       const auto [held, planning] = held_chain(stages, seed, true);
       SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed);
-      const size_t smallest = rs::chain_min_feasible_memory_offload_or_held(planning, held);
+      const rs::HeldPlans candidates = rs::HeldPlans::with_target(planning, held);
+      const size_t smallest = candidates.smallest_limit();
       size_t previous = SIZE_MAX;
       for (size_t limit : falling(smallest, rs::plan_save_all(held).predicted_peak_bytes, 20)) {
         bool in_memory = false;
-        const rs::ChainPlan chosen = rs::plan_chain_offload_or_held(planning, held, limit, {}, in_memory);
+        const rs::ChainPlan chosen = candidates.plan(limit, &in_memory);
         const ChainCosts counted = in_memory ? held : rs::held_with_target(held, planning);
         EXPECT_EQ(rs::simulate(counted, chosen.plan).peak_bytes, chosen.plan.predicted_peak_bytes) << "limit " << limit;
         EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
@@ -149,12 +150,7 @@ TEST(ChainPlan, OffloadPlansCountedAsHeldStayWithinTheirLimits) {
         previous = chosen.plan.predicted_peak_bytes;
         ++plans;
       }
-      EXPECT_THROW(
-          {
-            bool in_memory = false;
-            rs::plan_chain_offload_or_held(planning, held, smallest - 1, {}, in_memory);
-          },
-          rs::InfeasibleError);
+      EXPECT_THROW(candidates.plan(smallest - 1), rs::InfeasibleError);
     }
   EXPECT_EQ(plans, 3 * 2 * 20);
   EXPECT_EQ(rises, 0);
@@ -172,14 +168,13 @@ TEST(ChainPlan, HeldPredictionsNeverRiseWhenTheLimitFalls) {
       for (bool target : {false, true}) {
         const auto [held, planning] = held_chain(stages, seed, target);
         SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed << (target ? ", target" : ""));
-        const size_t smallest = target ? rs::chain_min_feasible_memory_offload_or_held(planning, held)
-                                       : rs::chain_min_feasible_memory_held(planning, held);
+        const rs::HeldPlans candidates =
+            target ? rs::HeldPlans::with_target(planning, held) : rs::HeldPlans(planning, held);
+        const size_t smallest = candidates.smallest_limit();
         size_t previous = SIZE_MAX;
         for (size_t limit : falling(smallest, rs::plan_save_all(held).predicted_peak_bytes, 20)) {
-          bool in_memory = true;
-          const rs::ChainPlan chosen =
-              target ? rs::plan_chain_offload_or_held(planning, held, limit, {}, in_memory)
-                     : rs::plan_chain_held(planning, held, limit);
+          bool in_memory = false;
+          const rs::ChainPlan chosen = candidates.plan(limit, &in_memory);
           const ChainCosts counted = in_memory ? held : rs::held_with_target(held, planning);
           EXPECT_EQ(rs::simulate(counted, chosen.plan).peak_bytes, chosen.plan.predicted_peak_bytes);
           EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
@@ -190,6 +185,31 @@ TEST(ChainPlan, HeldPredictionsNeverRiseWhenTheLimitFalls) {
       }
   EXPECT_EQ(plans, 2 * 5 * 2 * 20);
   EXPECT_EQ(rises, 0);
+}
+
+// HeldPlans answers as the functions that each build it do: the same smallest limit and, at limits
+// from it up, the same plan, in memory and with a target (where below the target's smallest limit
+// the plan is in memory).
+TEST(ChainPlan, HeldPlansAnswerAsThePlanFunctions) {
+  for (int stages : {8, 30})
+    for (bool target : {false, true}) {
+      const auto [held, planning] = held_chain(stages, 3, target);
+      SCOPED_TRACE(::testing::Message() << stages << " stages" << (target ? ", target" : ""));
+      const rs::HeldPlans plans = target ? rs::HeldPlans::with_target(planning, held) : rs::HeldPlans(planning, held);
+      const size_t smallest = plans.smallest_limit();
+      EXPECT_EQ(smallest, target ? rs::chain_min_feasible_memory_offload_or_held(planning, held)
+                                 : rs::chain_min_feasible_memory_held(planning, held));
+      for (size_t limit : falling(smallest, rs::plan_save_all(held).predicted_peak_bytes, 3)) {
+        bool in_memory = false, function_in_memory = !target;
+        const rs::ChainPlan got = plans.plan(limit, &in_memory);
+        const rs::ChainPlan want = target ? rs::plan_chain_offload_or_held(planning, held, limit, {}, function_in_memory)
+                                          : rs::plan_chain_held(planning, held, limit);
+        EXPECT_EQ(got.plan.tree, want.plan.tree) << "limit " << limit;
+        EXPECT_EQ(got.plan.predicted_peak_bytes, want.plan.predicted_peak_bytes);
+        EXPECT_EQ(got.describe(), want.describe());
+        EXPECT_EQ(in_memory, function_in_memory);
+      }
+    }
 }
 
 // The budget policy measures, per layer call, what its record holds of its input: all of it for a

@@ -102,11 +102,14 @@ class BudgetPlanner {
     std::string capacity_source;      // e.g. "the memory limit", "the host's available memory"
     size_t held_besides_saved_bytes = 0;
     // KEEP+offload:DIR: where offloaded nodes go (else empty), the directory's measured bandwidth
-    // (remat::offload_bandwidth, which costs.offload_seconds_per_byte, 1/write + 1/read, and
+    // as the plan prices it (remat::offload_price: the page cache's or the disk's, as
+    // offload_priced_as says; costs.offload_seconds_per_byte, 1/write + 1/read, and
     // costs.offload_write_seconds_per_byte, 1/write, queued behind the forward pass, are drawn
-    // from) and what the plan offloads per step.
+    // from it) and what the plan offloads per step.
     std::string offload_target;
     double offload_write_bytes_per_second = 0, offload_read_bytes_per_second = 0;
+    std::string offload_priced_as;  // "page cache" or "disk"
+    bool offload_in_full = false;   // each transfer charged in full (offload_copies_share_the_cores)
     // On a device: its values' copies to host memory and back (remat::host_copy_bandwidth), added
     // to the write and the read; 0 on the CPU.
     double offload_to_host_bytes_per_second = 0, offload_from_host_bytes_per_second = 0;

@@ -67,18 +67,37 @@ class OffloadScope {
 // Closes the files that ended offload scopes kept for the next ones.
 void release_offload_files();
 
-// How fast a directory takes saved values and gives them back: 32 MiB written in 1 MiB pieces to
-// a nameless file there (twice; the second pass, onto blocks the file has, is timed up to
-// fdatasync), its pages dropped from the page cache, and read back from the disk. What a budget
-// plan with an offload target and dynamic:+offload: charge per byte they offload (Note
-// [measuring the offload target] in src/saved/offload_file.cpp). Measured once per directory and
-// process; a directory that cannot be written is a remat::Error naming it.
+// How fast a directory takes saved values and gives them back, through the page cache and from
+// the disk: 32 MiB written in 1 MiB pieces to a nameless file there (a first pass untimed), timed
+// into the page cache (not flushed) and read back from it; then written again up to fdatasync, its
+// pages dropped, and read back from the disk. Measured once per directory and process; a
+// directory that cannot be written is a remat::Error naming it.
 struct OffloadBandwidth {
-  double write_bytes_per_second = 0;
-  double read_bytes_per_second = 0;
+  double write_bytes_per_second = 0;         // to the disk, up to fdatasync
+  double read_bytes_per_second = 0;          // from the disk, its pages dropped first
+  double cached_write_bytes_per_second = 0;  // into the page cache, not flushed
+  double cached_read_bytes_per_second = 0;   // out of it, its pages resident
   double seconds_per_byte() const { return 1.0 / write_bytes_per_second + 1.0 / read_bytes_per_second; }
 };
 OffloadBandwidth offload_bandwidth(const std::string& directory);
+
+// What a budget plan with an offload target charges a byte it offloads (Note [measuring the
+// offload target] in src/saved/offload_file.cpp): the page cache's bandwidths where what a step
+// may offload, `step_bytes`, is at most a tenth of `available_bytes` (the host's available
+// memory, device_memory of the CPU: the cgroup's room included), so that the kernel keeps the
+// pages and does not start writing them back; else the disk's, what a value costs when memory is
+// short. dynamic:+offload: charges the disk's (no step's volume is known before it runs).
+//   const size_t available = device_memory(parse_device("cpu")).free_bytes;
+//   const OffloadPrice price = offload_price(offload_bandwidth(dir), size_t{64} << 20, available);
+//   // price.page_cache: 64 MiB is at most a tenth of `available`; price.seconds_per_byte(): a
+//   // byte written and read back
+struct OffloadPrice {
+  double write_bytes_per_second = 0, read_bytes_per_second = 0;
+  bool page_cache = false;  // priced at the page cache's bandwidths, else at the disk's
+  double write_seconds_per_byte() const { return 1.0 / write_bytes_per_second; }
+  double seconds_per_byte() const { return 1.0 / write_bytes_per_second + 1.0 / read_bytes_per_second; }
+};
+OffloadPrice offload_price(const OffloadBandwidth& bandwidth, size_t step_bytes, size_t available_bytes);
 
 // How fast a device's saved values go to host memory and come back, through the host copies its
 // backend offers offloaded values (Backend::host_buffer, copy_to_host_async, copy_from_host_async,
@@ -95,6 +114,12 @@ struct HostCopyBandwidth {
 };
 struct Device;
 HostCopyBandwidth host_copy_bandwidth(Device device);
+
+// Whether the offload store's copies run on a core the step computes on: `device` is the CPU and
+// the step's threads (num_threads()) take every core the host has. A budget plan then charges
+// each transfer in full, none of it hidden behind the compute (Note [measuring the offload
+// target]); on a device the host's cores are free for them.
+bool offload_copies_share_the_cores(Device device);
 
 namespace detail {
 bool offload_running();  // an OffloadScope is alive on this thread

@@ -41,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -202,6 +203,14 @@ struct ChainCosts {
   // reads_ahead). 0: no queued write (docs/planners.md, "the cost of a transfer").
   double offload_write_seconds_per_byte = 0;
   bool can_offload() const { return offload_seconds_per_byte >= 0; }
+  // The most a plan may offload in a step: every record and every boundary (by which a budget plan
+  // judges whether the page cache holds it: remat::offload_price).
+  size_t offloadable_bytes() const {
+    size_t total = 0;
+    for (size_t b : saved_bytes) total += b;
+    for (size_t b : boundary_bytes) total += b;
+    return total;
+  }
   // Whether a read may start ahead of its node: in the backward, after the loss and after the
   // read before it (one read in flight, in the order of the fetches), at the earliest action from
   // which the live bytes plus the value stay within the plan's peak; then a read is charged only
@@ -395,6 +404,36 @@ size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCos
 // The least limit from which plan_chain_offload_or_held plans (the smaller of its two floors).
 size_t chain_min_feasible_memory_offload_or_held(const ChainCosts& offload, const ChainCosts& held,
                                                  const ChainPlanOptions& options = {});
+
+// The plans plan_chain_held (or, with a target, plan_chain_offload_or_held) chooses from for one
+// chain, made once: plans for several limits, and the smallest limit, cost one planning (the
+// functions above each build one). It keeps those of the candidates that some limit chooses (each
+// faster than every one of smaller held peak), not every candidate. Not to be shared between
+// threads (the plans in memory of a target's chain are made at the first call that needs them).
+//   rs::ChainCosts held = costs;                     // the 3-stage chain of the example above,
+//   held.boundaries_counted_when_held = true;        // counted as an allocator counts
+//   const rs::HeldPlans plans(costs, held);          // with a target: HeldPlans::with_target
+//   const size_t least = plans.smallest_limit();     // chain_min_feasible_memory_held(costs, held)
+//   rs::ChainPlan chosen = plans.plan(least + 512);  // as plan_chain_held(costs, held, least + 512)
+class HeldPlans {
+ public:
+  HeldPlans(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options = {});
+  static HeldPlans with_target(const ChainCosts& offload, const ChainCosts& held, const ChainPlanOptions& options = {});
+  ~HeldPlans();
+  HeldPlans(HeldPlans&&) noexcept;
+  HeldPlans& operator=(HeldPlans&&) noexcept;
+
+  // The plan for memory_limit; `in_memory` (if given) says whether it offloads nothing.
+  // InfeasibleError below smallest_limit().
+  ChainPlan plan(size_t memory_limit, bool* in_memory = nullptr) const;
+  size_t smallest_limit() const;
+
+ private:
+  struct Set;  // one chain's candidates, made at the first call that needs them
+  HeldPlans() = default;
+  std::unique_ptr<Set> first_;   // with the target, if any, else in memory
+  std::unique_ptr<Set> memory_;  // a target's chain in memory; null without a target
+};
 
 // Fixed plans.
 Plan plan_save_all(const ChainCosts& costs);      // every stage F_all

@@ -367,24 +367,32 @@ std::shared_ptr<const detail::OffloadReadPlan> read_plan_of(const schedule::Plan
 
 }  // namespace
 
-// The offload target's measured bandwidth, in the report and as the costs' price per byte.
+// The offload target's measured bandwidth, in the report and as the costs' price per byte: the
+// page cache's or the disk's, as what a step may offload (ChainCosts::offloadable_bytes)
+// compares with the host's available memory (Note [measuring the offload target] in
+// src/saved/offload_file.cpp).
 void BudgetPlanner::State::price_offload(const OffloadTarget& target, schedule::ChainCosts& measured, Report& r) const {
-  const OffloadBandwidth bandwidth = offload_bandwidth(target.directory);
+  const OffloadPrice price = offload_price(offload_bandwidth(target.directory), measured.offloadable_bytes(),
+                                           device_memory(Device{}).free_bytes);  // the host's
   r.offload_target = target.to_string();
-  r.offload_write_bytes_per_second = bandwidth.write_bytes_per_second;
-  r.offload_read_bytes_per_second = bandwidth.read_bytes_per_second;
+  r.offload_write_bytes_per_second = price.write_bytes_per_second;
+  r.offload_read_bytes_per_second = price.read_bytes_per_second;
+  r.offload_priced_as = price.page_cache ? "page cache" : "disk";
   // a device's values go to host memory before they are written and come back after they are read
   const HostCopyBandwidth copies = host_copy_bandwidth(device);
   r.offload_to_host_bytes_per_second = copies.to_host_bytes_per_second;
   r.offload_from_host_bytes_per_second = copies.from_host_bytes_per_second;
-  const double write = 1.0 / bandwidth.write_bytes_per_second + copies.to_host_seconds_per_byte();
+  const double write = price.write_seconds_per_byte() + copies.to_host_seconds_per_byte();
   measured.offload_seconds_per_byte = options.offload_seconds_per_byte >= 0
                                           ? options.offload_seconds_per_byte
-                                          : bandwidth.seconds_per_byte() + copies.to_host_seconds_per_byte() +
+                                          : price.seconds_per_byte() + copies.to_host_seconds_per_byte() +
                                                 copies.from_host_seconds_per_byte();
-  // the measured write runs behind the forward compute after its node; a given cost is serial
-  measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 ? 0.0 : write;
-  measured.reads_ahead = true;  // where the plan's peak leaves room (read_plan_of)
+  // the measured write runs behind the forward compute after its node, a read ahead of its node
+  // where the plan's peak leaves room (read_plan_of), unless the store's copies share the step's
+  // cores: then each transfer is charged in full; a given cost's write is not queued
+  r.offload_in_full = options.offload_seconds_per_byte < 0 && offload_copies_share_the_cores(device);
+  measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 || r.offload_in_full ? 0.0 : write;
+  measured.reads_ahead = !r.offload_in_full;
 }
 
 void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {

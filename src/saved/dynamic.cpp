@@ -118,8 +118,9 @@ struct Cell : std::enable_shared_from_this<Cell> {
 
 // Note [evicting to a file]. Under dynamic:BYTES+offload:DIR an evicted value of at least the
 // target's threshold whose recomputation is estimated dearer than writing it out and reading it
-// back (the directory's bandwidth, measured once per process as budget plans charge it: Note
-// [measuring the offload target] in offload_file.cpp; one number for the whole run, so that the
+// back (the directory's disk bandwidth, measured once per process: Note [measuring the offload
+// target] in offload_file.cpp, whose page cache price needs a step's volume, unknown here before
+// the step runs; one number for the whole run, so that the
 // eviction order within a run does not depend on timing noise) is written to a nameless file in DIR, in
 // the scope's thread, before its memory is released; the backward pass reads it back instead of
 // recomputing it (its digest is checked as a recomputation's would be). The eviction score uses

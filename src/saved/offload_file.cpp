@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "remat/backend.h"
@@ -210,15 +211,27 @@ void release_offload_files() {
 
 namespace remat {
 
-// Note [measuring the offload target]. What a plan (budget:...+offload:DIR) and dynamic:+offload:
-// charge per offloaded byte: one write of the value and one read back, through a file of the
-// same kind the store uses, timed once per directory and process. The write pass is timed up to
-// fdatasync, so that it counts the disk and not the page cache; the pages are then dropped
-// (POSIX_FADV_DONTNEED) and the read pass reads them from the disk. That is what a value costs
-// when memory is short, the reason to offload; with memory to spare the store's writes land in
-// the page cache behind the forward pass and its reads hand back resident pages without a copy
-// (offload.cpp), so the charge is an upper bound, and the plan report sets predicted against
-// measured step time. A file system that ignores the advice (tmpfs) measures its own speed.
+// Note [measuring the offload target]. What a plan (budget:...+offload:DIR) charges per offloaded
+// byte: one write of the value and one read back, through a file of the same kind the store uses,
+// timed once per directory and process in both of the ways the store's bytes may go. Into the page
+// cache: written and not flushed, then read back while resident. To the disk: written up to
+// fdatasync, the pages dropped (POSIX_FADV_DONTNEED), read back from the disk. The store writes
+// behind the forward pass and never flushes, and its reads hand back resident pages without a copy
+// (offload.cpp): so while the host's memory holds what a step offloads, the kernel keeps the pages
+// and a byte costs the page cache's price; where memory is short, the reason to offload in the
+// first place, the kernel writes the pages back and drops them, and a byte costs the disk's.
+// offload_price takes the page cache's where a step's bytes are at most a tenth of the host's
+// available memory: the kernel's default dirty_background_ratio, the dirty share from which it
+// starts writing pages back. (A bench that caps only the allocator, with the host's memory to
+// spare, runs offload:DIR at the page cache's speed; priced at the disk's, a plan recomputed
+// instead and lost to it.) The store's worker writes while the step computes: on a device, on a
+// host core the step leaves free, so the plan hides a write behind the forward compute after its
+// node and a read ahead of its own. On the CPU with the step's threads on every core
+// (offload_copies_share_the_cores) the worker takes its time from the step's: the plan charges
+// every transfer in full. (On the 2-core build machine, priced at the page cache's and hidden,
+// a 64-layer MLP's plan offloaded every record and ran 4 % slower than recomputing.)
+// dynamic:+offload: charges the disk's: its runtime cannot know a step's volume before it runs. A
+// file system that ignores the advice (tmpfs) measures its own speed.
 OffloadBandwidth offload_bandwidth(const std::string& directory) {
   static std::mutex mutex;
   static std::map<std::string, OffloadBandwidth> measured;
@@ -232,9 +245,9 @@ OffloadBandwidth offload_bandwidth(const std::string& directory) {
   const auto fail = [&](const char* what, const std::string& why) {
     throw Error(detail::concat("offload bandwidth: ", what, " a file in '", directory, "' failed: ", why));
   };
-  // the second write pass is timed: a store's file is reused from scope to scope, so its writes
-  // land on blocks the file already has
-  const auto timed = [&](bool write) {
+  // a store's file is reused from scope to scope, so its writes land on blocks the file already
+  // has: the first pass gives the file its blocks, untimed
+  const auto timed = [&](bool write, bool flush) {
     const auto start = std::chrono::steady_clock::now();
     for (size_t k = 0; k < kPieces; ++k) {
       const off_t at = static_cast<off_t>(k * kPiece);
@@ -242,17 +255,32 @@ OffloadBandwidth offload_bandwidth(const std::string& directory) {
                             : detail::read_all(file.fd(), buffer.data(), kPiece, at, error);
       if (!ok) fail(write ? "writing to" : "reading from", error);
     }
-    if (write && ::fdatasync(file.fd()) != 0) fail("flushing", std::strerror(errno));
+    if (flush && ::fdatasync(file.fd()) != 0) fail("flushing", std::strerror(errno));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return static_cast<double>(kPiece * kPieces) / std::max(seconds, 1e-9);
   };
   OffloadBandwidth bandwidth;
-  timed(true);
-  bandwidth.write_bytes_per_second = timed(true);
+  timed(true, true);
+  bandwidth.cached_write_bytes_per_second = timed(true, false);
+  bandwidth.cached_read_bytes_per_second = timed(false, false);
+  bandwidth.write_bytes_per_second = timed(true, true);
   ::posix_fadvise(file.fd(), 0, static_cast<off_t>(kPiece * kPieces), POSIX_FADV_DONTNEED);  // advice: may do nothing
-  bandwidth.read_bytes_per_second = timed(false);
+  bandwidth.read_bytes_per_second = timed(false, false);
   measured[directory] = bandwidth;
   return bandwidth;
+}
+
+bool offload_copies_share_the_cores(Device device) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return device.type == DeviceType::cpu && (cores == 0 || num_threads() >= static_cast<int>(cores));
+}
+
+OffloadPrice offload_price(const OffloadBandwidth& bandwidth, size_t step_bytes, size_t available_bytes) {
+  OffloadPrice price;
+  price.page_cache = step_bytes <= available_bytes / 10;
+  price.write_bytes_per_second = price.page_cache ? bandwidth.cached_write_bytes_per_second : bandwidth.write_bytes_per_second;
+  price.read_bytes_per_second = price.page_cache ? bandwidth.cached_read_bytes_per_second : bandwidth.read_bytes_per_second;
+  return price;
 }
 
 }  // namespace remat

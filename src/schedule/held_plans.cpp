@@ -60,7 +60,9 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // anchor's levels, over group menus built once (grouped_plans_at_anchors). It takes the fastest
 // candidate whose held peak fits the limit, the one of least held peak among equally fast ones. A
 // smaller limit has fewer candidates to choose from, so its choice is slower, or as fast and of no
-// larger peak: the prediction never rises as the limit falls. The table whose limit is the least
+// larger peak: the prediction never rises as the limit falls. Only the candidates that some limit
+// chooses are kept (choosable: by rising held peak, each faster than all before it), once per
+// chain in a HeldPlans, which then answers any limit with a search. The table whose limit is the least
 // anchor at or above L has units at most about twice those of a plan made at L (an anchor's bytes
 // over the slots), and the plans of its levels above L are candidates where their held peak fits
 // it. Above kFixedCandidatesMaxStages stages (the grouped planner's candidates cost about 9-11
@@ -116,28 +118,35 @@ bool fixed_candidates(const ChainCosts& planning, const ChainPlanOptions& option
   return runs_exact(planning, options) || planning.num_stages() <= kFixedCandidatesMaxStages;
 }
 
-// The fastest candidate whose held peak fits `limit`, of least peak among equally fast ones.
-const Candidate* fastest_within(const std::vector<Candidate>& candidates, size_t limit) {
-  const Candidate* best = nullptr;
-  for (const Candidate& c : candidates)
-    if (c.peak <= limit && (!best || c.time < best->time || (c.time == best->time && c.peak < best->peak)))
-      best = &c;
-  return best;
+// Of the candidates, those that some limit chooses, by rising held peak, each faster than every
+// one before it. plan_chain_held takes the fastest candidate whose held peak fits, the one of least
+// held peak among equally fast ones (the first made among equal ones); that is the last of these
+// whose peak fits.
+std::vector<Candidate> choosable(std::vector<Candidate> all) {
+  std::vector<size_t> order(all.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return all[a].peak != all[b].peak ? all[a].peak < all[b].peak : all[a].time < all[b].time;
+  });
+  std::vector<Candidate> out;
+  for (size_t k : order)
+    if (out.empty() || all[k].time < out.back().time) out.push_back(std::move(all[k]));
+  return out;
 }
 
-ChainPlan plan_fixed_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
-                          const ChainPlanOptions& options) {
-  const std::vector<Candidate> candidates = held_candidates(planning, held, options);
-  const Candidate* best = fastest_within(candidates, limit);
-  if (!best) {
-    const size_t least = least_peak(candidates);
+// The chosen candidate's plan, as held predicts it; InfeasibleError below the least held peak.
+ChainPlan plan_fixed_held(const std::vector<Candidate>& choices, const ChainCosts& planning, const ChainCosts& held,
+                          size_t limit, const ChainPlanOptions& options) {
+  const auto above = std::upper_bound(choices.begin(), choices.end(), limit,
+                                      [](size_t l, const Candidate& c) { return l < c.peak; });
+  if (above == choices.begin())
     throw InfeasibleError("plan_chain: memory limit " + std::to_string(limit) + " bytes is below the least peak " +
-                              std::to_string(least) + " bytes of any plan, counted as held",
-                          least);
-  }
+                              std::to_string(choices.front().peak) + " bytes of any plan, counted as held",
+                          choices.front().peak);
+  const Candidate& best = *(above - 1);
   ChainPlan chosen;
-  chosen.plan = make_plan(held, best->tree);
-  if (best->grouped) {
+  chosen.plan = make_plan(held, best.tree);
+  if (best.grouped) {
     chosen.method = RotorMethod::grouped;
     chosen.levels = grouped_levels(planning.num_stages(), options);
   }
@@ -164,32 +173,100 @@ ChainPlan plan_fixed_held(const ChainCosts& planning, const ChainCosts& held, si
 // values lift that plan above the least peak, a limit between the two may be planned too (another
 // plan's held peak may fit it). Without swept and gap values the held count is never above the
 // planners', so the first plan made within a limit stands.
-ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
-                          const ChainPlanOptions& options) {
-  check_held(planning, held);
-  if (fixed_candidates(planning, options)) return plan_fixed_held(planning, held, limit, options);
+
+// One chain's plans (HeldPlans): up to kFixedCandidatesMaxStages stages, the candidates that some
+// limit chooses, made once; on longer chains, the costs each limit is planned with, and the
+// chain's least peak once found.
+struct HeldPlans::Set {
+  ChainCosts planning, held;
+  ChainPlanOptions options;
+  mutable std::optional<std::vector<Candidate>> choices;  // fixed candidates
+  mutable std::optional<size_t> least, smallest;          // longer chains
+
+  Set(ChainCosts p, ChainCosts h, const ChainPlanOptions& o) : planning(std::move(p)), held(std::move(h)), options(o) {
+    check_held(planning, held);
+  }
+  bool fixed() const { return fixed_candidates(planning, options); }
+  const std::vector<Candidate>& candidates() const {
+    if (!choices) choices = choosable(held_candidates(planning, held, options));
+    return *choices;
+  }
+  size_t least_peak() const {
+    if (!least) least = chain_min_feasible_memory(planning, options);
+    return *least;
+  }
+  ChainPlan plan(size_t limit) const;
+  size_t smallest_limit() const {
+    if (fixed()) return candidates().front().peak;
+    if (!smallest) smallest = make_plan(held, plan_chain(planning, least_peak(), options).plan.tree).predicted_peak_bytes;
+    return *smallest;
+  }
+};
+
+ChainPlan HeldPlans::Set::plan(size_t limit) const {
+  if (fixed()) return plan_fixed_held(candidates(), planning, held, limit, options);
   ChainPlan chosen;
-  std::optional<size_t> least;
+  bool below_least = false;
   try {
     chosen = plan_chain(planning, limit, options);
   } catch (const InfeasibleError&) {  // below the planners' least peak: their least plan, if held fits it
-    least = chain_min_feasible_memory(planning, options);
-    chosen = plan_chain(planning, *least, options);
+    below_least = true;
+    chosen = plan_chain(planning, least_peak(), options);
   }
   chosen.plan = make_plan(held, std::move(chosen.plan.tree));
-  size_t within = least ? *least : limit;
+  size_t within = below_least ? least_peak() : limit;
   for (int tries = 0; chosen.plan.predicted_peak_bytes > limit; ++tries) {
-    if (!least) least = chain_min_feasible_memory(planning, options);
-    if (within <= *least)
+    if (within <= least_peak())
       throw InfeasibleError("plan_chain: memory limit " + std::to_string(limit) + " bytes is below the least peak " +
                                 std::to_string(chosen.plan.predicted_peak_bytes) + " bytes of any plan, counted as held",
                             chosen.plan.predicted_peak_bytes);
     const size_t over = chosen.plan.predicted_peak_bytes - limit;
-    within = tries >= 2 || within - *least <= over ? *least : within - over;
+    within = tries >= 2 || within - least_peak() <= over ? least_peak() : within - over;
     chosen = plan_chain(planning, within, options);
     chosen.plan = make_plan(held, std::move(chosen.plan.tree));
   }
   return chosen;
+}
+
+HeldPlans::HeldPlans(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options)
+    : first_(std::make_unique<Set>(planning, held, options)) {}
+
+HeldPlans HeldPlans::with_target(const ChainCosts& offload, const ChainCosts& held, const ChainPlanOptions& options) {
+  HeldPlans out;
+  out.first_ = std::make_unique<Set>(with_input_credits(offload, held), held_with_target(held, offload), options);
+  out.memory_ = std::make_unique<Set>(without_target(offload, held), held, options);
+  return out;
+}
+
+HeldPlans::~HeldPlans() = default;
+HeldPlans::HeldPlans(HeldPlans&&) noexcept = default;
+HeldPlans& HeldPlans::operator=(HeldPlans&&) noexcept = default;
+
+ChainPlan HeldPlans::plan(size_t memory_limit, bool* in_memory) const {
+  if (in_memory) *in_memory = !memory_;
+  if (!memory_) return first_->plan(memory_limit);
+  try {
+    return first_->plan(memory_limit);
+  } catch (const InfeasibleError& e) {
+    // below the target's smallest limit every plan with it holds more: one in memory, where it fits
+    try {
+      ChainPlan chosen = memory_->plan(memory_limit);
+      if (in_memory) *in_memory = true;
+      return chosen;
+    } catch (const InfeasibleError& f) {
+      throw InfeasibleError(e.what(), std::min(e.min_feasible_bytes, f.min_feasible_bytes));
+    }
+  }
+}
+
+size_t HeldPlans::smallest_limit() const {
+  const size_t first = first_->smallest_limit();
+  return memory_ ? std::min(first, memory_->smallest_limit()) : first;
+}
+
+ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
+                          const ChainPlanOptions& options) {
+  return HeldPlans(planning, held, options).plan(limit);
 }
 
 ChainCosts held_with_target(const ChainCosts& held, const ChainCosts& offload) {
@@ -202,31 +279,16 @@ ChainCosts held_with_target(const ChainCosts& held, const ChainCosts& offload) {
 
 ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts& held, size_t limit,
                                      const ChainPlanOptions& options, bool& in_memory) {
-  in_memory = false;
-  try {
-    return plan_chain_held(with_input_credits(offload, held), held_with_target(held, offload), limit, options);
-  } catch (const InfeasibleError& e) {
-    try {
-      ChainPlan chosen = plan_chain_held(without_target(offload, held), held, limit, options);
-      in_memory = true;
-      return chosen;
-    } catch (const InfeasibleError& f) {
-      throw InfeasibleError(e.what(), std::min(e.min_feasible_bytes, f.min_feasible_bytes));
-    }
-  }
+  return HeldPlans::with_target(offload, held, options).plan(limit, &in_memory);
 }
 
 size_t chain_min_feasible_memory_offload_or_held(const ChainCosts& offload, const ChainCosts& held,
                                                  const ChainPlanOptions& options) {
-  return std::min(chain_min_feasible_memory_held(with_input_credits(offload, held), held_with_target(held, offload), options),
-                  chain_min_feasible_memory_held(without_target(offload, held), held, options));
+  return HeldPlans::with_target(offload, held, options).smallest_limit();
 }
 
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
-  check_held(planning, held);
-  if (fixed_candidates(planning, options)) return least_peak(held_candidates(planning, held, options));
-  const size_t least = chain_min_feasible_memory(planning, options);
-  return make_plan(held, plan_chain(planning, least, options).plan.tree).predicted_peak_bytes;
+  return HeldPlans(planning, held, options).smallest_limit();
 }
 
 }  // namespace remat::schedule

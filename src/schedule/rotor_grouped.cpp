@@ -72,6 +72,13 @@ constexpr int kLevelsPerAnchor = 64;  // grouped_plans_at_anchors: levels read o
 
 size_t units_of(size_t bytes, size_t unit) { return bytes / unit + (bytes % unit != 0); }
 
+// The levels of groups of `group` parts that `stages` stages need (group^levels >= stages).
+int levels_for(int64_t stages, int group) {
+  int levels = 0;
+  for (int64_t span = 1; span < stages; span *= group) ++levels;
+  return levels;
+}
+
 // The index of the fastest option that offloads nothing (one that a re-run may use).
 int fastest_in_memory(const Part& part) {
   for (size_t k = 0; k < part.options.size(); ++k)
@@ -102,11 +109,7 @@ class GroupBuilder {
   const Model& model() const { return model_; }
 
   // The levels of groups a part of `stages` stages needs (group^levels >= stages).
-  int levels_for(int64_t stages) const {
-    int levels = 0;
-    for (int64_t span = 1; span < stages; span *= options_.group) ++levels;
-    return levels;
-  }
+  int levels_for(int64_t stages) const { return schedule::levels_for(stages, options_.group); }
 
   // The top-level parts: `count` near-equal parts, each a stage or a group of its own depth.
   std::vector<Part> split_top(int stages, int count) {
@@ -440,10 +443,7 @@ bool least_peak_is_cheap(int stages, const ChainPlanOptions& options) {
 
 int grouped_levels(int stages, const ChainPlanOptions& options) {
   const int64_t count = std::max(1, std::min(stages, options.top_parts));
-  const int64_t span = (stages + count - 1) / count;
-  int levels = 0;
-  for (int64_t covered = 1; covered < span; covered *= options.group) ++levels;
-  return levels;
+  return levels_for((stages + count - 1) / count, options.group);
 }
 
 bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options) {

@@ -18,8 +18,6 @@ constexpr double kInfinite = std::numeric_limits<double>::infinity();
 constexpr int16_t kRegion = 1024;
 constexpr int16_t kOffloaded = 2048;
 
-size_t pair_index(int a, int b) { return static_cast<size_t>(b) * (static_cast<size_t>(b) + 1) / 2 + static_cast<size_t>(a); }
-
 }  // namespace
 
 size_t region_sweep(const std::vector<Part>& parts, int first, int last) {
@@ -146,10 +144,6 @@ MenuTable::MenuTable(const std::vector<Part>& parts, const Model& model, size_t 
   }
 }
 
-size_t MenuTable::offset(int a, int b, Mode mode) const {
-  return (mode == Mode::rerun ? pair_index(a, b) : static_cast<size_t>(a)) * width_;
-}
-
 const std::vector<double>& MenuTable::costs(Mode mode) const {
   const std::vector<double>& table = mode == Mode::rerun ? rerun_cost_ : mode == Mode::top ? top_cost_ : offload_cost_;
   if (table.empty()) throw Error("plan_chain: a menu table was read in a mode it did not fill (internal error)");
@@ -240,6 +234,16 @@ void MenuTable::fill_options(int a, int b, Mode mode, double* best, int16_t* pic
       need = std::max({fwd + gradient, bwd, kept});
     else  // the last part: at the top level the loss runs with what it keeps; in a re-run, its gradient is held
       need = top ? std::max({fwd, kept + out_gradient, bwd}) : std::max(fwd + out_gradient, bwd);
+    if (!queue) {  // the same, without the write queue and reads ahead: a loop without branches
+      const int16_t id = static_cast<int16_t>(k);
+      for (int64_t m = std::max<int64_t>(need, 0); m <= budget; ++m) {
+        const double total = o.time + (rest ? rest[std::min(budget, m - kept)] : 0.0);
+        const bool better = total < best[m];
+        best[m] = better ? total : best[m];
+        pick[m] = better ? id : pick[m];
+      }
+      continue;
+    }
     for (int64_t m = std::max<int64_t>(need, 0); m <= budget; ++m) {
       const int64_t next = std::min(budget, m - kept);
       double total = o.time + (rest ? rest[next] : 0.0);
@@ -286,6 +290,16 @@ void MenuTable::fill_regions(int a, int b, Mode mode, double* best, int16_t* pic
     const double* region = row(a, c - 1, Mode::rerun);
     const WriteQueue* after_queue = queue ? offload_queue_.data() + offset(c, b, mode) : nullptr;
     const int64_t output = static_cast<int64_t>(parts_[static_cast<size_t>(c)].x_in);
+    if (!queue) {  // the same, without the write queue (a re-run): a loop without branches
+      const int16_t id = static_cast<int16_t>(kRegion + (c - a));
+      for (int64_t m = std::max(gradient + sweep_units, keep); m <= budget; ++m) {
+        const double total = sweep_time + after[m - keep] + region[m];
+        const bool better = total < best[m];
+        best[m] = better ? total : best[m];
+        pick[m] = better ? id : pick[m];
+      }
+      continue;  // no offload outside the top level
+    }
     for (int64_t m = std::max(gradient + sweep_units, keep); m <= budget; ++m) {
       const double total = sweep_time + after[m - keep] + region[m];
       if (total < best[m]) {

@@ -102,7 +102,13 @@ class MenuTable {
 
  private:
   const Option& option(int a, int k) const { return parts_[static_cast<size_t>(a)].options[static_cast<size_t>(k)]; }
-  size_t offset(int a, int b, Mode mode) const;
+  static size_t pair_index(int a, int b) {
+    return static_cast<size_t>(b) * (static_cast<size_t>(b) + 1) / 2 + static_cast<size_t>(a);
+  }
+  // where the row of [a, b] starts in its mode's table (in the header: the fills' inner loops call it)
+  size_t offset(int a, int b, Mode mode) const {
+    return (mode == Mode::rerun ? pair_index(a, b) : static_cast<size_t>(a)) * width_;
+  }
   const std::vector<double>& costs(Mode mode) const;
   const double* row(int a, int b, Mode mode) const { return costs(mode).data() + offset(a, b, mode); }
   int16_t choice(int a, int b, int64_t m, Mode mode) const;

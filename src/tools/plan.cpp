@@ -39,8 +39,11 @@ struct ModelProfile {
   std::vector<double> flops;         // each stage's forward FLOPs (a model; --costs: none)
   // --offload DIR: the target, its measured bandwidth and the smallest budget with it
   std::string offload_target;
-  OffloadBandwidth bandwidth;
+  OffloadPrice price;     // as a budget plan prices it (offload_price), or as --costs gives it
+  std::string priced_as;  // "page cache", "disk" or "the costs file"
+  bool in_full = false;   // each transfer charged in full (offload_copies_share_the_cores)
   std::optional<size_t> offload_smallest;
+  std::shared_ptr<const rs::HeldPlans> offload_plans;  // a model's plans with the target, made once
   // A model: its costs as the allocator counts saved bytes (ChainCosts::boundaries_counted_when_held,
   // swept_values, gap_saved), with which a budget plan in memory is predicted; `costs` is what the
   // planners plan with, as the budget policy's own check and plan do.
@@ -132,8 +135,9 @@ std::string feasible_text(const ModelProfile& p) {
   if (p.offload_smallest)
     text += "  budget:+" + p.offload_target + ":  from " + bytes_both(*p.offload_smallest) +
             " (kept values may live in the target: written at " +
-            memory::format_bytes(p.bandwidth.write_bytes_per_second) + "/s, read at " +
-            memory::format_bytes(p.bandwidth.read_bytes_per_second) + "/s)\n";
+            memory::format_bytes(p.price.write_bytes_per_second) + "/s, read at " +
+            memory::format_bytes(p.price.read_bytes_per_second) + "/s, " + p.priced_as +
+            (p.in_full ? ", charged in full" : "") + ")\n";
   if (p.dynamic_range)
     text += "  dynamic: from " + bytes_both(p.dynamic_range->smallest_budget_bytes) + ", save-all's peak " +
             bytes_both(p.dynamic_range->save_all_peak_bytes) + " (" + std::to_string(p.dynamic_range->runs) +
@@ -151,8 +155,10 @@ nlohmann::json feasible_json(const ModelProfile& p) {
   if (p.offload_smallest)
     j["budget_offload"] = {{"target", p.offload_target},
                            {"smallest_bytes", *p.offload_smallest},
-                           {"write_bytes_per_second", p.bandwidth.write_bytes_per_second},
-                           {"read_bytes_per_second", p.bandwidth.read_bytes_per_second}};
+                           {"write_bytes_per_second", p.price.write_bytes_per_second},
+                           {"read_bytes_per_second", p.price.read_bytes_per_second},
+                           {"priced_as", p.priced_as},
+                           {"charged_in_full", p.in_full}};
   if (p.dynamic_range)
     j["dynamic"] = {{"smallest_bytes", p.dynamic_range->smallest_budget_bytes},
                     {"save_all_peak_bytes", p.dynamic_range->save_all_peak_bytes},
@@ -185,7 +191,7 @@ struct Plans {
 };
 
 Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts>& held, size_t outside,
-                 size_t budget) {
+                 size_t budget, const rs::HeldPlans* offload_plans) {
   const int stages = costs.num_stages();
   const size_t limit = budget > outside ? budget - outside : 0;
   Plans plans;
@@ -194,12 +200,12 @@ Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts
   try {
     // planned and predicted as a budget plan is (budget.cpp): in memory with the held count; with
     // an offload target, below its smallest budget, in memory if that fits
+    // (a model's costs with a target come with offload_plans, made for its smallest budget)
     rs::ChainPlan chosen;
-    bool in_memory = false;
-    if (held && !costs.can_offload())
-      chosen = rs::plan_chain_held(costs, *held, limit, planner_options);
+    if (offload_plans)
+      chosen = offload_plans->plan(limit);
     else if (held)
-      chosen = rs::plan_chain_offload_or_held(costs, *held, limit, planner_options, in_memory);
+      chosen = rs::plan_chain_held(costs, *held, limit, planner_options);
     else
       chosen = rs::plan_chain(costs, limit, planner_options);
     planner_options.progress(-1);  // ends the progress line, if one was printed
@@ -334,20 +340,27 @@ int run_plan(const PlanOptions& o) {
   if (!o.offload.empty()) {  // the same chain with its kept values allowed in the target
     profile.offload_target = OffloadTarget{o.offload}.to_string();
     if (profile.costs.can_offload()) {  // the --costs file's costs of the target
-      profile.bandwidth.write_bytes_per_second = 1.0 / profile.costs.offload_write_seconds_per_byte;
-      profile.bandwidth.read_bytes_per_second =
+      profile.price.write_bytes_per_second = 1.0 / profile.costs.offload_write_seconds_per_byte;
+      profile.price.read_bytes_per_second =
           1.0 / (profile.costs.offload_seconds_per_byte - profile.costs.offload_write_seconds_per_byte);
-    } else {
-      profile.bandwidth = offload_bandwidth(o.offload);
-      profile.costs.offload_seconds_per_byte = profile.bandwidth.seconds_per_byte();
-      profile.costs.offload_write_seconds_per_byte = 1.0 / profile.bandwidth.write_bytes_per_second;
+      profile.priced_as = "the costs file";
+    } else {  // as a budget plan prices it (budget.cpp): what a step may offload against the host's memory
+      profile.price = offload_price(offload_bandwidth(o.offload), profile.costs.offloadable_bytes(),
+                                    device_memory(Device{}).free_bytes);  // the host's
+      profile.priced_as = profile.price.page_cache ? "page cache" : "disk";
+      profile.costs.offload_seconds_per_byte = profile.price.seconds_per_byte();
+      profile.costs.offload_write_seconds_per_byte = profile.price.write_seconds_per_byte();
+      profile.in_full = offload_copies_share_the_cores(Device{});  // the profile's CPU step
+      if (profile.in_full) profile.costs.offload_write_seconds_per_byte = 0;
     }
-    profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
+    // as budget plans read back (Note [reads ahead within the peak]), unless charged in full
+    profile.costs.reads_ahead = !profile.in_full;
     rs::ChainPlanOptions least;
-    least.progress = planning_progress("remat plan: the smallest feasible budget with offload");
+    least.progress = planning_progress("remat plan: planning " + std::to_string(profile.costs.num_stages()) +
+                                       " stages with offload");
     if (profile.held) {  // as a budget plan with the target is made (budget.cpp)
-      profile.offload_smallest =
-          rs::chain_min_feasible_memory_offload_or_held(profile.costs, *profile.held, least) + profile.outside;
+      profile.offload_plans = std::make_shared<const rs::HeldPlans>(rs::HeldPlans::with_target(profile.costs, *profile.held, least));
+      profile.offload_smallest = profile.offload_plans->smallest_limit() + profile.outside;
     } else {
       profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;
       if (profile.budget_range)  // below it a plan in memory, which offloads nothing
@@ -365,7 +378,7 @@ int run_plan(const PlanOptions& o) {
       print_profile_text(profile, std::nullopt);
     return 0;
   }
-  const Plans plans = make_plans(profile.costs, profile.held, profile.outside, *budget);
+  const Plans plans = make_plans(profile.costs, profile.held, profile.outside, *budget, profile.offload_plans.get());
   if (o.train.json)
     print_plans_json(profile, plans, *budget);
   else

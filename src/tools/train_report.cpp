@@ -52,9 +52,12 @@ void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m,
     if (s.plan->automatic) say("  %s\n", auto_budget_text(*s.plan).c_str());
     say("  budget plan %s\n", s.plan->tree.c_str());
     if (!s.plan->offload_target.empty())
-      say("  offload target %s: measured write %s/s, read %s/s; the plan offloads %s a step (+o nodes)\n",
-          s.plan->offload_target.c_str(), bytes_text(static_cast<size_t>(s.plan->offload_write_bytes_per_second)).c_str(),
+      say("  offload target %s: priced at the %s's measured write %s/s, read %s/s%s; the plan offloads %s a step "
+          "(+o nodes)\n",
+          s.plan->offload_target.c_str(), s.plan->offload_priced_as.c_str(),
+          bytes_text(static_cast<size_t>(s.plan->offload_write_bytes_per_second)).c_str(),
           bytes_text(static_cast<size_t>(s.plan->offload_read_bytes_per_second)).c_str(),
+          s.plan->offload_in_full ? ", charged in full (the step's threads take every core)" : "",
           bytes_text(s.plan->predicted_offloaded_bytes).c_str());
     say("  predicted: peak saved %s, step %.1f ms; measured: peak saved %s, step %.1f ms (median of the run %.1f ms)\n",
         bytes_text(s.plan->predicted_peak_bytes).c_str(), s.predicted_step_seconds * 1e3,
@@ -190,6 +193,8 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"planner", s.plan ? s.plan->planner : ""},
                       {"plan_offload", s.plan && !s.plan->offload_target.empty()
                                            ? nlohmann::json{{"target", s.plan->offload_target},
+                                                            {"priced_as", s.plan->offload_priced_as},
+                                                            {"charged_in_full", s.plan->offload_in_full},
                                                             {"write_bytes_per_second", s.plan->offload_write_bytes_per_second},
                                                             {"read_bytes_per_second", s.plan->offload_read_bytes_per_second},
                                                             {"to_host_bytes_per_second", s.plan->offload_to_host_bytes_per_second},

@@ -1,6 +1,7 @@
-// The examples of include/remat/offload.h: offload: as a policy and as a scope.
+// The examples of include/remat/offload.h: offload: as a policy and as a scope, and its price.
 #include <gtest/gtest.h>
 
+#include "remat/devices.h"
 #include "remat/nn.h"
 #include "remat/offload.h"
 
@@ -30,4 +31,14 @@ REMAT_EXAMPLE(include/remat/offload.h: // offload:DIR keeps everything)
   reset_counters();
 REMAT_EXAMPLE(include/remat/offload.h: // or as a scope of its own)
   EXPECT_GT(counters().dynamic.bytes_offloaded, 0u);
+}
+
+TEST(OffloadH, Price) {
+  const std::string dir = ::testing::TempDir();
+REMAT_EXAMPLE(include/remat/offload.h: const size_t available = device_memory(parse_device("cpu")).free_bytes;)
+  EXPECT_EQ(price.page_cache, (size_t{64} << 20) <= available / 10);
+  const OffloadBandwidth bandwidth = offload_bandwidth(dir);
+  EXPECT_EQ(price.seconds_per_byte(), price.page_cache ? 1.0 / bandwidth.cached_write_bytes_per_second +
+                                                             1.0 / bandwidth.cached_read_bytes_per_second
+                                                       : bandwidth.seconds_per_byte());
 }

@@ -1,5 +1,5 @@
 // The examples of include/remat/schedule.h: Revolve, the rotor plan of a 3-stage chain (with the
-// numbers the comments state) and online checkpointing.
+// numbers the comments state), its held plans and online checkpointing.
 #include <gtest/gtest.h>
 
 #include <cassert>
@@ -19,6 +19,11 @@ REMAT_EXAMPLE(include/remat/schedule.h: // Heterogeneous chain of 3 stages)
   EXPECT_EQ(regions, 1);
   EXPECT_EQ(rs::format_tree(plan.tree), "S0 R[1..1](S1) S2");
   EXPECT_EQ(rs::format_actions(plan.actions), "Fa0 Fn1 Fa2 L B2 D2 Fa1 D2 B1 D1 B0");
+REMAT_EXAMPLE(include/remat/schedule.h: rs::ChainCosts held = costs;)
+  EXPECT_EQ(least, rs::chain_min_feasible_memory_held(costs, held));
+  EXPECT_LE(chosen.plan.predicted_peak_bytes, least + 512);
+  EXPECT_EQ(chosen.plan.tree, rs::plan_chain_held(costs, held, least + 512).plan.tree);
+  EXPECT_THROW(plans.plan(least - 1), rs::InfeasibleError);
 
   // a loop that ends after 20 steps, its state a number; save() keeps it in a slot
   bool done = false;
