@@ -351,6 +351,10 @@ struct ChainPlanOptions {
   int group = 16;                 // grouped: parts per group (>= 2)
   int group_slots = 400;          // grouped: memory units of each group's programme (>= 8)
   int top_parts = 64;             // grouped: parts of the top-level programme (2 to 1000)
+  // grouped: threads that build the top-level parts' group menus and, for a HeldPlans, simulate
+  // its candidates beside the thread making them (0: the hardware's cores; 1 to 1024). The plans do
+  // not depend on it; progress is reported on the calling thread only.
+  int threads = 0;
   // Called with the fraction done (0 to 1), at most about 100 times, by the grouped planner;
   // the library prints nothing itself.
   std::function<void(double fraction)> progress;
