@@ -187,6 +187,57 @@ TEST(ChainPlan, HeldPredictionsNeverRiseWhenTheLimitFalls) {
   EXPECT_EQ(rises, 0);
 }
 
+// The property above on chains longer than 8,192 stages, where the grouped planner's candidates
+// are read at fewer levels of each anchor (9,000 stages, seed 1 in memory and seed 2 with a
+// target, 8 limits each; 8 top-level parts and 16 units a group keep it short): the held
+// prediction never rises, stays within the limit and is the plan's held simulation.
+TEST(ChainPlan, HeldPredictionsNeverRiseOnLongChains) {
+  rs::ChainPlanOptions options;
+  options.top_parts = 8;
+  options.group_slots = 16;
+  int plans = 0, rises = 0;
+  for (unsigned seed = 1; seed <= 2; ++seed) {
+    const bool target = seed == 2;
+    const auto [held, planning] = held_chain(9000, seed, target);
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << (target ? ", target" : ""));
+    const rs::HeldPlans candidates =
+        target ? rs::HeldPlans::with_target(planning, held, options) : rs::HeldPlans(planning, held, options);
+    const size_t smallest = candidates.smallest_limit();
+    size_t previous = SIZE_MAX;
+    for (size_t limit : falling(smallest, rs::plan_save_all(held).predicted_peak_bytes, 8)) {
+      bool in_memory = false;
+      const rs::ChainPlan chosen = candidates.plan(limit, &in_memory);
+      const ChainCosts counted = in_memory ? held : rs::held_with_target(held, planning);
+      EXPECT_EQ(rs::simulate(counted, chosen.plan).peak_bytes, chosen.plan.predicted_peak_bytes);
+      EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
+      rises += chosen.plan.predicted_peak_bytes > previous;
+      previous = chosen.plan.predicted_peak_bytes;
+      ++plans;
+    }
+    EXPECT_THROW(candidates.plan(smallest - 1), rs::InfeasibleError);
+  }
+  EXPECT_EQ(plans, 2 * 8);
+  EXPECT_EQ(rises, 0);
+}
+
+// The threads that build group menus and simulate candidates change no plan: on 1 thread and on
+// 3, plan_chain and HeldPlans give the same trees.
+TEST(ChainPlan, ThreadsChangeNoPlan) {
+  const auto [held, planning] = held_chain(3000, 4, true);
+  rs::ChainPlanOptions one;
+  one.top_parts = 8;
+  one.group_slots = 50;
+  one.threads = 1;
+  rs::ChainPlanOptions three = one;
+  three.threads = 3;
+  const size_t limit = rs::plan_every_layer(held).predicted_peak_bytes / 3;
+  EXPECT_EQ(rs::plan_chain(planning, limit, one).plan.tree, rs::plan_chain(planning, limit, three).plan.tree);
+  const rs::HeldPlans a = rs::HeldPlans::with_target(planning, held, one);
+  const rs::HeldPlans b = rs::HeldPlans::with_target(planning, held, three);
+  EXPECT_EQ(a.smallest_limit(), b.smallest_limit());
+  for (size_t at : {limit, a.smallest_limit()}) EXPECT_EQ(a.plan(at).plan.tree, b.plan(at).plan.tree);
+}
+
 // HeldPlans answers as the functions that each build it do: the same smallest limit and, at limits
 // from it up, the same plan, in memory and with a target (where below the target's smallest limit
 // the plan is in memory).

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <future>
+#include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "chain_internal.h"
@@ -58,22 +60,29 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // peak, half of it, a quarter, ... down to the chain's least peak. Where plan_chain runs the exact
 // programme, the anchors' tables give a plan for every memory level below them (rotor_plans_below);
 // on the grouped planner's chains, its top-level programme gives one at every 1/64 of each
-// anchor's levels, over group menus built once (grouped_plans_at_anchors). It takes the fastest
-// candidate whose held peak fits the limit, the one of least held peak among equally fast ones. A
-// smaller limit has fewer candidates to choose from, so its choice is slower, or as fast and of no
-// larger peak: the prediction never rises as the limit falls. Only the candidates that some limit
-// chooses are kept (choosable: by rising held peak, each faster than all before it), once per
-// chain in a HeldPlans, which then answers any limit with a search. The table whose limit is the least
-// anchor at or above L has units at most about twice those of a plan made at L (an anchor's bytes
-// over the slots), and the plans of its levels above L are candidates where their held peak fits
-// it. Above kFixedCandidatesMaxStages stages (the grouped planner's candidates cost about 9-11
-// plans' time, about 1 s a limit at 2,000 stages) plan_chain_held keeps the plans made within the
-// limit; there the property is observed, not guaranteed.
-constexpr int kFixedCandidatesMaxStages = 4096;
+// anchor's levels (fewer on chains above 8,192 stages), over group menus built once
+// (grouped_plans_at_anchors). It takes the fastest candidate whose held peak fits the limit, the
+// one of least held peak among equally fast ones. A smaller limit has fewer candidates to choose
+// from, so its choice is slower, or as fast and of no larger peak: the prediction never rises as
+// the limit falls, at any length. Only the candidates that some limit chooses are kept
+// (Choosable: by rising held peak, each faster than all before it), once per chain in a
+// HeldPlans, which then answers any limit with a search. The table whose limit is the least anchor
+// at or above L has units at most about twice those of a plan made at L (an anchor's bytes over
+// the slots), and the plans of its levels above L are candidates where their held peak fits it.
+//
+// Note [candidates made and simulated side by side]. On a 100,000-stage chain a candidate's tree
+// has about 10^5 nodes; making one (the top-level table's sequence expanded) and simulating it as
+// held take about 20 ms each. So each candidate is simulated on a second thread while the next is
+// made, and a candidate no limit would choose is dropped as soon as one as fast and no larger is
+// known; those kept are packed (PackedTree). The candidates go in the order they are made, and
+// ties go to the first made, so the plans do not depend on the threads. A HeldPlans of a
+// 100,000-stage chain with a target is built in about 2x one plan's time
+// (bench/results/held-plans-100k-2026-12-06.md).
 
-// A plan tree in a twelfth of the room: each node, depth first, as its first and last stages and
-// its children's count with its kind and offload flag in the low two bits. A HeldPlans keeps
-// hundreds of candidates, each of 10^5 nodes on the longest chains.
+// A plan tree in 12 bytes a node (a PlanNode is 48, and its children's vector an allocation):
+// each node, depth first, as its first and last stages and its children's count with its kind
+// and offload flag in the low two bits. A HeldPlans keeps up to hundreds of candidates, each of
+// about 10^5 nodes on the longest chains.
 using PackedTree = std::vector<uint32_t>;
 
 void pack(const std::vector<PlanNode>& sequence, PackedTree& out) {
@@ -160,10 +169,16 @@ std::vector<Candidate> held_candidates(const ChainCosts& planning, const ChainCo
   const std::launch side = planning_threads(options) > 1 ? std::launch::async : std::launch::deferred;
   const auto add = [&](std::vector<PlanNode> tree, bool grouped = false) {
     if (simulated.valid()) out.add(simulated.get());
-    simulated = std::async(side, [&held, grouped, tree = std::move(tree)]() mutable {
-      const Plan plan = make_plan(held, std::move(tree));
+    const auto made = std::make_shared<std::vector<PlanNode>>(std::move(tree));
+    const auto simulate = [&held, grouped, made] {
+      const Plan plan = make_plan(held, std::move(*made));
       return Candidate{pack(plan.tree), plan.predicted_time, plan.predicted_peak_bytes, grouped};
-    });
+    };
+    try {
+      simulated = std::async(side, simulate);
+    } catch (const std::system_error&) {  // no thread to be had: simulated here
+      out.add(simulate());
+    }
   };
   const auto done = [&] {
     if (simulated.valid()) out.add(simulated.get());
@@ -221,17 +236,11 @@ ChainPlan plan_fixed_held(const std::vector<Candidate>& choices, const ChainCost
 // output once (Note [a record that keeps its output]), but it also counts what a sweep keeps: the
 // token ids, a position embedding, a constant bias (measured by the budget policy: Note [what a
 // sweep keeps] in src/checkpoint/budget.cpp). So plan_chain_held predicts a plan with the held
-// costs, which count as an allocator does. Up to kFixedCandidatesMaxStages stages it chooses
-// among fixed candidates, each simulated as held (Note [a prediction that never rises] above), from
-// the least held peak among them up. On longer chains it makes a plan whose held peak is above the
-// limit again within the limit less the excess, at most three more times, the last within the
-// chain's least peak. A limit below the least peak gets the plan made within the least peak where
-// its held peak fits. So the smallest limit it plans from is that plan's held peak
-// (chain_min_feasible_memory_held): below the least peak where the planners count more than is
-// held (a boundary made and dropped in a re-run). Every limit from it up is planned; where swept
-// values lift that plan above the least peak, a limit between the two may be planned too (another
-// plan's held peak may fit it). Without swept and gap values the held count is never above the
-// planners', so the first plan made within a limit stands.
+// costs, which count as an allocator does. It chooses among fixed candidates, each simulated as
+// held (Note [a prediction that never rises] above), so the smallest limit it plans from
+// (chain_min_feasible_memory_held) is the least held peak among them: below the planners' least
+// peak where they count more than is held (a boundary made and dropped in a re-run), above it
+// where swept values lift every plan. Every limit from it up is planned.
 
 // One chain's plans (HeldPlans): the candidates that some limit chooses, made once.
 struct HeldPlans::Set {
