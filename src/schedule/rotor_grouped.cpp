@@ -49,7 +49,7 @@
 // of threads. Only the calling thread reports progress (the caller's callback is never called from
 // another), from the count of groups all threads have finished. An exception in any thread stops
 // the others taking more parts and is rethrown on the calling thread. On this 2-core machine a
-// 100,000-stage plan with an offload target takes about 0.55x its time on one thread
+// 100,000-stage plan with an offload target takes about 0.56x its time on one thread
 // (bench/results/held-plans-100k-2026-12-06.md).
 #include <algorithm>
 #include <atomic>
