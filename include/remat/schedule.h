@@ -387,9 +387,8 @@ size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions
 // as held, of the planners' plans for a set of limits that depends on the chain alone (save-all's
 // peak, half of it, ... down to the least, and memory levels below each) whose held peak fits, so
 // at any length the prediction never rises as the limit falls. The returned plan's predictions
-// are held's. InfeasibleError below chain_min_feasible_memory_held
-// (the least held peak of those plans), from which every limit is planned. For a budget plan in
-// memory (remat/budget.h).
+// are held's. InfeasibleError below chain_min_feasible_memory_held (the least held peak of those
+// plans), from which every limit is planned. For a budget plan in memory (remat/budget.h).
 ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t memory_limit,
                           const ChainPlanOptions& options = {});
 // `held` with `offload`'s target: its price per byte, its writes' share and its reads ahead.

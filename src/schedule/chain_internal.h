@@ -36,8 +36,9 @@ std::vector<std::vector<PlanNode>> rotor_plans_below(const ChainCosts& costs, si
 // The grouped planner's plans at limits that depend on the chain alone: its least-peak plans, and
 // for each anchor (save-all's peak, half of it, ... down to their least peak) the plans of its
 // top-level programme at every 1/64 of the anchor's levels (up to 8,192 stages; fewer above, down
-// to every 1/8), from the anchor's down, where the least time changes. Its group menus are built once. Each plan goes to `sink` as it is made (those
-// of a long chain would not all fit in memory at once).
+// to every 1/8), from the anchor's down, where the least time changes. Its group menus are built
+// once. Each plan goes to `sink` as it is made (those of a long chain would not all fit in memory
+// at once).
 void grouped_plans_at_anchors(const ChainCosts& costs, const ChainPlanOptions& options,
                               const std::function<void(std::vector<PlanNode>)>& sink);
 

@@ -55,8 +55,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <optional>
