@@ -42,15 +42,12 @@
 // O(group^2 * group_slots * options) for the parts, so O(L * group^2 * group_slots) in all, plus
 // O(top_parts^3 * slots) at the top; the top-level rows with offload add about a fifth.
 //
-// Note [group menus built side by side]. The top parts' groups depend on nothing but their own
-// stages, and they are most of the work (the menu tables: 80 % of a 100,000-stage plan). So the
-// top parts are handed out one at a time to ChainPlanOptions::threads threads (the calling one
-// among them), each writing its own slot: the parts, and so the plans, are the same on any number
-// of threads. Only the calling thread reports progress (the caller's callback is never called from
-// another), from the count of groups all threads have finished. An exception in any thread stops
-// the others taking more parts and is rethrown on the calling thread. On this 2-core machine a
-// 100,000-stage plan with an offload target takes about 0.56x its time on one thread
-// (bench/results/held-plans-100k-2026-12-06.md).
+// Note [group menus built side by side]. The top parts' groups depend on their own stages alone,
+// and they are most of the work. So the top parts go one at a time to ChainPlanOptions::threads
+// threads (the calling one among them), each writing its own slot: the plans are the same on any
+// number of threads. Only the calling thread reports progress (counting every thread's groups);
+// an exception stops the others taking parts and is rethrown there. A 100,000-stage plan with a
+// target takes 0.56x its one-thread time on 2 cores (bench/results/held-plans-100k-2026-12-06.md).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
