@@ -73,8 +73,8 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // Note [candidates made and simulated side by side]. On a 100,000-stage chain a candidate's tree
 // has about 10^5 nodes; making one (the top-level table's sequence expanded) and simulating it as
 // held take about 20 ms each. So each candidate is simulated on a second thread while the next is
-// made, and a candidate no limit would choose is dropped as soon as one as fast and no larger is
-// known; those kept are packed (PackedTree). The candidates go in the order they are made, and
+// made, each is packed once simulated (PackedTree), and a candidate no limit would choose is
+// dropped as soon as one as fast and no larger is known. The candidates go in the order they are made, and
 // ties go to the first made, so the plans do not depend on the threads. A HeldPlans of a
 // 100,000-stage chain with a target is built in about 2x one plan's time
 // (bench/results/held-plans-100k-2026-12-06.md).
