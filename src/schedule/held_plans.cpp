@@ -80,8 +80,8 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // (bench/results/held-plans-100k-2026-12-06.md).
 
 // A plan tree in 12 bytes a node (a PlanNode is 48, and its children's vector an allocation):
-// each node, depth first, as its first and last stages and its children's count with its kind
-// and offload flag in the low two bits. A HeldPlans keeps up to hundreds of candidates, each of
+// the count of top-level nodes, then each node, depth first, as its first and last stages and its
+// children's count with its kind and offload flag in the low two bits. A HeldPlans keeps up to hundreds of candidates, each of
 // about 10^5 nodes on the longest chains.
 using PackedTree = std::vector<uint32_t>;
 
@@ -95,7 +95,7 @@ void pack(const std::vector<PlanNode>& sequence, PackedTree& out) {
 }
 
 PackedTree pack(const std::vector<PlanNode>& tree) {
-  PackedTree out;
+  PackedTree out{static_cast<uint32_t>(tree.size())};
   pack(tree, out);
   out.shrink_to_fit();
   return out;
@@ -117,13 +117,8 @@ std::vector<PlanNode> unpack(const PackedTree& packed, size_t& at, size_t count)
 }
 
 std::vector<PlanNode> unpack(const PackedTree& packed) {
-  size_t at = 0;
-  std::vector<PlanNode> out;
-  while (at < packed.size()) {
-    std::vector<PlanNode> one = unpack(packed, at, 1);
-    out.push_back(std::move(one.front()));
-  }
-  return out;
+  size_t at = 1;
+  return unpack(packed, at, packed[0]);
 }
 
 struct Candidate {
@@ -167,8 +162,11 @@ std::vector<Candidate> held_candidates(const ChainCosts& planning, const ChainCo
   // and simulated side by side]).
   std::future<Candidate> simulated;
   const std::launch side = planning_threads(options) > 1 ? std::launch::async : std::launch::deferred;
-  const auto add = [&](std::vector<PlanNode> tree, bool grouped = false) {
+  const auto settle = [&] {  // the candidate in simulation, if any, added
     if (simulated.valid()) out.add(simulated.get());
+  };
+  const auto add = [&](std::vector<PlanNode> tree, bool grouped = false) {
+    settle();
     const auto made = std::make_shared<std::vector<PlanNode>>(std::move(tree));
     const auto simulate = [&held, grouped, made] {
       const Plan plan = make_plan(held, std::move(*made));
@@ -181,7 +179,7 @@ std::vector<Candidate> held_candidates(const ChainCosts& planning, const ChainCo
     }
   };
   const auto done = [&] {
-    if (simulated.valid()) out.add(simulated.get());
+    settle();
     return std::move(out).by_rising_peak();
   };
   const Plan save_all = plan_save_all(planning);
@@ -190,7 +188,7 @@ std::vector<Candidate> held_candidates(const ChainCosts& planning, const ChainCo
     grouped_plans_at_anchors(planning, options, [&](std::vector<PlanNode> tree) { add(std::move(tree), true); });
     // as plan_grouped: the exact least-peak plan, where it is cheap, only below the grouped least
     if (least_peak_is_cheap(planning.num_stages(), options)) {
-      if (simulated.valid()) out.add(simulated.get());
+      settle();
       Plan least = make_plan(held, plan_min_memory(planning).tree);
       if (least.predicted_peak_bytes < out.least_peak())
         out.add(Candidate{pack(least.tree), least.predicted_time, least.predicted_peak_bytes, false});

@@ -416,6 +416,7 @@ struct TopLevel {
   Mode mode;
   int last;
   size_t slots;
+  size_t x0;  // the chain input, held beside the table's memory
 
   TopLevel(const ChainCosts& costs, const ChainPlanOptions& options) : builder(costs, options) {
     const int stages = costs.num_stages();
@@ -425,10 +426,12 @@ struct TopLevel {
     mode = model().can_offload() ? Mode::top_offload : Mode::top;
     last = static_cast<int>(parts.size()) - 1;
     slots = static_cast<size_t>(options.slots);
+    x0 = costs.boundary_bytes[0];
   }
   const Model& model() const { return builder.model(); }
-  // The top-level table for `available` bytes beside the chain input: slots units of it.
-  grouped::MenuTable table(size_t available) const {
+  // The top-level table within `limit` bytes: slots units of what the chain input leaves.
+  grouped::MenuTable table(size_t limit) const {
+    const size_t available = limit > x0 ? limit - x0 : 0;
     const size_t unit = std::max<size_t>(1, units_of(available, slots));
     return grouped::MenuTable(parts, model(), unit, static_cast<int64_t>(available / unit), mode == Mode::top,
                               mode == Mode::top_offload);
@@ -447,8 +450,7 @@ struct TopLevel {
 ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options) {
   const int stages = costs.num_stages();
   const TopLevel top(costs, options);
-  const size_t x0 = costs.boundary_bytes[0];
-  const grouped::MenuTable table = top.table(memory_limit > x0 ? memory_limit - x0 : 0);
+  const grouped::MenuTable table = top.table(memory_limit);
   std::vector<PlanNode> tree;
   if (table.cost(0, top.last, table.budget(), top.mode) != kInfinite) tree = top.expand(table, table.budget());
   ChainPlan result;
@@ -522,11 +524,9 @@ void grouped_plans_at_anchors(const ChainCosts& costs, const ChainPlanOptions& o
     least = std::min(least, make_plan(costs, tree).predicted_peak_bytes);
     sink(std::move(tree));
   }
-  const size_t x0 = costs.boundary_bytes[0];
   const int64_t levels = levels_per_anchor(stages);
   for (size_t anchor = plan_save_all(costs).predicted_peak_bytes;; anchor /= 2) {
-    const size_t within = std::max(anchor, least);
-    const grouped::MenuTable table = top.table(within > x0 ? within - x0 : 0);
+    const grouped::MenuTable table = top.table(std::max(anchor, least));
     // every stride-th level down from the anchor's: a rule that does not depend on any limit
     const int64_t stride = std::max<int64_t>(1, (table.budget() + levels - 1) / levels);
     double previous = kInfinite;
