@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "remat/schedule.h"
@@ -308,4 +309,15 @@ TEST(PlannerScale, BadOptionsAreErrors) {
   o.slots = 0;
   EXPECT_THROW(rs::plan_chain(c, 1 << 20, o), remat::Error);
   EXPECT_THROW(rs::plan_chain(rs::ChainCosts::uniform(1, 1, 1, 1, 1), 1 << 20, grouped()), remat::Error);
+  for (int threads : {-1, 1025}) {
+    o = grouped();
+    o.threads = threads;
+    try {
+      rs::plan_chain(c, 1 << 20, o);
+      ADD_FAILURE() << "threads " << threads << " was accepted";
+    } catch (const remat::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("threads must be from 0"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(rs::HeldPlans(c, c, o), remat::Error);
+  }
 }

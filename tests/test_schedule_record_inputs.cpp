@@ -76,6 +76,26 @@ HeldChain held_chain(int stages, unsigned seed, bool target) {
   return c;
 }
 
+// The plans of `candidates` at `count` limits falling from save-all's peak to the smallest: each
+// prediction is the plan's held simulation and within its limit. Returns how many predictions
+// rose as the limit fell; adds the plans made to `plans`.
+int held_rises(const rs::HeldPlans& candidates, const HeldChain& c, int count, int& plans) {
+  const size_t smallest = candidates.smallest_limit();
+  size_t previous = SIZE_MAX;
+  int rises = 0;
+  for (size_t limit : falling(smallest, rs::plan_save_all(c.held).predicted_peak_bytes, count)) {
+    bool in_memory = false;
+    const rs::ChainPlan chosen = candidates.plan(limit, &in_memory);
+    const ChainCosts counted = in_memory ? c.held : rs::held_with_target(c.held, c.planning);
+    EXPECT_EQ(rs::simulate(counted, chosen.plan).peak_bytes, chosen.plan.predicted_peak_bytes) << "limit " << limit;
+    EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
+    rises += chosen.plan.predicted_peak_bytes > previous;
+    previous = chosen.plan.predicted_peak_bytes;
+    ++plans;
+  }
+  return rises;
+}
+
 }  // namespace
 
 // S0+o .. S4+o S5, counted as held: each offloaded record leaves with its input, so the forward
@@ -135,22 +155,11 @@ TEST(ChainPlan, OffloadPlansCountedAsHeldStayWithinTheirLimits) {
   int plans = 0, rises = 0;
   for (int stages : {8, 30, 150})
     for (unsigned seed = 1; seed <= 2; ++seed) {
-      const auto [held, planning] = held_chain(stages, seed, true);
+      const HeldChain c = held_chain(stages, seed, true);
       SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed);
-      const rs::HeldPlans candidates = rs::HeldPlans::with_target(planning, held);
-      const size_t smallest = candidates.smallest_limit();
-      size_t previous = SIZE_MAX;
-      for (size_t limit : falling(smallest, rs::plan_save_all(held).predicted_peak_bytes, 20)) {
-        bool in_memory = false;
-        const rs::ChainPlan chosen = candidates.plan(limit, &in_memory);
-        const ChainCosts counted = in_memory ? held : rs::held_with_target(held, planning);
-        EXPECT_EQ(rs::simulate(counted, chosen.plan).peak_bytes, chosen.plan.predicted_peak_bytes) << "limit " << limit;
-        EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
-        rises += chosen.plan.predicted_peak_bytes > previous;
-        previous = chosen.plan.predicted_peak_bytes;
-        ++plans;
-      }
-      EXPECT_THROW(candidates.plan(smallest - 1), rs::InfeasibleError);
+      const rs::HeldPlans candidates = rs::HeldPlans::with_target(c.planning, c.held);
+      rises += held_rises(candidates, c, 20, plans);
+      EXPECT_THROW(candidates.plan(candidates.smallest_limit() - 1), rs::InfeasibleError);
     }
   EXPECT_EQ(plans, 3 * 2 * 20);
   EXPECT_EQ(rises, 0);
@@ -166,25 +175,53 @@ TEST(ChainPlan, HeldPredictionsNeverRiseWhenTheLimitFalls) {
   for (int stages : {8, 30})
     for (unsigned seed = 1; seed <= 5; ++seed)
       for (bool target : {false, true}) {
-        const auto [held, planning] = held_chain(stages, seed, target);
+        const HeldChain c = held_chain(stages, seed, target);
         SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed << (target ? ", target" : ""));
-        const rs::HeldPlans candidates =
-            target ? rs::HeldPlans::with_target(planning, held) : rs::HeldPlans(planning, held);
-        const size_t smallest = candidates.smallest_limit();
-        size_t previous = SIZE_MAX;
-        for (size_t limit : falling(smallest, rs::plan_save_all(held).predicted_peak_bytes, 20)) {
-          bool in_memory = false;
-          const rs::ChainPlan chosen = candidates.plan(limit, &in_memory);
-          const ChainCosts counted = in_memory ? held : rs::held_with_target(held, planning);
-          EXPECT_EQ(rs::simulate(counted, chosen.plan).peak_bytes, chosen.plan.predicted_peak_bytes);
-          EXPECT_LE(chosen.plan.predicted_peak_bytes, limit);
-          rises += chosen.plan.predicted_peak_bytes > previous;
-          previous = chosen.plan.predicted_peak_bytes;
-          ++plans;
-        }
+        rises += held_rises(target ? rs::HeldPlans::with_target(c.planning, c.held) : rs::HeldPlans(c.planning, c.held),
+                            c, 20, plans);
       }
   EXPECT_EQ(plans, 2 * 5 * 2 * 20);
   EXPECT_EQ(rises, 0);
+}
+
+// The property above on chains longer than 8,192 stages, where the grouped planner's candidates
+// are read at fewer levels of each anchor (9,000 stages, seed 1 in memory and seed 2 with a
+// target, 8 limits each; 8 top-level parts and 16 units a group keep it short): the held
+// prediction never rises, stays within the limit and is the plan's held simulation.
+TEST(ChainPlan, HeldPredictionsNeverRiseOnLongChains) {
+  rs::ChainPlanOptions options;
+  options.top_parts = 8;
+  options.group_slots = 16;
+  int plans = 0, rises = 0;
+  for (unsigned seed = 1; seed <= 2; ++seed) {
+    const bool target = seed == 2;
+    const HeldChain c = held_chain(9000, seed, target);
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << (target ? ", target" : ""));
+    const rs::HeldPlans candidates =
+        target ? rs::HeldPlans::with_target(c.planning, c.held, options) : rs::HeldPlans(c.planning, c.held, options);
+    rises += held_rises(candidates, c, 8, plans);
+    EXPECT_THROW(candidates.plan(candidates.smallest_limit() - 1), rs::InfeasibleError);
+  }
+  EXPECT_EQ(plans, 2 * 8);
+  EXPECT_EQ(rises, 0);
+}
+
+// The threads that build group menus and simulate candidates change no plan: on 1 thread and on
+// 3, plan_chain and HeldPlans give the same trees.
+TEST(ChainPlan, ThreadsChangeNoPlan) {
+  const auto [held, planning] = held_chain(3000, 4, true);
+  rs::ChainPlanOptions one;
+  one.top_parts = 8;
+  one.group_slots = 50;
+  one.threads = 1;
+  rs::ChainPlanOptions three = one;
+  three.threads = 3;
+  const size_t limit = rs::plan_every_layer(held).predicted_peak_bytes / 3;
+  EXPECT_EQ(rs::plan_chain(planning, limit, one).plan.tree, rs::plan_chain(planning, limit, three).plan.tree);
+  const rs::HeldPlans a = rs::HeldPlans::with_target(planning, held, one);
+  const rs::HeldPlans b = rs::HeldPlans::with_target(planning, held, three);
+  EXPECT_EQ(a.smallest_limit(), b.smallest_limit());
+  for (size_t at : {limit, a.smallest_limit()}) EXPECT_EQ(a.plan(at).plan.tree, b.plan(at).plan.tree);
 }
 
 // HeldPlans answers as the functions that each build it do: the same smallest limit and, at limits

@@ -55,6 +55,7 @@
 #include <optional>
 #include <string>
 
+#include "remat/offload.h"
 #include "remat/schedule.h"
 #include "remat/tensor.h"
 
@@ -166,5 +167,25 @@ class BudgetPlanner {
  private:
   std::unique_ptr<State> state_;
 };
+
+// How a budget plan of a step on `device` charges the bytes it offloads to `directory`, the one
+// rule that budget plans and `remat plan --offload` share (Note [measuring the offload target] in
+// src/saved/offload_file.cpp): the directory's bandwidths as offload_price takes them for what
+// `costs` may offload (ChainCosts::offloadable_bytes) against the host's available memory, plus
+// the device's host copies (the copy home added to the write, the copy back to the read). Where
+// the store's copies share the step's cores (offload_copies_share_the_cores), each transfer is
+// charged in full: no write queued behind the compute, no read ahead. Sets the three offload
+// fields of `costs`; returns what it measured and chose. A directory that cannot be written is a
+// remat::Error naming it, and `costs` is left as it was.
+//   schedule::ChainCosts costs = schedule::ChainCosts::uniform(8, 1e-3, 2e-3, 1 << 20, 4 << 20);
+//   const OffloadCharge charge = charge_offload(dir, parse_device("cpu"), costs);
+//   // costs.can_offload(); the CPU's values need no host copy; charge.in_full where the step's
+//   // threads take every core
+struct OffloadCharge {
+  OffloadPrice price;
+  HostCopyBandwidth copies;
+  bool in_full = false;
+};
+OffloadCharge charge_offload(const std::string& directory, Device device, schedule::ChainCosts& costs);
 
 }  // namespace remat

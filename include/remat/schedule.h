@@ -351,6 +351,10 @@ struct ChainPlanOptions {
   int group = 16;                 // grouped: parts per group (>= 2)
   int group_slots = 400;          // grouped: memory units of each group's programme (>= 8)
   int top_parts = 64;             // grouped: parts of the top-level programme (2 to 1000)
+  // grouped: threads that build the top-level parts' group menus and, for a HeldPlans, simulate
+  // its candidates beside the thread making them (0: the hardware's cores; 1 to 1024). The plans do
+  // not depend on it; progress is reported on the calling thread only.
+  int threads = 0;
   // Called with the fraction done (0 to 1), at most about 100 times, by the grouped planner;
   // the library prints nothing itself.
   std::function<void(double fraction)> progress;
@@ -379,15 +383,12 @@ size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions
 // plan_chain within memory_limit as `held` counts the peak: the same chain with
 // boundaries_counted_when_held, swept_values and gap_saved, as an allocator counts saved bytes (the
 // planners ignore them; held's chain output x[L] may be smaller than planning's, where the
-// planning costs count what the ops between stages save with it, on the safe side). Up to 4,096
-// stages: the fastest, as held, of the planners' plans for a fixed set of limits (save-all's peak,
-// half of it, ... down to the least) whose held peak fits, so the prediction never rises as the
-// limit falls. Longer chains: plans with `planning` and, where the held peak is above the limit
-// (values a region's sweep keeps), again within less, up to three more times, the last within the
-// least peak (below it, the plan made there if its held peak fits). The
-// returned plan's predictions are held's. InfeasibleError below chain_min_feasible_memory_held
-// (the least held peak of those plans), from which every limit is planned. For a budget plan in
-// memory (remat/budget.h).
+// planning costs count what the ops between stages save with it, on the safe side). The fastest,
+// as held, of the planners' plans for a set of limits that depends on the chain alone (save-all's
+// peak, half of it, ... down to the least, and memory levels below each) whose held peak fits, so
+// at any length the prediction never rises as the limit falls. The returned plan's predictions
+// are held's. InfeasibleError below chain_min_feasible_memory_held (the least held peak of those
+// plans), from which every limit is planned. For a budget plan in memory (remat/budget.h).
 ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t memory_limit,
                           const ChainPlanOptions& options = {});
 // `held` with `offload`'s target: its price per byte, its writes' share and its reads ahead.

@@ -367,32 +367,23 @@ std::shared_ptr<const detail::OffloadReadPlan> read_plan_of(const schedule::Plan
 
 }  // namespace
 
-// The offload target's measured bandwidth, in the report and as the costs' price per byte: the
-// page cache's or the disk's, as what a step may offload (ChainCosts::offloadable_bytes)
-// compares with the host's available memory (Note [measuring the offload target] in
-// src/saved/offload_file.cpp).
+// The offload target's price (charge_offload), in the report and in the costs, or the cost per
+// byte the options give.
 void BudgetPlanner::State::price_offload(const OffloadTarget& target, schedule::ChainCosts& measured, Report& r) const {
-  const OffloadPrice price = offload_price(offload_bandwidth(target.directory), measured.offloadable_bytes(),
-                                           device_memory(Device{}).free_bytes);  // the host's
+  const OffloadCharge charge = charge_offload(target.directory, device, measured);
   r.offload_target = target.to_string();
-  r.offload_write_bytes_per_second = price.write_bytes_per_second;
-  r.offload_read_bytes_per_second = price.read_bytes_per_second;
-  r.offload_priced_as = price.page_cache ? "page cache" : "disk";
-  // a device's values go to host memory before they are written and come back after they are read
-  const HostCopyBandwidth copies = host_copy_bandwidth(device);
-  r.offload_to_host_bytes_per_second = copies.to_host_bytes_per_second;
-  r.offload_from_host_bytes_per_second = copies.from_host_bytes_per_second;
-  const double write = price.write_seconds_per_byte() + copies.to_host_seconds_per_byte();
-  measured.offload_seconds_per_byte = options.offload_seconds_per_byte >= 0
-                                          ? options.offload_seconds_per_byte
-                                          : price.seconds_per_byte() + copies.to_host_seconds_per_byte() +
-                                                copies.from_host_seconds_per_byte();
-  // the measured write runs behind the forward compute after its node, a read ahead of its node
-  // where the plan's peak leaves room (read_plan_of), unless the store's copies share the step's
-  // cores: then each transfer is charged in full; a given cost's write is not queued
-  r.offload_in_full = options.offload_seconds_per_byte < 0 && offload_copies_share_the_cores(device);
-  measured.offload_write_seconds_per_byte = options.offload_seconds_per_byte >= 0 || r.offload_in_full ? 0.0 : write;
-  measured.reads_ahead = !r.offload_in_full;
+  r.offload_write_bytes_per_second = charge.price.write_bytes_per_second;
+  r.offload_read_bytes_per_second = charge.price.read_bytes_per_second;
+  r.offload_priced_as = charge.price.page_cache ? "page cache" : "disk";
+  r.offload_to_host_bytes_per_second = charge.copies.to_host_bytes_per_second;
+  r.offload_from_host_bytes_per_second = charge.copies.from_host_bytes_per_second;
+  r.offload_in_full = charge.in_full;
+  if (options.offload_seconds_per_byte >= 0) {  // a given cost: no queued write part, reads ahead
+    measured.offload_seconds_per_byte = options.offload_seconds_per_byte;
+    measured.offload_write_seconds_per_byte = 0;
+    measured.reads_ahead = true;
+    r.offload_in_full = false;
+  }
 }
 
 void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {
@@ -458,6 +449,23 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   read_plan = read_plan_of(r.plan);
   costs = measured;
   report = std::move(r);  // the profile is kept: another budget re-plans from it
+}
+
+OffloadCharge charge_offload(const std::string& directory, Device device, schedule::ChainCosts& costs) {
+  OffloadCharge charge;
+  charge.price = offload_price(offload_bandwidth(directory), costs.offloadable_bytes(),
+                               device_memory(Device{}).free_bytes);  // the host's
+  // a device's values go to host memory before they are written and come back after they are read
+  charge.copies = host_copy_bandwidth(device);
+  charge.in_full = offload_copies_share_the_cores(device);
+  costs.offload_seconds_per_byte = charge.price.seconds_per_byte() + charge.copies.to_host_seconds_per_byte() +
+                                   charge.copies.from_host_seconds_per_byte();
+  // the write runs behind the forward compute after its node, a read ahead of its node where the
+  // plan's peak leaves room (read_plan_of), unless the copies share the step's cores
+  costs.offload_write_seconds_per_byte =
+      charge.in_full ? 0.0 : charge.price.write_seconds_per_byte() + charge.copies.to_host_seconds_per_byte();
+  costs.reads_ahead = !charge.in_full;
+  return charge;
 }
 
 }  // namespace remat

@@ -1,6 +1,7 @@
 // Internal to the schedule layer's chain files.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,10 @@ namespace remat::schedule {
   throw Error(function + ": " + why);
 }
 
+// Throws remat::Error naming the first option out of its range.
+void check_options(const ChainPlanOptions& options);
+// The threads options.threads asks for (0: the hardware's cores).
+int planning_threads(const ChainPlanOptions& options);
 // Whether plan_chain runs the exact programme (plan_rotor) for this chain and these options.
 bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options);
 // The levels of groups above the stages of the grouped planner's top parts (ChainPlan::levels).
@@ -30,8 +35,11 @@ std::vector<std::vector<PlanNode>> rotor_plans_below(const ChainCosts& costs, si
 
 // The grouped planner's plans at limits that depend on the chain alone: its least-peak plans, and
 // for each anchor (save-all's peak, half of it, ... down to their least peak) the plans of its
-// top-level programme at every 1/64 of the anchor's levels, from the anchor's down, where the
-// least time changes. Its group menus are built once.
-std::vector<std::vector<PlanNode>> grouped_plans_at_anchors(const ChainCosts& costs, const ChainPlanOptions& options);
+// top-level programme at every 1/64 of the anchor's levels (up to 8,192 stages; fewer above, down
+// to every 1/8), from the anchor's down, where the least time changes. Its group menus are built
+// once. Each plan goes to `sink` as it is made (those of a long chain would not all fit in memory
+// at once).
+void grouped_plans_at_anchors(const ChainCosts& costs, const ChainPlanOptions& options,
+                              const std::function<void(std::vector<PlanNode>)>& sink);
 
 }  // namespace remat::schedule

@@ -2,8 +2,11 @@
 // offload target, and their smallest limits.
 #include <algorithm>
 #include <cstdint>
+#include <future>
+#include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "chain_internal.h"
@@ -57,50 +60,140 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // peak, half of it, a quarter, ... down to the chain's least peak. Where plan_chain runs the exact
 // programme, the anchors' tables give a plan for every memory level below them (rotor_plans_below);
 // on the grouped planner's chains, its top-level programme gives one at every 1/64 of each
-// anchor's levels, over group menus built once (grouped_plans_at_anchors). It takes the fastest
-// candidate whose held peak fits the limit, the one of least held peak among equally fast ones. A
-// smaller limit has fewer candidates to choose from, so its choice is slower, or as fast and of no
-// larger peak: the prediction never rises as the limit falls. Only the candidates that some limit
-// chooses are kept (choosable: by rising held peak, each faster than all before it), once per
-// chain in a HeldPlans, which then answers any limit with a search. The table whose limit is the least
-// anchor at or above L has units at most about twice those of a plan made at L (an anchor's bytes
-// over the slots), and the plans of its levels above L are candidates where their held peak fits
-// it. Above kFixedCandidatesMaxStages stages (the grouped planner's candidates cost about 9-11
-// plans' time, about 1 s a limit at 2,000 stages) plan_chain_held keeps the plans made within the
-// limit; there the property is observed, not guaranteed.
-constexpr int kFixedCandidatesMaxStages = 4096;
+// anchor's levels (fewer on chains above 8,192 stages), over group menus built once
+// (grouped_plans_at_anchors). It takes the fastest candidate whose held peak fits the limit, the
+// one of least held peak among equally fast ones. A smaller limit has fewer candidates to choose
+// from, so its choice is slower, or as fast and of no larger peak: the prediction never rises as
+// the limit falls, at any length. Only the candidates that some limit chooses are kept
+// (Choosable: by rising held peak, each faster than all before it), once per chain in a
+// HeldPlans, which then answers any limit with a search. The table whose limit is the least anchor
+// at or above L has units at most about twice those of a plan made at L (an anchor's bytes over
+// the slots), and the plans of its levels above L are candidates where their held peak fits it.
+//
+// Note [candidates made and simulated side by side]. On a 100,000-stage chain a candidate's tree
+// has about 10^5 nodes; making one (the top-level table's sequence expanded) and simulating it as
+// held take about 20 ms each. So each candidate is simulated on a second thread while the next is
+// made, each is packed once simulated (PackedTree), and a candidate no limit would choose is
+// dropped as soon as one as fast and no larger is known. The candidates go in the order they are made, and
+// ties go to the first made, so the plans do not depend on the threads. A HeldPlans of a
+// 100,000-stage chain with a target is built in about 2x one plan's time
+// (bench/results/held-plans-100k-2026-12-06.md).
+
+// A plan tree in 12 bytes a node (a PlanNode is 48, and its children's vector an allocation):
+// the count of top-level nodes, then each node, depth first, as its first and last stages and its
+// children's count with its kind and offload flag in the low two bits. A HeldPlans keeps up to hundreds of candidates, each of
+// about 10^5 nodes on the longest chains.
+using PackedTree = std::vector<uint32_t>;
+
+void pack(const std::vector<PlanNode>& sequence, PackedTree& out) {
+  for (const PlanNode& node : sequence) {
+    const auto word = static_cast<uint32_t>(node.children.size() << 2) |
+                      (node.kind == PlanNode::Kind::region ? 1u : 0u) | (node.offloaded ? 2u : 0u);
+    out.insert(out.end(), {static_cast<uint32_t>(node.first), static_cast<uint32_t>(node.last), word});
+    pack(node.children, out);
+  }
+}
+
+PackedTree pack(const std::vector<PlanNode>& tree) {
+  PackedTree out{static_cast<uint32_t>(tree.size())};
+  pack(tree, out);
+  out.shrink_to_fit();
+  return out;
+}
+
+// The `count` nodes from `at` on, unpacked; `at` moves past them.
+std::vector<PlanNode> unpack(const PackedTree& packed, size_t& at, size_t count) {
+  std::vector<PlanNode> out;
+  out.reserve(count);
+  for (size_t k = 0; k < count; ++k) {
+    const uint32_t word = packed[at + 2];
+    PlanNode node{word & 1u ? PlanNode::Kind::region : PlanNode::Kind::stage, static_cast<int>(packed[at]),
+                  static_cast<int>(packed[at + 1]), {}, (word & 2u) != 0};
+    at += 3;
+    node.children = unpack(packed, at, word >> 2);
+    out.push_back(std::move(node));
+  }
+  return out;
+}
+
+std::vector<PlanNode> unpack(const PackedTree& packed) {
+  size_t at = 1;
+  return unpack(packed, at, packed[0]);
+}
 
 struct Candidate {
-  std::vector<PlanNode> tree;
+  PackedTree tree;
   double time = 0;
   size_t peak = 0;
   bool grouped = false;  // made by the grouped planner
 };
 
-size_t least_peak(const std::vector<Candidate>& candidates) {
-  size_t least = SIZE_MAX;
-  for (const Candidate& c : candidates) least = std::min(least, c.peak);
-  return least;
-}
+// The candidates that some limit chooses, kept as they are made: plan_chain_held takes the fastest
+// candidate whose held peak fits, the one of least held peak among equally fast ones (the first
+// made among equal ones). So a candidate that one made before it is as fast as and holds no more
+// than is never chosen, nor is one that a later candidate is as fast as and holds no more than,
+// unless the two are equal. What stays, by rising held peak, is faster at each step.
+class Choosable {
+ public:
+  void add(Candidate c) {
+    for (const Candidate& k : kept_)
+      if (k.peak <= c.peak && k.time <= c.time) return;
+    std::erase_if(kept_, [&](const Candidate& k) { return c.peak <= k.peak && c.time <= k.time; });
+    kept_.push_back(std::move(c));
+  }
+  size_t least_peak() const {
+    size_t least = SIZE_MAX;
+    for (const Candidate& k : kept_) least = std::min(least, k.peak);
+    return least;
+  }
+  std::vector<Candidate> by_rising_peak() && {
+    std::sort(kept_.begin(), kept_.end(), [](const Candidate& a, const Candidate& b) { return a.peak < b.peak; });
+    return std::move(kept_);
+  }
+
+ private:
+  std::vector<Candidate> kept_;
+};
 
 std::vector<Candidate> held_candidates(const ChainCosts& planning, const ChainCosts& held,
                                        const ChainPlanOptions& options) {
-  std::vector<Candidate> out;
+  Choosable out;
+  // Each candidate is simulated on a second thread while the next is made (Note [candidates made
+  // and simulated side by side]).
+  std::future<Candidate> simulated;
+  const std::launch side = planning_threads(options) > 1 ? std::launch::async : std::launch::deferred;
+  const auto settle = [&] {  // the candidate in simulation, if any, added
+    if (simulated.valid()) out.add(simulated.get());
+  };
   const auto add = [&](std::vector<PlanNode> tree, bool grouped = false) {
-    Plan plan = make_plan(held, std::move(tree));
-    out.push_back(Candidate{std::move(plan.tree), plan.predicted_time, plan.predicted_peak_bytes, grouped});
+    settle();
+    const auto made = std::make_shared<std::vector<PlanNode>>(std::move(tree));
+    const auto simulate = [&held, grouped, made] {
+      const Plan plan = make_plan(held, std::move(*made));
+      return Candidate{pack(plan.tree), plan.predicted_time, plan.predicted_peak_bytes, grouped};
+    };
+    try {
+      simulated = std::async(side, simulate);
+    } catch (const std::system_error&) {  // no thread to be had: simulated here
+      out.add(simulate());
+    }
+  };
+  const auto done = [&] {
+    settle();
+    return std::move(out).by_rising_peak();
   };
   const Plan save_all = plan_save_all(planning);
   add(save_all.tree);
   if (!runs_exact(planning, options)) {
-    for (std::vector<PlanNode>& tree : grouped_plans_at_anchors(planning, options)) add(std::move(tree), true);
+    grouped_plans_at_anchors(planning, options, [&](std::vector<PlanNode> tree) { add(std::move(tree), true); });
     // as plan_grouped: the exact least-peak plan, where it is cheap, only below the grouped least
     if (least_peak_is_cheap(planning.num_stages(), options)) {
-      const size_t grouped_least = least_peak(out);
-      add(plan_min_memory(planning).tree);
-      if (out.back().peak >= grouped_least) out.pop_back();
+      settle();
+      Plan least = make_plan(held, plan_min_memory(planning).tree);
+      if (least.predicted_peak_bytes < out.least_peak())
+        out.add(Candidate{pack(least.tree), least.predicted_time, least.predicted_peak_bytes, false});
     }
-    return out;
+    return done();
   }
   const Plan least_plan = plan_min_memory(planning);  // its peak is min_feasible_memory's
   add(least_plan.tree);
@@ -110,28 +203,7 @@ std::vector<Candidate> held_candidates(const ChainCosts& planning, const ChainCo
       add(std::move(tree));
     if (anchor <= least) break;
   }
-  return out;
-}
-
-// Whether plan_chain_held chooses from fixed candidates (Note [a prediction that never rises]).
-bool fixed_candidates(const ChainCosts& planning, const ChainPlanOptions& options) {
-  return runs_exact(planning, options) || planning.num_stages() <= kFixedCandidatesMaxStages;
-}
-
-// Of the candidates, those that some limit chooses, by rising held peak, each faster than every
-// one before it. plan_chain_held takes the fastest candidate whose held peak fits, the one of least
-// held peak among equally fast ones (the first made among equal ones); that is the last of these
-// whose peak fits.
-std::vector<Candidate> choosable(std::vector<Candidate> all) {
-  std::vector<size_t> order(all.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return all[a].peak != all[b].peak ? all[a].peak < all[b].peak : all[a].time < all[b].time;
-  });
-  std::vector<Candidate> out;
-  for (size_t k : order)
-    if (out.empty() || all[k].time < out.back().time) out.push_back(std::move(all[k]));
-  return out;
+  return done();
 }
 
 // The chosen candidate's plan, as held predicts it; InfeasibleError below the least held peak.
@@ -145,7 +217,7 @@ ChainPlan plan_fixed_held(const std::vector<Candidate>& choices, const ChainCost
                           choices.front().peak);
   const Candidate& best = *(above - 1);
   ChainPlan chosen;
-  chosen.plan = make_plan(held, best.tree);
+  chosen.plan = make_plan(held, unpack(best.tree));
   if (best.grouped) {
     chosen.method = RotorMethod::grouped;
     chosen.levels = grouped_levels(planning.num_stages(), options);
@@ -162,71 +234,29 @@ ChainPlan plan_fixed_held(const std::vector<Candidate>& choices, const ChainCost
 // output once (Note [a record that keeps its output]), but it also counts what a sweep keeps: the
 // token ids, a position embedding, a constant bias (measured by the budget policy: Note [what a
 // sweep keeps] in src/checkpoint/budget.cpp). So plan_chain_held predicts a plan with the held
-// costs, which count as an allocator does. Up to kFixedCandidatesMaxStages stages it chooses
-// among fixed candidates, each simulated as held (Note [a prediction that never rises] above), from
-// the least held peak among them up. On longer chains it makes a plan whose held peak is above the
-// limit again within the limit less the excess, at most three more times, the last within the
-// chain's least peak. A limit below the least peak gets the plan made within the least peak where
-// its held peak fits. So the smallest limit it plans from is that plan's held peak
-// (chain_min_feasible_memory_held): below the least peak where the planners count more than is
-// held (a boundary made and dropped in a re-run). Every limit from it up is planned; where swept
-// values lift that plan above the least peak, a limit between the two may be planned too (another
-// plan's held peak may fit it). Without swept and gap values the held count is never above the
-// planners', so the first plan made within a limit stands.
+// costs, which count as an allocator does. It chooses among fixed candidates, each simulated as
+// held (Note [a prediction that never rises] above), so the smallest limit it plans from
+// (chain_min_feasible_memory_held) is the least held peak among them: below the planners' least
+// peak where they count more than is held (a boundary made and dropped in a re-run), above it
+// where swept values lift every plan. Every limit from it up is planned.
 
-// One chain's plans (HeldPlans): up to kFixedCandidatesMaxStages stages, the candidates that some
-// limit chooses, made once; on longer chains, the costs each limit is planned with, and the
-// chain's least peak once found.
+// One chain's plans (HeldPlans): the candidates that some limit chooses, made once.
 struct HeldPlans::Set {
   ChainCosts planning, held;
   ChainPlanOptions options;
-  mutable std::optional<std::vector<Candidate>> choices;  // fixed candidates
-  mutable std::optional<size_t> least, smallest;          // longer chains
+  mutable std::optional<std::vector<Candidate>> choices;
 
   Set(ChainCosts p, ChainCosts h, const ChainPlanOptions& o) : planning(std::move(p)), held(std::move(h)), options(o) {
     check_held(planning, held);
+    check_options(options);
   }
-  bool fixed() const { return fixed_candidates(planning, options); }
   const std::vector<Candidate>& candidates() const {
-    if (!choices) choices = choosable(held_candidates(planning, held, options));
+    if (!choices) choices = held_candidates(planning, held, options);
     return *choices;
   }
-  size_t least_peak() const {
-    if (!least) least = chain_min_feasible_memory(planning, options);
-    return *least;
-  }
-  ChainPlan plan(size_t limit) const;
-  size_t smallest_limit() const {
-    if (fixed()) return candidates().front().peak;
-    if (!smallest) smallest = make_plan(held, plan_chain(planning, least_peak(), options).plan.tree).predicted_peak_bytes;
-    return *smallest;
-  }
+  ChainPlan plan(size_t limit) const { return plan_fixed_held(candidates(), planning, held, limit, options); }
+  size_t smallest_limit() const { return candidates().front().peak; }
 };
-
-ChainPlan HeldPlans::Set::plan(size_t limit) const {
-  if (fixed()) return plan_fixed_held(candidates(), planning, held, limit, options);
-  ChainPlan chosen;
-  bool below_least = false;
-  try {
-    chosen = plan_chain(planning, limit, options);
-  } catch (const InfeasibleError&) {  // below the planners' least peak: their least plan, if held fits it
-    below_least = true;
-    chosen = plan_chain(planning, least_peak(), options);
-  }
-  chosen.plan = make_plan(held, std::move(chosen.plan.tree));
-  size_t within = below_least ? least_peak() : limit;
-  for (int tries = 0; chosen.plan.predicted_peak_bytes > limit; ++tries) {
-    if (within <= least_peak())
-      throw InfeasibleError("plan_chain: memory limit " + std::to_string(limit) + " bytes is below the least peak " +
-                                std::to_string(chosen.plan.predicted_peak_bytes) + " bytes of any plan, counted as held",
-                            chosen.plan.predicted_peak_bytes);
-    const size_t over = chosen.plan.predicted_peak_bytes - limit;
-    within = tries >= 2 || within - least_peak() <= over ? least_peak() : within - over;
-    chosen = plan_chain(planning, within, options);
-    chosen.plan = make_plan(held, std::move(chosen.plan.tree));
-  }
-  return chosen;
-}
 
 HeldPlans::HeldPlans(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options)
     : first_(std::make_unique<Set>(planning, held, options)) {}

@@ -41,13 +41,26 @@
 // The work is one programme per group: O(group^3 * group_slots) for the regions plus
 // O(group^2 * group_slots * options) for the parts, so O(L * group^2 * group_slots) in all, plus
 // O(top_parts^3 * slots) at the top; the top-level rows with offload add about a fifth.
+//
+// Note [group menus built side by side]. The top parts' groups depend on their own stages alone,
+// and they are most of the work. So the top parts go one at a time to ChainPlanOptions::threads
+// threads (the calling one among them), each writing its own slot: the plans are the same on any
+// number of threads. Only the calling thread reports progress (counting every thread's groups);
+// an exception stops the others taking parts and is rethrown there. A 100,000-stage plan with a
+// target takes 0.56x its one-thread time on 2 cores (bench/results/held-plans-100k-2026-12-06.md).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "chain_internal.h"
@@ -68,7 +81,12 @@ using grouped::Summary;
 
 constexpr double kInfinite = std::numeric_limits<double>::infinity();
 constexpr int kLevelsPerMenu = 16;  // memories read off each table (each mode)
-constexpr int kLevelsPerAnchor = 64;  // grouped_plans_at_anchors: levels read off each top-level table
+
+// grouped_plans_at_anchors: the levels read off each anchor's top-level table, 64 up to 8,192
+// stages and 2^19 / stages above, at least 8 (from 65,536 stages): the candidates' nodes stay about
+// as many as at 8,192 stages, and a HeldPlans of 100,000 stages is built in under 10 s here
+// (bench/results/held-plans-100k-2026-12-06.md).
+int64_t levels_per_anchor(int stages) { return std::clamp<int64_t>((int64_t{1} << 19) / std::max(stages, 1), 8, 64); }
 
 size_t units_of(size_t bytes, size_t unit) { return bytes / unit + (bytes % unit != 0); }
 
@@ -111,14 +129,37 @@ class GroupBuilder {
   // The levels of groups a part of `stages` stages needs (group^levels >= stages).
   int levels_for(int64_t stages) const { return schedule::levels_for(stages, options_.group); }
 
-  // The top-level parts: `count` near-equal parts, each a stage or a group of its own depth.
-  std::vector<Part> split_top(int stages, int count) {
-    std::vector<Part> out;
-    for (int k = 0; k < count; ++k) {
-      const int begin = static_cast<int>(static_cast<int64_t>(stages) * k / count);
-      const int end = static_cast<int>(static_cast<int64_t>(stages) * (k + 1) / count) - 1;
-      out.push_back(end == begin ? stage(begin) : group(begin, end, levels_for(end - begin + 1)));
+  // The top-level parts: `count` near-equal parts, each a stage or a group of its own depth,
+  // built on up to `threads` threads (Note [group menus built side by side]).
+  std::vector<Part> split_top(int stages, int count, int threads) {
+    std::vector<Part> out(static_cast<size_t>(count));
+    std::atomic<int> next{0};
+    std::mutex failure;
+    std::exception_ptr failed;
+    const auto build = [&] {
+      for (int k = next++; k < count; k = next++) {
+        const int begin = static_cast<int>(static_cast<int64_t>(stages) * k / count);
+        const int end = static_cast<int>(static_cast<int64_t>(stages) * (k + 1) / count) - 1;
+        try {
+          out[static_cast<size_t>(k)] = end == begin ? stage(begin) : group(begin, end, levels_for(end - begin + 1));
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(failure);
+          if (!failed) failed = std::current_exception();
+          next = count;
+        }
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < std::min(threads, count); ++t) {
+      try {
+        helpers.emplace_back(build);
+      } catch (const std::system_error&) {  // no more threads to be had: the ones started do the rest
+        break;
+      }
     }
+    build();
+    for (std::thread& helper : helpers) helper.join();
+    if (failed) std::rethrow_exception(failed);
     return out;
   }
   int64_t count_top_groups(int stages, int count) const {
@@ -165,7 +206,7 @@ class GroupBuilder {
   }
   void set_total(int64_t total) { total_ = std::max<int64_t>(total, 1); }
   void report(int64_t done) {
-    if (!options_.progress) return;
+    if (!options_.progress || std::this_thread::get_id() != caller_) return;
     const int percent = static_cast<int>(100 * done / total_);
     if (percent > reported_) {
       reported_ = percent;
@@ -213,8 +254,10 @@ class GroupBuilder {
   const ChainCosts& costs_;
   const ChainPlanOptions& options_;
   Model model_;
-  int64_t total_ = 1, done_ = 0;
-  int reported_ = -1;
+  int64_t total_ = 1;
+  std::atomic<int64_t> done_{0};
+  int reported_ = -1;  // the calling thread's alone
+  std::thread::id caller_ = std::this_thread::get_id();
 };
 
 // Drops options no better than another in every respect (time, fwd, R, bwd, and usable where it
@@ -365,40 +408,57 @@ std::vector<std::vector<PlanNode>> least_peak_trees(const std::vector<Part>& par
   return out;
 }
 
+// The grouped planner's top level: the group menus, built once, and the top-level programme's
+// parts and mode; plan_grouped and grouped_plans_at_anchors read plans off its tables.
+struct TopLevel {
+  GroupBuilder builder;
+  std::vector<Part> parts;
+  Mode mode;
+  int last;
+  size_t slots;
+  size_t x0;  // the chain input, held beside the table's memory
+
+  TopLevel(const ChainCosts& costs, const ChainPlanOptions& options) : builder(costs, options) {
+    const int stages = costs.num_stages();
+    const int count = std::min(stages, options.top_parts);
+    builder.set_total(builder.count_top_groups(stages, count) + 1);  // + 1: the top-level programme
+    parts = builder.split_top(stages, count, planning_threads(options));
+    mode = model().can_offload() ? Mode::top_offload : Mode::top;
+    last = static_cast<int>(parts.size()) - 1;
+    slots = static_cast<size_t>(options.slots);
+    x0 = costs.boundary_bytes[0];
+  }
+  const Model& model() const { return builder.model(); }
+  // The top-level table within `limit` bytes: slots units of what the chain input leaves.
+  grouped::MenuTable table(size_t limit) const {
+    const size_t available = limit > x0 ? limit - x0 : 0;
+    const size_t unit = std::max<size_t>(1, units_of(available, slots));
+    return grouped::MenuTable(parts, model(), unit, static_cast<int64_t>(available / unit), mode == Mode::top,
+                              mode == Mode::top_offload);
+  }
+  // The plan of `table` at memory level m.
+  std::vector<PlanNode> expand(const grouped::MenuTable& table, int64_t m) const {
+    std::vector<PlanNode> tree;
+    expand_sequence(parts, table.build(0, last, m, mode), tree);
+    return tree;
+  }
+};
+
 // The grouped planner at the top level: the fastest plan within memory_limit, or else the plan
 // of least peak it reaches (or, where that is cheap, the exact least-peak plan) when that fits,
 // or else InfeasibleError.
 ChainPlan plan_grouped(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options) {
   const int stages = costs.num_stages();
-  GroupBuilder builder(costs, options);
-  const int count = std::min(stages, options.top_parts);
-  const int levels = grouped_levels(stages, options);
-  builder.set_total(builder.count_top_groups(stages, count) + 1);  // + 1: the top-level programme
-  const std::vector<Part> parts = builder.split_top(stages, count);
-  const size_t slots = static_cast<size_t>(options.slots);
-  const Model& model = builder.model();
-  const Mode mode = model.can_offload() ? Mode::top_offload : Mode::top;
-  const int last = static_cast<int>(parts.size()) - 1;
-  const auto table_at = [&](size_t unit, int64_t budget) {
-    return grouped::MenuTable(parts, model, unit, budget, mode == Mode::top, mode == Mode::top_offload);
-  };
-  const auto plan_at = [&](size_t available) -> std::vector<PlanNode> {
-    const size_t unit = std::max<size_t>(1, units_of(available, slots));
-    const grouped::MenuTable table = table_at(unit, static_cast<int64_t>(available / unit));
-    const int64_t budget = table.budget();
-    std::vector<PlanNode> tree;
-    if (table.cost(0, last, budget, mode) == kInfinite) return tree;
-    expand_sequence(parts, table.build(0, last, budget, mode), tree);
-    return tree;
-  };
-  const size_t x0 = costs.boundary_bytes[0];
-  std::vector<PlanNode> tree = plan_at(memory_limit > x0 ? memory_limit - x0 : 0);
+  const TopLevel top(costs, options);
+  const grouped::MenuTable table = top.table(memory_limit);
+  std::vector<PlanNode> tree;
+  if (table.cost(0, top.last, table.budget(), top.mode) != kInfinite) tree = top.expand(table, table.budget());
   ChainPlan result;
   result.method = RotorMethod::grouped;
-  result.levels = levels;
+  result.levels = grouped_levels(stages, options);
   if (tree.empty()) {
     std::optional<Plan> lowest;
-    for (std::vector<PlanNode>& smallest : least_peak_trees(parts, model, costs, slots)) {
+    for (std::vector<PlanNode>& smallest : least_peak_trees(top.parts, top.model(), costs, top.slots)) {
       Plan candidate = make_plan(costs, std::move(smallest));
       if (!lowest || candidate.predicted_peak_bytes < lowest->predicted_peak_bytes) lowest = std::move(candidate);
     }
@@ -453,42 +513,33 @@ bool runs_exact(const ChainCosts& costs, const ChainPlanOptions& options) {
          (options.method == RotorMethod::automatic && (work <= options.exact_max_work || stages < 2));
 }
 
-std::vector<std::vector<PlanNode>> grouped_plans_at_anchors(const ChainCosts& costs, const ChainPlanOptions& options) {
+void grouped_plans_at_anchors(const ChainCosts& costs, const ChainPlanOptions& options,
+                              const std::function<void(std::vector<PlanNode>)>& sink) {
   costs.validate();
   const int stages = costs.num_stages();
   if (stages < 2) throw Error("plan_chain: the grouped planner needs at least 2 stages");
-  GroupBuilder builder(costs, options);
-  const int count = std::min(stages, options.top_parts);
-  builder.set_total(builder.count_top_groups(stages, count) + 1);
-  const std::vector<Part> parts = builder.split_top(stages, count);
-  const size_t slots = static_cast<size_t>(options.slots);
-  const Model& model = builder.model();
-  const Mode mode = model.can_offload() ? Mode::top_offload : Mode::top;
-  const int last = static_cast<int>(parts.size()) - 1;
-  std::vector<std::vector<PlanNode>> out = least_peak_trees(parts, model, costs, slots);
+  const TopLevel top(costs, options);
   size_t least = SIZE_MAX;
-  for (const std::vector<PlanNode>& tree : out) least = std::min(least, make_plan(costs, tree).predicted_peak_bytes);
-  const size_t x0 = costs.boundary_bytes[0];
+  for (std::vector<PlanNode>& tree : least_peak_trees(top.parts, top.model(), costs, top.slots)) {
+    least = std::min(least, make_plan(costs, tree).predicted_peak_bytes);
+    sink(std::move(tree));
+  }
+  const int64_t levels = levels_per_anchor(stages);
   for (size_t anchor = plan_save_all(costs).predicted_peak_bytes;; anchor /= 2) {
-    const size_t available = std::max(anchor, least) > x0 ? std::max(anchor, least) - x0 : 0;
-    const size_t unit = std::max<size_t>(1, units_of(available, slots));
-    const grouped::MenuTable table(parts, model, unit, static_cast<int64_t>(available / unit), mode == Mode::top,
-                                   mode == Mode::top_offload);
+    const grouped::MenuTable table = top.table(std::max(anchor, least));
     // every stride-th level down from the anchor's: a rule that does not depend on any limit
-    const int64_t stride = std::max<int64_t>(1, (table.budget() + kLevelsPerAnchor - 1) / kLevelsPerAnchor);
+    const int64_t stride = std::max<int64_t>(1, (table.budget() + levels - 1) / levels);
     double previous = kInfinite;
     for (int64_t m = table.budget(); m >= 0; m -= stride) {
-      const double cost = table.cost(0, last, m, mode);
+      const double cost = table.cost(0, top.last, m, top.mode);
       if (cost == kInfinite) break;
       if (cost == previous) continue;
       previous = cost;
-      out.emplace_back();
-      expand_sequence(parts, table.build(0, last, m, mode), out.back());
+      sink(top.expand(table, m));
     }
     if (anchor <= least) break;
   }
   if (options.progress) options.progress(1.0);
-  return out;
 }
 
 std::string ChainPlan::describe() const {
@@ -497,8 +548,12 @@ std::string ChainPlan::describe() const {
   return "exact rotor";
 }
 
-ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options) {
-  costs.validate();
+int planning_threads(const ChainPlanOptions& options) {
+  if (options.threads > 0) return options.threads;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void check_options(const ChainPlanOptions& options) {
   if (options.slots < 1) throw Error("plan_chain: slots must be >= 1, got " + std::to_string(options.slots));
   if (options.group < 2 || options.group > 256)
     throw Error("plan_chain: group must be from 2 to 256, got " + std::to_string(options.group));
@@ -506,6 +561,14 @@ ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPl
     throw Error("plan_chain: top_parts must be from 2 to 1000, got " + std::to_string(options.top_parts));
   if (options.group_slots < 8 || options.group_slots > 100000)
     throw Error("plan_chain: group_slots must be from 8 to 100000, got " + std::to_string(options.group_slots));
+  if (options.threads < 0 || options.threads > 1024)
+    throw Error("plan_chain: threads must be from 0 (the hardware's cores) to 1024, got " +
+                std::to_string(options.threads));
+}
+
+ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options) {
+  costs.validate();
+  check_options(options);
   const bool exact = runs_exact(costs, options);
   if (!exact && costs.num_stages() < 2) throw Error("plan_chain: the grouped planner needs at least 2 stages");
   if (!exact && options.method == RotorMethod::automatic) {

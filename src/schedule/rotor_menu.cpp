@@ -290,7 +290,7 @@ void MenuTable::fill_regions(int a, int b, Mode mode, double* best, int16_t* pic
     const double* region = row(a, c - 1, Mode::rerun);
     const WriteQueue* after_queue = queue ? offload_queue_.data() + offset(c, b, mode) : nullptr;
     const int64_t output = static_cast<int64_t>(parts_[static_cast<size_t>(c)].x_in);
-    if (!queue) {  // the same, without the write queue (a re-run): a loop without branches
+    if (!queue) {  // the same, without the write queue (a re-run, or the top level without offload): a loop without branches
       const int16_t id = static_cast<int16_t>(kRegion + (c - a));
       for (int64_t m = std::max(gradient + sweep_units, keep); m <= budget; ++m) {
         const double total = sweep_time + after[m - keep] + region[m];

@@ -344,17 +344,13 @@ int run_plan(const PlanOptions& o) {
       profile.price.read_bytes_per_second =
           1.0 / (profile.costs.offload_seconds_per_byte - profile.costs.offload_write_seconds_per_byte);
       profile.priced_as = "the costs file";
-    } else {  // as a budget plan prices it (budget.cpp): what a step may offload against the host's memory
-      profile.price = offload_price(offload_bandwidth(o.offload), profile.costs.offloadable_bytes(),
-                                    device_memory(Device{}).free_bytes);  // the host's
-      profile.priced_as = profile.price.page_cache ? "page cache" : "disk";
-      profile.costs.offload_seconds_per_byte = profile.price.seconds_per_byte();
-      profile.costs.offload_write_seconds_per_byte = profile.price.write_seconds_per_byte();
-      profile.in_full = offload_copies_share_the_cores(Device{});  // the profile's CPU step
-      if (profile.in_full) profile.costs.offload_write_seconds_per_byte = 0;
+      profile.costs.reads_ahead = true;  // as budget plans read back (Note [reads ahead within the peak])
+    } else {  // as a budget plan of the profile's CPU step prices it
+      const OffloadCharge charge = charge_offload(o.offload, Device{}, profile.costs);
+      profile.price = charge.price;
+      profile.priced_as = charge.price.page_cache ? "page cache" : "disk";
+      profile.in_full = charge.in_full;
     }
-    // as budget plans read back (Note [reads ahead within the peak]), unless charged in full
-    profile.costs.reads_ahead = !profile.in_full;
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: planning " + std::to_string(profile.costs.num_stages()) +
                                        " stages with offload");
