@@ -4,14 +4,14 @@
 //
 //   build/bench/bench_cuda_gpt [--device cuda:0] [--layers 12] [--width 768] [--heads 12] [--seq 1024]
 //                              [--batch 8] [--vocab 50304] [--steps 5] [--warmup 3]
-//                              [--budget-fraction 0.5] [--tf32] [--optimizer sgd|adamw]
+//                              [--budget-fraction 0.5] [--backend-options LIST] [--tf32] [--optimizer sgd|adamw]
 //                              [--policies save-all,every-layer,budget] [--profile-steps N] [--dtype f32|bf16]
-//   build/bench/bench_cuda_gpt --list-switches     (the names REMAT_CUDA_FAST takes, one a line)
 //
 // Defaults are GPT-2 small (12 layers, width 768, 12 heads, context 1024, vocabulary padded to
-// 50304 as nanoGPT does), float32, TF32 off; --dtype bf16 trains in mixed precision (float32
-// master weights and AdamW state, bf16 compute: docs/precision.md), which on CUDA needs
-// REMAT_CUDA_FAST=bf16. A step: drop the gradients, forward, loss, backward,
+// 50304 as nanoGPT does), float32, the device's default backend options (TF32 off); --dtype bf16
+// trains in mixed precision (float32 master weights and AdamW state, bf16 compute:
+// docs/precision.md), which on CUDA needs the backend option sixteen_bit (--backend-options
+// sixteen_bit; --tf32 is --backend-options tf32). A step: drop the gradients, forward, loss, backward,
 // the update (SGD lr 1e-4, no momentum, or AdamW lr 1e-4; as bench/peers), then the loss read back
 // to the host, which waits for the device. The budget run's B lies between every-layer's and
 // save-all's measured peak saved bytes: every-layer's + --budget-fraction x the difference (it
@@ -20,10 +20,10 @@
 // Peaks are taken over the measured steps, from the device's counters (remat::memory_stats),
 // relative to what was live before the step (the parameters). Each measured step also counts the
 // device's launches and host synchronisations (remat::device_activity). With --profile-steps N
-// (and REMAT_CUDA_PROFILE=1 in the environment) N more steps follow the measured ones, each with
+// (which turns the backend option profile on) N more steps follow the measured ones, each with
 // its per-kernel device times (remat::take_kernel_profile), printed as a "profile" line; their
 // step times are not the measured ones. One JSON line per policy (and per profile) on stdout,
-// naming the switches on (REMAT_CUDA_FAST).
+// naming the backend options in force (remat::describe_backend_options).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -57,7 +57,7 @@ struct Options {
   int64_t batch = 8;
   int steps = 5, warmup = 3, profile_steps = 0;
   double budget_fraction = 0.5;
-  bool tf32 = false;
+  std::string backend_options;  // --backend-options, on the defaults
   std::string optimizer = "sgd";
   std::string dtype = "f32";  // the compute dtype: f32, or bf16 (mixed precision)
   std::vector<std::string> policies = {"save-all", "every-layer", "budget"};
@@ -151,21 +151,21 @@ std::string join(const std::vector<T>& values, F&& format) {
   for (const T& v : values) out += (out.empty() ? "" : ",") + format(v);
   return out;
 }
-std::string quoted(const std::string& s) { return "\"" + s + "\""; }
 
 void emit(const Options& o, Device device, const Result& r, size_t budget_bytes) {
   auto number = [](auto v) { return detail::concat(v); };
   std::printf("{\"system\":\"remat\",\"device\":\"%s\",\"description\":\"%s\",\"policy\":\"%s\",\"layers\":%lld,"
               "\"width\":%lld,\"heads\":%lld,\"seq\":%lld,\"batch\":%lld,\"vocab\":%lld,\"tf32\":%s,"
-              "\"optimizer\":\"%s\",\"dtype\":\"%s\",\"switches\":[%s],"
+              "\"optimizer\":\"%s\",\"dtype\":\"%s\",\"backend_options\":\"%s\","
               "\"step_seconds\":[%s],\"median_seconds\":%.6f,\"peak_saved_bytes\":%zu,\"peak_total_bytes\":%zu,"
               "\"budget_bytes\":%zu,\"parameters\":%lld,\"fallback_calls\":%llu,\"launches\":[%s],\"kernel_calls\":[%s],"
               "\"synchronizations\":[%s],\"losses\":[%s]}\n",
               device_name(device).c_str(), describe_device(device).c_str(), r.policy.c_str(),
               static_cast<long long>(o.config.layers), static_cast<long long>(o.config.width),
               static_cast<long long>(o.config.heads), static_cast<long long>(o.config.seq),
-              static_cast<long long>(o.batch), static_cast<long long>(o.config.vocab), o.tf32 ? "true" : "false",
-              o.optimizer.c_str(), o.dtype.c_str(), join(fast_paths_on(), quoted).c_str(), join(r.seconds, number).c_str(),
+              static_cast<long long>(o.batch), static_cast<long long>(o.config.vocab),
+              backend(device).options().tf32 ? "true" : "false", o.optimizer.c_str(), o.dtype.c_str(),
+              backend_options_text(backend(device).options()).c_str(), join(r.seconds, number).c_str(),
               r.median(),
               r.peak_saved, r.peak_total, budget_bytes, static_cast<long long>(r.parameters),
               static_cast<unsigned long long>(r.fallback_calls),
@@ -175,9 +175,10 @@ void emit(const Options& o, Device device, const Result& r, size_t budget_bytes)
     std::string kernels = join(p.kernels, [](const KernelTime& k) {
       return detail::concat("{\"name\":\"", k.name, "\",\"launches\":", k.launches, ",\"seconds\":", k.seconds, "}");
     });
-    std::printf("{\"system\":\"remat\",\"kind\":\"profile\",\"policy\":\"%s\",\"dtype\":\"%s\",\"switches\":[%s],"
-                "\"step_seconds\":%.6f,\"kernels\":[%s]}\n",
-                r.policy.c_str(), o.dtype.c_str(), join(fast_paths_on(), quoted).c_str(), p.step_seconds, kernels.c_str());
+    std::printf("{\"system\":\"remat\",\"kind\":\"profile\",\"policy\":\"%s\",\"dtype\":\"%s\","
+                "\"backend_options\":\"%s\",\"step_seconds\":%.6f,\"kernels\":[%s]}\n",
+                r.policy.c_str(), o.dtype.c_str(), backend_options_text(backend(device).options()).c_str(),
+                p.step_seconds, kernels.c_str());
   }
   std::fflush(stdout);
 }
@@ -185,7 +186,8 @@ void emit(const Options& o, Device device, const Result& r, size_t budget_bytes)
 void usage() {
   std::fprintf(stderr,
                "usage: bench_cuda_gpt [--device D] [--layers N] [--width C] [--heads H] [--seq T] [--batch B] "
-               "[--vocab V] [--steps N] [--warmup N] [--budget-fraction F] [--tf32] [--optimizer sgd|adamw] "
+               "[--vocab V] [--steps N] [--warmup N] [--budget-fraction F] [--backend-options LIST] [--tf32] "
+               "[--optimizer sgd|adamw] "
                "[--policies P,...] [--profile-steps N] [--dtype f32|bf16]\n");
 }
 
@@ -210,10 +212,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = std::stoi(value());
     else if (a == "--warmup") o.warmup = std::stoi(value());
     else if (a == "--budget-fraction") o.budget_fraction = std::stod(value());
-    else if (a == "--list-switches") {
-      for (const std::string& name : fast_path_names()) std::printf("%s\n", name.c_str());
-      std::exit(0);
-    } else if (a == "--tf32") o.tf32 = true;
+    else if (a == "--backend-options") o.backend_options += "," + value();
+    else if (a == "--tf32") o.backend_options += ",tf32";
     else if (a == "--optimizer") o.optimizer = value();
     else if (a == "--profile-steps") o.profile_steps = std::stoi(value());
     else if (a == "--dtype") o.dtype = value();
@@ -247,8 +247,10 @@ int main(int argc, char** argv) {
     REMAT_CHECK(o.profile_steps >= 0, "bench_cuda_gpt: --profile-steps must be >= 0");
     REMAT_CHECK(o.dtype == "f32" || o.dtype == "bf16", "bench_cuda_gpt: --dtype f32 or bf16, not ", o.dtype);
     const Device device = parse_device(o.device);
-    use_device(device);
-    set_allow_tf32(o.tf32);
+    BackendOptions options = parse_backend_options(o.backend_options, default_backend_options());
+    if (o.profile_steps > 0) options.profile = true;
+    if (device.type == DeviceType::cpu) use_device(device);
+    else use_device(device, options);
     std::optional<Result> save_all, every_layer;
     for (const std::string& p : o.policies) {
       if (p == "budget") {

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Writes scripts/cuda-check's report, bench/results/cuda-DATE.md, from the outputs of its stages.
 
-  scripts/cuda-report.py WORK REPORT COMMIT SECONDS STAGE_ROW...
+  scripts/cuda-report.py WORK REPORT COMMIT SECONDS BUDGET STAGE_ROW...
 
 WORK holds one NAME.out per stage (bench_cuda_gpt's and torch_gpt_cuda.py's JSON lines among the
-text) and torch.jsonl (PyTorch's lines). Kernels are put into the issue's categories by name
-(CATEGORIES below, first match wins), for remat's kernel profile and PyTorch's torch.profiler alike.
+text), torch.jsonl (PyTorch's lines) and candidates.jsonl (remat_candidates' outcomes, one a case).
+Kernels are put into categories by name (CATEGORIES below, first match wins), for remat's kernel
+profile and PyTorch's torch.profiler alike.
 """
 
 import json
@@ -119,33 +120,61 @@ def mfu(r, device):
 
 
 def bf16_section(work):
-    out = ["## bf16 mixed precision (REMAT_CUDA_FAST=bf16)", "",
-           "GPT-2 small, float32 master weights and AdamW state, bf16 compute: remat --dtype bf16 against PyTorch "
-           "eager under torch.autocast(bfloat16) with its fused SDPA, measured in this run (3 steps after 2 of "
-           "warm-up; median). MFU: llm.c's count of training FLOPs per step (6 x parameters x tokens + 12 x layers x "
-           "width x context x tokens) over the step time and the device's dense bf16 peak.", "",
-           "| batch x context | remat save-all | remat every-layer | PyTorch bf16 | save-all / PyTorch (<= 0.9) | "
-           "every-layer / save-all (<= 1.15) | MFU save-all (>= 0.45 at batch 32) | peak saved, every-layer / "
-           "save-all | fallback calls |", "|---|---|---|---|---|---|---|---|---|"]
-    rows = 0
-    for b in (8, 32):
-        remat = {r["policy"]: r for r in lines(f"{work}/switch-bf16-gpt-b{b}.out") if r.get("kind") != "profile"}
-        torch = [r for r in lines(f"{work}/switch-bf16-torch-b{b}.out") if "median_seconds" in r]
-        sa, el, pt = remat.get("save-all"), remat.get("every-layer"), torch[0] if torch else None
-        if not (sa or pt):
-            continue
-        rows += 1
-        seq = (sa or pt)["seq"]
+    remat = {r["policy"]: r for r in lines(f"{work}/bench-remat-bf16.out") if r.get("kind") != "profile"}
+    torch = [r for r in lines(f"{work}/bench-torch-bf16.out") if "median_seconds" in r]
+    sa, el, pt = remat.get("save-all"), remat.get("every-layer"), torch[0] if torch else None
+    if not (sa or pt):
+        return []
 
-        def ratio(x, y):
-            return f"{x['median_seconds'] / y['median_seconds']:.2f}" if x and y else "-"
-        saved = f"{el['peak_saved_bytes'] / max(1, sa['peak_saved_bytes']):.3f}" if sa and el else "-"
-        falls = sum(r["fallback_calls"] for r in remat.values()) if remat else "-"
-        out.append(f"| {b} x {seq} | {ms(sa['median_seconds']) if sa else '-'} | "
-                   f"{ms(el['median_seconds']) if el else '-'} | {ms(pt['median_seconds']) if pt else '-'} | "
-                   f"{ratio(sa, pt)} | {ratio(el, sa)} | {mfu(sa, sa['description']) if sa else '-'} | {saved} | "
-                   f"{falls} |")
-    return out + [""] if rows else []
+    def ratio(x, y):
+        return f"{x['median_seconds'] / y['median_seconds']:.2f}" if x and y else "-"
+    saved = f"{el['peak_saved_bytes'] / max(1, sa['peak_saved_bytes']):.3f}" if sa and el else "-"
+    falls = sum(r["fallback_calls"] for r in remat.values()) if remat else "-"
+    seq, batch = (sa or pt)["seq"], (sa or pt)["batch"]
+    return ["## bf16 mixed precision (the backend option sixteen_bit, not yet device-checked)", "",
+            "GPT-2 small, float32 master weights and AdamW state, bf16 compute: remat --dtype bf16 against PyTorch "
+            "eager under torch.autocast(bfloat16) with its fused SDPA, measured in this run (3 steps after 2 of "
+            "warm-up; median). MFU: llm.c's count of training FLOPs per step (6 x parameters x tokens + 12 x layers x "
+            "width x context x tokens) over the step time and the device's dense bf16 peak.", "",
+            "| batch x context | remat save-all | remat every-layer | PyTorch bf16 | save-all / PyTorch | "
+            "every-layer / save-all | MFU save-all | peak saved, every-layer / save-all | fallback calls |",
+            "|---|---|---|---|---|---|---|---|---|",
+            f"| {batch} x {seq} | {ms(sa['median_seconds']) if sa else '-'} | "
+            f"{ms(el['median_seconds']) if el else '-'} | {ms(pt['median_seconds']) if pt else '-'} | "
+            f"{ratio(sa, pt)} | {ratio(el, sa)} | {mfu(sa, sa['description']) if sa else '-'} | {saved} | {falls} |",
+            ""]
+
+
+def candidates_section(work):
+    outcomes = lines(f"{work}/candidates.jsonl")
+    if not outcomes:
+        return ["## Candidates", "", "The candidate harness did not run: see its stage above.", ""]
+    names = list(dict.fromkeys(o["candidate"] for o in outcomes))
+    out = ["## Candidates", "",
+           "Each candidate kernel (candidates/cuda/) beside the library's kernel for its row: checked on every case "
+           "(bitwise, or the tolerance remat_candidates states; and bitwise against itself on a second call), the "
+           "timed cases timed on both sides (seconds per call, 10 calls between two waits after 2). Passed: every "
+           "case passed or was declined, at least one passed: the candidate may be promoted (docs/backends.md).", "",
+           "| candidate | cases passed | declined | failed or error | passed | speed-up (library / candidate) |",
+           "|---|---|---|---|---|---|"]
+    for n in names:
+        mine = [o for o in outcomes if o["candidate"] == n]
+        ok = sum(o["status"] == "passed" for o in mine)
+        na = sum(o["status"] == "not applicable" for o in mine)
+        bad = len(mine) - ok - na
+        speed = ", ".join(f"{o['library_seconds'] / o['candidate_seconds']:.2f}x ({o['case'].split(':')[0]})"
+                          for o in mine if o["timed"] and o["candidate_seconds"] > 0)
+        out.append(f"| {n} | {ok} of {len(mine)} | {na} | {bad} | {'yes' if ok and not bad else 'no'} | "
+                   f"{speed or '-'} |")
+    out += ["", "| candidate | case | status | max abs diff | max rel diff | library | candidate | detail |",
+            "|---|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        lib = f"{o['library_seconds'] * 1e3:.3f} ms" if o["timed"] else "-"
+        cand = f"{o['candidate_seconds'] * 1e3:.3f} ms" if o["timed"] else "-"
+        detail = o["detail"].replace("|", "\\|")[:160]
+        out.append(f"| {o['candidate']} | {o['case']} | {o['status']} | {o['max_abs_diff']:.3g} | "
+                   f"{o['max_rel_diff']:.3g} | {lib} | {cand} | {detail} |")
+    return out + [""]
 
 
 def stage_status(stages, name):
@@ -157,18 +186,18 @@ def stage_status(stages, name):
 
 
 def main():
-    work, report, commit, seconds, stages = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+    work, report, commit, seconds, budget, stages = (sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5],
+                                                     sys.argv[6:])
     remat = {r["policy"].split(":")[0]: r for r in lines(f"{work}/bench-remat.out") if r.get("kind") != "profile"}
-    fast = {r["policy"].split(":")[0]: r for r in lines(f"{work}/switch-all-bench.out") if r.get("kind") != "profile"}
+    options = {r["policy"].split(":")[0]: r for r in lines(f"{work}/options-bench.out") if r.get("kind") != "profile"}
     torch_lines = lines(f"{work}/torch.jsonl")
     torch_runs = {r["policy"]: r for r in torch_lines if r.get("kind") != "profile" and "median_seconds" in r}
     torch_profiles = {r["policy"]: r for r in torch_lines if r.get("kind") == "profile"}
     remat_profiles = {r["policy"]: r for r in lines(f"{work}/bench-remat-profile.out") if r.get("kind") == "profile"}
-    fast_profiles = {r["policy"]: r for r in lines(f"{work}/switch-all-profile.out") if r.get("kind") == "profile"}
 
-    out = [f"# CUDA device check ({commit[:12]})", "", f"`scripts/cuda-check`, {seconds} s in all.", "",
-           "## Stages", "", "Stages named switch-NAME-... run with REMAT_CUDA_FAST=NAME (docs/backends.md, "
-           "\"Switches\"); their failures do not fail the check.", "",
+    out = [f"# CUDA device check ({commit[:12]})", "", f"`scripts/cuda-check`, {seconds} s in all (budget {budget} s).",
+           "", "## Stages", "", "The default path's stages fail the check; the candidates', the options' and bf16's "
+           "are findings (docs/backends.md, \"The device check\").", "",
            "| stage | status | time |", "|---|---|---|", *stages, ""]
     try:
         smi = open(f"{work}/nvidia-smi.out").read()
@@ -186,17 +215,17 @@ def main():
                 "the measured steps. remat's bytes are its device counters (peak over a step of what the step "
                 "allocated); PyTorch's are torch.cuda.max_memory_allocated over a step minus what was allocated "
                 "before it. Launches and host synchronisations per step: remat's device counters "
-                "(remat::device_activity; the loss read is the step's one wait) and PyTorch's torch.profiler "
-                "(kernels launched; cuda*Synchronize calls).", "", "### Default path", ""]
+                "(remat::device_activity) and PyTorch's torch.profiler (kernels launched; cuda*Synchronize calls).", "",
+                "### Default path", ""]
         out += steps_table(remat, torch_runs, torch_profiles) + [""]
-        if fast:
-            out += ["### Every switch on (REMAT_CUDA_FAST=all)", ""]
-            out += steps_table(fast, {}, {}) + [""]
-        out += ["## Targets", "", "| ratio | default path | every switch on | target |", "|---|---|---|---|"]
+        if options:
+            out += ["### Backend options async, stream_ordered_allocator, copy_stream", ""]
+            out += steps_table(options, {}, {}) + [""]
+        out += ["## Targets", "", "| ratio | default path | async, allocator, copy stream | target |", "|---|---|---|---|"]
         eager = torch_runs.get("none")
 
         def both(f):
-            return tuple(f(r) if r else "-" for r in (remat, fast or None))
+            return tuple(f(r) if r else "-" for r in (remat, options or None))
 
         def fmt(f):
             def g(runs):
@@ -231,58 +260,41 @@ def main():
         for label, f, target in rows:
             d, a = both(f)
             out.append(f"| {label} | {d} | {a} | {target} |")
-        attention = []
-        for profiles in (remat_profiles, fast_profiles):
-            try:
-                mine = category_seconds(profiles["save-all"]["kernels"]).get("attention", 0.0)
-                theirs = category_seconds(torch_profiles["none"]["kernels"]).get("attention", 0.0)
-                attention.append(f"{mine / theirs:.2f} ({ms(mine)} / {ms(theirs)})")
-            except (KeyError, ZeroDivisionError):
-                attention.append("-")
-        out.append(f"| attention forward + backward / PyTorch's SDPA kernels, per step | {attention[0]} | "
-                   f"{attention[1]} | <= 1.0 |")
-        out.append("")
-
-    switch_names = sorted({m.group(1) for row in stages
-                           for m in [re.match(r"\| switch-(.+?)-(ops|policies|bench) \|", row)] if m})
-    if switch_names:
-        base = remat.get("save-all")
-        out += ["## Switches", "", "Each switch alone (and all together): the op rows against float64 on cuda:0, every "
-                "policy bitwise against save-all (test_cuda; the production-shape test with all switches only), and "
-                "save-all's step against the default path's (3 steps; the first step's loss against the default's).",
-                "", "| switch | op rows | policies | save-all step | / default | first loss - default's |",
-                "|---|---|---|---|---|---|"]
-        for s in switch_names:
-            runs = {r["policy"]: r for r in lines(f"{work}/switch-{s}-bench.out") if r.get("kind") != "profile"}
-            r = runs.get("save-all")
-            step = ms(r["median_seconds"]) if r else "-"
-            rel = f"{r['median_seconds'] / base['median_seconds']:.3f}" if r and base else "-"
-            loss = f"{r['losses'][0] - base['losses'][0]:.2e}" if r and base and r["losses"] and base["losses"] else "-"
-            out.append(f"| {s} | {stage_status(stages, f'switch-{s}-ops')} | "
-                       f"{stage_status(stages, f'switch-{s}-policies')} | {step} | {rel} | {loss} |")
+        try:
+            mine = category_seconds(remat_profiles["save-all"]["kernels"]).get("attention", 0.0)
+            theirs = category_seconds(torch_profiles["none"]["kernels"]).get("attention", 0.0)
+            attention = f"{mine / theirs:.2f} ({ms(mine)} / {ms(theirs)})"
+        except (KeyError, ZeroDivisionError):
+            attention = "-"
+        out.append(f"| attention forward + backward / PyTorch's SDPA kernels, per step | {attention} | - | <= 1.0 |")
         out.append("")
 
     out += bf16_section(work)
+    out += candidates_section(work)
+    out += ["## Backend options", "", "The CUDA tests and the op rows on cuda:0 with the options async, "
+            "stream_ordered_allocator, copy_stream and profile on (REMAT_BACKEND_OPTIONS); each option's own test "
+            "(test_cuda, on a backend of its own) ran in the default stage. An option is marked device-checked in "
+            "src/tensor/devices.cpp once these pass.", "",
+            "| stage | status |", "|---|---|"]
+    for name in ("options-test_cuda", "options-test_ops", "options-bench", "bench-remat-bf16", "test_cuda_bf16"):
+        out.append(f"| {name} | {stage_status(stages, name)} |")
+    out.append("")
 
     if remat_profiles or torch_profiles:
         out += ["## Where the step goes", "",
-                "Device time per kernel, one profiled step after the measured ones (remat: REMAT_CUDA_PROFILE=1, "
-                "an event pair per launch; PyTorch: torch.profiler, mean of its profiled steps). Categories by kernel "
-                "name (scripts/cuda-report.py).", ""]
+                "Device time per kernel, one profiled step after the measured ones (remat: the backend option "
+                "profile, an event pair per launch; PyTorch: torch.profiler, mean of its profiled steps). Categories "
+                "by kernel name (scripts/cuda-report.py).", ""]
         for policy in ("save-all", "every-layer"):
             if policy in remat_profiles:
                 out += profile_tables(f"remat {policy}, default path", remat_profiles[policy]["kernels"])
-            if policy in fast_profiles:
-                out += profile_tables(f"remat {policy}, every switch on", fast_profiles[policy]["kernels"])
         for policy in ("none", "per-block"):
             if policy in torch_profiles:
                 out += profile_tables(f"PyTorch {policy}", torch_profiles[policy]["kernels"])
 
-    for name, title in (("train-smoke", "remat train --device cuda"),
-                        ("switch-all-train-smoke", "remat train --device cuda, every switch on")):
-        smoke = lines(f"{work}/{name}.out")
-        if smoke:
-            out += ["", f"## {title}", "", "```", json.dumps(smoke[-1])[:2000], "```"]
+    smoke = lines(f"{work}/train-smoke.out")
+    if smoke:
+        out += ["", "## remat train --device cuda", "", "```", json.dumps(smoke[-1])[:2000], "```"]
     open(report, "w").write("\n".join(out) + "\n")
     print(f"cuda-check: wrote {report}")
 

@@ -5,17 +5,20 @@
 // through an explicit copy (Tensor::to, copy_from_host / copy_to_host; the dispatcher enforces it,
 // see remat/tensor.h), and it can be told to lack kernels, which then run through the CPU
 // fallback. Its kernels are the CPU backend's, so results on it must equal the CPU's bit for bit.
-// It waits as an asynchronous device would: a copy to the host, synchronize() and a time reading
-// not yet ready count as host synchronisations; time marks become readable at the next wait; an
-// index check whose ids' range the host does not know is deferred to the next wait
-// (Backend::raise_deferred_errors) and its failure raised there. Its asynchronous copies
+// It waits as CUDA does with the same backend options (BackendOptions, `backend_options`; async by
+// default): a copy to the host, synchronize() and a time reading not yet ready count as host
+// synchronisations; with async, time marks become readable at the next wait and an index check
+// whose ids' range the host does not know is deferred to the next wait
+// (Backend::raise_deferred_errors) and its failure raised there; without it, as CUDA's default
+// path, a time mark waits for the device, every index check is read back at once (a wait) and an
+// upload waits. Its asynchronous copies
 // (copy_to_host_async, copy_from_host_async) run on an emulated copy engine: their bytes move only
 // when the copy completes, in issue order, at the second copy_done query of it, at a wait_copy or
 // wait_on_device of it or of a later copy, or at any host wait; so a device block dropped too early
 // or a value read before its copy was waited for gives wrong bits. `fail_async_copy = n` makes the
 // n-th asynchronous copy fail (its bytes are not moved; the error is raised once by a query of it);
 // `synchronous_copies = true` makes them the Backend's synchronous defaults, as a backend without
-// a copy stream (CUDA without REMAT_CUDA_FAST=offload_stream).
+// a copy stream (CUDA without the option copy_stream).
 //
 //   EmulatedDevice dev;                        // registers emulated:0 for the scope
 //   Tensor x = randn({4, 3}, DType::f32, 0.0, 1.0, dev.device);
@@ -43,6 +46,7 @@ class EmulatedBackend final : public cpu::CpuBackend {
   void copy_from_host(const void* host, const Tensor& dst) override {
     ++host_to_device;
     CpuBackend::copy_from_host(host, dst);
+    if (!backend_options.async) wait();
   }
   void copy_to_host(const Tensor& src, void* host) override {
     ++device_to_host;
@@ -87,13 +91,21 @@ class EmulatedBackend final : public cpu::CpuBackend {
     complete_through(c.number);
     raise_failure(c);
   }
-  // ---- time marks: ready once the host has waited for the device after making them
+  // ---- time marks: ready once the host has waited for the device after making them; without
+  // async, made after a wait (CUDA's default path reads the host clock then)
   TimeMark mark_time() override {
+    ++marks;
+    if (!backend_options.async) {
+      wait();
+      return CpuBackend::mark_time();
+    }
     TimeMark m = CpuBackend::mark_time();
     m.event = std::make_shared<uint64_t>(waits);
     return m;
   }
-  bool time_ready(const TimeMark& mark) override { return *static_cast<const uint64_t*>(mark.event.get()) < waits; }
+  bool time_ready(const TimeMark& mark) override {
+    return !mark.event || *static_cast<const uint64_t*>(mark.event.get()) < waits;
+  }
   double seconds_between(const TimeMark& from, const TimeMark& to) override {
     if (!time_ready(to)) wait();
     return to.host_seconds - from.host_seconds;
@@ -120,9 +132,6 @@ class EmulatedBackend final : public cpu::CpuBackend {
       CpuBackend::cross_entropy_backward(logits, kept, targets, gloss, smoothing, ignore, glogits);
     });
   }
-  // keeps_log_softmax = true: cross_entropy keeps the [N, C] log-softmax (as CUDA without its switch)
-  bool cross_entropy_keeps_log_softmax() const override { return keeps_log_softmax; }
-  bool keeps_log_softmax = false;
   DeviceActivity activity() const override {
     DeviceActivity a;
     a.host_synchronizations = waits;
@@ -137,15 +146,19 @@ class EmulatedBackend final : public cpu::CpuBackend {
     asked.insert(kernel);
     return refused_.count({kernel, dtype}) == 0;
   }
-  // holds_16bit_floats = false: the device holds no bf16 or f16 tensors (as CUDA's today)
-  bool holds(DType dtype) const override { return holds_16bit_floats || !is_16bit_float(dtype); }
-  bool holds_16bit_floats = true;
+  // holds_16bit_floats = false (the option sixteen_bit off): the device holds no bf16 or f16
+  // tensors (as CUDA's by default)
+  bool holds(DType dtype) const override { return backend_options.sixteen_bit || !is_16bit_float(dtype); }
+  const BackendOptions& options() const override { return backend_options; }
+  BackendOptions backend_options{.async = true, .sixteen_bit = true};  // what it emulates
+  bool& holds_16bit_floats = backend_options.sixteen_bit;
   void refuse(Kernel kernel, DType dtype) { refused_.insert({kernel, dtype}); }
   void refuse_all_dtypes(Kernel kernel) {
     for (DType d : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16}) refuse(kernel, d);
   }
 
   uint64_t host_to_device = 0, device_to_host = 0, synchronizations = 0;
+  uint64_t marks = 0;            // time marks made
   uint64_t waits = 0;            // host synchronisations of every kind
   uint64_t deferred_checks = 0;  // index checks put off to the next wait
   uint64_t async_copies = 0, device_waits = 0;
@@ -202,10 +215,15 @@ class EmulatedBackend final : public cpu::CpuBackend {
     deferred_error_.clear();
     throw Error(message);
   }
-  // Runs an index kernel; where the host does not know that `ids` lie in [lo, hi), its check is
-  // deferred: a failure leaves `cleared` (an output) zero and is raised at the next wait.
+  // Runs an index kernel. Without async its check is read back at once (a wait; a failure raised
+  // now). With it, where the host does not know that `ids` lie in [lo, hi), the check is deferred:
+  // a failure leaves `cleared` (an output) zero and is raised at the next wait.
   template <class Run>
   void checked(const Tensor& ids, int64_t lo, int64_t hi, const Tensor& cleared, Run&& run) {
+    if (!backend_options.async) {
+      wait();
+      return run();
+    }
     if (kernel::indices_known_within(ids, lo, hi)) return run();
     ++deferred_checks;
     checks_pending_ = true;

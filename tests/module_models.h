@@ -79,12 +79,28 @@ class TwoOut : public nn::Module {
 
 // Linear -> "scaled" (tanh of the input times *scale, read when the layer runs) -> Linear. The
 // tanh keeps its output for its backward, so the recomputation runs both ops (a layer whose ops
-// the backward does not read is not recomputed at all: test_dead_ops.cpp).
+// no node saved is not recomputed at all: Note [one graph] in src/checkpoint/segment.cpp).
+// An op whose forward is not a pure function of its inputs: tanh(h * *scale), reading the scalar
+// when it runs (a recomputation runs an op's forward again, never the layer's code).
+inline CustomOp scaled_tanh(const double* scale) {
+  return CustomOp{"scaled_tanh",
+                  [scale](const TensorList& in, SaveContext& ctx) {
+                    Tensor y = tanh(mul_scalar(in[0], *scale));
+                    ctx.save(y);
+                    ctx.save(full({1}, *scale, in[0].dtype(), memory::Tag::other, in[0].device()));
+                    return TensorList{y};
+                  },
+                  [](const TensorList& grads, const SavedValues& saved) {
+                    Tensor d = mul(add_scalar(neg(square(saved[0])), 1.0), saved[1]);
+                    return TensorList{mul(grads[0], d)};
+                  }};
+}
+
 inline std::shared_ptr<nn::Sequential> scaled_model(const double* scale) {
   manual_seed(3);
   auto m = std::make_shared<nn::Sequential>();
   m->add(std::make_shared<nn::Linear>(4, 8));
-  m->add(std::make_shared<nn::Lambda>([scale](const Tensor& h) { return tanh(mul_scalar(h, *scale)); }), "scaled");
+  m->add(std::make_shared<nn::Lambda>([op = scaled_tanh(scale)](const Tensor& h) { return op({h})[0]; }), "scaled");
   m->add(std::make_shared<nn::Linear>(8, 2));
   return m;
 }

@@ -1,6 +1,6 @@
-// The CUDA backend's own 16-bit kernels (REMAT_CUDA_FAST=bf16; every test skips without a device or
-// without the switch; scripts/cuda-check runs this file under the bf16 switch and under all of
-// them): each against the CPU's result on the same bf16 values (the CPU is the reference: float32
+// The CUDA backend's own 16-bit kernels (the backend option sixteen_bit: each test runs on a backend
+// of cuda:0 with it, test_cuda_options.h; every test skips without a device): each against the
+// CPU's result on the same bf16 values (the CPU is the reference: float32
 // arithmetic, each result rounded once) within a stated tolerance, and bitwise the same on a second
 // call on the device:
 //   - the gradient norm's sum of squares and clipping's scaling over 300 bf16 gradients (more than
@@ -8,8 +8,7 @@
 //   - softmax, log-softmax, layer norm and RMS norm, forward and backward, reading and writing bf16
 //     (and f16) themselves, with float32 statistics;
 //   - fused attention, forward and backward, in bf16;
-//   - cross-entropy in both kept forms (the [N, C] log-softmax and lse [N]), forward and backward,
-//     with float32 losses, log-sum-exp and mean weight;
+//   - cross-entropy, forward and backward, with float32 losses, log-sum-exp and mean weight;
 //   - the reductions (sum, mean, max, argmax; the column sums of the bias gradient);
 //   - embedding, forward (exact) and backward (float sums of repeated ids, rounded once);
 //   - pooling (max, average, adaptive average) and batch norm, forward and backward;
@@ -26,6 +25,7 @@
 
 #include "remat/devices.h"
 #include "remat/remat.h"
+#include "test_cuda_options.h"
 
 using namespace remat;
 
@@ -33,13 +33,12 @@ namespace {
 
 const Device kGpu{DeviceType::cuda, 0};
 
-// Skips the calling test unless cuda:0 is usable and holds bf16 tensors (REMAT_CUDA_FAST=bf16).
+// Skips the calling test unless cuda:0 is usable; then serves it for the rest of the test by a
+// backend with the option sixteen_bit.
 #define REQUIRE_BF16_GPU()                                                                                  \
-  do {                                                                                                      \
-    if (device_count(DeviceType::cuda) == 0) GTEST_SKIP() << "no CUDA device: " << unavailable_reason(DeviceType::cuda); \
-    use_device(kGpu);                                                                                       \
-    if (!backend(kGpu).holds(DType::bf16)) GTEST_SKIP() << "cuda:0 holds no bf16 without REMAT_CUDA_FAST=bf16"; \
-  } while (0)
+  if (device_count(DeviceType::cuda) == 0) GTEST_SKIP() << "no CUDA device: " << unavailable_reason(DeviceType::cuda); \
+  use_device(kGpu);                                                                                         \
+  const remat::testing::CudaWithOptions sixteen_bit_backend({.sixteen_bit = true})
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   Tensor ha = a.to(kCpu).contiguous(), hb = b.to(kCpu).contiguous();
@@ -73,9 +72,8 @@ Tensor empty_like_on(const Tensor& t, Device device, DType dtype) {
 }
 
 // The gradient norm of 300 bf16 gradients (sizes across chunk boundaries, an empty one): within a
-// bf16 rounding of each gradient's sum of the CPU's (the default path rounds each gradient's sum to
-// bf16 as the CPU does; the grad_norm switch adds every square in float64), the same bits on a
-// second call; scaling them in place gives unary(mul_scalar) then copy's bits on the device.
+// bf16 rounding of each gradient's sum of the CPU's (each gradient's sum is rounded to bf16 as the
+// CPU does), the same bits on a second call; scaling them in place gives unary(mul_scalar) then copy's bits on the device.
 TEST(CudaBf16, GradientNormAndScalingOfThreeHundredGradients) {
   REQUIRE_BF16_GPU();
   for (const DType dtype : {DType::bf16, DType::f16}) {
@@ -122,20 +120,18 @@ TensorList run_on(Device device, const TensorList& inputs, const TensorList& out
 }
 
 // The kernel's outputs on the GPU against the CPU's (16-bit outputs within `ulps` of their last
-// place of the larger of the element and `spread` times the output's largest magnitude, float32
-// statistics within 1e-5 relative), and bitwise the same on a second GPU call.
+// place of the larger of the element and 1e-3, float32 statistics within 1e-5 relative), and
+// bitwise the same on a second GPU call.
 template <class F>
 void check_kernel(const std::string& what, const TensorList& inputs, const TensorList& outputs_like, double ulps,
-                  F kernel, double spread = 0) {
+                  F kernel) {
   const TensorList cpu = run_on(kCpu, inputs, outputs_like, kernel);
   const TensorList gpu = run_on(kGpu, inputs, outputs_like, kernel);
   const TensorList again = run_on(kGpu, inputs, outputs_like, kernel);
   for (size_t i = 0; i < cpu.size(); ++i) {
     if (!cpu[i].defined()) continue;
     const std::string name = what + " output " + std::to_string(i);
-    double largest = 0;
-    for (double v : cpu[i].to_vector()) largest = std::max(largest, std::abs(v));
-    if (is_16bit_float(cpu[i].dtype())) expect_close(gpu[i], cpu[i], ulps, std::max(1e-3, spread * largest), name);
+    if (is_16bit_float(cpu[i].dtype())) expect_close(gpu[i], cpu[i], ulps, 1e-3, name);
     else expect_close(gpu[i], cpu[i], 10, 1e-3, name);
     EXPECT_TRUE(same_bits(gpu[i], again[i])) << name << " differs between two calls";
   }
@@ -217,16 +213,11 @@ TEST(CudaBf16, RowKernelsFollowTheCpuAndRepeatTheirBits) {
   }
 }
 
-// Fused attention in bf16 and f16: head sizes 64 (the row kernels of the backward; with the attention
-// switch the tiled tensor-core kernels) and 40 (the generic ones), causal or not, with dropout; the
-// backward from the CPU's output and log-sum-exp. The tensor-core kernels round the probabilities
-// and dS to 16 bits for their products (Note [16-bit attention on tensor cores]): their outputs
-// are checked to 2^-6 (forward) and 2^-5 (gradients) of each tensor's largest magnitude in both
-// dtypes, the CUDA-core kernels' to 2 and 4 units in the last place of each element.
+// Fused attention in bf16 and f16: head sizes 64 (the row kernels of the backward) and 40 (the
+// generic ones), causal or not, with dropout; the backward from the CPU's output and log-sum-exp:
+// within 2 (forward) and 4 (gradients) units in the last place of each element.
 TEST(CudaBf16, AttentionFollowsTheCpuAndRepeatsItsBits) {
   REQUIRE_BF16_GPU();
-  const std::vector<std::string> on = fast_paths_on();
-  const bool tiled = std::find(on.begin(), on.end(), "attention") != on.end();
   struct Case {
     int64_t d;
     bool causal;
@@ -249,14 +240,10 @@ TEST(CudaBf16, AttentionFollowsTheCpuAndRepeatsItsBits) {
     params.causal = c.causal;
     params.dropout_p = c.p;
     params.dropout_state = RngState{99, 0};
-    const bool tensor_cores = tiled && c.d == 64;
-    const double spread = tensor_cores ? 1 : 0, ulps = tensor_cores ? 0x1p-6 / ulp(dtype) : 2;
-    check_kernel(
-        "attention", {q, k, v}, {q, lse}, ulps,
-        [&](Backend& be, const TensorList& in, const TensorList& out) {
-          be.attention(in[0], in[1], in[2], params, out[0], out[1]);
-        },
-        spread);
+    const double ulps = 2;
+    check_kernel("attention", {q, k, v}, {q, lse}, ulps, [&](Backend& be, const TensorList& in, const TensorList& out) {
+      be.attention(in[0], in[1], in[2], params, out[0], out[1]);
+    });
     const TensorList fwd = run_on(kCpu, {q, k, v}, {q, lse}, [&](Backend& be, const TensorList& in,
                                                                  const TensorList& out) {
       be.attention(in[0], in[1], in[2], params, out[0], out[1]);
@@ -264,38 +251,36 @@ TEST(CudaBf16, AttentionFollowsTheCpuAndRepeatsItsBits) {
     check_kernel("attention backward", {q, k, v, fwd[0], fwd[1], gout}, {q, k, v}, 2 * ulps,
                  [&](Backend& be, const TensorList& in, const TensorList& out) {
                    be.attention_backward(in[0], in[1], in[2], in[3], in[4], in[5], params, out[0], out[1], out[2]);
-                 },
-                 spread);
+                 });
   }
 }
 
-// Cross-entropy on bf16 and f16 logits in both kept forms, with and without label smoothing, some
-// rows ignored, classes few and many (one block walks a row of 5000): losses, lse and the mean's
-// weight float32 within 1e-5 relative of the CPU's, the [N, C] log-softmax within one unit in the
-// last place; the backward from the CPU's kept statistic within two units of each element (of
-// 1e-3 where the gradient is smaller: the smoothed target's cancellation).
+// Cross-entropy on bf16 and f16 logits, with and without label smoothing, some rows ignored,
+// classes few and many (one block walks a row of 5000): losses, lse and the mean's weight float32
+// within 1e-5 relative of the CPU's; the backward from the CPU's lse within two units of each
+// element (of 1e-3 where the gradient is smaller: the smoothed target's cancellation).
 TEST(CudaBf16, CrossEntropyFollowsTheCpuAndRepeatsItsBits) {
   REQUIRE_BF16_GPU();
   for (const DType dtype : {DType::bf16, DType::f16}) {
     for (const int64_t cols : {int64_t{10}, int64_t{5000}}) {
       for (const double eps : {0.0, 0.1}) {
-        for (const bool lse_form : {false, true}) {
+        {
           SCOPED_TRACE(std::string(dtype_name(dtype)) + " classes " + std::to_string(cols) + " smoothing " +
-                       std::to_string(eps) + (lse_form ? " lse [N]" : " log-softmax [N, C]"));
+                       std::to_string(eps));
           const int64_t rows = 29, ignore = -100;
           const Tensor logits = randn({rows, cols}, DType::f32, RngState{31, 0}, 0.0, 3.0).to(dtype);
           std::vector<int64_t> t(static_cast<size_t>(rows));
           for (int64_t r = 0; r < rows; ++r) t[static_cast<size_t>(r)] = r % 5 == 2 ? ignore : (r * 7919) % cols;
           const Tensor targets = from_indices(t, {rows});
           const Tensor losses = Tensor::empty({rows}, DType::f32), scale = Tensor::empty({}, DType::f32);
-          const Tensor kept = lse_form ? losses : logits;
+          const Tensor kept = losses;  // lse [N], float32 like the losses
           const auto forward = [&](Backend& be, const TensorList& in, const TensorList& out) {
             be.cross_entropy(in[0], in[1], eps, ignore, out[0], out[1], out[2]);
           };
           check_native("cross_entropy", {logits, targets}, {losses, kept, scale}, 1, forward);
           const TensorList fwd = run_on(kCpu, {logits, targets}, {losses, kept, scale}, forward);
           const Tensor gloss = randn({rows}, DType::f32, RngState{32, 0});
-          check_native("cross_entropy backward", {lse_form ? logits : Tensor(), fwd[1], targets, gloss}, {logits}, 2,
+          check_native("cross_entropy backward", {logits, fwd[1], targets, gloss}, {logits}, 2,
                        [&](Backend& be, const TensorList& in, const TensorList& out) {
                          be.cross_entropy_backward(in[0], in[1], in[2], in[3], eps, ignore, out[0]);
                        });
@@ -306,8 +291,7 @@ TEST(CudaBf16, CrossEntropyFollowsTheCpuAndRepeatsItsBits) {
 }
 
 // Reductions of bf16 and f16: over the last axis (a block per output, rows of 3000), over the
-// leading axis of a contiguous tensor (the column sums of a bias gradient; with the bias_grad
-// switch the sliced kernel, vector loads where aligned), over axes apart (the strided walk) and
+// leading axis of a contiguous tensor (the column sums of a bias gradient), over axes apart (the strided walk) and
 // short ones (a thread per output): sums and means within one unit in the last place of each
 // output (of 1e-3 where smaller: a float64 sum in another order rounds the same but for ties),
 // max exactly, argmax equal.

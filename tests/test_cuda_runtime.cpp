@@ -3,12 +3,12 @@
 #include <gtest/gtest.h>
 
 #if defined(REMAT_WITH_CUDA)
-#include <algorithm>
-#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "remat/backend.h"
+#include "remat/devices.h"
 #include "tensor/cuda/cuda_backend.h"
 
 namespace {
@@ -26,12 +26,13 @@ TEST(CudaRuntime, DeviceCountAnswersWithoutCrashing) {
 
 TEST(CudaRuntime, InvalidDeviceIsAnError) {
   const int n = remat::cuda::device_count();
-  EXPECT_THROW(remat::cuda::backend_for(n), remat::Error);
-  EXPECT_THROW(remat::cuda::backend_for(-1), remat::Error);
+  EXPECT_THROW(remat::cuda::backend_for(n, {}), remat::Error);
+  EXPECT_THROW(remat::cuda::backend_for(-1, {}), remat::Error);
+  EXPECT_THROW(remat::cuda::make_backend(n, {}), remat::Error);
   EXPECT_THROW(remat::cuda::describe(n), remat::Error);
   EXPECT_THROW(remat::cuda::device_memory(n), remat::Error);
   try {
-    remat::cuda::backend_for(n);
+    remat::cuda::backend_for(n, {});
   } catch (const remat::Error& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find("cuda:" + std::to_string(n)), std::string::npos) << message;
@@ -39,48 +40,26 @@ TEST(CudaRuntime, InvalidDeviceIsAnError) {
   }
 }
 
-TEST(CudaRuntime, Tf32IsOffByDefaultAndSwitchable) {
-  EXPECT_FALSE(remat::cuda::allow_tf32());
-  remat::cuda::set_allow_tf32(true);
-  EXPECT_TRUE(remat::cuda::allow_tf32());
-  remat::cuda::set_allow_tf32(false);
-  EXPECT_FALSE(remat::cuda::allow_tf32());
-}
-
-TEST(CudaRuntime, SwitchesAreParsedAndUnknownNamesRefused) {
-  const std::vector<std::string> names = remat::cuda::fast_path_names();
-  ASSERT_FALSE(names.empty());
-  EXPECT_NE(std::find(names.begin(), names.end(), "attention"), names.end());
-  EXPECT_NE(std::find(names.begin(), names.end(), "async"), names.end());
-  const uint32_t defaults = remat::cuda::parse_fast_paths("");  // the switches a device check has passed
-  EXPECT_EQ(remat::cuda::parse_fast_paths("none"), 0u);
-  const uint32_t all = remat::cuda::parse_fast_paths("all");
-  EXPECT_EQ(static_cast<size_t>(__builtin_popcount(all)), names.size());
-  EXPECT_EQ(defaults & ~all, 0u);
-  // bf16 and f16 on the device have not run on a GPU: their switch is off unless named
-  const uint32_t bf16 = remat::cuda::parse_fast_paths("none,bf16");
-  EXPECT_NE(std::find(names.begin(), names.end(), "bf16"), names.end());
-  EXPECT_EQ(__builtin_popcount(bf16), 1);
-  EXPECT_EQ(defaults & bf16, 0u);
-  const uint32_t two = remat::cuda::parse_fast_paths("none,async,attention");
-  EXPECT_EQ(__builtin_popcount(two), 2);
-  EXPECT_EQ(remat::cuda::parse_fast_paths("none,attention,,async,"), two);
-  EXPECT_EQ(remat::cuda::parse_fast_paths("all,-async,-attention"), all & ~two);
-  EXPECT_EQ(remat::cuda::parse_fast_paths("async,none"), 0u);
-  const uint32_t async_bit = remat::cuda::parse_fast_paths("none,async");
-  EXPECT_EQ(remat::cuda::parse_fast_paths("async"), defaults | async_bit);  // a name adds to the defaults
+// A device's backend is made once with its options (chosen with the device): asking for it with
+// others is an error naming both; a backend of one's own (make_backend) may have any.
+TEST(CudaRuntime, ADevicesBackendKeepsTheOptionsItWasMadeWith) {
+  if (remat::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << remat::cuda::unavailable_reason();
+  const remat::BackendOptions defaults = remat::default_backend_options();
+  remat::Backend& b = remat::cuda::backend_for(0, defaults);
+  EXPECT_EQ(&remat::cuda::backend_for(0, defaults), &b);
+  EXPECT_TRUE(b.options() == defaults);
+  remat::BackendOptions other = defaults;
+  other.async = !other.async;
   try {
-    remat::cuda::parse_fast_paths("attention,warp_speed");
+    remat::cuda::backend_for(0, other);
     ADD_FAILURE() << "no error";
   } catch (const remat::Error& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("REMAT_CUDA_FAST"), std::string::npos) << message;
-    EXPECT_NE(message.find("'warp_speed'"), std::string::npos) << message;
-    EXPECT_NE(message.find("attention"), std::string::npos) << message;
+    EXPECT_NE(message.find(remat::backend_options_text(defaults)), std::string::npos) << message;
+    EXPECT_NE(message.find(remat::backend_options_text(other)), std::string::npos) << message;
   }
-  // without REMAT_CUDA_FAST (as in CI) the switches on are the defaults
-  if (std::getenv("REMAT_CUDA_FAST") == nullptr)
-    EXPECT_EQ(static_cast<int>(remat::cuda::fast_paths_on().size()), __builtin_popcount(defaults));
+  const std::unique_ptr<remat::Backend> own = remat::cuda::make_backend(0, other);
+  EXPECT_TRUE(own->options() == other);
 }
 
 TEST(CudaRuntime, DescribesEachDevice) {
@@ -99,7 +78,8 @@ class CudaDevice : public ::testing::Test {
  protected:
   void SetUp() override {
     if (remat::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << remat::cuda::unavailable_reason();
-    if (!remat::has_backend(kDevice)) remat::register_backend(kDevice, &remat::cuda::backend_for(0));
+    if (!remat::has_backend(kDevice))
+      remat::register_backend(kDevice, &remat::cuda::backend_for(0, remat::default_backend_options()));
   }
   static constexpr remat::Device kDevice{remat::DeviceType::cuda, 0};
 };

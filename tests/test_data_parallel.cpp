@@ -89,6 +89,33 @@ Tensor mean_in_order(const std::vector<Tensor>& grads) {
   return from_vector(acc, grads[0].shape());
 }
 
+// The micro-batch tree written out recursively (an independent statement of Note [the micro-batch
+// tree]): the sum over [begin, begin + size) of an aligned power-of-two block is the sum of its two
+// halves, left + right; [0, n) is its largest aligned blocks from the left, added in that order.
+std::vector<float> tree_block(const std::vector<std::vector<float>>& g, size_t begin, size_t size) {
+  if (size == 1) return g[begin];
+  std::vector<float> left = tree_block(g, begin, size / 2);
+  const std::vector<float> right = tree_block(g, begin + size / 2, size / 2);
+  for (size_t i = 0; i < left.size(); ++i) left[i] = left[i] + right[i];
+  return left;
+}
+Tensor mean_in_tree(const std::vector<Tensor>& grads) {
+  std::vector<std::vector<float>> g;
+  for (const Tensor& t : grads) g.push_back(t.to_vector_as<float>());
+  std::vector<float> total;
+  for (size_t begin = 0; begin < g.size();) {
+    size_t size = 1;
+    while (begin % (2 * size) == 0 && begin + 2 * size <= g.size()) size *= 2;
+    const std::vector<float> block = tree_block(g, begin, size);
+    if (total.empty()) total = block;
+    else for (size_t i = 0; i < total.size(); ++i) total[i] = total[i] + block[i];
+    begin += size;
+  }
+  const float f = static_cast<float>(1.0 / static_cast<double>(grads.size()));
+  for (float& v : total) v *= f;
+  return from_vector(total, grads[0].shape());
+}
+
 }  // namespace
 
 TEST(DataParallel, OneRankWithoutMpirun) {
@@ -203,6 +230,27 @@ TEST(DataParallel, StepAccumulatesInOrderAndScalesToTheMean) {
     EXPECT_FALSE(m.unused.grad().defined());  // no gradient in any micro-batch: none
     EXPECT_EQ(r.loss, loss_sum / static_cast<double>(accumulate));
     EXPECT_EQ(r.communication_seconds, 0.0);
+  }
+}
+
+// Four or more micro-batches: the pairwise tree of their index (((g0 + g1) + (g2 + g3)) ...), not a
+// running sum, so that every split of a step over ranks gives the same bits; the losses likewise.
+TEST(DataParallel, StepAddsThePairwiseTreeOfTheMicroBatchIndex) {
+  Tiny m;
+  for (int64_t accumulate : {4, 5, 6, 8}) {
+    SCOPED_TRACE(accumulate);
+    const int64_t step = 1;
+    std::vector<Tensor> ws, bs;
+    for (int64_t k = 0; k < accumulate; ++k) {
+      std::vector<Tensor> g = m.gradients_of(step * accumulate + k);
+      ws.push_back(g[0]);
+      bs.push_back(g[1]);
+    }
+    dist::data_parallel_step(m.params(), step, {.accumulate = accumulate},
+                             [&](int64_t index, bool, const dist::HandOnFn&) { return m.backward_of(index); });
+    EXPECT_TRUE(same_bits(m.w.grad(), mean_in_tree(ws)));
+    EXPECT_TRUE(same_bits(m.b.grad(), mean_in_tree(bs)));
+    if (accumulate >= 4) EXPECT_FALSE(same_bits(m.w.grad(), mean_in_order(ws))) << "the tree is not the running sum";
   }
 }
 

@@ -1,6 +1,7 @@
 // How often a training step makes the host wait for its device, counted on the emulated device
-// (emulated_backend.h), which waits as an asynchronous device does: a copy to the host,
-// synchronize(), a time reading not yet ready and a deferred index check read all count.
+// (emulated_backend.h), which waits as CUDA with the backend option async does (and, told to, as
+// CUDA's default path): a copy to the host, synchronize(), a time reading not yet ready and a
+// deferred index check read all count.
 //   - under save-all and every-layer a GPT step (forward, loss, backward, SGD update, the loss read
 //     back) waits once: for the loss. Regions time themselves with marks read later, positions
 //     are made on the device, ids and targets uploaded from the host need no check on the device;
@@ -115,6 +116,46 @@ TEST(DeviceSync, SaveAllAndEveryLayerStepsWaitOnceForTheLoss) {
       std::printf("%s, recomputation check %s: %llu kernel calls, %llu host synchronisation(s) per step\n", text,
                   check ? "on" : "off", static_cast<unsigned long long>(c.kernel_calls),
                   static_cast<unsigned long long>(c.waits));
+    }
+  }
+}
+
+// CUDA's default path (no backend option async) waits where async does not: at every time mark
+// (it reads the host clock after a wait), at every index kernel's check (read back at once,
+// whatever the host knows of the ids' range) and after every upload. The emulated device told to
+// wait so counts those waits in a GPT step: the loss read, one per index kernel call (embedding
+// and cross-entropy, forward and backward) and one per mark, nothing else; with async the same
+// step waits once. No digest kernel, as on CUDA. The device check runs the same step on cuda:0
+// beside this device (Cuda.DefaultPathWaitsWhereTheEmulatedDeviceDoes).
+TEST(DeviceSync, CudasDefaultPathWaitsAtEachMarkAndEachIndexCheck) {
+  EmulatedDevice dev;
+  dev.backend.refuse_all_dtypes(Kernel::digest);
+  for (const bool async : {true, false}) {
+    dev.backend.backend_options.async = async;
+    for (const char* text : {"save-all", "every-layer"}) {
+      nn::GPT model(tiny_gpt());
+      model.to(dev.device);
+      nn::SGD optimizer(model.parameters(), {.lr = 1e-2});
+      const Tensor ids = token_tensor(2, 16, 61, 1, dev.device, false);
+      const Tensor targets = token_tensor(2, 16, 61, 2, dev.device, false);
+      const Policy policy = Policy::parse(text);
+      step(model, optimizer, ids, targets, policy, dev.device);  // the first step sets things up
+      const DeviceActivity before = device_activity(dev.device);
+      const uint64_t marks_before = dev.backend.marks;
+      const StepCount c = step(model, optimizer, ids, targets, policy, dev.device);
+      const DeviceActivity after = device_activity(dev.device);
+      uint64_t index_calls = 0;
+      for (Kernel k : {Kernel::embedding, Kernel::embedding_backward, Kernel::cross_entropy,
+                       Kernel::cross_entropy_backward})
+        index_calls += calls_between(before, after, k);
+      const uint64_t marks = dev.backend.marks - marks_before;
+      EXPECT_GT(index_calls, 0u) << text;
+      if (policy.recomputes()) EXPECT_GT(marks, 0u) << text;
+      const uint64_t expected = async ? 1 : 1 + index_calls + marks;
+      EXPECT_EQ(c.waits, expected) << text << (async ? " with async" : " as CUDA's default path");
+      std::printf("%s, %s: %llu waits per step (%llu index kernel calls, %llu time marks)\n", text,
+                  async ? "async" : "CUDA's default path", static_cast<unsigned long long>(c.waits),
+                  static_cast<unsigned long long>(index_calls), static_cast<unsigned long long>(marks));
     }
   }
 }

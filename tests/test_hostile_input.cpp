@@ -349,10 +349,18 @@ TEST_F(Hostile, BackwardThatThrowsInARecomputedRegion) {
   for (const char* text : {"every-layer", "selective:matmul"}) {
     ScopedPolicy scope(Policy::parse(text));
     bool armed = true;
-    auto region = [&](const Tensor& h) {
-      if (armed && is_recomputing()) throw Error("region: refused to run twice");
-      return tanh(matmul(h, W));
-    };
+    // a recomputation runs ops, not the region's code: the op's own forward refuses to run again
+    CustomOp refusing{"refusing_tanh",
+                      [&](const TensorList& in, SaveContext& ctx) {
+                        if (armed && is_recomputing()) throw Error("region: refused to run twice");
+                        Tensor y = tanh(in[0]);
+                        ctx.save(y);
+                        return TensorList{y};
+                      },
+                      [](const TensorList& grads, const SavedValues& saved) {
+                        return TensorList{mul(grads[0], add_scalar(neg(square(saved[0])), 1.0))};
+                      }};
+    auto region = [&](const Tensor& h) { return refusing({matmul(h, W)})[0]; };
     auto make_loss = [&] { return sum(mul(checkpoint(region, x), b)); };
     expect_error([&] { make_loss().backward(); }, {"region: refused to run twice"}, /*allocates_nothing=*/false);
     // the same under grad(): nothing is accumulated there, but nothing may break either

@@ -120,13 +120,20 @@ TEST(HostilePolicies, ARecomputationThatChangesADtypeIsAnErrorNamingTheRegion) {
   bool first = true;
   Tensor x = randn({2, 3}, DType::f64, RngState{1, 0}).requires_grad_();
   ScopedPolicy scoped(Policy::every_layer());
-  Tensor y = checkpoint(
-      [&first](const Tensor& h) {
-        Tensor out = first ? tanh(h) : tanh(h.to(DType::f32)).to(DType::f64).to(DType::f32);
-        first = false;
-        return out;
-      },
-      x, {.label = "shifty"});
+  // a recomputation runs the region's ops again, not its code: an op whose forward makes another
+  // dtype the second time
+  CustomOp shifty{"shifty_tanh",
+                  [&first](const TensorList& in, SaveContext& ctx) {
+                    Tensor out = first ? tanh(in[0]) : tanh(in[0].to(DType::f32));
+                    first = false;
+                    ctx.save(out);
+                    return TensorList{out};
+                  },
+                  [](const TensorList& grads, const SavedValues& saved) {
+                    return TensorList{mul(grads[0], add_scalar(neg(square(saved[0])), 1.0))};
+                  }};
+  // (its output is not the region's, so nothing keeps it: the backward makes it again)
+  Tensor y = checkpoint([&shifty](const Tensor& h) { return mul_scalar(shifty({h})[0], 2.0); }, x, {.label = "shifty"});
   const std::string error = error_of([&] { sum(y).backward(); });
   EXPECT_NE(error.find("'shifty'"), std::string::npos) << error;
   EXPECT_NE(error.find("f32"), std::string::npos) << error;
@@ -135,8 +142,15 @@ TEST(HostilePolicies, ARecomputationThatChangesADtypeIsAnErrorNamingTheRegion) {
 
 TEST(HostilePolicies, RegionRecordsStayBoundedOverManySteps) {
   manual_seed(1);
+  // layers whose region has a value to make again (a Linear alone saves only its input and weight,
+  // which its region keeps, and is never recomputed)
+  struct TanhLinear : nn::Module {
+    TanhLinear() { fc = register_module("fc", std::make_shared<nn::Linear>(2, 2)); }
+    Tensor forward_impl(const Tensor& h) override { return tanh(fc->forward(h)); }
+    std::shared_ptr<nn::Linear> fc;
+  };
   auto model = std::make_shared<nn::Sequential>();
-  for (int i = 0; i < 3; ++i) model->add(std::make_shared<nn::Linear>(2, 2));
+  for (int i = 0; i < 3; ++i) model->add(std::make_shared<TanhLinear>());
   ScopedPolicy scoped(Policy::every_layer());
   reset_counters();
   Tensor x = randn({1, 2}, DType::f32, RngState{1, 0});

@@ -1,6 +1,6 @@
 // A value modified in place between the forward and the backward pass: save-all raises (a value
 // saved for the backward pass was overwritten), so every recomputing policy must raise too, never
-// recompute silently from the new values: regions, traced segments, budget plans, scan loops.
+// recompute silently from the new values: regions, every-k segments, budget plans, scan loops.
 #include <gtest/gtest.h>
 
 #include "module_models.h"

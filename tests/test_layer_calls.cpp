@@ -258,15 +258,16 @@ TEST(LayerCalls, PoliciesAndRolesPerModule) {
   EXPECT_EQ(labels(m.counters), (std::vector<std::string>{"layer0", "layer1", "layer2.fc", "layer3"}));
   expect_same_grads(module_grads(model, x, Policy::every_layer()), reference, "layer2 transparent");
   model.layers[2]->set_role(CallRole::automatic);
-  // a sub-module marked as a layer: a nested region, recomputed once more (multi-level)
+  // a sub-module marked as a layer: a nested region (multi-level)
   auto& fc0 = static_cast<TanhBlock&>(*model.layers[0]).fc;
   fc0->set_layer();
   m = measure_step(model, x, Policy::every_layer());
-  EXPECT_EQ(m.counters.regions_created, 5u);  // 4 layers + layer0.fc again during layer0's re-run
-  // layer0.fc's own re-run skips its one linear op, whose backward reads the op's inputs only
-  // (Note [skipping dead ops]): every layer's two ops are recomputed once, that one op no more
+  EXPECT_EQ(m.counters.regions_created, 5u);  // 4 layers + layer0.fc inside layer0
+  // layer0.fc's one linear op saves only what it read from outside (its input, its weight), so its
+  // segment drops nothing and is never recomputed; layer0's recomputation of tanh's output runs the
+  // linear op: every layer's two ops are recomputed once, none more, none skipped
   EXPECT_EQ(m.counters.ops.recomputed_ops, 4u * 2);
-  EXPECT_EQ(m.counters.ops.skipped_ops, 1u);
+  EXPECT_EQ(m.counters.ops.skipped_ops, 0u);
   expect_same_grads(module_grads(model, x, Policy::every_layer()), reference, "layer0.fc a layer");
   fc0->set_role(CallRole::automatic);
   // a slot policy on a Sequential child wins over the child's own
@@ -293,7 +294,7 @@ TEST(LayerCalls, EveryKGroupsConsecutiveCallsAndReplaysTheModelsOwnOps) {
   // each layer's 2 ops and the residual mul_scalar + add inside the groups, recomputed once: a
   // group ends right after its K-th call, so the adds after layer2 and layer5 run outside any
   // group (they keep nothing); the last group ends with the model, after its add, and its re-run
-  // skips that mul_scalar and add, whose results no backward formula reads (Note [skipping dead ops])
+  // skips that mul_scalar and add, whose results no node saved (Note [one graph] in segment.cpp)
   EXPECT_EQ(m.counters.ops.recomputed_ops, 7u * 2 + 5u * 2 - 2);
   EXPECT_EQ(m.counters.ops.skipped_ops, 2u);
   for (int k : {1, 2, 3, 4, 7, 9})

@@ -288,33 +288,6 @@ TEST(Memory, CrossEntropyKeepsOneLogSumExpPerRow) {
   for (int64_t c = 0; c < classes; ++c) EXPECT_EQ(g.at({3, c}), 0.0);  // the ignored row
 }
 
-// Where the backend keeps the [N, C] log-softmax instead (Backend::cross_entropy_keeps_log_softmax:
-// CUDA without REMAT_CUDA_FAST=cross_entropy; here the emulated device, told to), the op keeps it
-// and the targets, not the logits, on the device's own counters: the forward's new live bytes are
-// logp + the weight + the loss, the node's saved bytes targets + logp + the weight, and the
-// gradient is the CPU's, bit for bit.
-TEST(Memory, CrossEntropyKeepsTheLogSoftmaxWhereTheBackendDoes) {
-  remat::testing::EmulatedDevice dev;
-  dev.backend.keeps_log_softmax = true;
-  const int64_t n = 8, classes = 1000;
-  Tensor host = randn({n, classes}, DType::f32, RngState{61, 0});
-  Tensor logits = host.to(dev.device).requires_grad_();
-  Tensor targets = from_indices({0, 999, 5, -100, 17, 3, 400, 2}, {n});
-  Tensor device_targets = targets.to(dev.device);
-  reset_peaks(dev.device);
-  const memory::Stats before = memory_stats(dev.device);
-  Tensor loss = cross_entropy(logits, device_targets, 0.1);
-  const memory::Stats after = memory_stats(dev.device);
-  const size_t logp = n * classes * kF32, scale = kF32, value = kF32;
-  EXPECT_EQ(after.live_total - before.live_total, logp + scale + value);
-  EXPECT_LE(after.peak_total - before.live_total, logp + scale + value + n * kF32 + kF32);
-  EXPECT_EQ(loss.grad_fn()->saved_bytes(), n * sizeof(int64_t) + logp + scale);
-  const Tensor g = remat::grad({loss}, {logits})[0].to(kCpu);
-  const Tensor host_logits = host.requires_grad_();
-  const Tensor want = remat::grad({cross_entropy(host_logits, targets, 0.1)}, {host_logits})[0];
-  EXPECT_EQ(g.to_vector(), want.to_vector());
-}
-
 TEST(Memory, ResetPeaks) {
   Delta d;
   memory::reset_peaks();

@@ -458,11 +458,15 @@ TEST(ModuleProperty, RandomModuleModelsUnderRandomPoliciesMatchSaveAllBitwise) {
     }
     kept_values += got.size() - model.parameters().size() - 1;
 
-    // every region recomputed exactly once; without nesting, no op more than once
+    // no region recomputed twice (one that dropped nothing a node saved, or whose values all still
+    // live, is not recomputed at all); without nesting, no op more than once
     auto m = measure_step(model, x, policy, 77 + static_cast<uint64_t>(c));
     if (only != nullptr) std::printf("%s", memory_report().c_str());
-    EXPECT_EQ(m.counters.regions_recomputed, m.counters.regions.size()) << what;
-    for (const auto& r : m.counters.regions) EXPECT_EQ(r.recomputations, 1u) << what << ": region " << r.label;
+    EXPECT_LE(m.counters.regions_recomputed, m.counters.regions.size()) << what;
+    for (const auto& r : m.counters.regions) {
+      EXPECT_LE(r.recomputations, 1u) << what << ": region " << r.label;
+      if (r.recomputed_saved_bytes > 0) EXPECT_EQ(r.recomputations, 1u) << what << ": region " << r.label;
+    }
     const bool nested = builder.multilevel;
     if (!nested) {
       const uint64_t first_run = m.counters.ops.forward_ops - m.counters.ops.recomputed_ops;

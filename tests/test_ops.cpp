@@ -51,7 +51,7 @@ const std::vector<OpCase>& op_table() {
 // relative, f64 1e-10 + 1e-9 relative, bf16 1.6e-2 + 1.6e-2 relative; the row's grad_tol_f32 /
 // grad_tol_f64 / grad_tol_16bit), not bit for bit against the CPU: the GPU sums in other orders.
 // bf16 rows on cuda:0 are skipped while the CUDA backend holds no bf16 tensors (Backend::holds:
-// only with REMAT_CUDA_FAST=bf16).
+// only with the backend option sixteen_bit, REMAT_BACKEND_OPTIONS=sixteen_bit).
 Device device_of_axis(int axis) {
   return axis == 0 ? kCpu : axis == 1 ? emulated_device() : Device{DeviceType::cuda, 0};
 }
@@ -74,7 +74,7 @@ TEST_P(OpTest, ForwardAndGradient) {
     use_device(device());
     if (!backend(device()).holds(dtype()))
       GTEST_SKIP() << device_name(device()) << " holds no " << dtype_name(dtype())
-                   << " tensors (Backend::holds; REMAT_CUDA_FAST=bf16 turns them on)";
+                   << " tensors (Backend::holds; the backend option sixteen_bit turns them on)";
   }
   const std::string where = " [" + std::string(dtype_name(dtype())) + ", " + device_name(device()) + "] ";
   CheckResult f = check_forward(op(), dtype(), device());

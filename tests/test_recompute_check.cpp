@@ -1,9 +1,10 @@
 // Recomputation checks itself: a region's recomputed outputs are compared bit for bit with a
 // digest of its first run's, and a difference is a remat::Error naming the layer and the usual
-// causes. A layer that reads a scalar changed between forward and backward, one with a private
-// generator, and dropout switched to eval() between the passes are caught under every-layer; under
-// save-all (nothing recomputed) the first two still give save-all's gradient. The check can be
-// turned off, and then the gradient silently differs (so the check is what catches it).
+// causes. A recomputation runs ops again, never a layer's code: state that a layer's code reads
+// (a scalar changed between forward and backward, a private generator, dropout switched to
+// eval()) changes nothing, and the gradient is save-all's; an op whose own forward reads such
+// state (a custom op) is caught. The check can be turned off, and then the gradient silently
+// differs (so the check is what catches it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,14 +63,46 @@ TEST(RecomputeCheck, UnderSaveAllTheChangingScalarStillGivesSaveAllsGradient) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bitwise_equal(a[i], params[i].grad())) << "parameter " << i;
 }
 
-TEST(RecomputeCheck, APrivateGeneratorIsCaught) {
+// A private generator drawn in a layer's own code: its draw is an argument of the op it feeds, which
+// a recomputation runs again as its first run called it, so the gradient is save-all's.
+TEST(RecomputeCheck, APrivateGeneratorInALayersCodeGivesSaveAllsGradient) {
+  auto run = [](const Policy& policy) {
+    std::mt19937 private_rng(1);
+    auto model = std::make_shared<nn::Sequential>();
+    model->add(std::make_shared<nn::Linear>(4, 4));
+    model->add(std::make_shared<nn::Lambda>([&private_rng](const Tensor& h) {
+                 return tanh(add_scalar(h, static_cast<double>(private_rng() % 1000) / 1000.0));
+               }),
+               "jitter");
+    model->add(std::make_shared<nn::Linear>(4, 1));
+    model->reset_parameters(5);
+    ScopedPolicy scoped(policy);
+    sum(model->forward(randn({2, 4}, DType::f32, RngState{2, 0}))).backward();
+    TensorList grads;
+    for (const auto& p : model->parameters()) grads.push_back(p.grad());
+    return grads;
+  };
+  const TensorList save_all = run(Policy::save_all()), every_layer = run(Policy::every_layer());
+  ASSERT_EQ(every_layer.size(), save_all.size());
+  for (size_t i = 0; i < save_all.size(); ++i) EXPECT_TRUE(bitwise_equal(every_layer[i], save_all[i])) << i;
+}
+
+// A private generator drawn in an op's own forward (a custom op): the recomputation runs that
+// forward again, draws another value, and is caught, naming the layer.
+TEST(RecomputeCheck, APrivateGeneratorInAnOpsForwardIsCaught) {
   std::mt19937 private_rng(1);
+  CustomOp jitter{"jitter",
+                  [&private_rng](const TensorList& in, SaveContext& ctx) {
+                    Tensor y = tanh(add_scalar(in[0], static_cast<double>(private_rng() % 1000) / 1000.0));
+                    ctx.save(y);
+                    return TensorList{y};
+                  },
+                  [](const TensorList& grads, const SavedValues& saved) {
+                    return TensorList{mul(grads[0], add_scalar(neg(square(saved[0])), 1.0))};
+                  }};
   auto model = std::make_shared<nn::Sequential>();
   model->add(std::make_shared<nn::Linear>(4, 4));
-  model->add(std::make_shared<nn::Lambda>([&private_rng](const Tensor& h) {
-               return tanh(add_scalar(h, static_cast<double>(private_rng() % 1000) / 1000.0));
-             }),
-             "jitter");
+  model->add(std::make_shared<nn::Lambda>([&jitter](const Tensor& h) { return jitter({h})[0]; }), "jitter");
   model->add(std::make_shared<nn::Linear>(4, 1));
   ScopedPolicy scoped(Policy::every_layer());
   Tensor loss = sum(model->forward(randn({2, 4}, DType::f32, RngState{2, 0})));
@@ -81,21 +114,26 @@ TEST(RecomputeCheck, APrivateGeneratorIsCaught) {
   }
 }
 
-TEST(RecomputeCheck, EvalSwitchedBetweenForwardAndBackwardIsCaught) {
-  manual_seed(4);
-  auto model = std::make_shared<nn::Sequential>();
-  model->add(std::make_shared<nn::Linear>(16, 16));
-  model->add(std::make_shared<nn::Dropout>(0.5), "drop");
-  model->add(std::make_shared<nn::Linear>(16, 1));
-  ScopedPolicy scoped(Policy::every_layer());
-  Tensor loss = sum(model->forward(randn({4, 16}, DType::f32, RngState{2, 0})));
-  model->eval();
-  try {
+// Dropout switched to eval() between the passes: the layer's code does not run again (its mask is
+// the first run's op's), so the gradient is save-all's.
+TEST(RecomputeCheck, EvalSwitchedBetweenForwardAndBackwardChangesNothing) {
+  auto run = [](const Policy& policy) {
+    manual_seed(4);
+    auto model = std::make_shared<nn::Sequential>();
+    model->add(std::make_shared<nn::Linear>(16, 16));
+    model->add(std::make_shared<nn::Dropout>(0.5), "drop");
+    model->add(std::make_shared<nn::Linear>(16, 1));
+    ScopedPolicy scoped(policy);
+    Tensor loss = sum(model->forward(randn({4, 16}, DType::f32, RngState{2, 0})));
+    model->eval();
     loss.backward();
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'drop'"), std::string::npos) << e.what();
-  }
+    TensorList grads;
+    for (const auto& p : model->parameters()) grads.push_back(p.grad());
+    return grads;
+  };
+  const TensorList save_all = run(Policy::save_all()), every_layer = run(Policy::every_layer());
+  ASSERT_EQ(every_layer.size(), save_all.size());
+  for (size_t i = 0; i < save_all.size(); ++i) EXPECT_TRUE(bitwise_equal(every_layer[i], save_all[i])) << i;
 }
 
 TEST(RecomputeCheck, TurnedOffTheDifferenceGoesUnnoticed) {
@@ -297,12 +335,15 @@ TEST(DigestKernel, TheEmulatedDeviceDigestsOnTheDeviceAsTheCpuDoes) {
 }
 
 // The region's recomputation check on a device: the changed captured scalar is caught there as on
-// the CPU, with the same error.
+// the CPU, with the same error (on the CPU it stops the node that read the value, which the message
+// names first; a device's comparison is read at the end of the backward pass).
 TEST(RecomputeCheck, OnTheEmulatedDeviceACapturedScalarChangedIsCaughtAsOnTheCpu) {
   remat::testing::EmulatedDevice dev(4);
   const std::string on_cpu = remat::testing::captured_scalar_error(kCpu);
   ASSERT_NE(on_cpu.find("'scaled'"), std::string::npos) << on_cpu;
-  EXPECT_EQ(remat::testing::captured_scalar_error(dev.device), on_cpu);
+  const std::string on_device = remat::testing::captured_scalar_error(dev.device);
+  ASSERT_FALSE(on_device.empty());
+  EXPECT_EQ(on_cpu.substr(on_cpu.size() - std::min(on_cpu.size(), on_device.size())), on_device);
 }
 
 // On a device the comparisons are read at the end of the backward pass, all at once (Note [device
@@ -336,10 +377,12 @@ TEST(RecomputeCheck, OnTheEmulatedDeviceAMismatchIsReadOnceAndCommitsNothing) {
 
 namespace {
 
-// The three impurities of the layer-level tests, on a model of five layers (so that every-k groups
-// and budget plans have several calls to group): a captured scalar changed before the backward
-// pass, a private generator, dropout switched to eval().
-enum class Impurity { captured_scalar, private_generator, eval_switch };
+// Four impurities on a model of five layers (so that every-k groups and budget plans have several
+// calls to group), striking between the forward and the backward pass: three in a layer's own code
+// (a captured scalar changed, a private generator, dropout switched to eval()), which no
+// recomputation runs again, and one in an op's own forward (a custom op reading the changed
+// scalar), which every recomputation of that op runs again.
+enum class Impurity { captured_scalar, private_generator, eval_switch, op_forward };
 
 std::shared_ptr<nn::Sequential> impure_model(Impurity impurity, double* scale, std::mt19937* private_rng) {
   manual_seed(8);
@@ -357,6 +400,10 @@ std::shared_ptr<nn::Sequential> impure_model(Impurity impurity, double* scale, s
              "impure");
       break;
     case Impurity::eval_switch: m->add(std::make_shared<nn::Dropout>(0.5), "impure"); break;
+    case Impurity::op_forward:
+      m->add(std::make_shared<nn::Lambda>([op = remat::testing::scaled_tanh(scale)](const Tensor& h) { return op({h})[0]; }),
+             "impure");
+      break;
   }
   m->add(std::make_shared<nn::Linear>(6, 6));
   m->add(std::make_shared<nn::Linear>(6, 1));
@@ -383,6 +430,7 @@ ImpureRun impure_step(Impurity impurity, const Policy& policy) {
       model->train();
       model->zero_grad();
       scale = 1.5;
+      private_rng.seed(1);  // every step's forward the same (the impurity strikes after it)
       manual_seed(9);
       Tensor loss = sum(square(model->forward(x)));
       if (s + 1 < steps) {
@@ -403,11 +451,13 @@ ImpureRun impure_step(Impurity impurity, const Policy& policy) {
 
 }  // namespace
 
-// every-k, selective and a budget plan (they re-run the layer) raise naming it; dynamic: and
-// offload give save-all's gradient or the error (offload re-runs nothing; dynamic: re-runs the
-// first run's definitions of ops, in which the scalar is the first run's).
+// An impurity in a layer's own code changes nothing under any policy: the gradient is save-all's.
+// One in an op's forward is caught by every policy that runs that op again (every-k, selective, a
+// budget plan, every-layer+offload), naming the layer; dynamic: and offload give save-all's gradient
+// or the error (offload runs nothing again; dynamic: runs an op again only when it evicted a value).
 TEST(RecomputeCheck, EveryRecomputingPolicyCatchesTheImpuritiesOrGivesSaveAllsGradient) {
-  for (Impurity impurity : {Impurity::captured_scalar, Impurity::private_generator, Impurity::eval_switch}) {
+  for (Impurity impurity : {Impurity::captured_scalar, Impurity::private_generator, Impurity::eval_switch,
+                            Impurity::op_forward}) {
     const ImpureRun save_all = impure_step(impurity, Policy::save_all());
     ASSERT_EQ(save_all.error, "");
     size_t planned_budget = 0;
@@ -420,17 +470,19 @@ TEST(RecomputeCheck, EveryRecomputingPolicyCatchesTheImpuritiesOrGivesSaveAllsGr
       for (int s = 0; s < BudgetPlanner::kProfilingSteps; ++s) sum(square(probe->forward(randn({8, 6})))).backward();
       planned_budget = probe->planner()->feasible_range().value().smallest_budget_bytes;
     }
+    const bool in_op = impurity == Impurity::op_forward;
     const std::vector<std::pair<Policy, bool>> policies{
-        {Policy::parse("every-k:2"), true},
-        {Policy::parse("selective:matmul"), true},
-        {Policy::budget(planned_budget), true},
-        {Policy::every_layer().with_offload({::testing::TempDir(), 0, 0}), true},
+        {Policy::parse("every-k:2"), in_op},
+        {Policy::parse("selective:matmul"), in_op},
+        {Policy::budget(planned_budget), in_op},
+        {Policy::every_layer().with_offload({::testing::TempDir(), 0, 0}), in_op},
         {Policy::dynamic(512), false},
         {Policy::offload(::testing::TempDir(), 0), false}};
     for (const auto& [policy, must_raise] : policies) {
       const ImpureRun got = impure_step(impurity, policy);
       const std::string what = policy.to_string() + ", impurity " + std::to_string(static_cast<int>(impurity));
       if (!got.error.empty()) {
+        EXPECT_TRUE(in_op) << what << ": " << got.error;
         EXPECT_NE(got.error.find("first run"), std::string::npos) << what << ": " << got.error;
         if (must_raise) EXPECT_NE(got.error.find("'impure'"), std::string::npos) << what << ": " << got.error;
         continue;

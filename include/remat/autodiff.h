@@ -26,11 +26,11 @@
 //       }};
 //   Tensor y = square({x})[0];
 //
-// The backward may read saved values any number of times. Under checkpointing the forward is run
-// again during the backward pass (so it must be deterministic apart from remat's own RNG: a
-// recomputed region whose outputs differ from its first run's is a remat::Error), and the
-// backward is called once per use of the op. An effect beyond the outputs goes in `side_effect`,
-// which no recomputation repeats.
+// The backward may read saved values any number of times. Under checkpointing the forward may be
+// run again during the backward pass, on the same inputs (so it must be a pure function of them
+// apart from remat's own RNG: a recomputed value that differs from its first run's is a
+// remat::Error), and the backward is called once per use of the op. An effect beyond the outputs
+// goes in `side_effect`, which no recomputation repeats.
 #pragma once
 
 #include <atomic>
@@ -129,7 +129,7 @@ class SavedTensor {
   Shape shape_;
   Strides strides_;
   DType dtype_ = DType::f32;
-  std::weak_ptr<Storage> original_;
+  std::shared_ptr<const uint64_t> watch_;  // packed: the original storage's version, even once it is freed
   uint64_t version_ = 0;
   bool released_ = false;
 };
@@ -203,8 +203,8 @@ class AccumulateGrad final : public Node {
   std::shared_ptr<TensorImpl> leaf_;
 };
 
-// The engine. `min_sequence_nr` limits execution to nodes created at or after it (a checkpoint
-// region uses this to run the backward of its recomputed sub-tape only); edges to any node that
+// The engine. `min_sequence_nr` limits execution to nodes created at or after it (a loop uses this
+// to run the backward of a recomputed turn's sub-tape only); edges to any node that
 // is not executed are "captured": the gradient arriving there is summed and returned.
 struct EngineTask {
   std::vector<Edge> roots;
@@ -225,11 +225,11 @@ struct EngineResult {
 EngineResult run_engine(EngineTask task);
 // The backward of a sub-tape (nodes created at or after min_sequence_nr), run under no-grad:
 // every gradient that leaves it (to leaves' accumulators or older nodes) is captured, in arrival
-// order. Used by checkpoint regions and scan turns.
+// order. Used by scan turns.
 EngineResult backward_subtape(std::vector<Edge> roots, TensorList root_grads, uint64_t min_sequence_nr);
 
 // Called when an outermost backward() or grad() has finished (not for one run inside another's
-// backward, as in a custom backward, nor for the sub-tape backward of a checkpoint region).
+// backward, as in a custom backward, nor for the sub-tape backward of a loop's turn).
 // `may_warn` is false for gradcheck's passes. The checkpoint layer uses it to warn when a
 // recomputing policy met no region.
 using BackwardListener = void (*)(bool may_warn);
@@ -250,7 +250,7 @@ void reset_op_counters();
 
 // One op, run again: the same op kind, forward, backward formula and FLOP count, applied to new
 // inputs through the ordinary path (recorded when grad mode is on and an input requires grad).
-// Checkpoint regions keep these to replay the ops of a traced segment (remat/call.h).
+// Checkpoint segments and dynamic: keep these to make a dropped value again (run_forward).
 class OpReplay {
  public:
   virtual ~OpReplay() = default;
@@ -260,18 +260,14 @@ class OpReplay {
   // rematerialization needs to bring an evicted value back).
   virtual TensorList run_forward(const TensorList& inputs) const = 0;
   virtual double flops() const = 0;  // the estimate counted for the call that made this replay
-  // Records this op's node on the tape for `inputs` and `outputs` computed elsewhere (the outputs
-  // become the node's), as the ordinary path records a call.
-  virtual void record(const TensorList& inputs, TensorList& outputs) const = 0;
 };
 
-// What an observer is told about one op call, after its forward ran (or was served by replay()).
+// What an observer is told about one op call, after its forward ran.
 struct OpEvent {
   const std::string& op;
   const TensorList& inputs;
-  TensorList& outputs;   // visible outputs, then aux outputs; an observer may replace a handle by an alias
+  TensorList& outputs;   // visible outputs, then aux outputs
   size_t visible = 0;
-  bool replayed = false;  // served by replay() instead of computed
   double flops = 0;       // the op's FLOP estimate
   // Whether a recorded node of this op would keep input i / output i (visible or aux) for its backward.
   std::function<bool(size_t)> saves_input, saves_output;
@@ -282,18 +278,9 @@ struct OpEvent {
 class RecordingObserver {
  public:
   virtual ~RecordingObserver() = default;
-  // Called before an op runs; may return its outputs (from a cache) instead of running it.
-  virtual bool replay(const std::string& op, TensorList& outputs) = 0;
-  // Called when replay() declined: may return outputs whose values are computed only when first
-  // read (a recomputation that skips what no backward formula reads). The op is then counted as
-  // skipped and recorded with `record_as`'s definition (the same op kind, as its first run made it)
-  // in place of the one the call passed.
-  virtual bool defer(const std::string& op, const TensorList& inputs, TensorList& outputs,
-                     std::shared_ptr<const OpReplay>& record_as) {
-    (void)op, (void)inputs, (void)outputs, (void)record_as;
-    return false;
-  }
-  // Called after an op's forward ran or was replayed.
+  // Called before an op's forward runs.
+  virtual void before_op(const std::string& op) { (void)op; }
+  // Called after an op's forward ran.
   virtual void after_forward(OpEvent& event) = 0;
   // Called when the op's inputs require grad; returning true suppresses recording of a node.
   virtual bool suppress_recording(const TensorList& inputs) = 0;

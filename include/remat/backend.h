@@ -23,6 +23,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "remat/memory.h"
@@ -205,21 +206,17 @@ TensorList each_in(const Mark& in, const TensorList& tensors) {
   X(embedding_backward, gout, (const Tensor& ids, const Tensor& gout, const Tensor& gtable),                           \
     (in(ids), in(gout), inout(gtable)))                                                                                \
   /* Per-row loss of logits [N, C] against targets [N] (i64); rows whose target equals                                 \
-     ignore_index get loss 0. Also writes into `kept` what the backward reads, in the form                             \
-     cross_entropy_keeps_log_softmax() names: [N], each row's log-sum-exp rounded to kept's dtype                      \
-     (the logits' dtype, float32 for 16-bit logits; nothing [N, C] is written), or [N, C], the                         \
-     log-softmax x - that log-sum-exp in the logits' dtype. The CPU's kernels take either form (they                   \
-     are every backend's fallback); another backend may refuse the form it does not keep. Into                         \
-     scale (a 0-d tensor of the logits' dtype) the weight of each row in the mean: 1 / (the number                     \
-     of rows not ignored), as a double rounded to the dtype, or 0 if every row is ignored. A target                    \
-     outside [0, C) that is not ignore_index is a remat::Error naming the row (so the op validates                     \
-     its targets without reading device memory on the host). */                                                        \
+     ignore_index get loss 0. Also writes into `kept` [N] what the backward reads: each row's                          \
+     log-sum-exp rounded to kept's dtype (the logits' dtype, float32 for 16-bit logits; nothing                        \
+     [N, C] is kept). Into scale (a 0-d tensor of the logits' dtype) the weight of each row in the                    \
+     mean: 1 / (the number of rows not ignored), as a double rounded to the dtype, or 0 if every row                   \
+     is ignored. A target outside [0, C) that is not ignore_index is a remat::Error naming the row                     \
+     (so the op validates its targets without reading device memory on the host). */                                  \
   X(cross_entropy, logits, (const Tensor& logits, const Tensor& targets, double label_smoothing,                       \
                             int64_t ignore_index, const Tensor& losses, const Tensor& kept, const Tensor& scale),      \
     (in(logits), in(targets), label_smoothing, ignore_index, inout(losses), inout(kept), inout(scale)))                \
   /* glogits = gloss[r] * (softmax[r] - smoothed one-hot target), 0 on ignored rows, from the forward's                \
-     kept: softmax = exp(logits - kept[r]) for the [N] form, exp(kept) for the [N, C] one (the same                    \
-     bits, since kept was logits - the log-sum-exp in that dtype); logits may then be undefined. */                    \
+     kept [N]: softmax = exp(logits - kept[r]) in the logits' dtype. */                                                \
   X(cross_entropy_backward, glogits, (const Tensor& logits, const Tensor& kept, const Tensor& targets,                 \
                                       const Tensor& gloss, double label_smoothing, int64_t ignore_index,               \
                                       const Tensor& glogits),                                                          \
@@ -276,8 +273,7 @@ TensorList each_in(const Mark& in, const TensorList& tensors) {
     (inout(param), in(grad), inout(exp_avg), inout(exp_avg_sq), step))                                                 \
   /* out (0-d f64) = the sum, in list order and in float64, of each tensor's sum of squares: the                      \
      value of sum(square(t)) in t's dtype (f32, f64, bf16, f16; any strides), widened. Fixed order: the                \
-     same bits on every call. Tensors on out's device; a backend may add up in float64 from the                        \
-     first element (REMAT_CUDA_FAST=grad_norm), one or two launches for many tensors. */                               \
+     same bits on every call. Tensors on out's device. */                                                              \
   X(sum_squares, (tensors.empty() ? out : tensors.front()), (const TensorList& tensors, const Tensor& out),            \
     (each_in(in, tensors), inout(out)))                                                                                \
   /* Each tensor t of `tensors` (floating, any strides, no two sharing storage; at least one) becomes                  \
@@ -360,6 +356,32 @@ struct CopyTicket {
   bool pending() const { return event != nullptr; }
 };
 
+// ---- backend options
+// What a device's backend does besides computing its kernels, as a value: chosen with the device
+// (remat::use_device in remat/devices.h), held by the backend for the life of the process and
+// named in a run's report (remat::describe_backend_options). Every option is off by default; off
+// is the path the last device check passed. An option that has not passed a device check runs
+// only where it is asked for: the command line's --backend-options, or REMAT_BACKEND_OPTIONS,
+// read once as the defaults (remat::default_backend_options). Nothing else reads the environment
+// and no process-wide switch changes what a backend does. Only the CUDA backend has options today
+// (the test device takes async and sixteen_bit too); the CPU's value is all off.
+struct BackendOptions {
+  // No host wait inside a step: region time marks are device events read after the step, index
+  // checks whose range the host does not know are read at the next wait, uploads return at once.
+  bool async = false;
+  // Device memory from the driver's stream-ordered pool (cudaMallocAsync) on the backend's stream.
+  bool stream_ordered_allocator = false;
+  // Offloaded device values copied on a second stream, behind the kernels.
+  bool copy_stream = false;
+  // bf16 and f16 tensors on the device (Backend::holds), with the backend's 16-bit kernels.
+  bool sixteen_bit = false;
+  // float32 matrix products and convolutions on TF32 tensor cores (about 10 bits of mantissa).
+  bool tf32 = false;
+  // Every launch timed with device events (remat::take_kernel_profile).
+  bool profile = false;
+  bool operator==(const BackendOptions&) const = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -426,12 +448,12 @@ class Backend {
   }
   // Whether tensors of `dtype` may live on this backend's device at all (its copy and fill take
   // them). f32, f64 and i64 by default; a backend whose kernels also take the 16-bit floats (bf16,
-  // f16) says so. Allocating a tensor of a dtype its device does not hold is a remat::Error.
+  // f16) says so. Allocating a tensor of a dtype its device does not hold is a remat::Error naming
+  // why_not_held(dtype): why not, and what would change it.
   virtual bool holds(DType dtype) const { return !is_16bit_float(dtype); }
-  // The form cross_entropy keeps for its backward (the kernels' `kept`): false, each row's
-  // log-sum-exp [N] (the default; the backward reads the logits again), or true, the [N, C]
-  // log-softmax (a backend whose [N] kernels have not yet been checked on its device).
-  virtual bool cross_entropy_keeps_log_softmax() const { return false; }
+  virtual std::string why_not_held(DType dtype) const;
+  // The options this backend runs with (BackendOptions): all off for a backend that has none.
+  virtual const BackendOptions& options() const;
 
   // ---- the kernels: REMAT_KERNELS above, each with its contract
 #define REMAT_KERNEL_PURE_VIRTUAL(name, dtype_of, parameters, arguments) virtual void name parameters = 0;

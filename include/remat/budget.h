@@ -25,9 +25,13 @@
 // with the allocator while the region is re-run) and its backward time. Once that step's backward
 // has finished, the next forward builds the cost model, asks the planner for the plan of least
 // predicted time whose peak fits, and runs it: a stage runs its call with recording; a region is
-// a traced segment over its calls (the ops between them included) that is replayed, following
-// the nested sub-plan, in the backward pass. New input shapes, or a different number of layer
-// calls, profile and plan again.
+// a segment over its calls (the ops between them included), with a segment of its own for each
+// region nested in it, whose dropped values the backward pass makes again. A plan is for the
+// layer calls it was made for (their labels and their inputs' shapes and dtypes): new input
+// shapes profile and plan again (plans for a few shapes are kept and used again when those come
+// back), and a step whose calls differ from its plan's makes the next one profile again. Every
+// step's measured peak of saved bytes is compared with the budget; a step above it is counted
+// (remat::counters().budget) and warned of, once per plan scope, shape and budget.
 //
 // The budget covers the whole step's saved bytes: the stages are planned within the budget minus
 // the saved bytes that live outside them (kept by ops before the scope, measured at its entry,
@@ -63,9 +67,9 @@ namespace remat {
 
 // Written by a checkpoint region that was given one (CheckpointOptions::profile).
 struct RegionProfile {
-  double forward_seconds = 0;    // first run (no recording)
-  double recompute_seconds = 0;  // the re-run with recording, in the backward pass
-  double backward_seconds = 0;   // the backward of the re-run sub-tape
+  double forward_seconds = 0;    // first run
+  double recompute_seconds = 0;  // the re-run of its ops, in the backward pass
+  double backward_seconds = 0;   // its backward (from the re-run to the release of its last value)
   double forward_flops = 0;      // the first run's FLOP estimate (autodiff::OpCounters::forward_flops)
   size_t boundary_bytes = 0;     // inputs kept by the region
   size_t output_bytes = 0;

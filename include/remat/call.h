@@ -32,15 +32,17 @@
 //                  more than save-all; with layers that begin with a Linear (or any op saving its
 //                  input) it never keeps more
 //   every-k:K      K consecutive layer calls of the same transparent call share one region (a
-//                  traced segment: the ops between the calls, e.g. a residual add, are replayed
-//                  too); a transparent call, a call with its own policy, or the end of the
-//                  transparent call closes the group early
+//                  segment: the ops between the calls, e.g. a residual add, are in it too); a
+//                  transparent call, a call with its own policy, or the end of the transparent
+//                  call closes the group early
 //   budget:BYTES   the outermost transparent call under the budget is a plan scope: its layer calls
 //                  (through nested containers) are the stages of a rotor plan (remat/budget.h)
-//                  profiled on the first steps; regions of the plan are traced segments
-// A layer call may also leave values behind (kept in a member or a list, handed to a callback):
-// they hold save-all's values and carry its gradient paths under every policy, and such a call is
-// replayed from its ops in the backward pass instead of being called again (docs/checkpointing.md).
+//                  profiled on the first steps; regions of the plan are segments, nested as the
+//                  plan nests them
+// A region records the program's graph as save-all does and drops only what it can make again by
+// running its ops (never the layer's code), so a value a layer leaves behind (kept in a member or a
+// list, handed to a callback) holds save-all's value and gradient path under every policy
+// (docs/checkpointing.md).
 // A call's own policy (CallSite::policy: Module::set_policy, the per-child policy of a container)
 // decides how that call runs and is the default for every call inside it. Under a budget plan the
 // policies of containers inside the plan scope are ignored; a layer with its own policy is run by

@@ -9,16 +9,16 @@
 //   Tensor loss = remat::mean(model->forward(x));
 //   loss.backward();
 //
-// How it works. checkpoint(fn, inputs) runs fn with recording off: no node is created inside, so
-// nothing its ops would save is kept. It keeps the inputs, the RNG state at entry and (selective
-// policy) the outputs of the kept op kinds, and records one region node whose edges lead to the
-// inputs and to every tensor requiring grad that fn used without receiving it as an input
-// (captured parameters, found while fn ran). In the backward pass the region node restores the
-// RNG state, re-runs fn with recording on (a fresh sub-tape; inner regions met there become
-// regions again: multi-level checkpointing), runs the backward of that sub-tape only, hands the
-// gradients on along its own edges (so a captured parameter's gradient is accumulated exactly
-// once, by the outer backward), and frees the sub-tape. Re-running fn never goes through
-// checkpoint() for this region again, so there is no recursion through the rule.
+// How it works. checkpoint(fn, inputs) runs fn as a segment: its ops run and are recorded as under
+// save-all (the graph is save-all's: grad mode, detach, every edge to a captured parameter), but
+// what their nodes save of the values fn's ops made is dropped, and the segment keeps instead each
+// op's definition, the RNG state it started with and what its ops read from outside (fn's inputs,
+// constants). In the backward pass, when a node first reads a dropped value, the segment runs the
+// forwards of the ops those values need, for their values only, and fills every dropped value
+// still held; each goes when its last node has run. fn itself never runs again, so there is no
+// recursion through the rule and nothing fn does between its ops can differ; an explicit region
+// inside fn is a segment of its own (multi-level checkpointing). Note [one graph] in
+// src/checkpoint/segment.cpp.
 //
 // Memory. For a chain of N regions with boundary (input) bytes b each and internal saved bytes
 // I (what one region's ops keep when recorded), the peak of saved bytes under every-layer is
@@ -27,11 +27,11 @@
 // N * (I + b) under save-all. Under every-k:K: (N / K) * b + K * I + g. Tests check it with the
 // allocator's counters.
 //
-// Exact replay. Recomputation restores the RNG state captured at region entry, so dropout masks
-// are identical; on the CPU, gradients under every policy are bitwise equal to save-all. State
-// that must change once per step (running statistics) is an op's declared side effect, which no
-// recomputation repeats (docs/design.md, "Side effects"), or is left alone while
-// is_recomputing() is true.
+// Exact replay. Each op made again starts from the RNG state its first run started from, so dropout
+// masks are identical; on the CPU, gradients under every policy are bitwise equal to save-all.
+// State that an op must change once per step (running statistics) is its declared side effect,
+// which no recomputation repeats (docs/design.md, "Side effects"); what fn's own code does runs
+// once.
 #pragma once
 
 #include <concepts>
@@ -66,7 +66,8 @@ TensorList checkpoint(const RegionFn& fn, const TensorList& inputs, const Checkp
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input,
                   const CheckpointOptions& options = {});
 
-// True while a region's function is being re-run by the backward pass.
+// True while a recomputation runs (a region's ops made again, a dynamic: rematerialization, a loop's
+// step function run again): an op's forward, or a loop's step, can leave its effects alone then.
 bool is_recomputing();
 
 // set_recomputation_check / recomputation_check: remat/autodiff.h (every form of recomputation).

@@ -28,9 +28,10 @@ struct OpCounters {
   double forward_flops = 0;
   uint64_t recomputed_ops = 0;     // of which during recomputation
   double recomputed_flops = 0;
-  uint64_t cached_ops = 0;         // op results served from a selective-policy cache
-  // ops a recomputation did not run because no backward formula reads what they produce (a
-  // value something reads after all is computed then, outside these counts)
+  // ops a recomputation did not run because all it needed of them still lived (a selective
+  // policy's kept values, values the program still holds)
+  uint64_t cached_ops = 0;
+  // ops a recomputation did not run because no value it makes again needs what they produce
   uint64_t skipped_ops = 0;
   double skipped_flops = 0;
   uint64_t backward_nodes = 0;     // nodes executed by the engine
@@ -62,24 +63,29 @@ struct DynamicCounters {
 // One checkpoint region (or, past 4096 rows, every later region of the same label added up).
 struct RegionRecord {
   std::string label;                // the layer call's dotted name, a Chain child's name, or a group
-  std::string kind;                 // "layer" (one call) or "segment" (a traced group of calls)
+  std::string kind;                 // "layer" (one call) or "segment" (a group of calls)
   size_t calls = 0;                 // layer calls inside (a segment groups several)
-  size_t boundary_bytes = 0;        // values kept by the region (its inputs)
+  size_t boundary_bytes = 0;        // values kept by the region to make its values again (its inputs)
   size_t cached_bytes = 0;          // outputs kept by a selective policy
-  size_t recomputed_saved_bytes = 0;  // what the recomputed sub-tape saved (allocator-measured)
+  size_t recomputed_saved_bytes = 0;  // what a recomputation made again of the values its nodes saved
   double forward_seconds = 0;       // first run
-  double recompute_seconds = 0;     // re-runs in backward passes
-  double backward_seconds = 0;      // backward of the recomputed sub-tapes
+  double recompute_seconds = 0;     // recomputations in backward passes
+  double backward_seconds = 0;      // from a recomputation to the release of the last value it made
   uint64_t recomputations = 0;
-  // FLOP estimates of the recomputations: run, and skipped because no backward formula reads the
+  // FLOP estimates of the recomputations: run, and skipped because no value made again needs the
   // ops' results (a block's last projection and residual add; docs/checkpointing.md)
   double recomputed_flops = 0;
   double skipped_flops = 0;
-  // Layer calls that left values behind (kept in a member or a list, handed to a callback:
-  // docs/checkpointing.md), replayed from their ops instead of called again, and how many of
-  // those values became outputs of the region (they carry a gradient, as under save-all).
-  size_t traced_calls = 0;
-  size_t escaped_values = 0;
+};
+
+// Budget policies (remat/budget.h): every step of a plan scope compares the measured peak of saved
+// bytes with the budget; a step above it is counted here and warned of once per plan key.
+struct BudgetCounters {
+  uint64_t steps = 0;          // steps compared with their budget
+  uint64_t steps_over = 0;     // of which the measured peak went above the budget
+  size_t most_over_bytes = 0;  // the most a step's peak went above its budget
+  size_t last_peak_bytes = 0;  // the last step's measured peak of saved bytes
+  size_t last_budget_bytes = 0;  // and the budget it was compared with
 };
 
 struct Counters {
@@ -88,6 +94,7 @@ struct Counters {
   uint64_t regions_recomputed = 0;
   uint64_t layer_calls = 0;          // layer calls met (regions or not)
   DynamicCounters dynamic;           // dynamic:BYTES and the offload target
+  BudgetCounters budget;             // budget:BYTES and budget:auto
   std::vector<RegionRecord> regions;  // one per region created since the reset; past 4096 rows, a
                                       // region adds to its label's first row (bounded)
 };

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "remat/backend.h"
 #include "remat/tensor.h"
 
 namespace remat {
@@ -41,8 +42,9 @@ std::string unavailable_reason(DeviceType type);
 // remat::Error quoting it. Does not check that the device exists (use_device does).
 Device parse_device(const std::string& text);
 
-// Makes `device` usable: for CUDA, registers its backend (register_backend) on first use. The CPU
-// needs nothing. A remat::Error (see the top of this file) when it cannot be used.
+// Makes `device` usable: for CUDA, registers its backend (register_backend) on first use, with
+// default_backend_options(). The CPU needs nothing. A remat::Error (see the top of this file)
+// when it cannot be used.
 void use_device(Device device);
 
 // One line about the device: "cpu (16 threads)", "cuda:0: NVIDIA H200 (sm_90, 139.8 GiB)". The
@@ -61,23 +63,52 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory(Device device);
 
-// Whether CUDA float32 GEMMs (and convolutions) may use TF32 tensor cores: about 10 bits of
-// mantissa in the products, much faster. Off by default, so that float32 means float32 (results
-// then differ from the CPU's only by summation order). Process-wide; set it before a training step,
-// not during one (a recomputation must run the kernels its first run ran). No effect in a build
-// without CUDA; allow_tf32() is then false.
-void set_allow_tf32(bool allow);
-bool allow_tf32();
+// ---- backend options (BackendOptions in remat/backend.h): a value chosen with the device.
+// Their names, as the command line (--backend-options) and REMAT_BACKEND_OPTIONS write them:
+// async, stream_ordered_allocator, copy_stream, sixteen_bit, tf32, profile.
+//
+//   remat::BackendOptions o = remat::parse_backend_options("tf32,async");
+//   remat::use_device(gpu, o);      // the backend of cuda:0 runs with them for the whole process
+//   std::printf("%s\n", remat::describe_backend_options(gpu).text.c_str());
+//   // "cuda:0 backend options: async (not device-checked), tf32"
+//
+// A comma-separated list of names, each turning an option on; "-NAME" turns one off, "none" all
+// of them; empty text changes nothing. Applied to `base`. An unknown name is a remat::Error
+// listing the known ones.
+BackendOptions parse_backend_options(const std::string& text, BackendOptions base = {});
+// The names of the options on, comma-separated ("none" when none is).
+std::string backend_options_text(const BackendOptions& options);
+// The defaults use_device(device) takes: REMAT_BACKEND_OPTIONS parsed once per process (the one
+// place the library reads the environment about backends), all off without it. A bad value is the
+// remat::Error of parse_backend_options, at every call.
+BackendOptions default_backend_options();
 
-// The CUDA backend's paths that have not yet passed a device check, each behind a switch named in
-// the environment variable REMAT_CUDA_FAST (docs/backends.md, "Switches"): every name, and those
-// on in this process (empty in a build without CUDA).
-std::vector<std::string> fast_path_names();
-std::vector<std::string> fast_paths_on();
+// Makes `device` usable with `options` (use_device(device) above takes default_backend_options()
+// for a device that has options; the CPU has none). Options are chosen once per device: a device
+// already in use with other options is a remat::Error naming both (a test that needs another value
+// registers a backend of its own), and so is an option the device's backend does not have.
+void use_device(Device device, const BackendOptions& options);
 
-// Device time per kernel of a CUDA device whose process runs with REMAT_CUDA_PROFILE=1: per
-// kernel name, its launches and seconds since the last call (which waits for the device). Empty
-// without profiling, for other devices and in a build without CUDA.
+// The options in force on a device that is in use, for a run's report: each option's name, whether
+// it is on, and whether its path has passed a device check in this build; `text` is one line
+// ("cuda:0 backend options: none (the device-checked default path)", or the options on, each
+// unchecked one marked). The CPU's list is empty ("cpu backend options: none (the CPU has none)").
+struct BackendOptionState {
+  std::string name;          // "async"
+  bool on = false;
+  bool device_checked = false;
+  std::string what;          // one line: what the option changes
+};
+struct BackendOptionsReport {
+  std::string device;        // "cuda:0"
+  std::vector<BackendOptionState> options;
+  std::string text;
+};
+BackendOptionsReport describe_backend_options(Device device);
+
+// Device time per kernel of a CUDA device in use with the backend option `profile`: per kernel
+// name, its launches and seconds since the last call (which waits for the device). Empty without
+// the option, for other devices and in a build without CUDA.
 struct KernelTime {
   std::string name;
   uint64_t launches = 0;

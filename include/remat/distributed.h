@@ -20,14 +20,16 @@
 //   }
 //   remat::distributed::finalize();
 //
-// Exactness. The gradient sum is `ordered` by default: every rank receives g0 + g1 + ... + g(N-1)
-// added left to right in rank order (rank r adds its own gradient to the partial sum of ranks
-// 0..r-1 and passes it on; the last rank broadcasts the result). That is the order in which a
-// single process accumulating the same micro-batches one after another adds them, so the
-// gradients are bitwise equal to that run, and equal on every rank, for any N. `native` uses
-// MPI_Allreduce, whose summation order is the MPI library's choice: bitwise equal as well for
-// N <= 2 (each element is then one addition, and addition is commutative), faster for large N,
-// but for N > 2 its rounding depends on the algorithm MPI picks.
+// Exactness. The gradient sum is `ordered` by default: the micro-batch gradients of a step are
+// added in one fixed order, the pairwise tree over their global index (micro_batch_index: ((g0 +
+// g1) + (g2 + g3)) for four), whatever the number of ranks that computed them and whatever the
+// message sizes. So N ranks accumulating K micro-batches each give bitwise the step of one process
+// accumulating N x K, for every split with the same product (1 x 4, 2 x 2, 4 x 1), with ZeRO-1 too,
+// and the same bits on every rank; a training state written at one number of ranks resumes at
+// another. It moves what a ring all-reduce moves (a reduce-scatter and an all-gather of its own).
+// `native` uses MPI_Allreduce on each rank's sum, whose order is the MPI library's choice: bitwise
+// equal to `ordered` only for N <= 2 ranks of one micro-batch (each element is then one
+// addition), and for N > 2 its rounding depends on the algorithm MPI picks.
 //
 // Without MPI (a build with REMAT_WITH_MPI=OFF, or a process not started by mpirun) there is one
 // rank: init() does nothing, the collectives leave their arguments as they are.
@@ -85,15 +87,16 @@ double all_reduce_gradients(const std::vector<Tensor>& params, Reduction mode = 
 // GradReadyHook, remat/grad_ready.h: under checkpointing that is after its last contribution, which
 // may arrive during a region's recomputation, never a partial sum); it copies the gradient into
 // its bucket, and a bucket whose every gradient is in starts a non-blocking reduction
-// (MPI_Iallreduce for `native`; for `ordered`, MPI_Iallgather of every rank's bucket, then the sum
-// g0 + g1 + ... + g(N-1) added in rank order, the same bits as all_reduce_sum's ordered chain).
+// (MPI_Iallreduce for `native`; for `ordered`, the tree order of Exactness above, the same bits as
+// all_reduce_sum). With `accumulate` K > 1 each rank holds partial sums of its K micro-batches, one
+// per aligned block of them (one when K is a power of two): ready(p, pieces) takes them.
 // Buckets start strictly in bucket order on every rank (a later bucket that fills first waits for
 // the earlier ones), so the collectives match across ranks. Every ready() call also drives the
 // progress of the reductions in flight. finish() starts what is left (a parameter that got no
 // gradient on this rank contributes zeros, as in all_reduce_gradients), waits for every bucket
 // and writes the sums into the parameters' .grad(). Memory: the bucket buffers, the sum of the
-// parameters' bytes, plus (ordered) world_size() times that for the gathered copies, allocated at
-// construction in the `other` account and kept for reuse.
+// parameters' bytes per block of partial sums, plus (ordered) about as much again as scratch,
+// allocated at construction in the `other` account and kept for reuse.
 //
 //   distributed::GradientBuckets buckets(model.parameters());
 //   {
@@ -108,14 +111,17 @@ class GradientBuckets {
   // per-collective latency stays small (bench/run_data_parallel.sh measures other sizes).
   static constexpr size_t kDefaultBucketBytes = size_t{1} << 20;
   GradientBuckets(std::vector<Tensor> params, size_t bucket_bytes = kDefaultBucketBytes,
-                  Reduction mode = Reduction::ordered);
+                  Reduction mode = Reduction::ordered, int64_t accumulate = 1);
   ~GradientBuckets();
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
 
   // p's gradient is final. p must be one of the parameters, reported once per step, with a
-  // gradient of its own shape and dtype; anything else is a remat::Error.
+  // gradient of its own shape and dtype; anything else is a remat::Error. The first form takes
+  // p.grad() as this rank's sum (accumulate 1); the second this rank's partial sums of it, one per
+  // block of its micro-batches in order (data_parallel_step hands them).
   void ready(const Tensor& p);
+  void ready(const Tensor& p, const std::vector<Tensor>& pieces);
   struct Timing {
     double hidden_seconds = 0;   // reductions in flight while the backward still ran
     double exposed_seconds = 0;  // the wait in finish(), after the backward
@@ -171,19 +177,21 @@ Range shard(int64_t count, int rank, int world);
 // rank's micro-batches in order, on cleared gradients; it runs that micro-batch's forward and
 // backward (seeding its own dropout stream from `index`, say) and returns its loss. Afterwards
 // every parameter's .grad() is the mean gradient over the global batch, the same bits on every
-// rank and as one process accumulating all N x K micro-batches in order: this rank's micro-batch
-// gradients are added in order (acc + g; each micro-batch's own gradient is computed as a lone
-// backward would), the ranks' sums are added as `reduction` says (ordered: in rank order), then
-// scaled by 1 / (N x K) (nothing is scaled when N x K = 1, so a plain step is unchanged).
-//   - With `buckets` and several ranks the reduction overlaps the last micro-batch's backward: a
-//     GradReadyHook (remat/grad_ready.h) gives each parameter's gradient to buckets->ready() the
-//     moment it is final (the rank's sum over its micro-batches by then).
+// rank and as one process accumulating all N x K micro-batches: each micro-batch's own gradient is
+// computed as a lone backward would, they are added in the tree order of Exactness above (with
+// `reduction` native, the ranks' sums in MPI's order), then scaled by 1 / (N x K) (nothing is
+// scaled when N x K = 1, so a plain step is unchanged). The loss is the micro-batches' mean, added
+// in the same order.
+//   - With `buckets` (built with the same `accumulate`) and several ranks the reduction overlaps
+//     the last micro-batch's backward: a GradReadyHook (remat/grad_ready.h) gives each parameter's
+//     partial sums to buckets->ready() the moment its gradient is final.
 //   - hand_on(p), one rank only, for a consumer of final gradients inside the last micro-batch's
 //     backward (the optimizer inside the backward, nn::FusedOptimizerStep): called from that
 //     consumer's hook with a parameter whose gradient is final, it puts in p.grad() the sum over
 //     the micro-batches scaled to the mean and returns true (false for a tensor that is not one of
 //     the parameters); the step then leaves p's gradient to the consumer (it may drop it).
-// A parameter with no gradient in any micro-batch has none afterwards (one rank) or zeros (several).
+// A parameter with no gradient in any micro-batch has none afterwards (one rank) or zeros (several);
+// one with a gradient in some micro-batches only counts zeros for the others.
 //
 //   distributed::StepResult r = distributed::data_parallel_step(model.parameters(), step, {.accumulate = 4},
 //       [&](int64_t index, bool last, const distributed::HandOnFn&) {

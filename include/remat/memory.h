@@ -66,6 +66,10 @@ class Allocator {
 
   Stats stats() const;
   void reset_peaks();  // peaks := current live values; allocation counts := 0
+  // A second high-water mark of live bytes per tag, restarted only by start_window(): the
+  // library measures a step's peak with it (a budget's check) without touching reset_peaks().
+  void start_window();
+  size_t window_peak(Tag tag) const;
 
   // Freed blocks of 4 KiB and more are kept, by size, and handed out again for the same size, so
   // a training loop that allocates the same shapes every step stops paying for page faults.
@@ -98,6 +102,7 @@ class Allocator {
   std::string device_name_;
   mutable std::mutex mutex_;
   Stats stats_;
+  std::array<size_t, kTagCount> window_peak_{};
   // the cache of freed blocks (own lock: raw memory calls happen outside mutex_)
   mutable std::mutex cache_mutex_;
   std::unordered_map<size_t, std::vector<void*>> cache_;

@@ -34,7 +34,11 @@
 // keeps the original storage alive, the saved-bytes account of the allocator counts what the hooks
 // keep: a hook that keeps the storage (as above) keeps it counted; one that drops it frees it.
 // A value overwritten in place after it was saved is still an error when it is read, as without
-// hooks (the original storage's version is checked while the storage exists).
+// hooks, even where the original storage was freed since (its version is followed by a watch that
+// outlives it: Storage::version_watch).
+// pack may decline a value by returning an empty PackedValue: the enclosing hooks are asked in
+// turn, and a value no hooks take is kept as without hooks (checkpoint segments keep what they
+// cannot make again this way, so an offload target still receives it).
 // Hooks nest (the innermost is in force) and are per thread; values saved before a scope or after
 // it are not packed by it, and a packed value is unpacked by the hooks that packed it, whenever its
 // backward runs.

@@ -164,21 +164,11 @@ class Storage {
   // allocator counts `bytes` under `tag` as it counts an allocation, and `release` runs instead
   // of a free when the storage ends.
   Storage(void* data, size_t bytes, memory::Tag tag, Device device, std::function<void()> release);
-  // A block computed when it is first read (an op whose result no backward formula reads, which
-  // a checkpoint region's recomputation did not run): nothing is allocated or counted until
-  // data() calls `compute`, once, which returns the storage holding the value (counted there)
-  // and the value's byte offset in it.
-  using Compute = std::function<std::shared_ptr<Storage>(size_t& offset)>;
-  Storage(size_t bytes, memory::Tag tag, Device device, Compute compute);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const {
-    if (compute_) materialize();
-    return data_;
-  }
-  bool pending() const { return static_cast<bool>(compute_); }  // deferred and not computed yet
+  void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   memory::Tag tag() const { return tag_; }
@@ -195,8 +185,13 @@ class Storage {
   uint64_t version() const { return version_; }
   void bump_version() {
     ++version_;
+    if (version_watch_) *version_watch_ = version_;
     range_known_ = false;
   }
+  // A copy of version() that follows every write and outlives the storage: a holder that let the
+  // storage go (a saved value a recomputation will make again) still sees a write made before the
+  // storage was freed.
+  std::shared_ptr<const uint64_t> version_watch() const;
   // The smallest and largest value of an i64 block when they are known without reading it (it was
   // written from host values, or by arange); any in-place write forgets them. An index kernel of
   // a device that runs asynchronously then needs no check on the device.
@@ -210,19 +205,15 @@ class Storage {
   }
 
  private:
-  void materialize() const;
-
-  mutable void* data_ = nullptr;
+  void* data_ = nullptr;
   size_t bytes_ = 0;
   memory::Tag tag_;
   Device device_;
   memory::Allocator* allocator_;  // the device's, kept so that freeing never looks up a backend
   std::function<void()> release_;  // external memory only
-  bool deferred_ = false;                      // made by the Compute constructor
-  mutable Compute compute_;                    // deferred, until data() first runs it
-  mutable std::shared_ptr<Storage> backing_;   // deferred, after: where the value lives
   int saved_references_ = 0;
   uint64_t version_ = 0;
+  mutable std::shared_ptr<uint64_t> version_watch_;  // made by the first version_watch()
   bool range_known_ = false;
   int64_t range_lo_ = 0, range_hi_ = 0;
 };

@@ -64,20 +64,8 @@ Deferred& deferred() {
   return d;
 }
 
-// A 1-element i64 on `device`, made out of sight of a region's handle watcher (a digest is not a
-// value of the program: Note [values that leave a layer call] must not see it).
-Tensor digest_slot(Device device) {
-  HandleWatcher* watcher = set_handle_watcher(nullptr);
-  Tensor out;
-  try {
-    out = Tensor::empty({1}, DType::i64, memory::Tag::other, device);
-  } catch (...) {
-    set_handle_watcher(watcher);
-    throw;
-  }
-  set_handle_watcher(watcher);
-  return out;
-}
+// A 1-element i64 on `device`, for a digest.
+Tensor digest_slot(Device device) { return Tensor::empty({1}, DType::i64, memory::Tag::other, device); }
 
 // Element i of the contiguous i64 `buffer`, as a view made without an op.
 Tensor element(const Tensor& buffer, int64_t i) {
@@ -100,15 +88,7 @@ uint64_t read_now(const ValueDigest& d) {
 // The device digests of `entries` (all on `device`), read with one copy: [first, now] pairs.
 std::vector<uint64_t> read_pairs(Device device, const std::vector<const Pending*>& entries) {
   Backend& be = backend(device);
-  HandleWatcher* watcher = set_handle_watcher(nullptr);
-  Tensor all;
-  try {
-    all = Tensor::empty({static_cast<int64_t>(2 * entries.size())}, DType::i64, memory::Tag::other, device);
-  } catch (...) {
-    set_handle_watcher(watcher);
-    throw;
-  }
-  set_handle_watcher(watcher);
+  Tensor all = Tensor::empty({static_cast<int64_t>(2 * entries.size())}, DType::i64, memory::Tag::other, device);
   std::vector<uint64_t> host(2 * entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     const ValueDigest* pair[2] = {&entries[i]->first, &entries[i]->now};
@@ -131,7 +111,6 @@ std::vector<uint64_t> read_pairs(Device device, const std::vector<const Pending*
 
 std::optional<ValueDigest> take_digest(const Tensor& t) {
   if (!recomputation_check() || !t.defined()) return std::nullopt;
-  if (t.storage()->pending()) return std::nullopt;  // a value the recomputation skipped: left unread
   const Device device = t.device();
   Backend& be = backend(device);
   if (device.type == DeviceType::cpu) {
@@ -168,11 +147,12 @@ void check_digest(const std::optional<ValueDigest>& first, const Tensor& now, st
 
 std::string recompute_mismatch(const std::string& what) {
   return concat(what, ": its recomputation differs, bit for bit, from its first run, so the gradient would differ "
-                      "from save-all's. Its forward is not a pure function of its inputs; the usual causes: state "
-                      "captured outside the tensors (a scalar or a tensor changed between the forward and the backward "
-                      "pass), a private random generator (draw from remat's RNG instead), or train()/eval() switched "
-                      "between the forward and the backward pass. Keep that state fixed until the backward pass is "
-                      "done, or run this part under save-all");
+                      "from save-all's. What ran again (an op's forward: a custom op's, or a loop's step function) is "
+                      "not a pure function of its inputs; the usual causes: state captured outside the tensors (a "
+                      "scalar or a tensor changed between the forward and the backward pass), a private random "
+                      "generator (draw from remat's RNG instead), or, for a loop's step function, train()/eval() "
+                      "switched between the forward and the backward pass. Keep that state fixed until the backward "
+                      "pass is done, or run this part under save-all");
 }
 
 DeferredDigestChecks::DeferredDigestChecks() : mark_(deferred().pending.size()) { ++deferred().scopes; }

@@ -1,5 +1,5 @@
 // Internal: a 64-bit digest of a tensor's values, for checking that a recomputation reproduced
-// its first run bit for bit (region.cpp, dead_ops.cpp, scan.cpp, dynamic.cpp). See Note
+// its first run bit for bit (segment.cpp, scan.cpp, dynamic.cpp). See Note
 // [recomputation check] and Note [device digests are read once a backward pass] in digest.cpp.
 #pragma once
 
@@ -20,8 +20,7 @@ struct ValueDigest {
 };
 
 // The digest of t's values in logical order, taken on t's device, or nullopt where the check does
-// not apply (the check is off, the value is one a recomputation skipped, or t's device has no
-// digest kernel).
+// not apply (the check is off, or t's device has no digest kernel).
 std::optional<ValueDigest> take_digest(const Tensor& t);
 
 // take_digest read to the host at once (for a device value, a wait for the device): what tests

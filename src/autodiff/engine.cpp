@@ -3,10 +3,10 @@
 //
 // Only "needed" nodes run: an executable node from which some terminal can be reached, where a
 // terminal is a leaf accumulator (when accumulating) or a captured edge. Executable means created
-// at or after task.min_sequence_nr, and not an accumulator unless accumulating. A checkpoint
-// region runs the engine over its recomputed sub-tape with capture_all_frontier: gradients that
+// at or after task.min_sequence_nr, and not an accumulator unless accumulating. A loop (scan)
+// runs the engine over a recomputed turn's sub-tape with capture_all_frontier: gradients that
 // leave the sub-tape (towards its inputs, captured parameters or earlier nodes) are returned
-// instead of being propagated, so the region can hand them on along its own edges.
+// instead of being propagated, so the loop can hand them on along its own edges.
 //
 // Note [leaf gradients are transactional]. A backward pass that accumulates into leaves changes
 // no leaf's .grad() until every node has run. When a leaf's AccumulateGrad node runs, all the

@@ -1,5 +1,4 @@
-// Internal: the pieces every node that runs a sub-tape needs (checkpoint regions, scan loops,
-// ordinary ops): hashing edges, attaching a node to the tensors it produced, installing a
+// Internal: the pieces every node that runs a sub-tape needs (scan loops, ordinary ops): hashing edges, attaching a node to the tensors it produced, installing a
 // recording observer for a scope, and the ordered set of edges a node captured from outside.
 #pragma once
 

@@ -20,22 +20,26 @@ uint64_t next_sequence_nr() { return sequence_counter.load(); }
 
 Node::Node() : sequence_nr_(sequence_counter.fetch_add(1)) {}
 
-// Long chains of nodes would otherwise be destroyed recursively (one stack frame per node):
-// edges whose node dies with us are moved to a thread-local queue drained by the outermost call.
+// Long chains of nodes would otherwise be destroyed recursively (one stack frame per node): edges
+// whose node dies with us go to the queue of the outermost destruction in progress on the thread,
+// which drains it. The queue lives on that call's stack and the thread only points at it, so a
+// node destroyed after the thread's thread-local objects (a global tensor holding history at exit)
+// touches nothing already destroyed.
 Node::~Node() {
-  thread_local std::vector<std::shared_ptr<Node>> pending;
-  thread_local bool draining = false;
+  thread_local std::vector<std::shared_ptr<Node>>* draining = nullptr;
+  std::vector<std::shared_ptr<Node>> own;
+  std::vector<std::shared_ptr<Node>>& pending = draining != nullptr ? *draining : own;
   for (auto& edge : next_edges)
     if (edge.node && edge.node.use_count() == 1) pending.push_back(std::move(edge.node));
   next_edges.clear();
-  if (draining) return;
-  draining = true;
-  while (!pending.empty()) {
-    std::shared_ptr<Node> node = std::move(pending.back());
-    pending.pop_back();
+  if (draining != nullptr) return;
+  draining = &own;
+  while (!own.empty()) {
+    std::shared_ptr<Node> node = std::move(own.back());
+    own.pop_back();
     node.reset();
   }
-  draining = false;
+  draining = nullptr;
 }
 
 Edge gradient_edge(const Tensor& t) {

@@ -176,7 +176,6 @@ size_t OpNode::saved_bytes() const {
 // ---- apply
 
 namespace {
-void record(const OpSpec& spec, const TensorList& inputs, TensorList& outputs, size_t visible, BackwardFn backward);
 
 // An op call kept for replay (OpReplay): copies of its definition.
 class StoredOp final : public OpReplay {
@@ -190,9 +189,6 @@ class StoredOp final : public OpReplay {
     return forward_(inputs);
   }
   double flops() const override { return flops_; }
-  void record(const TensorList& inputs, TensorList& outputs) const override {
-    autodiff::record(spec_, inputs, outputs, outputs.size() - static_cast<size_t>(spec_.num_aux), backward_);
-  }
 
  private:
   OpSpec spec_;
@@ -210,15 +206,11 @@ void check_inputs(const OpSpec& spec, const TensorList& inputs) {
   }
 }
 
-// The op's outputs, auxiliary ones included: served by the observer (`replayed`), deferred by it
-// (`deferred`: computed when read), or computed.
-TensorList forward_outputs(const OpSpec& spec, const TensorList& inputs, const ForwardFn& forward, ThreadState& state,
-                           bool& replayed, std::shared_ptr<const OpReplay>& deferred) {
+// The op's outputs, auxiliary ones included.
+TensorList forward_outputs(const OpSpec& spec, const TensorList& inputs, const ForwardFn& forward, ThreadState& state) {
+  if (state.observer && !state.in_backward_formula) state.observer->before_op(spec.name);
   TensorList outputs;
-  const bool observed = state.observer && !state.in_backward_formula;
-  replayed = observed && state.observer->replay(spec.name, outputs);
-  if (!replayed && observed && !state.observer->defer(spec.name, inputs, outputs, deferred)) deferred.reset();
-  if (!replayed && !deferred) {
+  {
     Restore<bool> nested(state.in_op_forward, true);
     try {
       outputs = forward(inputs);
@@ -247,26 +239,19 @@ double op_flops(double flops, const TensorList& outputs, size_t visible) {
   return f;
 }
 
-void count_op(ThreadState& state, bool replayed, bool deferred, double f) {
-  if (deferred) {
-    ++state.counters.skipped_ops;
-    state.counters.skipped_flops += f;
-  } else if (replayed) {
-    ++state.counters.cached_ops;
-  } else {
-    ++state.counters.forward_ops;
-    state.counters.forward_flops += f;
-    if (state.recompute_depth > 0) {
-      ++state.counters.recomputed_ops;
-      state.counters.recomputed_flops += f;
-    }
+void count_op(ThreadState& state, double f) {
+  ++state.counters.forward_ops;
+  state.counters.forward_flops += f;
+  if (state.recompute_depth > 0) {
+    ++state.counters.recomputed_ops;
+    state.counters.recomputed_flops += f;
   }
 }
 
 // The OpEvent for the observer and the listener.
-void notify(const OpSpec& spec, const TensorList& inputs, TensorList& outputs, size_t visible, bool replayed,
-            double f, const ForwardFn& forward, const BackwardFn& backward, ThreadState& state) {
-  OpEvent event{spec.name, inputs, outputs, visible, replayed, 0.0, {}, {}, {}};
+void notify(const OpSpec& spec, const TensorList& inputs, TensorList& outputs, size_t visible, double f,
+            const ForwardFn& forward, const BackwardFn& backward, ThreadState& state) {
+  OpEvent event{spec.name, inputs, outputs, visible, 0.0, {}, {}, {}};
   event.saves_input = [&spec](size_t i) {
     return (spec.save & save_inputs) != 0 && i < 32 && ((spec.saved_inputs_mask >> i) & 1u) != 0;
   };
@@ -333,20 +318,13 @@ TensorList apply(const OpSpec& spec, const TensorList& inputs, const ForwardFn& 
     return outputs;
   }
   check_inputs(spec, inputs);
-  bool replayed = false;
-  std::shared_ptr<const OpReplay> deferred;  // the definition to record a deferred op with
-  TensorList outputs = forward_outputs(spec, inputs, forward, state, replayed, deferred);
+  TensorList outputs = forward_outputs(spec, inputs, forward, state);
   const size_t visible = outputs.size() - static_cast<size_t>(spec.num_aux);
-  if (!state.in_backward_formula) count_op(state, replayed, deferred != nullptr, op_flops(flops, outputs, visible));
+  if (!state.in_backward_formula) count_op(state, op_flops(flops, outputs, visible));
   if ((state.observer || state.listener) && !state.in_backward_formula)
-    notify(spec, inputs, outputs, visible, replayed || deferred, op_flops(flops, outputs, visible), forward, backward,
-           state);
+    notify(spec, inputs, outputs, visible, op_flops(flops, outputs, visible), forward, backward, state);
   if (!should_record(inputs, state)) {
     outputs.resize(visible);
-    return outputs;
-  }
-  if (deferred) {
-    deferred->record(inputs, outputs);
     return outputs;
   }
   record(spec, inputs, outputs, visible, std::move(backward));

@@ -32,6 +32,7 @@ struct PackedStorage {
   std::shared_ptr<hooks_detail::HooksState> state;  // the hooks that packed it unpack it
   PackedValue value;
   std::weak_ptr<Storage> original;
+  uint64_t version = 0;  // of the original when packed: a storage written since is another value
   DType dtype = DType::f32;
   int64_t numel = 0;
   size_t bytes = 0;
@@ -41,7 +42,6 @@ namespace {
 
 thread_local std::vector<std::shared_ptr<hooks_detail::HooksState>> hooks_stack;
 thread_local bool inside_hook = false;  // a hook's own ops never pack
-thread_local StreamProbe* stream_probe = nullptr;
 
 // A contiguous 1-D tensor over the whole of `storage`, read as `dtype`.
 Tensor whole_storage(const std::shared_ptr<Storage>& storage, DType dtype) {
@@ -65,13 +65,22 @@ class InsideHook {
   bool previous_;
 };
 
-// The packed form of `storage` under `state`: packed now, or shared with an earlier save.
+// Note [hooks that decline]. Hooks nest, and the innermost may not want every value: a checkpoint
+// segment drops the values it can make again and declines the rest (a parameter, a value made
+// before it opened), which must then be kept exactly as if the segment were not there: packed by
+// the hooks around it (an offload target, an enclosing segment that made it), or held plainly.
+// So a SavedTensor asks the hooks from the innermost outwards, and the first that packs the value
+// keeps it; a declined storage is not remembered, and is asked about again at its next save.
+//
+// The packed form of `storage` under `state`: packed now, shared with an earlier save, or null
+// where the hooks decline it.
 std::shared_ptr<PackedStorage> pack_storage(const std::shared_ptr<hooks_detail::HooksState>& state,
                                                     const std::shared_ptr<Storage>& storage, DType dtype) {
   auto it = state->packed.find(storage.get());
   if (it != state->packed.end()) {
     std::shared_ptr<PackedStorage> existing = it->second.lock();
-    if (existing && existing->original.lock() == storage && existing->dtype == dtype) {
+    if (existing && existing->original.lock() == storage && existing->dtype == dtype &&
+        existing->version == storage->version()) {
       if (state->hooks.repack) {
         InsideHook guard;
         state->hooks.repack(existing->value);
@@ -79,28 +88,27 @@ std::shared_ptr<PackedStorage> pack_storage(const std::shared_ptr<hooks_detail::
       return existing;
     }
   }
+  PackedValue value;
+  {
+    InsideHook guard;
+    value = state->hooks.pack(whole_storage(storage, dtype));
+  }
+  if (!value) return nullptr;  // declined: the enclosing hooks (or none) keep it
   auto packed = std::make_shared<PackedStorage>();
   packed->state = state;
   if (state->hooks.prefetch) ++hooks_detail::prefetching_packed;
   packed->original = storage;
+  packed->version = storage->version();
   packed->dtype = dtype;
   packed->bytes = storage->bytes();
   packed->numel = static_cast<int64_t>(storage->bytes() / dtype_size(dtype));
-  {
-    InsideHook guard;
-    packed->value = state->hooks.pack(whole_storage(storage, dtype));
-  }
+  packed->value = std::move(value);
   state->packed[storage.get()] = packed;
   if (state->packed.size() > 64 && state->packed.size() % 64 == 0) {
     for (auto i = state->packed.begin(); i != state->packed.end();)
       i = i->second.expired() ? state->packed.erase(i) : std::next(i);
   }
   return packed;
-}
-
-// The probe's key for a saved value: its packed form with hooks, else its storage.
-const void* probe_key(const std::shared_ptr<PackedStorage>& packed, const Tensor& value) {
-  return packed ? static_cast<const void*>(packed.get()) : value.storage().get();
 }
 
 }  // namespace
@@ -119,27 +127,22 @@ bool counted_as_saved(const Storage& storage) {
 
 SavedTensor::SavedTensor(const Tensor& value) {
   if (!value.defined()) return;
-  // a value a recomputation deferred (Storage's deferred constructor): computed now, on this thread
-  if (value.storage()->pending()) value.storage()->data();
-  // what the probe does not count: a storage held before, or not the saved bytes' (a parameter)
-  const bool held_before =
-      stream_probe && (saved_holders(*value.storage()) > 0 || !counted_as_saved(*value.storage()));
-  if (!hooks_stack.empty() && !inside_hook) {
+  // the innermost hooks that take it (Note [hooks that decline])
+  for (size_t h = hooks_stack.size(); h-- > 0 && !inside_hook && !packed_;)
+    packed_ = pack_storage(hooks_stack[h], value.storage(), value.dtype());
+  if (packed_) {
     const std::shared_ptr<Storage>& storage = value.storage();
-    packed_ = pack_storage(hooks_stack.back(), storage, value.dtype());
-    if (stream_probe) stream_probe->saved(packed_.get(), packed_->bytes, held_before);
     offset_ = value.offset();
     shape_ = value.shape();
     strides_ = value.strides();
     dtype_ = value.dtype();
-    original_ = storage;
     version_ = storage->version();
+    watch_ = storage->version_watch();
     return;
   }
   value_ = value.detach();  // no grad_fn: no cycle through the node that keeps it
   version_ = value_.storage()->version();
   value_.storage()->add_saved_reference();
-  if (stream_probe) stream_probe->saved(value_.storage().get(), value_.storage()->bytes(), held_before);
 }
 
 SavedTensor::~SavedTensor() { release(); }
@@ -147,7 +150,7 @@ SavedTensor::~SavedTensor() { release(); }
 SavedTensor::SavedTensor(SavedTensor&& other) noexcept
     : value_(std::move(other.value_)), packed_(std::move(other.packed_)), offset_(other.offset_),
       shape_(std::move(other.shape_)), strides_(std::move(other.strides_)), dtype_(other.dtype_),
-      original_(std::move(other.original_)), version_(other.version_), released_(other.released_) {
+      watch_(std::move(other.watch_)), version_(other.version_), released_(other.released_) {
   other.value_ = Tensor();
   other.packed_.reset();
 }
@@ -161,7 +164,7 @@ SavedTensor& SavedTensor::operator=(SavedTensor&& other) noexcept {
     shape_ = std::move(other.shape_);
     strides_ = std::move(other.strides_);
     dtype_ = other.dtype_;
-    original_ = std::move(other.original_);
+    watch_ = std::move(other.watch_);
     version_ = other.version_;
     released_ = other.released_;
     other.value_ = Tensor();
@@ -173,11 +176,11 @@ SavedTensor& SavedTensor::operator=(SavedTensor&& other) noexcept {
 Tensor SavedTensor::get() const {
   REMAT_CHECK(!released_, "a value saved for the backward pass was already freed: the graph was run backward "
                           "once already (pass retain_graph=true to run it again)");
-  if (stream_probe && defined()) stream_probe->read(probe_key(packed_, value_));
   if (packed_) {
-    if (std::shared_ptr<Storage> original = original_.lock())
-      REMAT_CHECK(original->version() == version_, "a tensor of shape ", shape_str(shape_),
-                  " saved for the backward pass was modified in place after it was saved; its gradient would be wrong");
+    // the watch, not the storage: the hooks may have let the storage go, and a write made before it
+    // was freed is still a write
+    REMAT_CHECK(*watch_ == version_, "a tensor of shape ", shape_str(shape_),
+                " saved for the backward pass was modified in place after it was saved; its gradient would be wrong");
     Tensor storage;
     {
       InsideHook guard;
@@ -206,7 +209,6 @@ Tensor SavedTensor::get() const {
 }
 
 void SavedTensor::release() {
-  if (stream_probe && !released_ && defined()) stream_probe->released(probe_key(packed_, value_));
   if (value_.defined()) {
     value_.storage()->remove_saved_reference();
     value_ = Tensor();
@@ -216,40 +218,6 @@ void SavedTensor::release() {
     packed_.reset();
     released_ = true;
   }
-}
-
-// Note [a record read back value by value]. A record sent to the offload target need not come
-// back whole: each value is read when its backward first reads it and is gone once its last
-// holder is released, so while the record's backward runs it keeps in memory only the values
-// between their first read and their last use. StreamProbe measures the most such bytes at once
-// during a profiling re-run's backward (the engine's order: what the runtime does), keyed by the
-// storage (or its packed form, one per storage). A storage another value held before the record
-// saved it (its input, which the region keeps; the previous record's output) is the other
-// holder's, and a parameter is no saved value: neither is counted, as the record's saved bytes do
-// not count them (ChainCosts::streamed_bytes).
-StreamProbe::StreamProbe() : previous_(stream_probe) { stream_probe = this; }
-StreamProbe::~StreamProbe() { stream_probe = previous_; }
-
-void StreamProbe::saved(const void* key, size_t bytes, bool held_before) {
-  if (reading_) return;
-  Value& v = values_[key];
-  if (v.holders++ == 0) v = Value{bytes, 1, !held_before, false};
-}
-
-void StreamProbe::read(const void* key) {
-  auto it = values_.find(key);
-  if (it == values_.end() || it->second.read) return;
-  it->second.read = true;
-  if (!it->second.counted) return;
-  live_ += it->second.bytes;
-  peak_ = std::max(peak_, live_);
-}
-
-void StreamProbe::released(const void* key) {
-  auto it = values_.find(key);
-  if (it == values_.end() || --it->second.holders > 0) return;
-  if (it->second.read && it->second.counted) live_ -= it->second.bytes;
-  values_.erase(it);  // its address may be a new storage's later
 }
 
 size_t SavedTensor::bytes() const {

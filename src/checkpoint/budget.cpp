@@ -4,6 +4,7 @@
 #include "budget_internal.h"
 
 #include <algorithm>
+#include <map>
 #include <unordered_set>
 
 #include "remat/autodiff.h"
@@ -229,10 +230,14 @@ schedule::ChainCosts BudgetPlanner::State::held_costs(const schedule::ChainCosts
   for (size_t i = 0; i < profiles.size(); ++i)
     held.saved_input_bytes.push_back(std::min(profiles[i]->saved_input_bytes, measured.boundary_bytes[i]));
   held.boundaries_counted_when_held = true;
-  std::unordered_map<int, int> swept_index, gap_index;  // the profile's value numbers, 0.. in order
+  std::unordered_map<int, int> gap_index;  // the profile's value numbers, 0.. in order
   const auto number = [](std::unordered_map<int, int>& index, int value) {
     return index.emplace(value, static_cast<int>(index.size())).first->second;
   };
+  // a swept value's number is per maker: one storage that two sweeps see as made by different
+  // stages (the input of two layer calls, a layer that returns its input) is two values to the
+  // chain model, counted twice at most (on the safe side), never one value with two makers
+  std::map<std::pair<int, int>, int> swept_index;
   // What the ops between calls save was live when the profiled backward reached the chain (they
   // all ran recorded), so measured_after_chain_bytes holds it; gap_saved counts it now, where it
   // lives (but what the ops after the chain save too, such as a mask they read as well).
@@ -245,7 +250,7 @@ schedule::ChainCosts BudgetPlanner::State::held_costs(const schedule::ChainCosts
   held.boundary_bytes.back() -= std::min(in_gaps, measured_after_chain_bytes());
   for (const auto& p : profiles) {
     for (schedule::ChainCosts::SweptValue v : p->sweep_kept) {
-      v.value = number(swept_index, v.value);
+      v.value = swept_index.emplace(std::make_pair(v.value, v.made_by), static_cast<int>(swept_index.size())).first->second;
       held.swept_values.push_back(v);
     }
     for (schedule::ChainCosts::GapSaved g : p->gap_saved) {
@@ -293,6 +298,7 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Dev
   report.reset();
   profiles.clear();
   stage_labels.clear();
+  stage_keys.clear();
   // the counters of the device the profiled values live on (those the regions read, region.cpp)
   const memory::Stats s = memory_stats(device);
   saved_live_at_entry = s.live(memory::Tag::saved);
@@ -448,7 +454,41 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   }
   read_plan = read_plan_of(r.plan);
   costs = measured;
+  planned_keys = stage_keys;
   report = std::move(r);  // the profile is kept: another budget re-plans from it
+  std::erase_if(cache, [&](const Cached& c) { return c.signature == shapes; });
+  cache.push_back({shapes, report->policy, report->offload_target, planned_keys, *report, *costs, read_plan});
+  if (cache.size() > kCachedPlans) cache.erase(cache.begin());
+}
+
+// Note [what a plan is for]. A plan is made for one sequence of layer calls: the calls its
+// profile met, each with its label and its inputs' shapes and dtypes (stage_key). Each call of a
+// planned step is compared with the stage its position plans for; a call that differs (a router
+// that picked another layer, another count) makes the plan stale: the step finishes under it and
+// the next one profiles again. Plans for other input shapes (bucketed lengths, a last partial
+// batch) are kept, a few, and put back in force when those shapes come again, instead of
+// profiling each time. Whatever the plan, the measured peak of each step is compared with the
+// budget (Note [a budget compared at every step] in call.cpp).
+bool BudgetPlanner::State::restore_plan(const std::vector<Shape>& shapes, const Policy& budget) {
+  const std::string target = budget.saved.offload ? budget.saved.offload->to_string() : "";
+  for (size_t i = cache.size(); i-- > 0;) {
+    Cached& c = cache[i];
+    if (c.signature != shapes || c.policy != budget.keep.to_string() || c.target != target) continue;
+    report = c.report;
+    costs = c.costs;
+    read_plan = c.read_plan;
+    planned_keys = c.keys;
+    stale = false;
+    std::rotate(cache.begin() + static_cast<std::ptrdiff_t>(i), cache.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                cache.end());
+    return true;
+  }
+  return false;
+}
+
+void BudgetPlanner::State::drop_plan() {
+  stale = true;
+  if (report) std::erase_if(cache, [&](const Cached& c) { return c.signature == report->signature; });
 }
 
 OffloadCharge charge_offload(const std::string& directory, Device device, schedule::ChainCosts& costs) {

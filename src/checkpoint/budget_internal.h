@@ -9,6 +9,7 @@
 
 #include "remat/autodiff.h"
 #include "remat/budget.h"
+#include "remat/counters.h"
 #include "remat/offload.h"
 #include "remat/policy.h"
 
@@ -22,6 +23,23 @@ struct BudgetPlanner::State {
   Device device = kCpu;  // where the profiled values live
   std::vector<std::shared_ptr<RegionProfile>> profiles;  // one per stage (layer call), in order
   std::vector<std::string> stage_labels;
+  // Note [what a plan is for]: each profiled stage's key (stage_key), and the plan in force's
+  std::vector<std::string> stage_keys, planned_keys;
+  // plans made before, for other input shapes, most recent last (at most kCachedPlans)
+  struct Cached {
+    std::vector<Shape> signature;
+    std::string policy, target;
+    std::vector<std::string> keys;
+    Report report;
+    schedule::ChainCosts costs;
+    std::shared_ptr<const detail::OffloadReadPlan> read_plan;
+  };
+  static constexpr size_t kCachedPlans = 8;
+  std::vector<Cached> cache;
+  // Puts the plan in force for these shapes and this budget from the cache, if one is kept there.
+  bool restore_plan(const std::vector<Shape>& shapes, const Policy& budget);
+  // Forgets the plan in force (its stages were not the calls met) and its cached copy.
+  void drop_plan();
   size_t saved_live_at_entry = 0, saved_peak_at_entry = 0;
   // profiling: what the ops between layer calls read, and who made it (Note [what a sweep keeps]
   // in budget.cpp): the calls met so far; per storage a call took as its input, the latest such
@@ -92,5 +110,20 @@ struct BudgetPlanner::State {
   // Starts (or continues) profiling these shapes: the next layer calls are measured stages.
   void start_profiling(const std::vector<Shape>& shapes, Device device);
 };
+
+namespace detail {
+
+// A layer call's key: its label and its inputs' shapes and dtypes (Note [what a plan is for]).
+std::string stage_key(const std::string& label, const TensorList& inputs);
+
+// Note [a budget compared at every step] (budget_check.cpp). Starts the check of a plan scope's
+// step (restarting its device's window of peaks); the end of each outermost backward pass that
+// follows compares the window's peak of saved bytes with the budget (check_budget).
+void begin_budget_check(const std::shared_ptr<BudgetPlanner>& planner, const Policy& budget, const std::string& scope,
+                        const std::vector<Shape>& shapes, Device device);
+void check_budget();
+BudgetCounters& budget_counters();
+
+}  // namespace detail
 
 }  // namespace remat

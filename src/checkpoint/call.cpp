@@ -10,6 +10,7 @@
 
 #include "budget_internal.h"
 #include "region.h"
+#include "segment.h"
 #include "remat/checkpoint.h"
 #include "remat/offload.h"
 #include "remat/memory.h"
@@ -18,8 +19,7 @@ namespace remat {
 
 namespace {
 
-using detail::CallStepInfo;
-using detail::Region;
+using detail::Segment;
 
 // A plan scope: the outermost transparent call under a budget.
 struct PlanScope {
@@ -31,16 +31,16 @@ struct PlanScope {
   std::shared_ptr<autodiff::OpListener> watch;  // while profiling (Note [what a sweep keeps] in budget.cpp)
   const std::vector<schedule::PlanNode>* plan = nullptr;
   int stages = 0;
-  int position = 0;                 // layer calls met so far
-  std::shared_ptr<Region> segment;  // the open plan region, if any
-  const schedule::PlanNode* segment_node = nullptr;
+  int position = 0;  // layer calls met so far
+  // the plan's regions open at this position, outermost first: a segment each (Note [one graph])
+  std::vector<std::pair<std::shared_ptr<Segment>, const schedule::PlanNode*>> open;
 };
 
 struct Frame {
   bool transparent = false;
   std::string label;
   // transparent frames: the open every-k group
-  std::shared_ptr<Region> group;
+  std::shared_ptr<Segment> group;
   Policy group_policy;
   std::string group_first, group_last;
   int group_count = 0;
@@ -52,24 +52,23 @@ thread_local std::vector<Frame*> frames;
 
 void close_group(Frame& f) {
   if (!f.group) return;
-  std::shared_ptr<Region> g = std::move(f.group);
+  std::shared_ptr<Segment> g = std::move(f.group);
   f.group.reset();
   g->set_label(f.group_first == f.group_last ? f.group_first : f.group_first + ".." + f.group_last);
   g->close();
 }
 
 void finish_plan(PlanScope& ps, bool unwinding) {
-  if (ps.segment) {
-    std::shared_ptr<Region> s = std::move(ps.segment);
-    ps.segment.reset();
-    if (unwinding) {
+  if (!ps.open.empty() && !unwinding) ps.state->drop_plan();  // the plan's last region was not reached
+  while (!ps.open.empty()) {
+    std::shared_ptr<Segment> s = std::move(ps.open.back().first);
+    ps.open.pop_back();
+    if (unwinding)
       s->abort();
-    } else {
+    else
       s->close();
-      ps.state->stale = true;  // the plan's last region was not reached
-    }
   }
-  if (!unwinding && !ps.profiling && ps.position != ps.stages) ps.state->stale = true;
+  if (!unwinding && !ps.profiling && ps.position != ps.stages) ps.state->drop_plan();
 }
 
 // Pushes a frame for the duration of a call; on exit closes what the frame owns.
@@ -120,19 +119,26 @@ TensorList run_plain(const RegionFn& fn, const TensorList& inputs, const CallSit
   return layer_function(fn, site, record_all)(inputs);
 }
 
+// One layer call as a region: a segment of its own (Note [one graph] in segment.cpp), which writes
+// `profile` where given (budget planning).
 TensorList single_region(const RegionFn& fn, const TensorList& inputs, const CallSite& site, const Policy& policy,
                          std::shared_ptr<RegionProfile> profile = nullptr, bool record_all = false) {
-  auto region = std::make_shared<Region>(Region::Kind::call, policy, site.label, std::move(profile));
+  auto segment = std::make_shared<Segment>(site.label, detail::device_of(inputs), /*group=*/false);
+  if (policy.keep.kind == Policy::Kind::selective) segment->keep_outputs_of(policy.keep);
+  if (profile) segment->set_profile(std::move(profile));
+  segment->set_inputs(inputs);
   ScopedPolicy scope(policy);
-  region->open(detail::device_of(inputs));
+  segment->open();
   TensorList outputs;
   try {
-    outputs = region->add_call(layer_function(fn, site, record_all), inputs, CallStepInfo{site, -1});
+    Segment::InCall in_call(*segment, site.label);
+    outputs = run_plain(fn, inputs, site, record_all);
   } catch (...) {
-    region->abort();
+    segment->abort();
     throw;
   }
-  region->close();
+  segment->set_outputs(outputs);
+  segment->close();
   return outputs;
 }
 
@@ -152,6 +158,7 @@ std::unique_ptr<PlanScope> begin_plan(const CallSite& site, const Policy& budget
   std::vector<Shape> shapes;
   for (const auto& t : inputs) shapes.push_back(t.defined() ? t.shape() : Shape{});
   BudgetPlanner::State& st = *ps->state;
+  if (!st.planned_for(shapes, budget)) st.restore_plan(shapes, budget);  // Note [what a plan is for]
   if (!st.stale && !st.planned_for(shapes, budget) && st.can_plan(shapes))
     st.make_plan(budget, shapes, ps->label);
   if (st.planned_for(shapes, budget)) {
@@ -162,6 +169,7 @@ std::unique_ptr<PlanScope> begin_plan(const CallSite& site, const Policy& budget
     ps->profiling = true;
     ps->watch = st.watch_sweeps();
   }
+  detail::begin_budget_check(ps->planner, budget, ps->label, shapes, detail::device_of(inputs));
   return ps;
 }
 
@@ -189,6 +197,13 @@ TensorList run_transparent(const RegionFn& fn, const TensorList& inputs, const C
   return fn(inputs);
 }
 
+// The node of `plan` (a plan tree's level) that holds layer call `position`, or null.
+const schedule::PlanNode* plan_node_at(const std::vector<schedule::PlanNode>& plan, int position) {
+  for (const auto& n : plan)
+    if (n.first <= position && position <= n.last) return &n;
+  return nullptr;
+}
+
 TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inputs, const CallSite& site) {
   const int position = ps.position++;
   BudgetPlanner::State& st = *ps.state;
@@ -197,39 +212,53 @@ TensorList planned_call(PlanScope& ps, const RegionFn& fn, const TensorList& inp
     st.profile_call_start(*profile, inputs);  // what a sweep would keep (Note [what a sweep keeps])
     st.profiles.push_back(profile);
     st.stage_labels.push_back(site.label);
+    st.stage_keys.push_back(detail::stage_key(site.label, inputs));
     TensorList outputs = single_region(fn, inputs, site, Policy::every_layer(), profile, /*record_all=*/true);
     st.profile_call_end(outputs);
     return outputs;
   }
   if (position >= ps.stages) {
-    st.stale = true;  // more layer calls than planned: profile again next time
+    st.drop_plan();  // more layer calls than planned: profile again next time
     return single_region(fn, inputs, site, Policy::every_layer());
   }
-  const schedule::PlanNode* node = nullptr;
-  for (const auto& n : *ps.plan)
-    if (n.first <= position && position <= n.last) node = &n;
+  // another call than planned here (Note [what a plan is for]): the step runs on, the next profiles
+  if (st.planned_keys.size() == static_cast<size_t>(ps.stages) &&
+      st.planned_keys[static_cast<size_t>(position)] != detail::stage_key(site.label, inputs))
+    st.drop_plan();
+  const schedule::PlanNode* node = plan_node_at(*ps.plan, position);
   REMAT_ASSERT(node != nullptr, "budget plan has no node for layer call ", position);
   std::optional<detail::OffloadGate> gate;
   if (node->offloaded) gate.emplace(detail::OffloadGate::Mode::every_value);  // all it keeps goes to the target
   const detail::OffloadPlanNode packed_by(node->first);  // where the backward reads its values ahead
-  if (node->kind == schedule::PlanNode::Kind::stage) {
-    return run_plain(fn, inputs, site, /*record_all=*/true);
+  if (node->kind == schedule::PlanNode::Kind::stage) return run_plain(fn, inputs, site, /*record_all=*/true);
+  if (ps.open.empty() && position != node->first) {  // entered mid-region: the calls changed since the plan
+    st.drop_plan();
+    return single_region(fn, inputs, site, Policy::every_layer());
   }
-  if (!ps.segment) {
-    if (position != node->first) {  // entered mid-region: the calls changed since the plan was made
-      st.stale = true;
-      return single_region(fn, inputs, site, Policy::every_layer());
+  // the regions of the plan tree that hold this position, each a segment opened at its first call
+  for (size_t level = 0; node != nullptr && node->kind == schedule::PlanNode::Kind::region; ++level) {
+    REMAT_ASSERT(level >= ps.open.size() || ps.open[level].second == node, "budget plan: layer call ", position,
+                 " is outside the open region ", schedule::format_tree({*ps.open[std::min(level, ps.open.size() - 1)].second}));
+    if (level == ps.open.size()) {
+      REMAT_ASSERT(position == node->first, "budget plan region ", schedule::format_tree({*node}),
+                   " entered at layer call ", position);
+      auto segment = std::make_shared<Segment>(
+          "R[" + std::to_string(node->first) + ".." + std::to_string(node->last) + "]", detail::device_of(inputs),
+          /*group=*/true);
+      segment->open();
+      ps.open.emplace_back(std::move(segment), node);
     }
-    ps.segment = std::make_shared<Region>(Region::Kind::segment, Policy::every_layer(),
-                                          "R[" + std::to_string(node->first) + ".." + std::to_string(node->last) + "]",
-                                          nullptr, node->children);
-    ps.segment_node = node;
-    ps.segment->open(detail::device_of(inputs));
+    node = plan_node_at(node->children, position);
   }
-  TensorList outputs = ps.segment->add_call(layer_function(fn, site), inputs, CallStepInfo{site, position});
-  if (position == node->last) {
-    std::shared_ptr<Region> s = std::move(ps.segment);
-    ps.segment.reset();
+  TensorList outputs;
+  {
+    std::vector<std::unique_ptr<Segment::InCall>> in_call;
+    for (auto& [segment, open_node] : ps.open) in_call.push_back(std::make_unique<Segment::InCall>(*segment, site.label));
+    outputs = run_plain(fn, inputs, site, /*record_all=*/true);
+  }
+  while (!ps.open.empty() && ps.open.back().second->last == position) {
+    std::shared_ptr<Segment> s = std::move(ps.open.back().first);
+    ps.open.pop_back();
     s->close();
   }
   return outputs;
@@ -239,13 +268,17 @@ TensorList grouped_call(Frame& top, const Policy& policy, const RegionFn& fn, co
                         const CallSite& site) {
   if (top.group && !(top.group_policy == policy)) close_group(top);
   if (!top.group) {
-    top.group = std::make_shared<Region>(Region::Kind::segment, policy, site.label);
+    top.group = std::make_shared<Segment>(site.label, detail::device_of(inputs), /*group=*/true);
     top.group_policy = policy;
     top.group_first = site.label;
     top.group_count = 0;
-    top.group->open(detail::device_of(inputs));
+    top.group->open();
   }
-  TensorList outputs = top.group->add_call(layer_function(fn, site), inputs, CallStepInfo{site, -1});
+  TensorList outputs;
+  {
+    Segment::InCall in_call(*top.group, site.label);
+    outputs = run_plain(fn, inputs, site);
+  }
   top.group_last = site.label;
   if (++top.group_count >= policy.keep.k) close_group(top);
   return outputs;
@@ -264,7 +297,7 @@ TensorList layer_call(Frame& top, const RegionFn& fn, const TensorList& inputs, 
   if (policy.keep.kind == Policy::Kind::every_k && policy.keep.k > 1 && !own) return grouped_call(top, policy, fn, inputs, site);
   close_group(top);
   // Inside an open segment (a plan region spanning this call's container): the segment covers it.
-  if (!policy.keep.recomputes() || policy.keep.kind == Policy::Kind::budget || detail::inside_first_run())
+  if (!policy.keep.recomputes() || policy.keep.kind == Policy::Kind::budget || detail::segment_open())
     return run_plain(fn, inputs, site);
   return single_region(fn, inputs, site, policy);
 }
@@ -285,7 +318,7 @@ TensorList detail::explicit_region(const RegionFn& fn, const TensorList& inputs,
     ~Depth() { --depth; }
   } level;
   const Policy policy = site.policy.value_or(current_policy());
-  if (!policy.recomputes() || policy.keep.kind == Policy::Kind::budget || !grad_enabled() || detail::inside_first_run()) {
+  if (!policy.recomputes() || policy.keep.kind == Policy::Kind::budget || !grad_enabled()) {
     // the enclosing region (if any) covers this one; it becomes a region of its own when re-run
     CallSite plain = site;
     plain.policy = policy;

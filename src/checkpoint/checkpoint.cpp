@@ -7,15 +7,19 @@
 #include <sstream>
 
 #include "saved/dynamic_internal.h"
+#include "budget_internal.h"
 #include "region.h"
 #include "remat/memory.h"
 #include "tensor/device_time.h"
 
 namespace remat {
 
-namespace {
+detail::RegionCounters& detail::region_counters() {
+  thread_local RegionCounters c;
+  return c;
+}
 
-using detail::Region;
+namespace {
 
 std::mutex warning_mutex;
 WarningHandler warning_handler;  // guarded by warning_mutex; empty: stderr
@@ -23,15 +27,22 @@ WarningHandler warning_handler;  // guarded by warning_mutex; empty: stderr
 // Warns once per thread when a backward pass under a recomputing policy met no region and no loop
 // that recomputes (scan, while_loop), and the forward made no layer call (layer calls that all
 // chose to keep everything, e.g. by their own save-all policy or a budget plan of stages only, are
-// a decision, not an oversight).
+// a decision, not an oversight). A backward with no forward op since the last one (a second
+// backward through a retained graph) is not judged: its forward was.
 void on_backward_end(bool may_warn) {
+  detail::check_budget();  // Note [a budget compared at every step]
   auto& rc = detail::region_counters();
   const uint64_t regions = rc.run_in_backward + rc.loops_run_in_backward, calls = rc.layer_calls_since_backward;
   rc.run_in_backward = 0;
   rc.loops_run_in_backward = 0;
   rc.layer_calls_since_backward = 0;
+  const autodiff::OpCounters ops = autodiff::op_counters();
+  thread_local uint64_t first_run_ops_then = 0;
+  const uint64_t first_run_ops = ops.forward_ops - ops.recomputed_ops;
+  const bool forward_since = first_run_ops != first_run_ops_then;
+  first_run_ops_then = first_run_ops;
   thread_local bool warned = false;
-  if (!may_warn || regions > 0 || calls > 0 || warned) return;
+  if (!may_warn || !forward_since || regions > 0 || calls > 0 || warned) return;
   const Policy policy = current_policy();
   if (!policy.keep.recomputes()) return;  // dynamic and offload work on saved values, not regions
   warned = true;
@@ -117,6 +128,7 @@ Counters counters() {
   c.layer_calls = rc.layer_calls;
   c.regions = rc.records;
   c.dynamic = detail::dynamic_counters();
+  c.budget = detail::budget_counters();
   return c;
 }
 
@@ -130,6 +142,7 @@ void reset_counters() {
   rc.records.clear();
   rc.first_record_of.clear();
   detail::dynamic_counters() = {};
+  detail::budget_counters() = {};
 }
 
 std::string memory_report(size_t save_all_peak_bytes) { return memory_report(counters(), save_all_peak_bytes); }

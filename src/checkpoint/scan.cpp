@@ -47,7 +47,6 @@ class ScanNode;
 class CaptureFinder final : public autodiff::RecordingObserver {
  public:
   explicit CaptureFinder(ScanNode& node) : node_(node) {}
-  bool replay(const std::string&, TensorList&) override { return false; }
   void after_forward(autodiff::OpEvent& event) override;
   bool suppress_recording(const TensorList& inputs) override;
 
@@ -83,7 +82,7 @@ class ScanNode final : public autodiff::Node {
     return total;
   }
 
-  // Note [what a region version-checks] (region.h): what the untaped steps read, checked before
+  // Note [what a recomputation version-checks] (region.h): what the untaped steps read, checked before
   // they are run again.
   detail::ReadVersions read_versions;
 

@@ -1,5 +1,5 @@
-// Internal: the versions of the storages a recomputation will read again (Note [what a region
-// version-checks] in region.h). Used by checkpoint regions and scan loops.
+// Internal: the versions of the storages a recomputation will read again (Note [what a
+// recomputation version-checks] in region.h). Used by scan loops.
 #pragma once
 
 #include <memory>

@@ -25,7 +25,8 @@ struct GradientBuckets::State {
     bool in = false;     // its gradient is in the bucket this step
   };
   struct Bucket {
-    Tensor flat, gathered;
+    std::vector<Tensor> flats;  // one per block of this rank's micro-batches; the sum lands in the first
+    Tensor scratch;             // the ordered sum's
     std::vector<size_t> slots;
     size_t missing = 0;  // slots whose gradient has not arrived this step
     std::unique_ptr<internal::AsyncSum> sum;
@@ -33,6 +34,8 @@ struct GradientBuckets::State {
   };
   Reduction mode;
   int world = 1;
+  internal::SumLayout layout;
+  size_t pieces = 1;  // this rank's blocks
   std::vector<Slot> slots;
   std::vector<Bucket> buckets;
   std::unordered_map<const TensorImpl*, size_t> index;
@@ -45,7 +48,7 @@ struct GradientBuckets::State {
       Bucket& b = buckets[next_to_start++];
       if (!b.sum) {
         if (first_start == Clock::time_point{}) first_start = Clock::now();  // the step's first bucket
-        b.sum = internal::start_sum(b.flat, b.gathered, mode);
+        b.sum = internal::start_sum(b.flats, b.scratch, layout, mode);
         if (early) ++started_early;
       }
     }
@@ -62,12 +65,14 @@ struct GradientBuckets::State {
   size_t started_early = 0;
 };
 
-GradientBuckets::GradientBuckets(std::vector<Tensor> params, size_t bucket_bytes, Reduction mode)
+GradientBuckets::GradientBuckets(std::vector<Tensor> params, size_t bucket_bytes, Reduction mode, int64_t accumulate)
     : state_(std::make_unique<State>()) {
   REMAT_CHECK(bucket_bytes >= 1, "distributed: the bucket size must be at least 1 byte");
   State& s = *state_;
   s.mode = mode;
   s.world = world_size();
+  s.layout = internal::layout_of(accumulate, s.world);
+  s.pieces = s.layout.blocks[static_cast<size_t>(rank())].size();
   // reverse registration order: the backward reaches the last parameters first
   for (size_t i = params.size(); i-- > 0;) {
     const Tensor& p = params[i];
@@ -98,12 +103,10 @@ GradientBuckets::GradientBuckets(std::vector<Tensor> params, size_t bucket_bytes
   }
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     State::Bucket& bucket = s.buckets[b];
-    bucket.flat = Tensor::empty({elements[b]}, dtypes[b], memory::Tag::other);
-    if (mode == Reduction::ordered && s.world > 1) {
-      REMAT_CHECK(elements[b] <= std::numeric_limits<int64_t>::max() / s.world, "distributed: bucket ", b,
-                  " is too large to gather from ", s.world, " ranks");
-      bucket.gathered = Tensor::empty({elements[b] * s.world}, dtypes[b], memory::Tag::other);
-    }
+    for (size_t j = 0; j < s.pieces; ++j) bucket.flats.push_back(Tensor::empty({elements[b]}, dtypes[b], memory::Tag::other));
+    if (mode == Reduction::ordered && s.world > 1)
+      bucket.scratch =
+          Tensor::empty({internal::scratch_elements(elements[b], s.layout)}, dtypes[b], memory::Tag::other);
     bucket.missing = bucket.slots.size();
   }
 }
@@ -121,26 +124,40 @@ size_t GradientBuckets::bucket_of(size_t param) const {
 
 size_t GradientBuckets::buffer_bytes() const {
   size_t total = 0;
-  for (const auto& b : state_->buckets) total += b.flat.nbytes() + (b.gathered.defined() ? b.gathered.nbytes() : 0);
+  for (const auto& b : state_->buckets) {
+    for (const Tensor& f : b.flats) total += f.nbytes();
+    if (b.scratch.defined()) total += b.scratch.nbytes();
+  }
   return total;
 }
 
 void GradientBuckets::ready(const Tensor& p) {
+  REMAT_CHECK(state_->pieces == 1, "distributed: GradientBuckets::ready(p): this rank holds ", state_->pieces,
+              " blocks of micro-batches (--accumulate); pass their partial sums");
+  ready(p, {p.grad()});
+}
+
+void GradientBuckets::ready(const Tensor& p, const std::vector<Tensor>& pieces) {
   State& s = *state_;
   auto it = p.defined() ? s.index.find(p.impl_ptr().get()) : s.index.end();
   REMAT_CHECK(it != s.index.end(), "distributed: GradientBuckets::ready: \"", p.defined() ? p.name() : "undefined",
               "\" is not one of the bucketed parameters");
   State::Slot& slot = s.slots[it->second];
   REMAT_CHECK(!slot.in, "distributed: the gradient of \"", p.name(), "\" was reported twice in one step");
-  Tensor g = p.grad();
-  REMAT_CHECK(g.defined() && g.shape() == p.shape() && g.dtype() == p.dtype(), "distributed: the gradient of \"",
-              p.name(), "\" must be ", dtype_name(p.dtype()), " ", shape_str(p.shape()), ", got ",
-              g.defined() ? dtype_name(g.dtype()) + std::string(" ") + shape_str(g.shape()) : "none");
+  REMAT_CHECK(pieces.size() == s.pieces, "distributed: \"", p.name(), "\": ", pieces.size(), " partial sums, this rank "
+              "holds ", s.pieces, " blocks of micro-batches");
   State::Bucket& bucket = s.buckets[slot.bucket];
   REMAT_ASSERT(!bucket.sum, "bucket started before all of its gradients arrived");
-  Tensor c = g.is_contiguous() ? g : g.contiguous();
-  std::memcpy(static_cast<char*>(bucket.flat.raw_data()) + static_cast<size_t>(slot.offset) * dtype_size(p.dtype()),
-              c.raw_data(), c.nbytes());
+  for (size_t j = 0; j < pieces.size(); ++j) {
+    const Tensor& g = pieces[j];
+    REMAT_CHECK(g.defined() && g.shape() == p.shape() && g.dtype() == p.dtype(), "distributed: the gradient of \"",
+                p.name(), "\" must be ", dtype_name(p.dtype()), " ", shape_str(p.shape()), ", got ",
+                g.defined() ? dtype_name(g.dtype()) + std::string(" ") + shape_str(g.shape()) : "none");
+    Tensor c = g.device().type == DeviceType::cpu ? g : g.to(kCpu);
+    if (!c.is_contiguous()) c = c.contiguous();
+    std::memcpy(static_cast<char*>(bucket.flats[j].raw_data()) + static_cast<size_t>(slot.offset) * dtype_size(p.dtype()),
+                c.raw_data(), c.nbytes());
+  }
   slot.in = true;
   --bucket.missing;
   s.start_ready_buckets(true);
@@ -155,8 +172,9 @@ GradientBuckets::Timing GradientBuckets::finish() {
     if (slot.in) continue;
     State::Bucket& bucket = s.buckets[slot.bucket];
     const size_t element = dtype_size(slot.param.dtype());
-    std::memset(static_cast<char*>(bucket.flat.raw_data()) + static_cast<size_t>(slot.offset) * element, 0,
-                slot.param.nbytes());
+    for (const Tensor& flat : bucket.flats)
+      std::memset(static_cast<char*>(flat.raw_data()) + static_cast<size_t>(slot.offset) * element, 0,
+                  slot.param.nbytes());
     slot.in = true;
     --bucket.missing;
   }
@@ -182,7 +200,7 @@ GradientBuckets::Timing GradientBuckets::finish() {
       g = p.grad();
     }
     std::memcpy(g.raw_data(),
-                static_cast<const char*>(bucket.flat.raw_data()) + static_cast<size_t>(slot.offset) * dtype_size(p.dtype()),
+                static_cast<const char*>(bucket.flats[0].raw_data()) + static_cast<size_t>(slot.offset) * dtype_size(p.dtype()),
                 g.nbytes());
     g.storage()->bump_version();
     slot.in = false;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "async_sum.h"
 #include "remat/distributed.h"
 #include "remat/error.h"
 
@@ -119,5 +120,43 @@ Range shard(int64_t count, int rank, int world) {
   r.end = r.begin + base + (rank < extra ? 1 : 0);
   return r;
 }
+
+namespace internal {
+
+SumLayout layout_of(int64_t accumulate, int world) {
+  REMAT_CHECK(accumulate >= 1 && world >= 1, "distributed: a sum over ", world, " ranks x ", accumulate,
+              " micro-batches");
+  SumLayout layout;
+  for (int r = 0; r < world; ++r) layout.blocks.push_back(blocks_of(r * accumulate, (r + 1) * accumulate));
+  return layout;
+}
+
+int64_t scratch_elements(int64_t elements, const SumLayout& layout) {
+  constexpr int64_t kChunk = int64_t{1} << 24;  // mpi.cpp's chunks
+  const int64_t world = static_cast<int64_t>(layout.blocks.size());
+  int64_t total = 0;
+  for (int64_t begin = 0; begin < elements; begin += kChunk)
+    total += layout.total_blocks() * ((std::min(kChunk, elements - begin) + world - 1) / world);
+  return std::max<int64_t>(total, 1);
+}
+
+void add_into(const Tensor& left, const Tensor& right) {
+  REMAT_CHECK(left.dtype() == right.dtype() && left.numel() == right.numel() && left.is_contiguous() &&
+                  right.is_contiguous() && left.device().type == DeviceType::cpu && right.device().type == DeviceType::cpu,
+              "distributed: partial sums of one gradient differ in dtype, size or layout");
+  const int64_t n = left.numel();
+  if (left.dtype() == DType::f32) {
+    float* a = static_cast<float*>(left.raw_data());
+    const float* b = static_cast<const float*>(right.raw_data());
+    for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
+  } else {
+    REMAT_CHECK(left.dtype() == DType::f64, "distributed: sums of f32 and f64 only, got ", dtype_name(left.dtype()));
+    double* a = static_cast<double*>(left.raw_data());
+    const double* b = static_cast<const double*>(right.raw_data());
+    for (int64_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
+  }
+}
+
+}  // namespace internal
 
 }  // namespace remat::distributed

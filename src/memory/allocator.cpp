@@ -113,6 +113,7 @@ void Allocator::add(size_t bytes, Tag tag) {
   auto t = static_cast<size_t>(tag);
   stats_.live_bytes[t] += bytes;
   stats_.peak_bytes[t] = std::max(stats_.peak_bytes[t], stats_.live_bytes[t]);
+  window_peak_[t] = std::max(window_peak_[t], stats_.live_bytes[t]);
   stats_.live_total += bytes;
   stats_.peak_total = std::max(stats_.peak_total, stats_.live_total);
 }
@@ -194,6 +195,16 @@ Stats Allocator::stats() const {
   std::lock_guard lock(cache_mutex_);
   s.cached_bytes = cached_bytes_;
   return s;
+}
+
+void Allocator::start_window() {
+  std::lock_guard lock(mutex_);
+  window_peak_ = stats_.live_bytes;
+}
+
+size_t Allocator::window_peak(Tag tag) const {
+  std::lock_guard lock(mutex_);
+  return window_peak_[static_cast<size_t>(tag)];
 }
 
 void Allocator::reset_peaks() {

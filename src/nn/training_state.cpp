@@ -406,50 +406,106 @@ void check_configuration(const Metadata& expected, const Metadata& state, const 
   throw Error(out.str());
 }
 
-// The optimizer's state per parameter, from its file, checked against `optimizer`.
-std::vector<Optimizer::ParameterState> optimizer_states(const Optimizer& optimizer, const std::vector<std::string>& names,
-                                                        const SafetensorsFile& file, StateShard shard,
-                                                        const std::string& name, double& lr, const std::string& who) {
-  const Metadata& meta = file.metadata;
+// One optimizer file of a state, checked against `optimizer` (kind, options) and against its name
+// (shard i of n); its learning rate and the parameters it holds the state of.
+struct OptimizerFile {
+  std::string name;
+  SafetensorsFile file;
+  double lr = 0;
+  std::vector<std::string> parameters;
+};
+OptimizerFile read_optimizer_file(const std::string& path, const json& manifest, StateShard written,
+                                  const Optimizer& optimizer, const std::string& who) {
+  OptimizerFile f;
+  f.name = optimizer_file(written);
+  f.file = read_checked(path, manifest, f.name, who);
+  const Metadata& meta = f.file.metadata;
   auto get = [&](const std::string& key) -> const std::string& {
     auto it = meta.find(key);
-    REMAT_CHECK(it != meta.end(), who, ": ", name, " has no \"", key, "\" in its metadata");
+    REMAT_CHECK(it != meta.end(), who, ": ", f.name, " has no \"", key, "\" in its metadata");
     return it->second;
   };
   REMAT_CHECK(get("optimizer") == optimizer.name(), who, ": the state's optimizer is ", get("optimizer"), ", this run's ",
               optimizer.name());
-  REMAT_CHECK(get("shard") == std::to_string(shard.index) && get("shards") == std::to_string(shard.count), who, ": ",
-              name, " is shard ", get("shard"), " of ", get("shards"), ", expected ", shard.index, " of ", shard.count);
+  REMAT_CHECK(get("shard") == std::to_string(written.index) && get("shards") == std::to_string(written.count), who, ": ",
+              f.name, " says it is shard ", get("shard"), " of ", get("shards"));
   for (const auto& [key, value] : optimizer.options_text())
     REMAT_CHECK(get(kOptionKey + key) == value, who, ": the state's ", optimizer.name(), " has ", key, " ",
                 get(kOptionKey + key), ", this run's ", value);
   char* end = nullptr;
-  lr = std::strtod(get("lr").c_str(), &end);
-  REMAT_CHECK(*end == '\0' && lr >= 0 && std::isfinite(lr), who, ": ", name, ": \"lr\" is \"", get("lr"), "\"");
-  REMAT_CHECK(json::accept(get("parameters")) && json::parse(get("parameters")) == json(names), who, ": ", name,
-              " holds the state of the parameters ", get("parameters"), "; this optimizer's are ", json(names).dump());
-  std::vector<Optimizer::ParameterState> states(names.size());
-  size_t tensors = 0;
-  for (size_t i = 0; i < names.size(); ++i) {
-    for (const auto& [key, value] : optimizer.parameter_state(i).counters) {
-      const std::string& text = get(kCounterKey + names[i] + "/" + key);
-      char* stop = nullptr;
-      errno = 0;
-      const long long v = std::strtoll(text.c_str(), &stop, 10);
-      REMAT_CHECK(errno == 0 && *stop == '\0' && !text.empty(), who, ": ", name, ": counter ", names[i], "/", key,
-                  " is \"", text, "\"");
-      states[i].counters.emplace_back(key, v);
-    }
-    const std::string prefix = names[i] + "/";
-    for (auto it = file.tensors.lower_bound(prefix); it != file.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
-      if (it->first.find('/', prefix.size()) != std::string::npos) continue;  // a deeper name: another parameter's
-      states[i].tensors.emplace_back(it->first.substr(prefix.size()), it->second);
-      ++tensors;
-    }
-    optimizer.check_parameter_state(i, states[i]);
+  f.lr = std::strtod(get("lr").c_str(), &end);
+  REMAT_CHECK(*end == '\0' && f.lr >= 0 && std::isfinite(f.lr), who, ": ", f.name, ": \"lr\" is \"", get("lr"), "\"");
+  REMAT_CHECK(json::accept(get("parameters")), who, ": ", f.name, ": \"parameters\" is not JSON");
+  const json names = json::parse(get("parameters"));
+  REMAT_CHECK(names.is_array(), who, ": ", f.name, ": \"parameters\" is not a list");
+  for (const auto& n : names) {
+    REMAT_CHECK(n.is_string(), who, ": ", f.name, ": \"parameters\" holds a non-name");
+    f.parameters.push_back(n.get<std::string>());
   }
-  REMAT_CHECK(tensors == file.tensors.size(), who, ": ", name, " holds ", file.tensors.size() - tensors,
-              " tensors of no parameter of this optimizer");
+  return f;
+}
+
+// The state of parameter `name` in `f` (its tensors "NAME/KEY", its counters "counter:NAME/KEY"),
+// checked against what `optimizer` holds for its parameter i.
+Optimizer::ParameterState parameter_state_in(const OptimizerFile& f, const Optimizer& optimizer, size_t i,
+                                              const std::string& name, size_t& tensors, const std::string& who) {
+  Optimizer::ParameterState state;
+  for (const auto& [key, value] : optimizer.parameter_state(i).counters) {
+    auto it = f.file.metadata.find(kCounterKey + name + "/" + key);
+    REMAT_CHECK(it != f.file.metadata.end(), who, ": ", f.name, " has no counter ", name, "/", key);
+    const std::string& text = it->second;
+    char* stop = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(text.c_str(), &stop, 10);
+    REMAT_CHECK(errno == 0 && *stop == '\0' && !text.empty(), who, ": ", f.name, ": counter ", name, "/", key, " is \"",
+                text, "\"");
+    state.counters.emplace_back(key, v);
+  }
+  const std::string prefix = name + "/";
+  for (auto it = f.file.tensors.lower_bound(prefix); it != f.file.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    if (it->first.find('/', prefix.size()) != std::string::npos) continue;  // a deeper name: another parameter's
+    state.tensors.emplace_back(it->first.substr(prefix.size()), it->second);
+    ++tensors;
+  }
+  optimizer.check_parameter_state(i, state);
+  return state;
+}
+
+// The optimizer's state per parameter, from the state's optimizer files, whatever their number:
+// each parameter's from the file that lists it (a state written by N shards loads into an
+// optimizer holding any subset of the parameters: re-sharded when read).
+std::vector<Optimizer::ParameterState> optimizer_states(const std::string& path, const json& manifest,
+                                                        const Optimizer& optimizer, const std::vector<std::string>& names,
+                                                        double& lr, const std::string& who) {
+  const int written = manifest["optimizer"]["shards"].get<int>();
+  std::map<std::string, size_t> wanted;
+  for (size_t i = 0; i < names.size(); ++i) wanted.emplace(names[i], i);
+  std::vector<Optimizer::ParameterState> states(names.size());
+  std::vector<char> found(names.size(), 0);
+  std::set<std::string> listed;
+  for (int shard = 0; shard < written; ++shard) {
+    const OptimizerFile f = read_optimizer_file(path, manifest, {shard, written}, optimizer, who);
+    REMAT_CHECK(shard == 0 || f.lr == lr, who, ": the optimizer files disagree on the learning rate");
+    lr = f.lr;
+    size_t tensors = 0, mine = 0;
+    for (const std::string& name : f.parameters) {
+      REMAT_CHECK(listed.insert(name).second, who, ": the state of \"", name, "\" is in two optimizer files");
+      auto it = wanted.find(name);
+      if (it == wanted.end()) {  // another process's: its tensors are counted, not kept
+        for (const auto& [tensor, t] : f.file.tensors)
+          if (tensor.rfind(name + "/", 0) == 0 && tensor.find('/', name.size() + 1) == std::string::npos) ++tensors;
+        continue;
+      }
+      states[it->second] = parameter_state_in(f, optimizer, it->second, name, tensors, who);
+      found[it->second] = 1;
+      ++mine;
+    }
+    REMAT_CHECK(tensors == f.file.tensors.size(), who, ": ", f.name, " holds ", f.file.tensors.size() - tensors,
+                " tensors of no parameter it lists");
+  }
+  for (size_t i = 0; i < names.size(); ++i)
+    REMAT_CHECK(found[i], who, ": the state holds no optimizer state for \"", names[i], "\" (its optimizer files list ",
+                json(std::vector<std::string>(listed.begin(), listed.end())).dump(), ")");
   return states;
 }
 
@@ -463,16 +519,13 @@ TrainingState load_training_state(const std::string& path, Module& model, Optimi
   const json manifest = read_manifest(path, who);
   TrainingState state = state_from(manifest);
   check_configuration(configuration, state.configuration, who);
-  REMAT_CHECK(manifest["optimizer"]["shards"] == shard.count, who, ": the state holds the optimizer in ",
-              manifest["optimizer"]["shards"].dump(), " shard(s), written by as many processes; this run has ",
-              shard.count);
+  REMAT_CHECK(shard.count >= 1 && shard.index >= 0 && shard.index < shard.count, who, ": shard ", shard.index, " of ",
+              shard.count, " does not exist");
   const SafetensorsFile weights = read_checked(path, manifest, kModelFile, who);
   check_model(model, weights, manifest, who);
-  const std::string name = optimizer_file(shard);
-  const SafetensorsFile optimizer_file_read = read_checked(path, manifest, name, who);
   double lr = 0;
-  const std::vector<Optimizer::ParameterState> states = optimizer_states(
-      optimizer, optimizer_names(model, optimizer, who), optimizer_file_read, shard, name, lr, who);
+  const std::vector<Optimizer::ParameterState> states =
+      optimizer_states(path, manifest, optimizer, optimizer_names(model, optimizer, who), lr, who);
 
   // Everything checked: copy it in.
   {

@@ -17,7 +17,7 @@
 // the ones saved, so gradients equal save-all's bit for bit. A copy that fails raises at a
 // defined point with nothing lost: one to host memory at the next pack or unpack (the pending
 // error, as a failed write), the value kept on its device; one back to the device at the unpack
-// that needed it, the host copy kept. On CUDA with REMAT_CUDA_FAST=offload_stream the copies run
+// that needed it, the host copy kept. On CUDA with the backend option copy_stream the copies run
 // on a second stream (Note [the copy stream] in src/tensor/cuda/offload_copy.cpp), so the
 // device<->host copies overlap the kernels around them as the disk's writes and read-ahead do;
 // without it (and on the CPU) every copy is complete when its call returns, on CUDA through the

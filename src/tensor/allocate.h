@@ -16,25 +16,8 @@ Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::
 Tensor external_tensor(void* data, const Shape& shape, DType dtype, memory::Tag tag, Device device,
                        std::function<void()> release);
 
-// A contiguous tensor whose value is computed when its data is first read (the deferred Storage
-// constructor); shape, dtype and device are known now, the bytes only then.
-Tensor deferred_tensor(const Shape& shape, DType dtype, Device device, Storage::Compute compute);
-
 // Records on t's storage the range of the i64 values just written to it from the host (`values`,
 // t.numel() of them), when t covers its whole storage (Storage::index_range); otherwise nothing.
 void note_index_range(const Tensor& t, const int64_t* values);
-
-// Told of every tensor handle made on this thread while it is installed: each new block
-// (allocate_tensor, external_tensor, deferred_tensor) and each Tensor::detach(). A checkpoint
-// region watches which handles a layer call made and left alive (Note [values that leave a layer
-// call], src/checkpoint/traced_call.cpp). One per thread; an installed watcher passes what it is
-// told on to the one it replaced.
-class HandleWatcher {
- public:
-  virtual ~HandleWatcher() = default;
-  virtual void on_new_handle(const std::shared_ptr<TensorImpl>& impl) = 0;
-};
-HandleWatcher* handle_watcher();
-HandleWatcher* set_handle_watcher(HandleWatcher* watcher);  // returns the previous one
 
 }  // namespace remat::detail

@@ -1,36 +1,64 @@
-// Which devices this build and machine offer (remat/devices.h). The CUDA side forwards to the
-// backend's internal interface (tensor/cuda/cuda_backend.h), which asks the driver lazily: nothing
-// here runs at load time, so the library loads and runs on the CPU where no driver is installed.
+// Which devices this build and machine offer (remat/devices.h), and the backend options chosen
+// with a device. The CUDA side forwards to the backend's internal interface
+// (tensor/cuda/cuda_backend.h), which asks the driver lazily: nothing here runs at load time, so
+// the library loads and runs on the CPU where no driver is installed. A build without CUDA defines
+// that interface here, each entry point saying the backend is not there: the one place this file
+// depends on the build.
 #include "remat/devices.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <mutex>
 
 #include "remat/backend.h"
 #include "remat/error.h"
-#if REMAT_WITH_CUDA
 #include "tensor/cuda/cuda_backend.h"
+
+namespace remat {
+namespace {
+constexpr const char* kNoCudaBuild = "this remat was built without CUDA (REMAT_WITH_CUDA=OFF)";
+}  // namespace
+}  // namespace remat
+
+#if REMAT_WITH_CUDA
+namespace remat {
+namespace {
+constexpr bool kCudaBuilt = true;
+}  // namespace
+}  // namespace remat
+#else
+namespace remat {
+namespace {
+constexpr bool kCudaBuilt = false;
+}  // namespace
+}  // namespace remat
+namespace remat::cuda {
+int device_count() noexcept { return 0; }
+std::string unavailable_reason() { return kNoCudaBuild; }
+Backend& backend_for(int, const BackendOptions&) { throw Error(kNoCudaBuild); }
+std::unique_ptr<Backend> make_backend(int, const BackendOptions&) { throw Error(kNoCudaBuild); }
+std::string describe(int) { throw Error(kNoCudaBuild); }
+MemoryInfo device_memory(int) { throw Error(kNoCudaBuild); }
+std::vector<KernelTime> take_kernel_profile(int) { return {}; }
+}  // namespace remat::cuda
 #endif
 
 namespace remat {
 
 namespace {
 
-constexpr const char* kNoCudaBuild = "this remat was built without CUDA (REMAT_WITH_CUDA=OFF)";
-
-#if REMAT_WITH_CUDA
 std::mutex& registration_mutex() {
   static std::mutex m;
   return m;
 }
-#endif
 
 // The first number in `path` (a /proc or /sys file), if it has one ("max" and unreadable files: none).
 std::optional<size_t> read_number(const char* path, const char* key = nullptr) {
@@ -83,15 +111,11 @@ DeviceMemory host_memory() {
 
 // A CUDA device that exists: else a remat::Error saying why not.
 void check_cuda_index(int index) {
-#if REMAT_WITH_CUDA
+  REMAT_CHECK(kCudaBuilt, kNoCudaBuild);
   const int n = cuda::device_count();
   REMAT_CHECK(n > 0, "no CUDA device: ", cuda::unavailable_reason());
   REMAT_CHECK(index >= 0 && index < n, "cuda:", index, " does not exist: ", n, " CUDA device", n == 1 ? "" : "s",
               " found (cuda:0", n == 1 ? "" : detail::concat(" to cuda:", n - 1), ")");
-#else
-  (void)index;
-  throw Error(kNoCudaBuild);
-#endif
 }
 
 // The device must have its backend (CPU: always).
@@ -103,11 +127,8 @@ void check_usable(const char* what, Device device) {
 }  // namespace
 
 std::vector<std::string> compiled_backends() {
-#if REMAT_WITH_CUDA
-  return {"cpu", "cuda"};
-#else
+  if (kCudaBuilt) return {"cpu", "cuda"};
   return {"cpu"};
-#endif
 }
 
 int device_count(DeviceType type) {
@@ -115,11 +136,7 @@ int device_count(DeviceType type) {
     case DeviceType::cpu:
       return 1;
     case DeviceType::cuda:
-#if REMAT_WITH_CUDA
       return cuda::device_count();
-#else
-      return 0;
-#endif
     case DeviceType::emulated:
       return 0;
   }
@@ -131,11 +148,7 @@ std::string unavailable_reason(DeviceType type) {
     case DeviceType::cpu:
       return "";
     case DeviceType::cuda:
-#if REMAT_WITH_CUDA
       return cuda::device_count() > 0 ? "" : cuda::unavailable_reason();
-#else
-      return kNoCudaBuild;
-#endif
     case DeviceType::emulated:
       return "the emulated device is registered by tests, not by the library";
   }
@@ -161,85 +174,146 @@ Device parse_device(const std::string& text) {
 }
 
 void use_device(Device device) {
+  if (device.type == DeviceType::cpu) return;
+  if (device.type == DeviceType::emulated || has_backend(device)) return check_usable("use_device", device);
+  use_device(device, default_backend_options());
+}
+
+void use_device(Device device, const BackendOptions& options) {
   switch (device.type) {
     case DeviceType::cpu:
+      REMAT_CHECK(options == BackendOptions{}, "use_device: the CPU backend has no options (asked for ",
+                  backend_options_text(options), ")");
       return;
     case DeviceType::emulated:
       check_usable("use_device", device);
-      return;
+      break;
     case DeviceType::cuda:
+      check_cuda_index(device.index);
       break;
   }
-  check_cuda_index(device.index);
-#if REMAT_WITH_CUDA
   std::lock_guard<std::mutex> lock(registration_mutex());
-  if (!has_backend(device)) register_backend(device, &cuda::backend_for(device.index));
-#endif
+  if (device.type == DeviceType::cuda && !has_backend(device))
+    register_backend(device, &cuda::backend_for(device.index, options));
+  const BackendOptions& in_force = backend(device).options();
+  REMAT_CHECK(in_force == options, "use_device: ", device_name(device), " is in use with backend options ",
+              backend_options_text(in_force), ", not ", backend_options_text(options),
+              " (options are chosen with the device, once per process)");
 }
 
 std::string describe_device(Device device) {
   if (device.type == DeviceType::cpu) return detail::concat("cpu (", num_threads(), num_threads() == 1 ? " thread)" : " threads)");
   check_usable("describe_device", device);
-#if REMAT_WITH_CUDA
   if (device.type == DeviceType::cuda) return device_name(device) + ": " + cuda::describe(device.index);
-#endif
   return device_name(device);
 }
 
 DeviceMemory device_memory(Device device) {
   if (device.type == DeviceType::cpu) return host_memory();
   check_usable("device_memory", device);
-#if REMAT_WITH_CUDA
   if (device.type == DeviceType::cuda) {
     const cuda::MemoryInfo m = cuda::device_memory(device.index);
     return {m.free_bytes, m.total_bytes, "the device's free memory"};
   }
-#endif
   return {};
 }
 
-void set_allow_tf32(bool allow) {
-#if REMAT_WITH_CUDA
-  cuda::set_allow_tf32(allow);
-#else
-  (void)allow;
-#endif
+// ---- backend options
+
+namespace {
+
+// Every option: its name, its field, whether its path has passed a device check in this build
+// (set here by the commit that records the check's report in bench/results/cuda-DATE.md), and
+// what it changes. Off is always the device-checked path.
+struct OptionInfo {
+  const char* name;
+  bool BackendOptions::*field;
+  bool device_checked;
+  const char* what;
+};
+constexpr OptionInfo kOptions[] = {
+    {"async", &BackendOptions::async, false,
+     "no host wait in a step: region time marks as device events, index checks read at the next wait, uploads that "
+     "return at once"},
+    {"stream_ordered_allocator", &BackendOptions::stream_ordered_allocator, false,
+     "device memory from the driver's stream-ordered pool (cudaMallocAsync) on the backend's stream"},
+    {"copy_stream", &BackendOptions::copy_stream, false, "offloaded device values copied on a second stream"},
+    {"sixteen_bit", &BackendOptions::sixteen_bit, false, "bf16 and f16 tensors on the device, with its 16-bit kernels"},
+    {"tf32", &BackendOptions::tf32, true, "float32 products and convolutions on TF32 tensor cores"},
+    {"profile", &BackendOptions::profile, false, "every launch timed with device events (take_kernel_profile)"},
+};
+
+std::string known_options() {
+  std::string names;
+  for (const OptionInfo& o : kOptions) names += detail::concat(names.empty() ? "" : ", ", o.name);
+  return names;
 }
 
-bool allow_tf32() {
-#if REMAT_WITH_CUDA
-  return cuda::allow_tf32();
-#else
-  return false;
-#endif
+}  // namespace
+
+BackendOptions parse_backend_options(const std::string& text, BackendOptions base) {
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    std::string name = text.substr(at, comma - at);
+    at = comma + 1;
+    if (name.empty()) continue;
+    if (name == "none") {
+      base = BackendOptions{};
+      continue;
+    }
+    const bool off = name[0] == '-';
+    if (off) name.erase(0, 1);
+    const OptionInfo* found = nullptr;
+    for (const OptionInfo& o : kOptions)
+      if (name == o.name) found = &o;
+    REMAT_CHECK(found != nullptr, "backend options: unknown option '", name, "' in \"", text, "\" (known: ",
+                known_options(), "; 'none', and '-NAME' to turn one off)");
+    base.*(found->field) = !off;
+  }
+  return base;
 }
 
-}  // namespace remat
-
-namespace remat {
-
-std::vector<std::string> fast_path_names() {
-#if REMAT_WITH_CUDA
-  return cuda::fast_path_names();
-#else
-  return {};
-#endif
+std::string backend_options_text(const BackendOptions& options) {
+  std::string text;
+  for (const OptionInfo& o : kOptions)
+    if (options.*(o.field)) text += detail::concat(text.empty() ? "" : ",", o.name);
+  return text.empty() ? "none" : text;
 }
 
-std::vector<std::string> fast_paths_on() {
-#if REMAT_WITH_CUDA
-  return cuda::fast_paths_on();
-#else
-  return {};
-#endif
+BackendOptions default_backend_options() {
+  static const std::string text = [] {
+    const char* env = std::getenv("REMAT_BACKEND_OPTIONS");
+    return std::string(env ? env : "");
+  }();
+  try {
+    return parse_backend_options(text);
+  } catch (const Error& e) {
+    throw Error(detail::concat("REMAT_BACKEND_OPTIONS: ", e.what()));
+  }
+}
+
+BackendOptionsReport describe_backend_options(Device device) {
+  BackendOptionsReport r;
+  r.device = device_name(device);
+  if (device.type == DeviceType::cpu) {
+    r.text = "cpu backend options: none (the CPU has none)";
+    return r;
+  }
+  check_usable("describe_backend_options", device);
+  const BackendOptions& in_force = backend(device).options();
+  std::string on;
+  for (const OptionInfo& o : kOptions) {
+    r.options.push_back({o.name, in_force.*(o.field), o.device_checked, o.what});
+    if (in_force.*(o.field))
+      on += detail::concat(on.empty() ? "" : ", ", o.name, o.device_checked ? "" : " (not device-checked)");
+  }
+  r.text = detail::concat(r.device, " backend options: ", on.empty() ? "none (the device-checked default path)" : on);
+  return r;
 }
 
 std::vector<KernelTime> take_kernel_profile(Device device) {
-#if REMAT_WITH_CUDA
   if (device.type == DeviceType::cuda) return cuda::take_kernel_profile(device.index);
-#else
-  (void)device;
-#endif
   return {};
 }
 

@@ -41,7 +41,8 @@ class DeviceDispatch final : public Backend {
   DeviceActivity activity() const override;
   bool supports(Kernel kernel, DType dtype) const override { return inner_.supports(kernel, dtype); }
   bool holds(DType dtype) const override { return inner_.holds(dtype); }
-  bool cross_entropy_keeps_log_softmax() const override { return inner_.cross_entropy_keeps_log_softmax(); }
+  std::string why_not_held(DType dtype) const override { return inner_.why_not_held(dtype); }
+  const BackendOptions& options() const override { return inner_.options(); }
 
   REMAT_OVERRIDE_KERNELS()
 

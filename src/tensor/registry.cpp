@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "remat/backend.h"
@@ -86,6 +87,16 @@ void raise_deferred_errors() {
 
 TimeMark Backend::mark_time() {
   return {std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(), nullptr};
+}
+
+std::string Backend::why_not_held(DType dtype) const {
+  if (holds(dtype)) return "";
+  return detail::concat("its backend has no ", dtype_name(dtype), " kernels (docs/precision.md): compute on the CPU, or in f32");
+}
+
+const BackendOptions& Backend::options() const {
+  static const BackendOptions none;
+  return none;
 }
 
 Tensor Backend::host_buffer(DType dtype, int64_t numel) { return Tensor::empty({numel}, dtype); }

@@ -129,36 +129,12 @@ Storage::Storage(void* data, size_t bytes, memory::Tag tag, Device device, std::
   allocator_->count_external(bytes, tag);
 }
 
-Storage::Storage(size_t bytes, memory::Tag tag, Device device, Compute compute)
-    : bytes_(bytes), tag_(tag), device_(device), allocator_(&backend(device).allocator()), deferred_(true),
-      compute_(std::move(compute)) {
-  REMAT_ASSERT(compute_ != nullptr, "deferred storage without a computation");
-}
-
-// A deferred block's value: computed once, then read from the storage that holds it, which also
-// takes the block's saved references (a computation that fails is tried again at the next read).
-void Storage::materialize() const {
-  Compute compute = std::move(compute_);
-  compute_ = nullptr;
-  size_t offset = 0;
-  std::shared_ptr<Storage> backing;
-  try {
-    backing = compute(offset);
-  } catch (...) {
-    compute_ = std::move(compute);
-    throw;
-  }
-  REMAT_ASSERT(backing != nullptr && !backing->deferred_ && offset <= backing->bytes() &&
-                   bytes_ <= backing->bytes() - offset,
-               "a deferred value's computation returned ", backing ? backing->bytes() : 0, " bytes at offset ", offset,
-               " for ", bytes_);
-  for (int i = 0; i < saved_references_; ++i) backing->add_saved_reference();
-  data_ = static_cast<char*>(backing->data()) + offset;
-  backing_ = std::move(backing);
+std::shared_ptr<const uint64_t> Storage::version_watch() const {
+  if (!version_watch_) version_watch_ = std::make_shared<uint64_t>(version_);
+  return version_watch_;
 }
 
 Storage::~Storage() {
-  if (deferred_) return;  // nothing was allocated here (a computed value lives in backing_)
   if (!release_) {
     allocator_->deallocate(data_, bytes_, tag_);
     return;
@@ -169,30 +145,16 @@ Storage::~Storage() {
 
 void Storage::set_tag(memory::Tag tag) {
   if (tag == tag_) return;
-  if (deferred_) {  // nothing counted here (the value's saved references go to backing_)
-    tag_ = tag;
-    return;
-  }
   allocator_->retag(bytes_, tag_, tag);
   tag_ = tag;
 }
 
 void Storage::add_saved_reference() {
-  if (deferred_) {  // the value's account is backing_'s
-    ++saved_references_;
-    if (backing_) backing_->add_saved_reference();
-    return;
-  }
   if (saved_references_++ == 0 && tag_ == memory::Tag::other) set_tag(memory::Tag::saved);
 }
 
 void Storage::remove_saved_reference() {
   REMAT_ASSERT(saved_references_ > 0);
-  if (deferred_) {
-    --saved_references_;
-    if (backing_) backing_->remove_saved_reference();
-    return;
-  }
   if (--saved_references_ == 0 && tag_ == memory::Tag::saved) set_tag(memory::Tag::other);
 }
 
@@ -210,7 +172,6 @@ size_t checked_bytes(const char* op, const Shape& shape, DType dtype) {
                      [&] { return concat(op, ": byte size of shape ", shape_str(shape)); });
 }
 
-thread_local HandleWatcher* watcher = nullptr;
 
 // A contiguous tensor of `shape` over the whole of `storage`.
 Tensor contiguous_over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
@@ -219,27 +180,18 @@ Tensor contiguous_over(std::shared_ptr<Storage> storage, const Shape& shape, DTy
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
-  if (watcher) watcher->on_new_handle(impl);
   return Tensor(std::move(impl));
 }
 
 }  // namespace
 
-HandleWatcher* handle_watcher() { return watcher; }
-HandleWatcher* set_handle_watcher(HandleWatcher* next) {
-  HandleWatcher* previous = watcher;
-  watcher = next;
-  return previous;
-}
-
 Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
   const size_t bytes = checked_bytes(op ? op : "empty", shape, dtype);
-  // A device holds 16-bit floats only where its backend says so (Backend::holds): the CPU's does,
-  // CUDA's does not yet (its copy and fill have no 16-bit kernels).
+  // A device holds 16-bit floats only where its backend says so (Backend::holds; the CPU's does),
+  // and the backend says why not (CUDA: not without the backend option sixteen_bit).
   if (is_16bit_float(dtype) && device.type != DeviceType::cpu && !backend(device).holds(dtype))
-    throw Error(concat(op ? op : "empty", ": ", device_name(device), " holds no ", dtype_name(dtype),
-                       " tensors (its backend has no ", dtype_name(dtype), " kernels; docs/precision.md): compute "
-                       "on the CPU, or in f32, shape ", shape_str(shape)));
+    throw Error(concat(op ? op : "empty", ": ", device_name(device), " holds no ", dtype_name(dtype), " tensors: ",
+                       backend(device).why_not_held(dtype), "; shape ", shape_str(shape)));
   std::shared_ptr<Storage> storage;
   try {
     storage = std::make_shared<Storage>(bytes, tag, device);
@@ -256,11 +208,6 @@ Tensor external_tensor(void* data, const Shape& shape, DType dtype, memory::Tag 
                        std::function<void()> release) {
   const size_t bytes = checked_bytes("external_tensor", shape, dtype);
   return contiguous_over(std::make_shared<Storage>(data, bytes, tag, device, std::move(release)), shape, dtype);
-}
-
-Tensor deferred_tensor(const Shape& shape, DType dtype, Device device, Storage::Compute compute) {
-  const size_t bytes = checked_bytes("deferred_tensor", shape, dtype);
-  return contiguous_over(std::make_shared<Storage>(bytes, memory::Tag::other, device, std::move(compute)), shape, dtype);
 }
 
 void note_index_range(const Tensor& t, const int64_t* values) {
@@ -409,7 +356,6 @@ Tensor Tensor::detach() const {
   alias->dtype = impl().dtype;
   alias->name = impl().name;
   alias->lineage = impl().lineage;  // the same value: how it was made still holds
-  if (detail::handle_watcher()) detail::handle_watcher()->on_new_handle(alias);
   return Tensor(std::move(alias));
 }
 

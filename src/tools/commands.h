@@ -18,6 +18,7 @@ inline constexpr int64_t kMaxMicroBatches = 1'000'000'000'000;  // steps x accum
 struct TrainOptions {
   std::string data;  // empty: the default corpus
   std::string device = "cpu";  // --device: cpu, cuda or cuda:N (device_option.h)
+  std::string backend_options;  // --backend-options: the device's backend options (device_option.h)
   // the defaults are the demo's (scripts/demo), chosen by measurement on the fortunes corpus: a
   // validation loss of about 1.69 in about 3 minutes on 2 cores; batch 16 (or 32) reaches a lower
   // loss than 8 in the same time (docs/cli.md, "The demo's defaults")
@@ -69,6 +70,7 @@ struct SampleOptions {
   std::string data;
   std::string prompt;
   std::string device = "cpu";  // --device
+  std::string backend_options;  // --backend-options
   int64_t tokens = 300;
   double temperature = 0.6;  // 0: greedy (the most likely character each step)
   int64_t top_k = 0;         // > 0: sample among the k most likely characters only

@@ -105,7 +105,7 @@ std::string generate(nn::GPT& model, const nn::GPTConfig& config, const CharToke
 
 int run_sample(const SampleOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  const Device device = select_device("sample --device", o.device);
+  const Device device = select_device("sample --device", o.device, o.backend_options);
   check_sample_options(o);
   CharGPTFile weights = read_char_gpt(o.load, "sample", o.heads);
   REMAT_USAGE_CHECK(!weights.heads_known || !o.heads_given || o.heads == weights.config.heads, "sample: --heads ",

@@ -12,6 +12,8 @@ Subcommand add_sample(CLI::App& app) {
   s->add_option("--load", sample.load, "weights file")->required();
   s->add_option("--prompt", sample.prompt, "text to continue");
   s->add_option("--device", sample.device, "where the model runs: cpu | cuda | cuda:N")->capture_default_str();
+  s->add_option("--backend-options", sample.backend_options,
+                "the device backend's options, as remat train --backend-options");
   s->add_option("--data", sample.data,
                 "for weights without remat metadata (e.g. nanoGPT's): the text whose bytes are the vocabulary "
                 "(at most " + std::to_string(kMaxCorpusMiB) + " MiB; default: /usr/share/games/fortunes)");

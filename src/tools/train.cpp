@@ -17,7 +17,9 @@
 #include "progress.h"
 #include "train_load.h"
 #include "train_report.h"
+#include "train_signals.h"
 #include "train_state.h"
+#include "train_state_dir.h"
 #include "train_steps.h"
 #include "usage.h"
 #include "remat/nn.h"
@@ -118,6 +120,21 @@ void print_banner(const Human& say, const TrainOptions& o, const DataParallel& d
 
 // ---- after the loop: the probe, the saved weights, the per-rank figures (RunSummary)
 
+// --save at the end; a failure says where the trained weights still are, or how to keep them next
+// time (its free space was checked before step 1, but a disk can fill up during a run).
+void save_weights(const TrainOptions& o, Loaded& l) {
+  try {
+    save_char_gpt(o.save, *l.model, char_gpt_metadata(l.config, l.tokenizer), o.format, save_dtype(o));
+  } catch (const Error& e) {
+    if (o.state_dir.empty())
+      throw Error(detail::concat(e.what(), "; the trained weights were not kept. Pass --state-dir DIR to keep the training "
+                                 "state as the run goes (and at its end, before --save): a failed --save is then "
+                                 "written again with remat train --resume DIR --save ", o.save));
+    throw Error(detail::concat(e.what(), "; the trained weights are kept in the final state under ", o.state_dir,
+                               ": free space and write them with remat train --resume ", o.state_dir, " --save ", o.save));
+  }
+}
+
 RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const CheckedOptions& checked, bool sharded, Loaded& l,
                       const RunMeasure& m) {
   const Policy& policy = checked.policy;
@@ -143,9 +160,7 @@ RunSummary finish_run(const TrainOptions& o, const DataParallel& dp, const Check
   r.save_all.seconds = median(save_all_seconds);
   l.model->zero_grad();
 
-  if (!o.save.empty() && dp.rank == 0) {
-    save_char_gpt(o.save, *l.model, char_gpt_metadata(l.config, l.tokenizer), o.format, save_dtype(o));
-  }
+  if (!o.save.empty() && dp.rank == 0) save_weights(o, l);
   r.rank_peak_saved = distributed::all_gather(static_cast<double>(m.peak_saved));
   r.rank_peak_total = distributed::all_gather(static_cast<double>(m.peak_total));
   r.rank_optimizer_bytes = distributed::all_gather(static_cast<double>(m.optimizer_state_bytes));
@@ -189,12 +204,15 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   const CheckedOptions checked = check_options(o, dp);
   REMAT_USAGE_CHECK(o.device == "cpu" || dp.micro_batches() == 1, "train: --device ", o.device,
                     " runs one micro-batch per step in one process (--accumulate and mpirun add gradients on the host)");
-  check_writable(o, dp);
-  Loaded l = load(o, select_device("train --device", o.device));
+  const StateDirectoryLock lock = check_writable(o, dp);
+  const Device device = select_device("train --device", o.device, o.backend_options);
+  if (o.dtype != "f32") check_device_dtype("train --dtype", device, o.dtype == "bf16" ? DType::bf16 : DType::f16);
+  Loaded l = load(o, device);
   if (o.progress) l.model->planner()->set_options({.progress = planning_progress("remat train: planning the budget")});
   if (o.eval_only) return evaluate_only(o, l);
   Optimization opt(o, dp, *l.model);
   RunMeasure restored = restore_state(o, dp, l, opt);
+  check_room(o, dp, l);
   if (dp.world > 1) check_ranks_agree(o, l.tokens, *l.model);
 
   const Human say{o.progress};
@@ -202,12 +220,12 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   if (!o.resume_state.empty())
     say("resumed from %s: %lld of %lld steps done\n", o.resume_state.c_str(), static_cast<long long>(restored.start_step),
         static_cast<long long>(o.steps));
-  std::optional<StopSignals> signals;
+  if (const int64_t run = resumed_run_steps(o); run != o.steps)
+    say("extended from %lld to %lld steps: the learning rate from step %lld on follows the schedule of a %lld-step run\n",
+        static_cast<long long>(run), static_cast<long long>(o.steps), static_cast<long long>(restored.start_step + 1),
+        static_cast<long long>(o.steps));
   std::optional<StateKeeper> keeper;
-  if (!o.state_dir.empty()) {
-    signals.emplace();
-    keeper.emplace(o, dp, l, opt, restored.start_step);
-  }
+  if (!o.state_dir.empty()) keeper.emplace(o, dp, l, opt, restored.start_step);
   StepLoop loop(o, dp, checked.policy, checked.bucket_bytes, l, opt, std::move(restored), keeper ? &*keeper : nullptr);
   RunMeasure m;
   try {
@@ -235,6 +253,9 @@ int train(const TrainOptions& o, const DataParallel& dp) {
 int run_train(const TrainOptions& given) {
   TrainOptions o = given;
   apply_resume(o);  // the run's options from its state
+  // before MPI starts its threads, which inherit the blocked signals (Note [stopping on a signal])
+  std::optional<StopSignals> signals;
+  if (!o.state_dir.empty() && !o.eval_only) signals.emplace();
   DataParallel dp;
   dp.accumulate = o.accumulate;
   REMAT_CHECK(o.reduce == "ordered" || o.reduce == "native", "train --reduce: expected ordered or native, got \"",
@@ -245,6 +266,7 @@ int run_train(const TrainOptions& given) {
   dp.world = distributed::world_size();
   if (dp.world == 1) {  // a plain run, or mpirun -np 1
     try {
+      fit_world(o, dp);  // --resume of a state written by several ranks: the same global batch
       const int code = train(o, dp);
       distributed::finalize();
       return code;
@@ -254,6 +276,7 @@ int run_train(const TrainOptions& given) {
     }
   }
   try {
+    fit_world(o, dp);  // --resume of a state written by another number of ranks: the same global batch
     TrainOptions mine = o;
     if (dp.rank != 0) {
       // rank 0 prints progress and the report; errors still reach stderr from every rank

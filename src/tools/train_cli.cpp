@@ -89,6 +89,10 @@ Subcommand add_train(CLI::App& app) {
                     " MiB in all (default: /usr/share/games/fortunes)");
   t->add_option("--device", train.device, "where the model, batches and evaluation run: cpu | cuda | cuda:N")
       ->capture_default_str();
+  t->add_option("--backend-options", train.backend_options,
+                "the device backend's options, comma-separated: async, stream_ordered_allocator, copy_stream, "
+                "sixteen_bit, tf32, profile, each or -NAME, or none (docs/backends.md); the report and --json name "
+                "those in force");
   add_model_options(command->numbers, train);
   add_run_options(t, command->numbers, train);
   add_weight_and_output_options(t, train, command->quiet);

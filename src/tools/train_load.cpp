@@ -10,6 +10,7 @@
 #include "device_option.h"
 #include "footprint.h"
 #include "train_report.h"
+#include "train_state.h"
 #include "usage.h"
 #include "weights.h"
 
@@ -145,6 +146,7 @@ Loaded load(const TrainOptions& o, Device device) {
   std::optional<CharGPTFile> weights;
   std::string source;  // where the architecture comes from, for errors
   if (!o.resume_state.empty()) {  // the architecture and the vocabulary of the state (train_state.h)
+    check_resumed_corpus(o, l.corpus, l.data_path);
     l.tokenizer = CharTokenizer::from_string(o.vocabulary, "the vocabulary of the state " + o.resume_state);
     l.config.tanh_gelu = o.tanh_gelu;
     source = detail::concat("train --resume ", o.resume_state, " (layers ", o.layers, ", width ", o.width, ", heads ",

@@ -91,6 +91,10 @@ void print_policy_counters(const Human& say, const TrainOptions& o, const Policy
           "wait for (the plan's model of this step did not hold)\n",
           bytes_text(dynamic.bytes_over_plan).c_str());
   }
+  if (m.budget.steps_over > 0)
+    say("  budget: %llu of %llu steps held more saved bytes than the budget, by at most %s (remat::counters().budget)\n",
+        static_cast<unsigned long long>(m.budget.steps_over), static_cast<unsigned long long>(m.budget.steps),
+        bytes_text(m.budget.most_over_bytes).c_str());
   if (o.explain) {
     say("\nregions of one step under %s (the probe step above; times in milliseconds):\n%s", o.policy.c_str(),
         memory_report(s.chosen.counters, s.save_all.peak_saved).c_str());
@@ -167,6 +171,9 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"bytes_mapped", dynamic.bytes_mapped},
                       {"stall_seconds", dynamic.stall_seconds},
                       {"bytes_over_plan", dynamic.bytes_over_plan},
+                      {"budget_steps_checked", m.budget.steps},
+                      {"budget_steps_over", m.budget.steps_over},
+                      {"budget_most_over_bytes", m.budget.most_over_bytes},
                       {"weights_digest", s.weights_digest},
                       {"resumed_from_step", m.start_step},
                       {"state_writes", m.state_writes},

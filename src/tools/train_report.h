@@ -67,6 +67,7 @@ struct RunMeasure {
   size_t peak_saved = 0, peak_total = 0;
   double recomputed_flops = 0;
   DynamicCounters dynamic;  // dynamic: and offload: policies, summed over the run
+  BudgetCounters budget;    // budget: policies: steps whose measured peak passed the budget, over the run
   std::string digest;       // of the gradients of step min(kProfilingSteps, steps - 1) + 1
   int64_t digest_step = 0;  // that step, counted from 1
   bool digest_under_plan = false;  // budget: whether that step ran the plan

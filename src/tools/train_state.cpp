@@ -1,16 +1,5 @@
 // `remat train`'s training states (train_state.h).
 //
-// Note [stopping on a signal]. The handler only records the signal in a sig_atomic_t (the first),
-// or, for a second one, restores the default action and raises the signal again, so the process
-// ends at once with the usual status (both async-signal-safe). The step loop reads the flag after
-// each step; under mpirun the ranks agree on it (an all-gather per step), so every rank stops after
-// the same step and writes its part of one state. The run then exits with 128 + the signal's number
-// (130 for SIGINT, 143 for SIGTERM), as a shell reports a process ended by it. A test hook,
-// REMAT_TEST_PAUSE_AFTER_STEP=N, holds the run after step N (its JSON line written) until a signal
-// arrives, at most a minute: tests/state/run.sh then signals it after exactly that step, however
-// loaded the machine is (a tiny model's steps take a millisecond, and the run would end before a
-// signal sent on seeing the line reached it).
-//
 // Note [how often a state is written]. --state-every 0 (the default) writes the first state after
 // the first step (which also proves early that the directory takes one), then every
 // ceil(100 x w / s) steps, w the last write's time and s the median step time so far: the writes
@@ -34,6 +23,8 @@
 #include "nn/atomic_file.h"
 #include "nn/xxh64.h"
 #include "numbers.h"
+#include "train_signals.h"
+#include "train_state_dir.h"
 #include "usage.h"
 #include "weights.h"
 
@@ -151,11 +142,47 @@ nlohmann::json parse_object(const std::string& text, const std::string& what) {
   std::string others;
   const fs::path dir = fs::path(state).parent_path();
   std::error_code ec;
-  for (fs::directory_iterator it(dir.empty() ? fs::path(".") : dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path() != fs::path(state) && fs::exists(it->path() / "state.json", ec)) others += " " + it->path().string();
+  for (fs::directory_iterator it(dir.empty() ? fs::path(".") : dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code not_a_directory;  // the lock file, say: not a state, and no reason to stop looking
+    if (it->path() != fs::path(state) && fs::exists(it->path() / "state.json", not_a_directory))
+      others += " " + it->path().string();
+  }
   if (others.empty()) throw e;
   throw Error(detail::concat(e.what(), "; nothing was trained. Other states:", others,
                              " (pass one as --resume to continue from it)"));
+}
+
+// Note [extending a run]. `remat train --resume D --steps N` with N larger than the run's --steps
+// continues a stopped or finished run up to step N. The learning rate of every step from the
+// resumed one on is the schedule of an N-step run (warm-up min(100, N / 10) steps, then the cosine
+// decay to 0 at step N), as a run started with --steps N has it; the steps before kept theirs.
+// So the extended run is bitwise the run started with --steps N whenever the two schedules agree
+// on every step before the state, that is when the state lies within the warm-up (or at its last
+// step) and both runs have the same warm-up (both of at least 1000 steps, or N / 10 = S / 10): the
+// test extends a run of 20 steps stopped after step 3 to 29 steps and compares with a run of 29.
+// A finished run's schedule had decayed to 0; its extension starts again at the N-step
+// schedule's rate at that step (what nanoGPT's users get when they raise max_iters and resume).
+// The states written from then on record N as the run's length.
+//
+// --steps N beside --resume: the run's length. A larger N extends it (Note [extending a run]); a
+// smaller one is refused (a run is ended early by stopping it).
+void extend_steps(const TrainOptions& o, const nn::TrainingState& state) {
+  const auto it = state.configuration.find("steps");
+  REMAT_CHECK(it != state.configuration.end(), "train --resume ", o.resume_state, ": the state has no \"steps\"");
+  const int64_t run = parse_int("the state's steps", it->second, 1, kMaxSteps);
+  REMAT_USAGE_CHECK(o.steps >= run, "train --resume ", o.resume_state, ": --steps ", o.steps, " is below the run's ",
+                    run, "; a resumed run can be extended (a larger --steps), not shortened: to end it early, stop it "
+                    "(SIGINT or SIGTERM) when you want, and use that state");
+}
+
+// The global batch of a state: its ranks x its --accumulate micro-batches per step.
+int64_t state_micro_batches(const nn::Metadata& c, const std::string& state) {
+  auto get = [&](const char* key, const char* absent) {
+    auto it = c.find(key);
+    return parse_int(detail::concat("the ", key, " of the state ", state), it == c.end() ? absent : it->second, 1,
+                     kMaxMicroBatches);
+  };
+  return get("accumulate", "1") * get("ranks", "1");
 }
 
 std::string corpus_checksum(const Loaded& l) {
@@ -185,10 +212,14 @@ void apply_resume(TrainOptions& o) {
     REMAT_CHECK(it != c.end() || k.absent != nullptr, "train --resume ", o.resume_state, ": the state has no \"", k.key,
                 "\" in its configuration");
     const std::string value = it != c.end() ? it->second : k.absent;
-    if (o.given.count(k.flag) != 0 && k.get(o) != value)
+    const bool given = o.given.count(k.flag) != 0;
+    // --steps may extend the run (extend_steps); --accumulate follows the number of ranks (fit_world)
+    if (given && (std::string(k.key) == "steps" || std::string(k.key) == "accumulate")) continue;
+    if (given && k.get(o) != value)
       disagree += detail::concat(disagree.empty() ? "" : ", ", k.flag, " ", k.get(o), " (the state's: ", value, ")");
     k.set(o, value);
   }
+  if (o.given.count("--steps") != 0) extend_steps(o, state);
   REMAT_USAGE_CHECK(disagree.empty(), "train --resume ", o.resume_state, ": ", disagree, " disagree",
                     disagree.find(',') == std::string::npos ? "s" : "", " with the run in the state; a resumed run "
                     "takes its options from its state: drop them or pass the state's values");
@@ -216,6 +247,44 @@ void apply_resume(TrainOptions& o) {
     o.state_dir = o.resume_state == o.resume ? fs::path(o.resume).parent_path().string() : o.resume;
 }
 
+int64_t resumed_run_steps(const TrainOptions& o) {
+  if (o.resume_state.empty()) return o.steps;
+  const nn::TrainingState state = nn::read_training_state(o.resume_state);
+  const auto it = state.configuration.find("steps");
+  return it == state.configuration.end() ? o.steps : parse_int("the state's steps", it->second, 1, kMaxSteps);
+}
+
+void fit_world(TrainOptions& o, DataParallel& dp) {
+  if (o.resume_state.empty()) return;
+  const nn::TrainingState state = nn::read_training_state(o.resume_state);
+  const int64_t total = state_micro_batches(state.configuration, o.resume_state);
+  const auto ranks = state.configuration.find("ranks");
+  const std::string written = ranks == state.configuration.end() ? "1" : ranks->second;
+  if (o.given.count("--accumulate") != 0) {
+    REMAT_USAGE_CHECK(o.accumulate * dp.world == total, "train --resume ", o.resume_state, ": --accumulate ",
+                      o.accumulate, " on ", dp.world, " rank(s) is a global batch of ", o.accumulate * dp.world,
+                      " micro-batches, the run's is ", total, " (", written, " rank(s) x --accumulate ",
+                      total / std::max<int64_t>(1, parse_int("ranks", written, 1, kMaxMicroBatches)),
+                      "); drop --accumulate, or pass ", total, " / ", dp.world);
+  } else {
+    REMAT_USAGE_CHECK(total % dp.world == 0, "train --resume ", o.resume_state, ": the run's global batch is ", total,
+                      " micro-batches per step (written by ", written, " rank(s)), which ", dp.world,
+                      " ranks cannot share evenly; resume with a number of ranks that divides ", total);
+    o.accumulate = total / dp.world;
+  }
+  dp.accumulate = o.accumulate;
+}
+
+void check_resumed_corpus(const TrainOptions& o, const Corpus& corpus, const std::string& data_path) {
+  if (o.resume_state.empty()) return;
+  const nn::TrainingState state = nn::read_training_state(o.resume_state);
+  auto it = state.configuration.find("corpus_xxh64");
+  if (it == state.configuration.end()) return;
+  REMAT_USAGE_CHECK(it->second == nn::io::xxh64_hex(nn::io::xxh64(corpus.text.data(), corpus.text.size())),
+                    "train --resume ", o.resume_state, ": the text of --data ", data_path, " is not the run's corpus (its "
+                    "checksum differs from the one the state recorded); pass the --data the run was trained on");
+}
+
 nn::Metadata run_configuration(const TrainOptions& o, const DataParallel& dp, const Loaded& l) {
   nn::Metadata c;
   for (const Kept& k : defining()) c[k.key] = k.get(o);
@@ -229,6 +298,7 @@ nn::Metadata run_configuration(const TrainOptions& o, const DataParallel& dp, co
   c["vocabulary"] = l.tokenizer.to_string();
   c["corpus_xxh64"] = corpus_checksum(l);
   c["ranks"] = std::to_string(dp.world);
+  c["micro_batches"] = std::to_string(dp.micro_batches());
   return c;
 }
 
@@ -236,17 +306,14 @@ RunMeasure restore_state(const TrainOptions& o, const DataParallel& dp, Loaded& 
   RunMeasure m;
   if (o.resume_state.empty()) return m;
   const nn::StateShard shard = opt.sharded ? nn::StateShard{dp.rank, dp.world} : nn::StateShard{};
-  const nn::Metadata expected = run_configuration(o, dp, l);
+  // a state is the same whatever the number of ranks that wrote it: the global batch must agree
+  // (fit_world), the run's length may grow (--steps), the rest must be equal
+  nn::Metadata expected = run_configuration(o, dp, l);
+  for (const char* key : {"steps", "accumulate", "ranks", "micro_batches"}) expected.erase(key);
   const nn::TrainingState check = nn::read_training_state(o.resume_state);
-  auto ranks = check.configuration.find("ranks");
-  REMAT_CHECK(ranks == check.configuration.end() || ranks->second == expected.at("ranks"), "train --resume ",
-              o.resume_state, ": the state was written by ", ranks->second, " process(es) (mpirun -np ", ranks->second,
-              "), this run has ", dp.world, ": the global batch, and so the run, would differ; resume with mpirun -np ",
-              ranks->second);
-  auto corpus = check.configuration.find("corpus_xxh64");
-  REMAT_CHECK(corpus == check.configuration.end() || corpus->second == expected.at("corpus_xxh64"), "train --resume ",
-              o.resume_state, ": the text of --data ", l.data_path, " is not the text the run was trained on (its "
-              "checksum differs); pass the run's --data");
+  REMAT_CHECK(state_micro_batches(check.configuration, o.resume_state) == dp.micro_batches(), "train --resume ",
+              o.resume_state, ": the state's global batch is ", state_micro_batches(check.configuration, o.resume_state),
+              " micro-batches per step, this run's ", dp.micro_batches());
   nn::TrainingState s;
   try {
     s = nn::load_training_state(o.resume_state, *l.model, opt.optimizer, expected, shard);
@@ -268,103 +335,6 @@ RunMeasure restore_state(const TrainOptions& o, const DataParallel& dp, Loaded& 
   if (!extra("optimizer_state_bytes").empty()) m.optimizer_state_bytes = std::stoull(extra("optimizer_state_bytes"));
   return m;
 }
-
-// ---- writability, before the first step
-
-namespace {
-
-// A UsageError unless a file can be created in `directory` (made if absent, with its parents, when `make`).
-void check_directory(const std::string& option, const std::string& directory, bool make) {
-  std::error_code ec;
-  if (make) fs::create_directories(directory, ec);
-  REMAT_USAGE_CHECK(!ec, "train ", option, ": cannot create the directory ", directory, ": ", ec.message());
-  REMAT_USAGE_CHECK(fs::is_directory(directory, ec), "train ", option, ": ", directory, " is not a directory");
-  try {
-    nn::io::AtomicFile probe((fs::path(directory) / ".remat-write-check").string(), "write check");
-    probe.write("x", 1);
-  } catch (const Error& e) {
-    throw UsageError(detail::concat("train ", option, ": cannot write in ", directory, " (", e.what(),
-                                    "); nothing was trained"));
-  }
-}
-
-}  // namespace
-
-void check_writable(const TrainOptions& o, const DataParallel& dp) {
-  if (!o.state_dir.empty()) {
-    check_directory("--state-dir", o.state_dir, true);
-    // states are never overwritten: the directory must hold none newer than the one resumed
-    const std::string newest = nn::latest_training_state(o.state_dir);
-    std::error_code ec;
-    REMAT_USAGE_CHECK(newest.empty() || (!o.resume_state.empty() && fs::equivalent(newest, o.resume_state, ec)),
-                      "train --state-dir ", o.state_dir, ": the directory holds the states of ",
-                      o.resume_state.empty() ? "a run" : "the run past the one resumed", " (the newest: ", newest,
-                      "); continue that run with --resume ", o.state_dir, ", or pass another --state-dir");
-  }
-  if (!o.save.empty() && dp.rank == 0) {
-    std::error_code ec;
-    const fs::path save(o.save);
-    if (o.format == "hf-gpt2" && fs::is_directory(save, ec)) {
-      check_directory("--save", o.save, false);
-    } else {
-      const fs::path parent = save.has_parent_path() ? save.parent_path() : fs::path(".");
-      REMAT_USAGE_CHECK(fs::is_directory(parent, ec), "train --save ", o.save, ": the directory ", parent.string(),
-                        " does not exist; nothing was trained");
-      check_directory("--save", parent.string(), false);
-    }
-  }
-}
-
-// ---- signals
-
-namespace {
-
-volatile std::sig_atomic_t stop_signal = 0;
-
-extern "C" void on_stop_signal(int sig) {
-  if (stop_signal != 0) {  // the second: end now, as the signal's default action does
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-    return;
-  }
-  stop_signal = sig;
-}
-
-struct sigaction previous_int, previous_term;
-
-}  // namespace
-
-StopSignals::StopSignals() {
-  stop_signal = 0;
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &action, &previous_int);
-  sigaction(SIGTERM, &action, &previous_term);
-}
-
-StopSignals::~StopSignals() {
-  sigaction(SIGINT, &previous_int, nullptr);
-  sigaction(SIGTERM, &previous_term, nullptr);
-}
-
-int StopSignals::received() { return stop_signal; }
-
-namespace {
-
-// Note [stopping on a signal]: the test hook.
-void pause_for_test(int64_t done) {
-  static const int64_t pause_at = [] {
-    const char* text = std::getenv("REMAT_TEST_PAUSE_AFTER_STEP");
-    return text == nullptr ? int64_t{-1} : static_cast<int64_t>(std::strtoll(text, nullptr, 10));
-  }();
-  if (done != pause_at) return;
-  for (int i = 0; i < 6000 && StopSignals::received() == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-}
-
-}  // namespace
 
 // ---- the states
 
@@ -392,9 +362,12 @@ bool StateKeeper::stop_requested() const {
 int StateKeeper::after_step(int64_t done, const RunMeasure& m) {
   pause_for_test(done);
   if (o_.state_dir.empty()) return 0;
-  const bool stop = stop_requested();
+  bool stop = stop_requested();
   const bool due = interval_ > 0 ? done % interval_ == 0 : done >= next_;
-  if ((stop || due) && done < o_.steps) write(done, m);
+  if ((stop || due) && done < o_.steps) {
+    write(done, m);
+    stop = stop || stop_requested();  // a signal during the write: stop on the state just written
+  }
   if (!stop || done == o_.steps) return 0;  // stopped at the last step: the run ends as usual
   int sig = StopSignals::received();
   if (dp_.world > 1) {  // the first signal any rank received names the stop
@@ -476,6 +449,13 @@ void StateKeeper::write(int64_t done, const RunMeasure& m) {
                                         "writable) and continue with: ", resume_command(o_))));
     }
   };
+  // the older kept state goes first, so that the directory needs room for two states, not three
+  // (Note [a state directory that cannot trap]); then the room is checked before anything is written
+  attempt(root, [&] {
+    nn::prune_training_states(o_.state_dir, 1);
+    check_room_for_state(o_.state_dir, last_state_bytes_ > 0 ? last_state_bytes_ : state_bytes_estimate(l_));
+  });
+  all_succeeded();
   if (!opt_.sharded) {
     attempt(root, [&] { nn::save_training_state(path, *l_.model, opt_.optimizer, state, weights); });
     all_succeeded();
@@ -488,7 +468,7 @@ void StateKeeper::write(int64_t done, const RunMeasure& m) {
     attempt(root, [&] { nn::commit_training_state(path, dp_.world); });
     all_succeeded();
   }
-  if (root) nn::prune_training_states(o_.state_dir, 2);
+  if (root) last_state_bytes_ = directory_bytes(path);
   written_step_ = done;
   last_path_ = path;
   ++writes_;

@@ -5,11 +5,9 @@
 //   Loaded l = load(o, device);
 //   Optimization opt(o, dp, *l.model);
 //   RunMeasure m = restore_state(o, dp, l, opt);   // --resume: weights, optimizer, losses so far
-//   StopSignals signals;                      // while it lives, SIGINT and SIGTERM stop after the step
 //   StateKeeper keeper(o, dp, l, opt);        // writes a state when due (after_step) and at the end
 #pragma once
 
-#include <csignal>
 #include <cstdint>
 #include <string>
 
@@ -29,26 +27,25 @@ namespace remat::tools::training {
 // --state-every, --data's path) may differ; --threads and --device may too, with a warning.
 void apply_resume(TrainOptions& o);
 
+// With --resume, once the number of ranks is known: --accumulate such that the global batch (ranks
+// x --accumulate micro-batches) is the state's, whatever the number of ranks that wrote it; a
+// UsageError when --accumulate is given otherwise or the ranks cannot share it evenly.
+void fit_world(TrainOptions& o, DataParallel& dp);
+
+// With --resume: the --steps of the run in the state (o.steps when the run is extended:
+// Note [extending a run]); without: o.steps.
+int64_t resumed_run_steps(const TrainOptions& o);
+
+// With --resume, before the text is tokenised: a UsageError when --data is not the run's corpus
+// (so a changed corpus is named as such, not as a byte outside the vocabulary).
+void check_resumed_corpus(const TrainOptions& o, const Corpus& corpus, const std::string& data_path);
+
 // The run's configuration, as the state keeps it and a resume compares it.
 nn::Metadata run_configuration(const TrainOptions& o, const DataParallel& dp, const Loaded& l);
 
 // With --resume: loads the state into the model and the optimizer; returns the measures of the
 // steps before it (the losses the report needs, the gradient digest).
 RunMeasure restore_state(const TrainOptions& o, const DataParallel& dp, Loaded& l, Optimization& opt);
-
-// Before the first step: a UsageError when --save or --state-dir cannot be written to.
-void check_writable(const TrainOptions& o, const DataParallel& dp);
-
-// SIGINT and SIGTERM while it lives: the first sets a flag (the step loop stops after the step
-// and writes the state), a second ends the process at once. Note [stopping on a signal].
-class StopSignals {
- public:
-  StopSignals();
-  ~StopSignals();
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  static int received();  // the first signal's number, or 0
-};
 
 // Writes the training state to --state-dir every --state-every steps (or as often as costs about
 // 1 % of the run's time), at the end, and when a signal asked the run to stop; keeps the last two.
@@ -78,6 +75,7 @@ class StateKeeper {
   Optimization& opt_;
   nn::Metadata configuration_;
   int64_t interval_ = 0, next_ = 1, written_step_ = -1, writes_ = 0;
+  uint64_t last_state_bytes_ = 0;  // rank 0: the last state's bytes on disk (the next one's room)
   double write_seconds_ = 0, last_write_seconds_ = 0;
   std::string last_path_;
 };

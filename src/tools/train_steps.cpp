@@ -110,7 +110,7 @@ StepLoop::StepLoop(const TrainOptions& o, const DataParallel& dp, const Policy& 
       total_base_(memory_stats(l.device).live_total),
       step_dp_(dp) {
   if (dp.world > 1 && bucket_bytes > 0) {
-    buckets_.emplace(opt.all_params, bucket_bytes, dp.reduction);
+    buckets_.emplace(opt.all_params, bucket_bytes, dp.reduction, dp.accumulate);
     step_dp_.buckets = &*buckets_;
   }
 }
@@ -241,6 +241,11 @@ void StepLoop::account(int64_t step, Clock::time_point t0, double loss_value) {
   dynamic.bytes_mapped += d.bytes_mapped;
   dynamic.stall_seconds += d.stall_seconds;
   dynamic.bytes_over_plan = std::max(dynamic.bytes_over_plan, d.bytes_over_plan);
+  const BudgetCounters b = counters().budget;
+  m_.budget.steps += b.steps;
+  m_.budget.steps_over += b.steps_over;
+  m_.budget.most_over_bytes = std::max(m_.budget.most_over_bytes, b.most_over_bytes);
+  if (b.steps > 0) m_.budget.last_peak_bytes = b.last_peak_bytes, m_.budget.last_budget_bytes = b.last_budget_bytes;
 }
 
 // Validation: every --eval-every steps and at the end.

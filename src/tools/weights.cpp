@@ -266,9 +266,13 @@ std::string byte_character(unsigned char b) {
   return utf8;
 }
 
-// The character vocabulary as a tokenizer Transformers' AutoTokenizer loads: GPT-2's byte-level BPE
-// with no merges (vocab.json, merges.txt), so every byte is its own token, with remat's ids; no
-// special tokens (the vocabulary has none).
+// The character vocabulary as a tokenizer Transformers' AutoTokenizer loads (tokenizer.json, the
+// `tokenizers` library's format, and tokenizer_config.json): the text's bytes mapped to GPT-2's
+// byte-level alphabet and split one character a token, a word-level model over those characters
+// with remat's ids, and the byte-level decoder. So every byte of the vocabulary is its own token
+// both ways, and a byte outside it is refused (the word-level model's unknown token is not in the
+// vocabulary: encoding raises), as remat's tokenizer refuses it. GPT-2's own BPE files would drop
+// such a byte without a word.
 void write_hf_tokenizer(const std::filesystem::path& root, const nn::Metadata& metadata, int64_t seq) {
   auto v = metadata.find("vocabulary");
   if (v == metadata.end()) return;
@@ -277,12 +281,19 @@ void write_hf_tokenizer(const std::filesystem::path& root, const nn::Metadata& m
   for (int b = 0; b < 256; ++b)
     if (tokenizer.contains(static_cast<unsigned char>(b)))
       vocab[byte_character(static_cast<unsigned char>(b))] = tokenizer.encode(std::string(1, static_cast<char>(b))).front();
-  const nlohmann::json config = {{"tokenizer_class", "GPT2Tokenizer"}, {"add_prefix_space", false},
-                                 {"bos_token", nullptr},                {"eos_token", nullptr},
-                                 {"unk_token", nullptr},                {"model_max_length", seq},
+  const nlohmann::ordered_json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+                                             {"use_regex", false}};
+  const nlohmann::ordered_json one_character = {{"type", "Split"}, {"pattern", {{"Regex", "."}}},
+                                                {"behavior", "Isolated"}, {"invert", false}};
+  const nlohmann::ordered_json spec = {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr},
+      {"added_tokens", nlohmann::ordered_json::array()}, {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", {byte_level, one_character}}}},
+      {"post_processor", nullptr}, {"decoder", byte_level},
+      {"model", {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "<a byte outside the vocabulary>"}}}};
+  const nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"model_max_length", seq},
                                  {"clean_up_tokenization_spaces", false}};
-  nn::io::write_file_atomically((root / "vocab.json").string(), vocab.dump() + "\n", "train --save");
-  nn::io::write_file_atomically((root / "merges.txt").string(), "#version: 0.2\n", "train --save");
+  nn::io::write_file_atomically((root / "tokenizer.json").string(), spec.dump() + "\n", "train --save");
   nn::io::write_file_atomically((root / "tokenizer_config.json").string(), config.dump(2) + "\n", "train --save");
 }
 

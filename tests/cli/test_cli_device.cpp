@@ -11,7 +11,10 @@
 #include <fstream>
 #include <string>
 
+#include "device_option.h"
+#include "emulated_backend.h"
 #include "remat/devices.h"
+#include "usage.h"
 
 using namespace remat;
 namespace fs = std::filesystem;
@@ -112,6 +115,44 @@ TEST(CliDevice, CudaWithoutAUsableDeviceIsAClearError) {
   // sample refuses the device before reading the weights
   expect_clean_error(remat_cli("sample --load nothing.safetensors --device cuda"), 1,
                      "sample --device cuda: " + expected_cuda_reason());
+}
+
+// The backend options chosen with the device (select_device's `options`, the --backend-options
+// text): parsed on the defaults; a name that is no option, or an option for the CPU (which has
+// none), is a usage error; a device that holds no bf16 says why in its backend's words; the
+// report's JSON lists every option with whether it is on and device-checked.
+TEST(CliDevice, BackendOptionsAreChosenWithTheDevice) {
+  EXPECT_EQ(tools::select_device("train --device", "cpu", ""), kCpu);
+  EXPECT_THROW(tools::select_device("train --device", "cpu", "tf32"), tools::UsageError);
+  try {
+    tools::select_device("train --device", "cuda", "tf32,warp_speed");
+    ADD_FAILURE() << "no error";
+  } catch (const tools::UsageError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("'warp_speed'"), std::string::npos) << message;
+    EXPECT_NE(message.find("sixteen_bit"), std::string::npos) << message;  // the known names
+  }
+  if (device_count(DeviceType::cuda) == 0)
+    EXPECT_THROW(tools::select_device("train --device", "cuda", "tf32"), Error);
+  remat::testing::EmulatedDevice dev(5);
+  dev.backend.holds_16bit_floats = false;
+  tools::check_device_dtype("train --dtype", dev.device, DType::f32);
+  try {
+    tools::check_device_dtype("train --dtype", dev.device, DType::bf16);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("emulated:5 holds no bf16 tensors: "), std::string::npos) << message;
+    EXPECT_NE(message.find(backend(dev.device).why_not_held(DType::bf16)), std::string::npos) << message;
+  }
+  const nlohmann::json j = tools::backend_options_json(dev.device);
+  ASSERT_EQ(j["options"].size(), 6u) << j.dump();
+  EXPECT_EQ(j["options"][0]["name"], "async");
+  EXPECT_EQ(j["options"][0]["on"], true);
+  EXPECT_EQ(j["options"][0]["device_checked"], false);
+  EXPECT_NE(j["text"].get<std::string>().find("async (not device-checked)"), std::string::npos) << j.dump();
+  EXPECT_NE(tools::device_json(dev.device).dump().find("\"backend_options\""), std::string::npos);
+  EXPECT_EQ(tools::device_json(kCpu).dump().find("backend_options"), std::string::npos);
 }
 
 TEST(CliDevice, TheReportNamesTheDevice) {

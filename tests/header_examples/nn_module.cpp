@@ -22,5 +22,5 @@ TEST(NnModuleH, Example) {
   reset_counters();
 REMAT_EXAMPLE(include/remat/nn/module.h: class Model : public remat::nn::Module {)
   EXPECT_EQ(counters().regions_created, 17u);  // 16 layers and the head
-  EXPECT_EQ(counters().regions_recomputed, 17u);
+  EXPECT_EQ(counters().regions_recomputed, 16u);  // the head, a Linear, has nothing to make again
 }

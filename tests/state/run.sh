@@ -13,6 +13,23 @@
 #                             unwritable --state-dir or --save: clear errors, the previous state intact
 #   options                   --resume's options: disagreeing ones refused, --policy free; a finished
 #                             run; --eval-only conversion
+#   signals RUNS [SHIM [EVERY]]  RUNS runs sent SIGINT or SIGTERM at random times during the
+#                             steps' compute (no pause hook; a model whose products take oneDNN's
+#                             heap path; REMAT_FAULT_STEPS steps, default 150, signalled up to
+#                             REMAT_FAULT_SPREAD_MS, default 400, after the first), and during a state
+#                             write: each writes its state and exits 130 or 143, none crashes, each
+#                             resume ends with the uninterrupted weights_digest; with SHIM
+#                             (tests/state/sigprof_shim.cpp) preloaded into every EVERY-th run
+#                             (default 2), the same under a profiler's 1 kHz SIGPROF timer
+#   trap                      a --state-dir that cannot trap: an incomplete step directory, a second
+#                             run on a locked directory (and a lock left by a killed run), states
+#                             newer than the one resumed, no room for a state or for --save on a
+#                             small tmpfs (where one can be mounted): each a clear message before
+#                             step 1; room for two states is enough; a --save that fails at the end
+#                             says how to keep the weights
+#   extend                    --resume D --steps N: a run stopped within its warm-up extended to the
+#                             bits of a run started with N steps; a finished run extended; a
+#                             smaller N refused; another --data on resume named as such
 # Exit 0 on success; the failing check is printed otherwise.
 set -uo pipefail
 
@@ -218,15 +235,17 @@ case $test in
     echo "   --save on a full disk: error; the final state kept the weights; --resume --save wrote them"
     # a real full disk, where this test may mount one (root)
     mkdir -p "$dir/tmpfs"
-    if mount -t tmpfs -o size=$((2 * state_bytes + 32768)) tmpfs "$dir/tmpfs" 2>/dev/null; then
+    # (room for one state and a half: the second is refused before it is written; two would fit,
+    # the older one is removed before the next is written)
+    if mount -t tmpfs -o size=$((3 * state_bytes / 2)) tmpfs "$dir/tmpfs" 2>/dev/null; then
       mounted=$dir/tmpfs
       run real_full "$remat" train "${model[@]}" --steps 12 --state-dir "$dir/tmpfs/states" --state-every 2
       expect_rc real_full 1
-      expect_text real_full "No space left on device"
+      expect_text real_full "is intact: free space"
       run after_real "$remat" train --resume "$dir/tmpfs/states" --state-dir "$dir/elsewhere" --json --quiet
       expect_rc after_real 0
       same straight after_real
-      echo "   a real tmpfs full: $(grep -o 'failed: No space[^;]*' "$dir/real_full.err" | head -1); resumed to the same bits"
+      echo "   a real tmpfs full: $(grep -o 'not written: [^;]*' "$dir/real_full.err" | head -1); resumed to the same bits"
       # offload: to a full disk: the values stay in memory and the run stops with an error
       rm -rf "$dir/tmpfs/states"
       head -c $((2 * state_bytes + 32768)) /dev/zero >"$dir/tmpfs/filler" 2>/dev/null
@@ -246,9 +265,9 @@ case $test in
     run first "$remat" train "${model[@]}" --steps 12 --state-dir "$states" --state-every 4
     expect_rc first 0
     rm -rf "$states/step-00000012"
-    run disagree "$remat" train --resume "$states" --steps 20 --lr 0.1 --layers 2
+    run disagree "$remat" train --resume "$states" --steps 20 --lr 0.1 --layers 3
     expect_rc disagree 2
-    expect_text disagree "--steps 20 (the state's: 12), --lr 0.1 (the state's: 0.004) disagree with the run in the state"
+    expect_text disagree "--layers 3 (the state's: 2), --lr 0.1 (the state's: 0.004) disagree with the run in the state"
     run other_policy "$remat" train --resume "$states" --policy save-all --json --quiet
     expect_rc other_policy 0
     same straight other_policy
@@ -291,6 +310,189 @@ case $test in
     [[ "$(field val_loss "$dir/reread.out")" == "$(field val_loss "$dir/convert.out")" ]] ||
       fail "the converted weights evaluate differently"
     echo "   disagreeing options refused; --policy free; a finished run; a state's weights sampled and converted"
+    ;;
+  signals)
+    runs=$1
+    shim=${2:-}
+    every=${3:-2}  # with SHIM: every EVERY-th run under the timer (1: all of them)
+    # a model whose weight gradients have k = batch x seq = 256 > 84: oneDNN's kernels run on their
+    # heap workspace (Note [signals and oneDNN's kernels]); a few milliseconds a step
+    big=(--threads "${REMAT_FAULT_THREADS:-2}" --data "$dir/corpus.txt" --layers 2 --width 32 --heads 2 --seq 32 --batch 8 --quiet --json)
+    esteps=${REMAT_FAULT_STEPS:-150}
+    run straight "$remat" train "${big[@]}" --steps $esteps
+    expect_rc straight 0
+    signalled=0
+    for i in $(seq "$runs"); do
+      RANDOM=$((i * 7919))
+      states=$dir/signal-$i
+      signal=TERM
+      ((i % 2 == 0)) && signal=INT
+      # one env: a preloaded shim's timer, which survives exec, must not reach a second exec
+      env=(env)
+      [[ -n "$shim" && $((i % every)) == $((1 % every)) ]] && env+=(LD_PRELOAD="$shim")
+      slow=()
+      ((i == 3)) && slow=(REMAT_TEST_WRITE_DELAY_MS=200)  # this one is signalled during a state write
+      : >"$dir/sig.out"
+      : >"$dir/sig.err"
+      "${env[@]}" "${slow[@]}" "$remat" train "${big[@]}" --steps $esteps --eval-every 1 --state-dir "$states" \
+        --state-every $((1 + RANDOM % 7)) >"$dir/sig.out" 2>"$dir/sig.err" &
+      pid=$!
+      start=$SECONDS
+      # wait for the first step, then a random time into the steps (or, run 3, into a state write)
+      until grep -q '"step":1,' "$dir/sig.out" 2>/dev/null || ! kill -0 "$pid" 2>/dev/null; do
+        ((SECONDS - start > limit)) && { kill -KILL "$pid"; fail "run $i never started"; }
+        sleep 0.005
+      done
+      if ((i == 3)); then
+        until writing_in "$states" || ! kill -0 "$pid" 2>/dev/null; do sleep 0.002; done
+      else
+        sleep "$(awk -v ms=$((RANDOM % ${REMAT_FAULT_SPREAD_MS:-400})) 'BEGIN { printf "%.3f", ms / 1000 }')"
+      fi
+      kill "-$signal" "$pid" 2>/dev/null
+      wait "$pid"
+      rc=$?
+      rm -f "/dev/shm/__KMP_REGISTERED_LIB_${pid}_$(id -u)"
+      case $rc in
+        0) echo "   run $i: ended before the signal (not counted)"; continue ;;
+        130 | 143) ;;
+        *) cat "$dir/sig.err"; fail "run $i: SIG$signal during the steps: exit $rc (a crash), expected 130 or 143" ;;
+      esac
+      [[ $signal == INT ]] && expected=130 || expected=143
+      ((rc == expected)) || { cat "$dir/sig.err"; fail "run $i: SIG$signal: exit $rc, expected $expected"; }
+      grep -q "stopped by SIG$signal after step" "$dir/sig.err" || { cat "$dir/sig.err"; fail "run $i: no stop message"; }
+      signalled_rc=$rc
+      if ((${#env[@]} > 1)); then
+        grep -q 'sigprof shim: [1-9][0-9]* SIGPROF taken' "$dir/sig.err" || { cat "$dir/sig.err"; fail "run $i: the SIGPROF timer did not fire"; }
+      fi
+      stopped=$(field step "$dir/sig.out")
+      run "resumed-$i" "${env[@]}" "$remat" train --resume "$states" --json --quiet
+      expect_rc "resumed-$i" 0
+      [[ "$(field weights_digest "$dir/resumed-$i.out")" == "$(field weights_digest "$dir/straight.out")" ]] ||
+        fail "run $i: resumed to weights_digest $(field weights_digest "$dir/resumed-$i.out"), the run never stopped: $(field weights_digest "$dir/straight.out")"
+      signalled=$((signalled + 1))
+      under=""
+      ((${#env[@]} > 1)) && under=" under a 1 kHz SIGPROF timer"
+      echo "   run $i: SIG$signal$under${slow[*]:+ during a state write}: stopped after step $stopped, exit $signalled_rc; resumed to the same weights_digest"
+    done
+    ((signalled * 2 >= runs)) || fail "only $signalled of $runs runs were signalled before they ended"
+    ;;
+  trap)
+    run straight "$remat" train "${model[@]}" --steps 8
+    expect_rc straight 0
+    # a step directory without its state.json (a copy cut short): named before step 1, not trained over
+    states=$dir/cut
+    run cut "$remat" train "${model[@]}" --steps 8 --state-dir "$states" --state-every 2  # keeps 6 and 8
+    expect_rc cut 0
+    cp -r "$states" "$dir/cut-copy"
+    rm -f "$states/step-00000008/state.json"
+    run incomplete "$remat" train --resume "$states" --json --quiet
+    expect_rc incomplete 2
+    expect_text incomplete "$states/step-00000008 is not a complete training state"
+    expect_text incomplete "mv $states/step-00000008 $states/step-00000008.damaged"
+    grep -q '"weights_digest"' "$dir/incomplete.out" && fail "a run trained over an incomplete state directory"
+    mv "$states/step-00000008" "$states/step-00000008.damaged"
+    run after_cut "$remat" train --resume "$states" --json --quiet
+    expect_rc after_cut 0
+    same straight after_cut
+    # an older state resumed while newer ones exist; a damaged newest one
+    states=$dir/cut-copy
+    run older "$remat" train --resume "$states/step-00000006" --json --quiet
+    expect_rc older 2
+    expect_text older "holds states newer than it ($states/step-00000008)"
+    rm -f "$states/step-00000008/model.safetensors"
+    run damaged "$remat" train --resume "$states" --json --quiet
+    expect_rc damaged 1
+    expect_text damaged "model.safetensors is missing from the state; nothing was trained. Other states: $states/step-00000006"
+    echo "   an incomplete step directory, an older state resumed, a damaged newest state: each named before step 1 with what to do"
+    # a second run on a locked directory, then a lock left by a killed run
+    locked=$dir/locked
+    : >"$dir/holder.out"
+    REMAT_TEST_PAUSE_AFTER_STEP=2 "$remat" train "${model[@]}" --steps 8 --eval-every 1 --state-dir "$locked" \
+      --state-every 1 >"$dir/holder.out" 2>"$dir/holder.err" &
+    holder=$!
+    until grep -q '"step":2,' "$dir/holder.out" 2>/dev/null; do sleep 0.01; done
+    run second "$remat" train "${model[@]}" --steps 8 --state-dir "$locked"
+    expect_rc second 2
+    expect_text second "another run is using it (pid $holder, host $(hostname)"
+    run second_resume "$remat" train --resume "$locked"
+    expect_rc second_resume 2
+    expect_text second_resume "another run is using it"
+    kill -KILL "$holder"
+    wait "$holder" 2>/dev/null
+    run after_kill "$remat" train --resume "$locked" --json --quiet
+    expect_rc after_kill 0
+    same straight after_kill
+    echo "   a second run on a locked directory: refused naming pid $holder; its lock gone with the killed run"
+    # --save that fails at the end without --state-dir: says how to keep the weights next time
+    run save_fails env REMAT_TEST_FAIL_WRITES_AFTER=100 "$remat" train "${model[@]}" --steps 2 --save "$dir/w.safetensors"
+    expect_rc save_fails 1
+    expect_text save_fails "Pass --state-dir DIR to keep the training state"
+    # room, on a small tmpfs where this test may mount one (root)
+    run sizing "$remat" train "${model[@]}" --steps 1 --state-dir "$dir/sizing" --state-every 1
+    state_bytes=$(du -sb "$dir/sizing/step-00000001" | cut -f1)
+    mkdir -p "$dir/tmpfs"
+    if mount -t tmpfs -o size=$((state_bytes / 2)) tmpfs "$dir/tmpfs" 2>/dev/null; then
+      mounted=$dir/tmpfs
+      run no_room "$remat" train "${model[@]}" --steps 8 --state-dir "$dir/tmpfs/states"
+      expect_rc no_room 2
+      expect_text no_room "nothing was trained"
+      expect_text no_room "it needs room for two states"
+      umount "$dir/tmpfs"
+      # room for two states and a half: enough for a run that writes six (never three at once)
+      mount -t tmpfs -o size=$((5 * state_bytes / 2)) tmpfs "$dir/tmpfs"
+      run two_fit "$remat" train "${model[@]}" --steps 8 --state-dir "$dir/tmpfs/states" --state-every 1 --json --quiet
+      expect_rc two_fit 0
+      same straight two_fit
+      # room for one and a half: the second state is refused before it is written, the first intact
+      umount "$dir/tmpfs"
+      mount -t tmpfs -o size=$((3 * state_bytes / 2)) tmpfs "$dir/tmpfs"
+      run one_fits "$remat" train "${model[@]}" --steps 8 --state-dir "$dir/tmpfs/states" --state-every 2
+      expect_rc one_fits 1
+      expect_text one_fits "not written: a state takes about"
+      expect_text one_fits "the previous state, $dir/tmpfs/states/step-00000002, is intact"
+      compgen -G "$dir/tmpfs/states/step-*.partial" >/dev/null && fail "a partial state was left on the full disk"
+      run after_room "$remat" train --resume "$dir/tmpfs/states" --state-dir "$dir/roomy" --json --quiet
+      expect_rc after_room 0
+      same straight after_room
+      umount "$dir/tmpfs"
+      mount -t tmpfs -o size=16k tmpfs "$dir/tmpfs"
+      run save_room "$remat" train "${model[@]}" --steps 8 --save "$dir/tmpfs/w.safetensors"
+      expect_rc save_room 2
+      expect_text save_room "nothing was trained. Free space or --save to another disk"
+      umount "$dir/tmpfs" && mounted=""
+      echo "   no room for a state or for --save: refused before step 1; two states' room is enough; a full disk mid-run keeps the state"
+    else
+      echo "   (no tmpfs could be mounted: the room checks are skipped; the injected write failures of 'faults' cover the writes)"
+    fi
+    ;;
+  extend)
+    run straight29 "$remat" train "${model[@]}" --steps 29
+    expect_rc straight29 0
+    # a run of 20 stopped within its warm-up (min(100, steps / 10) = 2 steps for 20 and for 29)
+    stop_at first TERM "step 2" "$remat" train "${model[@]}" --steps 20 --eval-every 1 --state-dir "$dir/e"
+    ((rc == 143)) || { cat "$dir/first.err"; fail "the run to extend was not stopped"; }
+    run extended "$remat" train --resume "$dir/e" --steps 29 --json
+    expect_rc extended 0
+    expect_text extended "extended from 20 to 29 steps"
+    same straight29 extended
+    # a finished run extended: it trains on; twice the same bits
+    run done20 "$remat" train "${model[@]}" --steps 20 --state-dir "$dir/f" --json --quiet
+    cp -r "$dir/f" "$dir/g"
+    run more "$remat" train --resume "$dir/f" --steps 26 --json --quiet
+    expect_rc more 0
+    run more_again "$remat" train --resume "$dir/g" --steps 26 --json --quiet
+    [[ "$(field resumed_from_step "$dir/more.out")" == 20 && -d "$dir/f/step-00000026" ]] || fail "the finished run was not extended"
+    [[ "$(field weights_digest "$dir/more.out")" == "$(field weights_digest "$dir/more_again.out")" ]] || fail "two extensions differ"
+    [[ "$(field weights_digest "$dir/more.out")" != "$(field weights_digest "$dir/done20.out")" ]] || fail "the extension trained nothing"
+    run shorter "$remat" train --resume "$dir/f" --steps 10
+    expect_rc shorter 2
+    expect_text shorter "can be extended (a larger --steps), not shortened"
+    # another text on resume, with bytes outside the run's vocabulary: named as another corpus
+    { cat "$dir/corpus.txt"; echo "Zürich café"; } >"$dir/other.txt"
+    run other_corpus "$remat" train --resume "$dir/g" --data "$dir/other.txt"
+    expect_rc other_corpus 2
+    expect_text other_corpus "is not the run's corpus"
+    echo "   a run stopped in its warm-up extended to 29 steps == a run of 29; a finished run extended; a smaller --steps refused"
     ;;
   *)
     fail "unknown test"

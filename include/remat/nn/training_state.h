@@ -72,9 +72,12 @@ void write_training_state_shard(const std::string& path, const Module& model, co
 void commit_training_state(const std::string& path, int shards);
 void abandon_training_state(const std::string& path);
 
-// Reads the state at `path` (a directory written above) into `model` and `optimizer` (the shard
-// `shard` of it) and sets the default generator; returns the state. `configuration`: the values
-// this run expects (a key the state lacks, or holds with another value, is an error naming both).
+// Reads the state at `path` (a directory written above) into `model` and `optimizer` and sets the
+// default generator; returns the state. `configuration`: the values this run expects (a key the
+// state lacks, or holds with another value, is an error naming both). The optimizer's state is
+// looked up by parameter name in every optimizer file of the state, so a state written by any
+// number of shards loads into an optimizer that holds all the parameters or any shard of them
+// (`shard`, this process's, only checked): a state is independent of the number of processes.
 TrainingState load_training_state(const std::string& path, Module& model, Optimizer& optimizer,
                                   const Metadata& configuration, StateShard shard = {});
 // Only state.json, checked: the step, configuration and extra of the state at `path` (to decide

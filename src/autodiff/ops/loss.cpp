@@ -10,15 +10,11 @@
 // Note [what cross entropy keeps]. The softmax the backward needs is exp(logits - lse), lse each
 // row's log-sum-exp, and the log-softmax the forward computes is logits - lse in the same dtype,
 // so keeping the logits (an input: no new storage) and lse [N] gives the bits that keeping the
-// [N, C] log-softmax gives, without writing and reading back an [N, C] tensor (1.65 GB at GPT-2
-// small, 8 x 1024 x 50257 float32). (16-bit logits: lse is float32, the kernels' float32
-// stand-in's, so the softmax is that of the log-softmax before it would be rounded to 16 bits.)
-// A backend keeps that unless it says otherwise (Backend::cross_entropy_keeps_log_softmax): CUDA
-// keeps the [N, C] log-softmax and the targets only, unless REMAT_CUDA_FAST=cross_entropy (its [N]
-// kernels have not yet run on a device). The form is asked once per call: the kept statistic's
-// shape tells the backward kernel which form it reads, and a recomputation allocates the form its
-// first run did. Both forms give the same bits where the backend's forward kernels compute the
-// same log-sum-exp (the CPU's: tests/test_rows_ops.cpp).
+// [N, C] log-softmax would give, without writing and reading back an [N, C] tensor between the
+// forward and the backward (1.65 GB at GPT-2 small, 8 x 1024 x 50257 float32). (16-bit logits:
+// lse is float32, the kernels' float32 stand-in's, so the softmax is that of the log-softmax
+// before it would be rounded to 16 bits.) Every backend keeps this one form; how a backend computes
+// it is its own (CUDA: Note [cross entropy from checked kernels] in src/tensor/cuda/indexing.cu).
 #include <cmath>
 
 #include "autodiff/kernels.h"
@@ -31,9 +27,8 @@ using autodiff::OpSpec;
 
 namespace {
 
-// keeping lse [N]: the logits and the targets; keeping the [N, C] log-softmax: the targets only
+// keeps the logits and the targets, and its outputs lse [N] and the mean's weight
 const OpSpec kCrossEntropy{autodiff::OpKind::cross_entropy, autodiff::save_inputs, 2};
-const OpSpec kCrossEntropyLogSoftmax{autodiff::OpKind::cross_entropy, autodiff::save_inputs, 2, 0b10};
 
 }  // namespace
 
@@ -52,27 +47,24 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double label_s
   const int64_t n = logits.size(0), classes = logits.size(1);
   REMAT_CHECK(classes > 0 || n == 0, "cross_entropy: logits of shape ", shape_str(logits.shape()), " have no classes");
 
-  const bool keeps_log_softmax = backend(logits.device()).cross_entropy_keeps_log_softmax();
   return autodiff::apply(
-      keeps_log_softmax ? kCrossEntropyLogSoftmax : kCrossEntropy, {logits, targets},
-      [n, classes, label_smoothing, ignore_index, keeps_log_softmax](const TensorList& in) {
+      kCrossEntropy, {logits, targets},
+      [n, label_smoothing, ignore_index](const TensorList& in) {
         Tensor x = kernels::contiguous(in[0]);
         Backend& b = kernels::backend_of(x);
-        // the loss, its rows, the rows' log-sum-exp and the mean's weight in float32 for 16-bit
-        // logits; the log-softmax in the logits' dtype
+        // the loss, its rows, the rows' log-sum-exp and the mean's weight in float32 for 16-bit logits
         const DType loss_dtype = accumulate_dtype(x.dtype());
         Tensor losses = kernels::empty({n}, loss_dtype, x.device());
-        Tensor kept = keeps_log_softmax ? kernels::empty({n, classes}, x.dtype(), x.device())
-                                        : kernels::empty({n}, loss_dtype, x.device());
+        Tensor kept = kernels::empty({n}, loss_dtype, x.device());
         Tensor scale = kernels::empty({}, loss_dtype, x.device());
         b.cross_entropy(x, in[1], label_smoothing, ignore_index, losses, kept, scale);
         Tensor total = kernels::reduce(ReduceOp::sum, losses, {0}, false, loss_dtype);
         return TensorList{kernels::binary(BinaryOp::mul, total, scale), kept, scale};
       },
-      [n, classes, label_smoothing, ignore_index, keeps_log_softmax](BackwardContext& ctx) {
+      [n, classes, label_smoothing, ignore_index](BackwardContext& ctx) {
         if (!ctx.needs_input_grad(0)) return;
         Tensor kept = ctx.output(1);
-        Tensor x = keeps_log_softmax ? Tensor() : kernels::contiguous(ctx.input(0));
+        Tensor x = kernels::contiguous(ctx.input(0));
         Backend& b = kernels::backend_of(kept);
         const DType dtype = ctx.input_meta(0).dtype;
         // every row's loss enters the mean with weight 1 / count (ignored rows get 0 in the kernel)

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/signal_guard.h"
 
 namespace remat::cpu {
 
@@ -207,6 +208,7 @@ void run(const Entry& e, const Tensor& ta, int arg_a, const Tensor& tb, int arg_
     args.emplace(DNNL_ARG_SCRATCHPAD,
                  memory({{static_cast<int64_t>(e.scratchpad_bytes)}, dt::u8, tag::x}, cpu_engine(), keep.back().raw_data()));
   }
+  SignalsHeldBack held;  // a gemm-based implementation runs oneDNN's GEMM kernels (signal_guard.h)
   e.primitive.execute(s, args);
   if (e.out.needed) e.out.primitive.execute(s, {{DNNL_ARG_FROM, out}, {DNNL_ARG_TO, out_user}});
   s.wait();

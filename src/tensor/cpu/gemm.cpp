@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/signal_guard.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -37,6 +38,7 @@ void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
               int64_t ldb, T beta, T* c, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
     FullThreads full;  // oneDNN may split k over threads: its results depend on their number
+    SignalsHeldBack held;  // its kernels may run with rsp in the heap (Note [signals and oneDNN's kernels])
     dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     REMAT_ASSERT(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status));
   } else {

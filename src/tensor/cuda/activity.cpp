@@ -1,6 +1,5 @@
-// The CUDA backend's switches (REMAT_CUDA_FAST) and what it records about its own work: the
-// kernel profile (REMAT_CUDA_PROFILE=1) and the index checks it defers to the next wait for the
-// device (REMAT_CUDA_FAST=async).
+// What the CUDA backend records about its own work: the kernel profile (the backend option
+// `profile`) and the index checks it defers to the next wait for the device (the option async).
 //
 // Note [the kernel profile]. Each launch is timed by a pair of events on the backend's one stream:
 // the end of the launch before it within the same kernel call, or the call's start (DeviceGuard),
@@ -10,15 +9,14 @@
 // when the profile is taken, after a wait for the stream.
 //
 // Note [deferred index checks]. The default path checks ids and targets with a kernel and reads
-// the verdict back at once: a wait per check, several per step. With REMAT_CUDA_FAST=async a
-// check whose range the host does not know (kernel::indices_known_within) writes its first bad
-// position (an integer atomicMin, order-free) into a slot of device memory; the kernels using the
-// ids read nothing out of range (they write zero there), and the slots are copied back with the
-// next wait the program makes anyway: a copy to the host, synchronize(), or the end of a backward
-// pass (Backend::raise_deferred_errors, before gradients are committed). The first failure is
-// raised with the CPU's message; its bad value is read from the ids then (an error path).
+// the verdict back at once: a wait per check, several per step. With the option async a check
+// whose range the host does not know (kernel::indices_known_within) writes its first bad position
+// (an integer atomicMin, order-free) into a slot of device memory; the kernels using the ids read
+// nothing out of range (they write zero there), and the slots are copied back with the next wait
+// the program makes anyway: a copy to the host, synchronize(), or the end of a backward pass
+// (Backend::raise_deferred_errors, before gradients are committed). The first failure is raised
+// with the CPU's message; its bad value is read from the ids then (an error path).
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -27,96 +25,6 @@
 #include "tensor/cuda/cuda_internal.h"
 
 namespace remat::cuda {
-
-// ---- switches
-
-namespace {
-
-// Each switch, and whether it is on without REMAT_CUDA_FAST: a switch is turned on by default here
-// once a device check has passed it (docs/backends.md, "Switches").
-struct FastName {
-  const char* name;
-  Fast path;
-  bool on_by_default;
-};
-constexpr FastName kFastNames[] = {
-    {"async", Fast::async, false},         {"attention", Fast::attention, false},
-    {"attention_rows", Fast::attention_rows, false}, {"optimizer", Fast::optimizer, false},
-    {"elementwise", Fast::elementwise, false},       {"allocator", Fast::allocator, false},
-    {"layer_norm", Fast::layer_norm, false},         {"digest", Fast::digest, false},
-    {"gemm_epilogue", Fast::gemm_epilogue, false},   {"bias_grad", Fast::bias_grad, false},
-    {"cross_entropy", Fast::cross_entropy, false},   {"grad_norm", Fast::grad_norm, false},
-    {"residual_norm", Fast::residual_norm, false},
-    {"bf16", Fast::bf16, false},
-    {"offload_stream", Fast::offload_stream, false},
-};
-
-uint32_t fast_bits() {
-  static const uint32_t bits = [] {
-    const char* env = std::getenv("REMAT_CUDA_FAST");
-    return parse_fast_paths(env ? env : "");
-  }();
-  return bits;
-}
-
-}  // namespace
-
-uint32_t parse_fast_paths(const std::string& text) {
-  uint32_t bits = 0;
-  for (const FastName& f : kFastNames)
-    if (f.on_by_default) bits |= static_cast<uint32_t>(f.path);
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    std::string name = text.substr(at, comma - at);
-    at = comma + 1;
-    if (name.empty()) continue;
-    const bool off = name[0] == '-';
-    if (off) name.erase(0, 1);
-    uint32_t named = 0;
-    if (name == "all") {
-      for (const FastName& f : kFastNames) named |= static_cast<uint32_t>(f.path);
-    } else if (name == "none") {
-      named = ~0u;
-      bits = 0;
-      continue;
-    } else {
-      for (const FastName& f : kFastNames)
-        if (name == f.name) named = static_cast<uint32_t>(f.path);
-    }
-    if (named == 0) {
-      std::string names;
-      for (const FastName& f : kFastNames) names += detail::concat(names.empty() ? "" : ", ", f.name);
-      throw Error(detail::concat("REMAT_CUDA_FAST: unknown switch '", name, "' (known: ", names,
-                                 "; 'all', 'none', and '-NAME' to turn one off)"));
-    }
-    bits = off ? bits & ~named : bits | named;
-  }
-  return bits;
-}
-
-bool fast(Fast path) { return (fast_bits() & static_cast<uint32_t>(path)) != 0; }
-
-std::vector<std::string> fast_path_names() {
-  std::vector<std::string> names;
-  for (const FastName& f : kFastNames) names.emplace_back(f.name);
-  return names;
-}
-
-std::vector<std::string> fast_paths_on() {
-  std::vector<std::string> names;
-  for (const FastName& f : kFastNames)
-    if (fast(f.path)) names.emplace_back(f.name);
-  return names;
-}
-
-bool profiling() {
-  static const bool on = [] {
-    const char* env = std::getenv("REMAT_CUDA_PROFILE");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  return on;
-}
 
 std::vector<KernelTime> take_kernel_profile(int index) {
   std::vector<KernelTime> out;

@@ -17,7 +17,7 @@
 // dropout stream, as on the CPU. Warp sums use butterfly shuffles, which leave the same value in
 // every lane. Head sizes D and Dv up to 256 (kMaxPerLane columns per lane). The kernels take the
 // operands' storage type S and compute in T = Compute<S> (half.cuh): S itself for f32 and f64;
-// float for bf16 and f16 (REMAT_CUDA_FAST=bf16), each element widened where it is loaded or
+// float for bf16 and f16 (the backend option sixteen_bit), each element widened where it is loaded or
 // staged, the same expressions and orders as the float32 kernels, the log-sum-exp and delta in
 // float32, each gradient and output element rounded once.
 #include <cmath>
@@ -145,18 +145,17 @@ __global__ void delta_kernel(Problem<S> pb, int64_t rows) {
   }
 }
 
-// The score, probability and dS of (i, j) for a lane: q_i . k_j from the given rows. D > 0: equal
-// head sizes known at compile time (the row kernels under REMAT_CUDA_FAST=attention_rows), so the
-// loops unroll. The rows are in global (storage type) or shared memory (arithmetic type).
+// The score, probability and dS of (i, j) for a lane: q_i . k_j from the given rows, in global
+// (storage type) or shared memory (arithmetic type).
 template <class T>
 struct Grad {
   T pz, ds;
 };
-template <int D = 0, class S, class Q, class K, class G, class V, class T = Compute<S>>
+template <class S, class Q, class K, class G, class V, class T = Compute<S>>
 __device__ inline Grad<T> grad_of(const Problem<S>& pb, int64_t bh, int64_t i, int64_t j, const Q* qi, const K* kj,
                                   const G* gi, const V* vj, T lse_i, T delta_i) {
   if (!pb.visible(i, j)) return {T(0), T(0)};
-  const int64_t d = D > 0 ? D : pb.d, dv = D > 0 ? D : pb.dv;
+  const int64_t d = pb.d, dv = pb.dv;
   T s = 0;
 #pragma unroll
   for (int64_t e = 0; e < d; ++e) s += convert<T>(qi[e]) * convert<T>(kj[e]);
@@ -262,10 +261,7 @@ __global__ void dq_kernel(Problem<S> pb) {
 // ascending order, as in dkdv_kernel and dq_kernel, but the compiled arithmetic is not the same
 // (a training run's gradient digest differs in the last bits), so a head size always takes one
 // path: the row kernels where an instance exists, else the generic ones.
-// Shared: REMAT_CUDA_FAST=attention_rows, the score, probability and dS through grad_of (the same
-// sums; the compiled arithmetic may differ in the last bits, so it is a switch until a device
-// check has compared it).
-template <class S, int D, bool Shared = false>
+template <class S, int D>
 __global__ void dkdv_rows_kernel(Problem<S> pb) {
   using T = Compute<S>;
   __shared__ T ks[kTile][D + 1], vs[kTile][D + 1], qs[kTile][D], gs[kTile][D], lse_s[kTile], delta_s[kTile];
@@ -288,10 +284,7 @@ __global__ void dkdv_rows_kernel(Problem<S> pb) {
     for (int r = 0; r < rows; ++r) {
       const int64_t i = i0 + r;
       T pz = T(0), ds = T(0);
-      if constexpr (Shared) {
-        const Grad<T> g = grad_of<D>(pb, bh, i, j, qs[r], ks[lane], gs[r], vs[lane], lse_s[r], delta_s[r]);
-        pz = g.pz, ds = g.ds;
-      } else if (pb.visible(i, j)) {
+      if (pb.visible(i, j)) {
         T sc = 0, dp = 0;
 #pragma unroll
         for (int e = 0; e < D; ++e) sc += qs[r][e] * ks[lane][e];
@@ -315,7 +308,7 @@ __global__ void dkdv_rows_kernel(Problem<S> pb) {
   for (int e = 0; e < D; ++e) gk[e] = convert<S>(dk[e] * pb.scale), gv[e] = convert<S>(dv[e]);
 }
 
-template <class S, int D, bool Shared = false>
+template <class S, int D>
 __global__ void dq_rows_kernel(Problem<S> pb) {
   using T = Compute<S>;
   __shared__ T qs[kTile][D + 1], gs[kTile][D + 1], ks[kTile][D], vs[kTile][D];
@@ -338,9 +331,7 @@ __global__ void dq_rows_kernel(Problem<S> pb) {
     for (int c = 0; c < keys; ++c) {
       const int64_t j = j0 + c;
       T ds = T(0);
-      if constexpr (Shared) {
-        if (i < pb.tq) ds = grad_of<D>(pb, bh, i, j, qs[lane], ks[c], gs[lane], vs[c], lse_i, delta_i).ds;
-      } else if (i < pb.tq && pb.visible(i, j)) {
+      if (i < pb.tq && pb.visible(i, j)) {
         T sc = 0, dp = 0;
 #pragma unroll
         for (int e = 0; e < D; ++e) sc += qs[lane][e] * ks[c][e];
@@ -361,23 +352,17 @@ __global__ void dq_rows_kernel(Problem<S> pb) {
 
 // Runs the row kernels when the head size has an instance (registers hold 2 D values a lane, so
 // float64 stops at 32), and says whether it did.
-template <class T, int D, bool Shared>
-void launch_rows(const Problem<T>& pb, int64_t bh, cudaStream_t stream) {
-  if (pb.tk > 0) {
-    dkdv_rows_kernel<T, D, Shared><<<dim3(static_cast<unsigned>((pb.tk + kTile - 1) / kTile), static_cast<unsigned>(bh)),
-                                     kTile, 0, stream>>>(pb);
-    check_launch("attention_backward (dk, dv)");
-  }
-  dq_rows_kernel<T, D, Shared>
-      <<<dim3(static_cast<unsigned>((pb.tq + kTile - 1) / kTile), static_cast<unsigned>(bh)), kTile, 0, stream>>>(pb);
-  check_launch("attention_backward (dq)");
-}
-
 template <class T, int D>
 bool backward_rows_at(const Problem<T>& pb, int64_t bh, cudaStream_t stream) {
   if (pb.d != D || pb.dv != D) return false;
-  if (fast(Fast::attention_rows)) launch_rows<T, D, true>(pb, bh, stream);
-  else launch_rows<T, D, false>(pb, bh, stream);
+  if (pb.tk > 0) {
+    dkdv_rows_kernel<T, D><<<dim3(static_cast<unsigned>((pb.tk + kTile - 1) / kTile), static_cast<unsigned>(bh)), kTile,
+                             0, stream>>>(pb);
+    check_launch("attention_backward (dk, dv)");
+  }
+  dq_rows_kernel<T, D>
+      <<<dim3(static_cast<unsigned>((pb.tq + kTile - 1) / kTile), static_cast<unsigned>(bh)), kTile, 0, stream>>>(pb);
+  check_launch("attention_backward (dq)");
   return true;
 }
 
@@ -459,8 +444,6 @@ void CudaBackend::attention(const Tensor& q_in, const Tensor& k_in, const Tensor
         sizeof(Compute<T>) * static_cast<size_t>(kTile * (pb.d + 1) + kTile * (pb.dv + 1) + kRowsPerBlock * pb.d);
     const dim3 grid(static_cast<unsigned>((pb.tq + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(bh));
     const int threads = 32 * kWarps;
-    if constexpr (!std::is_same_v<T, double>)
-      if (fast(Fast::attention) && attention_detail::forward_tc(pb, bh, stream_, device_)) return;
     const int same = pb.d == pb.dv ? static_cast<int>(pb.d) : 0;
     if (same == 64) launch(forward_kernel<T, 64>, grid, threads, bytes, stream_, device_, pb, "attention");
     else if (same == 32) launch(forward_kernel<T, 32>, grid, threads, bytes, stream_, device_, pb, "attention");
@@ -495,8 +478,6 @@ void CudaBackend::attention_backward(const Tensor& q_in, const Tensor& k_in, con
     pb.delta = ptr<Compute<T>>(delta);
     delta_kernel<T><<<grid_for(bh * pb.tq * 32), kThreads, 0, stream_>>>(pb, bh * pb.tq);
     check_launch("attention_backward (delta)");
-    if constexpr (!std::is_same_v<T, double>)
-      if (fast(Fast::attention) && attention_detail::backward_tc(pb, bh, stream_, device_)) return;
     if (backward_rows(pb, bh, stream_)) return;
     if (pb.tk > 0) {
       const size_t kv_bytes = sizeof(Compute<T>) * static_cast<size_t>(kTile * (2 * pb.d + 1) + kTile * (2 * pb.dv + 1));

@@ -1,6 +1,6 @@
 // Internal: what the CUDA attention kernels share (.cu files only): the [B, H, T, D] operands
-// and the problem both the CUDA-core kernels (attention.cu) and the tiled tensor-core kernels
-// (attention_tc.cu) take, with its causal mask and dropout factor.
+// and the problem the kernels (attention.cu, and the candidates of candidates/cuda/) take, with
+// its causal mask and dropout factor.
 #pragma once
 
 #include "tensor/cuda/device_common.cuh"
@@ -49,14 +49,5 @@ struct Problem {
     return static_cast<double>(uniform_f(philox_word_at(seed, offset, index))) >= p ? keep_scale : T(0);
   }
 };
-
-// The tiled tensor-core kernels (attention_tc.cu, REMAT_CUDA_FAST=attention): whether they take
-// this problem (float, __nv_bfloat16 or __half operands, equal head sizes 32 or 64, a device of
-// compute capability 8.0 or above), and if so they run it on `stream`. The backward needs pb.delta
-// computed.
-template <class S>
-bool forward_tc(const Problem<S>& pb, int64_t bh, cudaStream_t stream, int device);
-template <class S>
-bool backward_tc(const Problem<S>& pb, int64_t bh, cudaStream_t stream, int device);
 
 }  // namespace remat::cuda::attention_detail

@@ -3,7 +3,7 @@
 // named algorithm that cuDNN documents as deterministic (forward IMPLICIT_PRECOMP_GEMM, backward
 // data ALGO_1, backward filter ALGO_1) when cuDNN supports it for the problem, else the first
 // algorithm of cuDNN's heuristic list (a function of the problem, never of timing) that cuDNN
-// reports as CUDNN_DETERMINISTIC; the math type is FMA (no TF32) unless set_allow_tf32(true).
+// reports as CUDNN_DETERMINISTIC; the math type is FMA (no TF32) unless the backend option tf32.
 // The bias gradient is the backend's fixed-order reduction of gy over N, H and W.
 #include <limits>
 #include <vector>
@@ -28,7 +28,7 @@ struct Descriptors {
   cudnnDataType_t type = CUDNN_DATA_FLOAT;
 
   // x [N, C, H, W], w [O, C / groups, KH, KW], y [N, O, OH, OW]
-  Descriptors(const Shape& xs, const Shape& ws, const Shape& ys, DType dtype, const Conv2dGeometry& g) {
+  Descriptors(const Shape& xs, const Shape& ws, const Shape& ys, DType dtype, const Conv2dGeometry& g, bool tf32) {
     REMAT_CHECK(dtype == DType::f32 || dtype == DType::f64, "conv2d on cuda: unsupported dtype ", dtype_name(dtype));
     type = dtype == DType::f32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_DOUBLE;
     check(cudnnCreateTensorDescriptor(&x), "cudnnCreateTensorDescriptor");
@@ -51,7 +51,7 @@ struct Descriptors {
           "cudnnSetConvolution2dDescriptor");
     check(cudnnSetConvolutionGroupCount(conv, dim(g.groups, "groups")), "cudnnSetConvolutionGroupCount");
     // float32 without TF32: FMA kernels only; float64 has no reduced-precision kernels to exclude
-    const bool fma_only = dtype == DType::f32 && !allow_tf32();
+    const bool fma_only = dtype == DType::f32 && !tf32;
     check(cudnnSetConvolutionMathType(conv, fma_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH),
           "cudnnSetConvolutionMathType");
   }
@@ -118,7 +118,7 @@ void CudaBackend::conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b
   if (y.numel() == 0) return;
   DeviceGuard guard(device_);
   Tensor x = contiguous(x_in), w = contiguous(w_in);
-  Descriptors d(x.shape(), w.shape(), y.shape(), y.dtype(), g);
+  Descriptors d(x.shape(), w.shape(), y.shape(), y.dtype(), g, options_.tf32);
   const Scalars s;
   if (x.numel() == 0 || w.numel() == 0) {
     fill(y, 0.0);
@@ -159,7 +159,7 @@ void CudaBackend::conv2d_backward_input(const Tensor& gy_in, const Tensor& w_in,
   DeviceGuard guard(device_);
   Tensor gy = contiguous(gy_in), w = contiguous(w_in);
   if (gy.numel() == 0 || w.numel() == 0) return fill(gx, 0.0);
-  Descriptors d(gx.shape(), w.shape(), gy.shape(), gx.dtype(), g);
+  Descriptors d(gx.shape(), w.shape(), gy.shape(), gx.dtype(), g, options_.tf32);
   const Scalars s;
   using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
   using Algo = cudnnConvolutionBwdDataAlgo_t;
@@ -186,7 +186,7 @@ void CudaBackend::conv2d_backward_weight(const Tensor& x_in, const Tensor& gy_in
   REMAT_ASSERT(gw.is_contiguous(), "conv2d_backward_weight: output must be contiguous");
   Tensor x = contiguous(x_in);
   if (x.numel() == 0 || gy.numel() == 0) return fill(gw, 0.0);
-  Descriptors d(x.shape(), gw.shape(), gy.shape(), gw.dtype(), g);
+  Descriptors d(x.shape(), gw.shape(), gy.shape(), gw.dtype(), g, options_.tf32);
   const Scalars s;
   using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
   using Algo = cudnnConvolutionBwdFilterAlgo_t;

@@ -53,7 +53,6 @@
 
 #include "tensor/allocate.h"
 #include "tensor/cuda/cuda_internal.h"
-#include "tensor/cuda/digest.h"
 
 namespace remat::cuda {
 
@@ -136,8 +135,6 @@ void check_index(int index, const char* what) {
                      : detail::concat(" (", n, " device", n == 1 ? "" : "s", ")"));
 }
 
-std::atomic<bool> tf32_allowed{false};
-
 }  // namespace
 
 int device_count() noexcept {
@@ -150,14 +147,23 @@ int device_count() noexcept {
 
 std::string unavailable_reason() { return probe().reason; }
 
-Backend& backend_for(int index) {
+std::unique_ptr<Backend> make_backend(int index, const BackendOptions& options) {
+  check_index(index, "cuda backend");
+  if (options.sixteen_bit) return std::make_unique<CudaDevice>(index, options);  // widen.cpp
+  return std::make_unique<CudaBackend>(index, options);
+}
+
+Backend& backend_for(int index, const BackendOptions& options) {
   check_index(index, "cuda backend");
   static std::mutex mutex;
-  static std::vector<CudaBackend*>* backends = new std::vector<CudaBackend*>();  // kept to exit
+  static std::vector<Backend*>* backends = new std::vector<Backend*>();  // kept to exit
   std::lock_guard lock(mutex);
   if (backends->size() <= static_cast<size_t>(index)) backends->resize(static_cast<size_t>(index) + 1, nullptr);
-  CudaBackend*& slot = (*backends)[static_cast<size_t>(index)];
-  if (slot == nullptr) slot = fast(Fast::bf16) ? new CudaDevice(index) : new CudaBackend(index);  // widen.cpp
+  Backend*& slot = (*backends)[static_cast<size_t>(index)];
+  if (slot == nullptr) slot = make_backend(index, options).release();
+  REMAT_CHECK(slot->options() == options, "cuda:", index, " has a backend with options ",
+              backend_options_text(slot->options()), ", not ", backend_options_text(options),
+              " (options are chosen with the device, once per process)");
   return *slot;
 }
 
@@ -177,13 +183,10 @@ MemoryInfo device_memory(int index) {
   return info;
 }
 
-void set_allow_tf32(bool allow) { tf32_allowed = allow; }
-bool allow_tf32() { return tf32_allowed.load(); }
-
 // ---- the allocator
 
-CudaAllocator::CudaAllocator(int device)
-    : Allocator(remat::device_name(Device{DeviceType::cuda, device})), device_(device) {
+CudaAllocator::CudaAllocator(int device, bool stream_ordered)
+    : Allocator(remat::device_name(Device{DeviceType::cuda, device})), device_(device), stream_ordered_(stream_ordered) {
   // Every freed block is cached, without a limit: cudaFree waits for the whole device, and a
   // request that cannot be met empties the cache and tries once more (Allocator::allocate).
   set_smallest_cached_block(0);
@@ -194,7 +197,7 @@ CudaAllocator::~CudaAllocator() { empty_cache(); }
 
 void CudaAllocator::set_stream(cudaStream_t stream) {
   stream_ = stream;
-  if (!fast(Fast::allocator)) return;
+  if (!stream_ordered_) return;
   DeviceGuard guard(device_);
   cudaMemPool_t pool = nullptr;
   check(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool");
@@ -205,7 +208,7 @@ void CudaAllocator::set_stream(cudaStream_t stream) {
 void* CudaAllocator::raw_allocate(size_t bytes) {
   DeviceGuard guard(device_);
   void* p = nullptr;
-  const bool pooled = stream_ != nullptr && fast(Fast::allocator);
+  const bool pooled = stream_ != nullptr && stream_ordered_;
   cudaError_t status = pooled ? cudaMallocAsync(&p, bytes, stream_) : cudaMalloc(&p, bytes);
   if (status == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // clears the error: the allocator reports it as OutOfMemory
@@ -221,7 +224,7 @@ void CudaAllocator::raw_deallocate(void* pointer, size_t bytes) {
   int previous = -1;
   const bool known = cudaGetDevice(&previous) == cudaSuccess;
   if (!known || previous != device_) (void)cudaSetDevice(device_);
-  if (stream_ != nullptr && fast(Fast::allocator)) {
+  if (stream_ != nullptr && stream_ordered_) {
     // only empty_cache() and a failed allocation's retry free blocks: hand the memory back to the
     // driver as cudaFree would (the stream reaches the free first)
     (void)cudaFreeAsync(pointer, stream_);
@@ -251,8 +254,8 @@ namespace {
 constexpr size_t kStagingBytes = size_t{8} << 20;  // per pinned buffer (two of them)
 }  // namespace
 
-CudaBackend::CudaBackend(int device) : device_(device), allocator_(device) {
-  (void)fast(Fast::async);  // an unknown switch in REMAT_CUDA_FAST is an error here, not in a kernel
+CudaBackend::CudaBackend(int device, const BackendOptions& options)
+    : device_(device), options_(options), allocator_(device, options.stream_ordered_allocator) {
   REMAT_CHECK(device < kMaxDevices, "cuda backend: device index ", device, " above ", kMaxDevices - 1);
   DeviceGuard guard(device);
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -267,17 +270,14 @@ CudaBackend::CudaBackend(int device) : device_(device), allocator_(device) {
     check(cudaHostAlloc(&staging_[i], kStagingBytes, cudaHostAllocDefault), "cudaHostAlloc (staging)");
     check(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming), "cudaEventCreate");
   }
-  if (profiling()) profiler_ = std::make_unique<KernelProfiler>(stream_);
-  backends_by_device[device].store(this, std::memory_order_release);
+  if (options_.profile) profiler_ = std::make_unique<KernelProfiler>(stream_);
+  displaced_ = backends_by_device[device].exchange(this, std::memory_order_acq_rel);
 }
 
-// Backends live to the end of the process (backend_for); this runs only for one made by hand.
+// Backends of backend_for live to the end of the process; this runs for one of make_backend.
 CudaBackend::~CudaBackend() {
-  if (optimizer_queue_) {
-    DeviceGuard guard(device_);  // issues the updates still gathered
-  }
   CudaBackend* self = this;
-  backends_by_device[device_].compare_exchange_strong(self, nullptr);
+  backends_by_device[device_].compare_exchange_strong(self, displaced_);  // a test's own backend gives way
   (void)cudaStreamSynchronize(stream_);
   copy_stream_.reset();  // waits for its copies and lets their tensors go
   profiler_.reset();
@@ -288,7 +288,6 @@ CudaBackend::~CudaBackend() {
     if (staging_[i]) (void)cudaFreeHost(staging_[i]);
     if (staged_[i]) (void)cudaEventDestroy(staged_[i]);
   }
-  lt_.reset();
   if (cudnn_) (void)cudnnDestroy(cudnn_);
   if (cublas_) (void)cublasDestroy(cublas_);
   if (cublas_workspace_) (void)cudaFree(cublas_workspace_);
@@ -332,7 +331,6 @@ void CudaBackend::count_launch(const char* name) {
 }
 
 void CudaBackend::kernel_call_started() {
-  if (optimizer_queue_ && !flushing_) flush_optimizer();
   if (profiler_) profiler_->start();
 }
 
@@ -343,12 +341,12 @@ std::vector<std::pair<std::string, std::pair<uint64_t, double>>> CudaBackend::ta
   return profiler_->take();
 }
 
-// ---- time marks: with Fast::async an event on the stream, read later; otherwise the stream is
-// waited for and the host clock read (the behaviour the device checks on record measured)
+// ---- time marks: with the option async an event on the stream, read later; otherwise the stream
+// is waited for and the host clock read (the behaviour the device checks on record measured)
 
 TimeMark CudaBackend::mark_time() {
   DeviceGuard guard(device_);
-  if (!fast(Fast::async)) {
+  if (!options_.async) {
     wait_for_stream();
     return Backend::mark_time();
   }
@@ -389,12 +387,26 @@ double CudaBackend::seconds_between(const TimeMark& from, const TimeMark& to) {
   return static_cast<double>(ms) * 1e-3;
 }
 
-// Every kernel for f32 and f64; copy, fill and arange also for i64 (the index kernels take their
-// i64 operands alongside a floating one, whose dtype is the one asked about).
+// Every kernel for f32 and f64 (and bf16, f16 with the option sixteen_bit: holds); copy, fill and
+// arange also for i64 (the index kernels take their i64 operands alongside a floating one, whose
+// dtype is the one asked about). No digest: its kernel is a candidate that has not passed a device
+// check (candidates/cuda/digest.cu), so values on the GPU are not digested (src/autodiff/digest.cpp
+// skips a device without the kernel).
 bool CudaBackend::supports(Kernel kernel, DType dtype) const {
   if (kernel == Kernel::copy || kernel == Kernel::fill || kernel == Kernel::arange) return true;
-  if (kernel == Kernel::digest) return device_digest();  // every dtype, once switched on (digest.h)
+  if (kernel == Kernel::digest) return false;
   return is_floating(dtype);
+}
+
+void CudaBackend::digest(const Tensor& x, const Tensor& out) {
+  REMAT_ASSERT(false, "digest on cuda: not supported (supports() says so), so never called");
+}
+
+std::string CudaBackend::why_not_held(DType dtype) const {
+  if (holds(dtype)) return "";
+  return detail::concat(dtype_name(dtype), " on CUDA has not passed a device check in this build: its 16-bit kernels ",
+                        "run only with the backend option sixteen_bit (--backend-options sixteen_bit; ",
+                        "docs/backends.md), or compute in f32");
 }
 
 // Host memory is pageable: it goes through two pinned buffers, chunk by chunk, so the copy of one
@@ -421,9 +433,9 @@ void CudaBackend::copy_from_host(const void* host, const Tensor& dst) {
     note_launch("copy from host");
     check(cudaEventRecord(staged_[buffer], stream_), "cudaEventRecord");
   }
-  // The host's bytes are in the staging buffers, whose reuse waits on their events: with
-  // Fast::async the copy returns without waiting for the device.
-  if (fast(Fast::async)) return;
+  // The host's bytes are in the staging buffers, whose reuse waits on their events: with the
+  // option async the copy returns without waiting for the device.
+  if (options_.async) return;
   ++waits_;
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }

@@ -26,8 +26,8 @@ void check(cudaError_t status, const char* what);
 void check(cublasStatus_t status, const char* what);
 void check(cudnnStatus_t status, const char* what);
 // Checks the launch of the kernel just issued (configuration errors; not its execution) and
-// counts it on the backend of the calling thread's innermost DeviceGuard (the kernel profile,
-// while REMAT_CUDA_PROFILE is on, times it under the name `kernel`).
+// counts it on the backend of the calling thread's innermost DeviceGuard (the kernel profile, with
+// the backend option `profile`, times it under the name `kernel`).
 void check_launch(const char* kernel);
 // Counts (and profiles) a launch that checks itself: a cuBLAS, cuDNN or CUB call, a memset, a copy.
 void note_launch(const char* what);
@@ -49,40 +49,18 @@ class DeviceGuard {
 // The workspace cuBLAS and cuBLASLt share on the backend's one stream.
 inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
-// ---- paths behind switches (docs/backends.md, "Switches")
-// A kernel or a path that has not yet passed a device check runs only when its name is in the
-// environment variable REMAT_CUDA_FAST (a comma-separated list, or "all"), read once per process.
-enum class Fast : uint32_t {
-  async = 1u << 0,           // no host wait in a step: deferred index checks, event timing, async uploads
-  attention = 1u << 1,       // the tiled tensor-core attention (3xTF32 products), attention_tc.cu
-  attention_rows = 1u << 2,  // the row kernels' score, probability and dS through one grad_of
-  optimizer = 1u << 3,       // SGD and AdamW updates gathered, up to 24 parameters a launch
-  elementwise = 1u << 4,     // vectorised 32-bit-indexed kernels for contiguous operands
-  allocator = 1u << 5,       // device memory from cudaMallocAsync's pool on the stream
-  layer_norm = 1u << 6,      // layer- and RMS-norm backward in one pass over x and gy (the same bits)
-  digest = 1u << 7,          // the recomputation check's digest kernel (digest.cu): values on the GPU checked
-  gemm_epilogue = 1u << 8,   // a linear layer's bias added in cuBLASLt's epilogue (gemm.cpp), algorithms cached
-  bias_grad = 1u << 9,       // column sums (the bias gradient) in one vectorised fixed-order pass (reduce.cu)
-  cross_entropy = 1u << 10,  // cross-entropy's row read twice (online max and sum), a block per row backward
-  grad_norm = 1u << 11,      // the gradient norm's sum of squares in two fixed-order launches (optim.cu)
-  residual_norm = 1u << 12,  // the residual add fused into layer norm: one kernel each way (residual_norm.cu)
-  bf16 = 1u << 13,           // bf16 and f16 tensors on the device (Backend::holds; widen.cpp, gemm.cpp, copy.cu)
-  offload_stream = 1u << 14, // offloaded values copied on a second stream behind compute (offload_copy.cpp)
-};
-bool fast(Fast path);
-
 // Device memory: cudaMalloc / cudaFree under the base class's accounting and cache (every freed
 // block is cached by size, without a limit: training steps allocate the same shapes every step).
 // A request that cannot be met empties the cache and tries once more; then it is a
 // remat::OutOfMemory naming the bytes asked and the device's free and total memory. Blocks are
 // reused in the order of the backend's single stream, so a block freed by the host while a kernel
 // still reads it is only handed to later kernels of the same stream.
-// With REMAT_CUDA_FAST=allocator the blocks come from cudaMallocAsync's pool on the backend's
-// stream (kept, not released to the driver) and are freed with cudaFreeAsync: neither waits for
-// the device; the counters and the cache above are the same.
+// With the backend option stream_ordered_allocator the blocks come from cudaMallocAsync's pool on
+// the backend's stream (kept, not released to the driver) and are freed with cudaFreeAsync:
+// neither waits for the device; the counters and the cache above are the same.
 class CudaAllocator : public memory::Allocator {
  public:
-  explicit CudaAllocator(int device);
+  CudaAllocator(int device, bool stream_ordered);
   ~CudaAllocator() override;
   void set_stream(cudaStream_t stream);
 
@@ -93,6 +71,7 @@ class CudaAllocator : public memory::Allocator {
 
  private:
   int device_;
+  bool stream_ordered_;
   cudaStream_t stream_ = nullptr;  // set once the backend has made its stream
 };
 
@@ -148,7 +127,7 @@ T* ptr(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.storage()->data()) + t.offset() : nullptr;
 }
 
-// The kernel profile of one backend (REMAT_CUDA_PROFILE=1): each launch's end is marked with an
+// The kernel profile of one backend (the option `profile`): each launch's end is marked with an
 // event and timed from its start (the previous launch's end within one kernel call, else the
 // kernel call's start); times are read and added by name when the profile is taken.
 class KernelProfiler {
@@ -173,7 +152,7 @@ class KernelProfiler {
   long long start_ = -1;  // index of the current start mark in events_
 };
 
-// Index checks put off to the next wait for the device (Fast::async; Backend::raise_deferred_errors):
+// Index checks put off to the next wait for the device (the option async; Backend::raise_deferred_errors):
 // each has a slot of device memory that its kernel writes the first bad position into
 // (atomicMin; ~0 when none), read back with the next wait.
 class DeferredChecks {
@@ -205,11 +184,11 @@ class DeferredChecks {
   uint64_t total_ = 0;
 };
 
-// The kernels of one device; backend_for makes one of these, or with REMAT_CUDA_FAST=bf16 a
-// CudaDevice (below).
+// The kernels of one device with its options (BackendOptions, chosen with the device);
+// backend_for makes one of these, or with the option sixteen_bit a CudaDevice (below).
 class CudaBackend : public Backend {
  public:
-  explicit CudaBackend(int device);
+  CudaBackend(int device, const BackendOptions& options);
   ~CudaBackend() override;
 
   DeviceType device_type() const override { return DeviceType::cuda; }
@@ -225,11 +204,11 @@ class CudaBackend : public Backend {
   void raise_deferred_errors() override;
   DeviceActivity activity() const override;
   bool supports(Kernel kernel, DType dtype) const override;
-  // bf16 and f16 tensors only with REMAT_CUDA_FAST=bf16 (widen.cpp)
-  bool holds(DType dtype) const override { return !is_16bit_float(dtype) || fast(Fast::bf16); }
-  // the [N, C] log-softmax unless REMAT_CUDA_FAST=cross_entropy (indexing.cu)
-  bool cross_entropy_keeps_log_softmax() const override { return !fast(Fast::cross_entropy); }
-  // asynchronous copies on the copy stream (Fast::offload_stream; offload_copy.cpp)
+  // bf16 and f16 tensors only with the option sixteen_bit (widen.cpp)
+  bool holds(DType dtype) const override { return !is_16bit_float(dtype) || options_.sixteen_bit; }
+  std::string why_not_held(DType dtype) const override;
+  const BackendOptions& options() const override { return options_; }
+  // asynchronous copies on the copy stream (the option copy_stream; offload_copy.cpp)
   Tensor host_buffer(DType dtype, int64_t numel) override;
   CopyTicket copy_to_host_async(const Tensor& src, const Tensor& host) override;
   CopyTicket copy_from_host_async(const Tensor& host, const Tensor& dst) override;
@@ -245,9 +224,6 @@ class CudaBackend : public Backend {
   cublasHandle_t cublas() const { return cublas_; }
   cudnnHandle_t cudnn() const { return cudnn_; }
   void* cublas_workspace() const { return cublas_workspace_; }
-  // cuBLASLt, created on first use (Fast::gemm_epilogue; gemm.cpp), and its algorithm cache
-  struct LtState;
-  LtState& lt();
   // A contiguous copy of t on this device (t itself when already contiguous).
   Tensor contiguous(const Tensor& t);
   // Scratch device memory, accounted under `other`, freed when the tensor goes.
@@ -259,13 +235,10 @@ class CudaBackend : public Backend {
   void kernel_call_started();
   // The kernel profile since the last call, by name: (launches, seconds). Empty unless profiling.
   std::vector<std::pair<std::string, std::pair<uint64_t, double>>> take_profile();
-  // ---- deferred index checks (Fast::async)
+  // ---- deferred index checks (the option async)
   DeferredChecks& deferred() { return deferred_; }
-  // ---- optimizer updates gathered into few launches (Fast::optimizer; optim.cu): issued before
-  // any other work of the backend starts (DeviceGuard), so the stream sees them in program order
-  struct OptimizerQueue;
-  void flush_optimizer();
-  // The calling thread's innermost guarded backend, or null.
+  // The calling thread's innermost guarded backend, or null; the device's latest backend alive
+  // (backend_for's, or one of make_backend while it lives), or null.
   static CudaBackend* current();
   static CudaBackend* of_device(int device);
   // the copy stream, its pinned buffers and its copies in flight (offload_copy.cpp)
@@ -277,6 +250,8 @@ class CudaBackend : public Backend {
  private:
   void wait_for_stream();  // enqueues the deferred verdicts' copy, waits, raises a failure
   int device_;
+  BackendOptions options_;
+  CudaBackend* displaced_ = nullptr;  // the device's backend before this one (of_device), restored at its end
   CudaAllocator allocator_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
@@ -288,20 +263,17 @@ class CudaBackend : public Backend {
   cudaEvent_t staged_[2] = {nullptr, nullptr};
   // activity
   std::atomic<uint64_t> launches_{0}, waits_{0}, to_host_{0}, from_host_{0};
-  std::unique_ptr<KernelProfiler> profiler_;  // null unless REMAT_CUDA_PROFILE is on
+  std::unique_ptr<KernelProfiler> profiler_;  // null without the option profile
   DeferredChecks deferred_;
-  std::shared_ptr<OptimizerQueue> optimizer_queue_;
-  std::shared_ptr<LtState> lt_;
-  bool flushing_ = false;
   std::shared_ptr<CopyStream> copy_stream_;  // made on first use
-  // timing events (Fast::async), reused
+  // timing events (the option async), reused
   std::mutex events_mutex_;
   std::vector<cudaEvent_t> free_events_;
 };
 
-// The backend of one device with REMAT_CUDA_FAST=bf16: CudaBackend's kernels, each optional kernel
-// without a 16-bit kernel of its own run on float32 stand-ins of its bf16 and f16 operands, on the
-// device (widen.cpp, Note [16-bit floats on the GPU]).
+// The backend of one device with the option sixteen_bit: CudaBackend's kernels, each optional
+// kernel without a 16-bit kernel of its own run on float32 stand-ins of its bf16 and f16 operands,
+// on the device (widen.cpp, Note [16-bit floats on the GPU]).
 class CudaDevice final : public CudaBackend {
  public:
   using CudaBackend::CudaBackend;

@@ -2,16 +2,19 @@
 // mirroring src/tensor/cpu/indexing.cpp. Ids and targets are validated on the device: a kernel
 // writes the first bad position into a flag (an integer atomicMin, whose result does not depend on
 // order), the host reads the flag after the kernel and throws the CPU's remat::Error naming it,
-// before any output is written. With REMAT_CUDA_FAST=async the flag is read at the next wait
+// before any output is written. With the backend option async the flag is read at the next wait
 // instead, and ids the host knows to be in range are not checked on the device (Note [deferred
-// index checks] in activity.cpp).
+// index checks] in activity.cpp). Cross entropy keeps each row's log-sum-exp, computed by kernels
+// that have passed a device check (Note [cross entropy from checked kernels]).
 //
 // The embedding backward is a gather, not a scatter: a stable radix sort (CUB) orders positions
 // by id, and for each distinct id one block adds the gradient rows of its positions, in position
 // order, to the table row. No two blocks write the same row and no atomics add floats, so the
 // sums are the same on every run.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "tensor/cuda/device_common.cuh"
@@ -41,7 +44,7 @@ struct IdCheck {
   int64_t counted = 0;  // entries not ignored
 };
 
-// With REMAT_CUDA_FAST=async (Note [deferred index checks] in activity.cpp): whether `ids` need a
+// With the option async (Note [deferred index checks] in activity.cpp): whether `ids` need a
 // check on the device at all, and if so the slot its kernel writes the first bad position to.
 struct Deferred {
   bool on = false;                       // the async path
@@ -50,7 +53,7 @@ struct Deferred {
 Deferred defer_check(CudaBackend& be, const Tensor& ids, int64_t bound, const char* op, bool target = false,
                      int64_t rows = 0, int64_t ignore_index = 0) {
   Deferred d;
-  d.on = fast(Fast::async);
+  d.on = be.options().async;
   if (!d.on || kernel::indices_known_within(ids, 0, bound)) return d;
   DeferredChecks::Check c;
   c.ids = ids, c.op = op, c.bound = bound, c.rows = rows, c.target = target, c.ignore_index = ignore_index;
@@ -86,7 +89,7 @@ template <class T>
 __global__ void embedding_kernel(const T* table, const int64_t* ids, T* out, int64_t n, int64_t dim) {
   REMAT_GRID_LOOP(i, n * dim) { out[i] = table[ids[i / dim] * dim + i % dim]; }
 }
-// The same with its check on the device (Fast::async): an id outside [0, rows) reads nothing,
+// The same with its check on the device (the option async): an id outside [0, rows) reads nothing,
 // gives zeros, and its position goes to `flag`.
 template <class T>
 __global__ void embedding_checked_kernel(const T* table, const int64_t* ids, T* out, int64_t n, int64_t dim,
@@ -101,7 +104,7 @@ __global__ void embedding_checked_kernel(const T* table, const int64_t* ids, T* 
 
 // For each sorted position s that starts a run of equal ids: gtable[id] += gout rows of the run,
 // in position order (the stable sort keeps equal ids in position order).
-// Checked (Fast::async): ids not known to be in range; a bad one (its deferred check fails) is skipped.
+// Checked (the option async): ids not known to be in range; a bad one (its deferred check fails) is skipped.
 // 16-bit S: float sums of the widened rows, the table row rounded once (the float32 kernel's bits).
 template <class S, bool Checked = false>
 __global__ void embedding_backward_kernel(const int64_t* sorted_ids, const int64_t* positions, const S* gout, S* gtable,
@@ -124,34 +127,9 @@ __global__ void iota_kernel(int64_t* p, int64_t n) {
 }
 
 // Forward row: logp = x - logsumexp(x); loss = (1 - eps) * -logp[t] + eps * mean(-logp); 0 if ignored.
-// Checked (Fast::async): a target outside [0, cols) that is not `ignore` reads nothing, gives loss
-// 0, and its row goes to `flag`; `counted` (when not null) receives the rows not ignored.
-// Online (REMAT_CUDA_FAST=cross_entropy): the maximum and the sum of exponentials in one read of
-// the row (each thread rescales its running sum when its maximum grows, the block then rescales
-// the threads' sums to the row's maximum and adds them in its fixed order), so the row is read
-// twice, not three times; the same formulas otherwise.
-template <class S, class T = Compute<S>>
-__device__ inline Acc<T> row_exp_sum(const S* xr, int64_t cols, T& m, T* shared_t, Acc<T>* shared) {
-  T mine = -INFINITY;
-  Acc<T> s = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const T v = convert<T>(xr[c]);
-    if (v > mine) {
-      s = (mine == -INFINITY ? Acc<T>(0) : s * exp(static_cast<Acc<T>>(mine) - static_cast<Acc<T>>(v))) + Acc<T>(1);
-      mine = v;
-    } else if (mine != -INFINITY || v != v) {  // -inf after -inf adds 0; a NaN spreads, as in two passes
-      s += static_cast<Acc<T>>(exp(v - mine));
-    }
-  }
-  m = block_max(mine, shared_t);
-  if (m == -INFINITY) m = T(0);
-  if (m == INFINITY) return static_cast<Acc<T>>(NAN);  // exp(inf - inf) in two passes (m is the block's)
-  const Acc<T> scaled = mine == -INFINITY ? (s == s ? Acc<T>(0) : s)
-                                          : s * exp(static_cast<Acc<T>>(mine) - static_cast<Acc<T>>(m));
-  return block_sum(scaled, shared);
-}
-
-template <class S, bool Checked = false, bool Online = false>
+// Checked (the option async): a target outside [0, cols) that is not `ignore` reads nothing, gives
+// loss 0, and its row goes to `flag`; `counted` (when not null) receives the rows not ignored.
+template <class S, bool Checked = false>
 __global__ void cross_entropy_kernel(const S* x, const int64_t* targets, double eps, int64_t ignore,
                                      Compute<S>* losses, S* logp, int64_t rows, int64_t cols,
                                      unsigned long long* flag = nullptr, unsigned long long* counted = nullptr) {
@@ -163,15 +141,11 @@ __global__ void cross_entropy_kernel(const S* x, const int64_t* targets, double 
     S* lr = logp + r * cols;
     T m = -INFINITY;
     Acc<T> sum = 0;
-    if constexpr (Online) {
-      sum = row_exp_sum(xr, cols, m, shared_t, shared);
-    } else {
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = convert<T>(xr[c]) > m ? convert<T>(xr[c]) : m;
-      m = block_max(m, shared_t);
-      if (m == -INFINITY) m = T(0);
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += static_cast<Acc<T>>(exp(convert<T>(xr[c]) - m));
-      sum = block_sum(sum, shared);
-    }
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = convert<T>(xr[c]) > m ? convert<T>(xr[c]) : m;
+    m = block_max(m, shared_t);
+    if (m == -INFINITY) m = T(0);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += static_cast<Acc<T>>(exp(convert<T>(xr[c]) - m));
+    sum = block_sum(sum, shared);
     const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
     Acc<T> row_sum = 0;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -220,94 +194,6 @@ __global__ void cross_entropy_backward_kernel(const S* logp, const int64_t* targ
   }
 }
 
-// The same, a block per row (REMAT_CUDA_FAST=cross_entropy): the row's target and gradient read
-// once, 32-bit column indices; the same bits.
-template <class S, class T = Compute<S>>
-__global__ void cross_entropy_backward_rows(const S* logp, const int64_t* targets, const T* gloss, double eps,
-                                            int64_t ignore, S* glogits, int64_t rows, int cols) {
-  const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t t = targets[r];
-    const S* lr = logp + r * cols;
-    S* gr = glogits + r * cols;
-    if (t == ignore) {
-      for (int c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = convert<S>(T(0));
-      continue;
-    }
-    const T g = gloss[r];
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-      T v = g * (exp(convert<T>(lr[c])) - uniform);
-      if (c == t) v -= g * on_target;
-      gr[c] = convert<S>(v);
-    }
-  }
-}
-
-// The [N] form (Note [what cross entropy keeps] in src/autodiff/ops/loss.cpp; the op keeps it
-// with REMAT_CUDA_FAST=cross_entropy, the kernels above otherwise): the online row kernel's
-// maximum and sum, each row's shift written to lse[r] and no [N, C] tensor; with smoothing the
-// row is read once more for the sum of x - shift, added in the order the kernel above adds logp.
-// So loss and shift are the bits of cross_entropy_kernel<T, Checked, true>.
-template <class S, bool Checked = false>
-__global__ void cross_entropy_lse_kernel(const S* x, const int64_t* targets, double eps, int64_t ignore,
-                                         Compute<S>* losses, Compute<S>* lse, int64_t rows, int64_t cols,
-                                         unsigned long long* flag = nullptr, unsigned long long* counted = nullptr) {
-  using T = Compute<S>;
-  __shared__ T shared_t[32];
-  __shared__ Acc<T> shared[32];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const S* xr = x + r * cols;
-    T m = -INFINITY;
-    const Acc<T> sum = row_exp_sum(xr, cols, m, shared_t, shared);
-    const T shift = static_cast<T>(static_cast<Acc<T>>(m) + log(sum));
-    Acc<T> row_sum = 0;
-    if (eps > 0.0) {
-      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row_sum += static_cast<Acc<T>>(convert<T>(xr[c]) - shift);
-      row_sum = block_sum(row_sum, shared);
-    }
-    if (threadIdx.x != 0) continue;
-    lse[r] = shift;
-    const int64_t t = targets[r];
-    if constexpr (Checked) {
-      if (t != ignore && counted) atomicAdd(counted, 1ull);
-      if (t != ignore && (t < 0 || t >= cols)) {
-        if (flag) atomicMin(flag, static_cast<unsigned long long>(r));
-        losses[r] = T(0);
-        continue;
-      }
-    }
-    Acc<T> loss = 0;
-    if (t != ignore && eps < 1.0)
-      loss += static_cast<Acc<T>>(1.0 - eps) * -static_cast<Acc<T>>(convert<T>(xr[t]) - shift);
-    if (t != ignore && eps > 0.0) loss += static_cast<Acc<T>>(eps) * -(row_sum / static_cast<Acc<T>>(cols));
-    losses[r] = static_cast<T>(loss);
-  }
-}
-
-// Its backward, a block per row as cross_entropy_backward_rows: exp(x - lse[row]), the bits of
-// exp(logp) for the logp the kernel above would have written. I: the column index (int where the
-// row allows, as there).
-template <class S, class I, class T = Compute<S>>
-__global__ void cross_entropy_backward_lse(const S* x, const T* lse, const int64_t* targets, const T* gloss, double eps,
-                                           int64_t ignore, S* glogits, int64_t rows, I cols) {
-  const T uniform = static_cast<T>(eps / static_cast<double>(cols)), on_target = static_cast<T>(1.0 - eps);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t t = targets[r];
-    const S* xr = x + r * cols;
-    S* gr = glogits + r * cols;
-    if (t == ignore) {
-      for (I c = threadIdx.x; c < cols; c += blockDim.x) gr[c] = convert<S>(T(0));
-      continue;
-    }
-    const T g = gloss[r], shift = lse[r];
-    for (I c = threadIdx.x; c < cols; c += blockDim.x) {
-      T v = g * (exp(convert<T>(xr[c]) - shift) - uniform);
-      if (c == t) v -= g * on_target;
-      gr[c] = convert<S>(v);
-    }
-  }
-}
-
 // scale = 1 / counted (rounded from float64, as the CPU's fill), or 0 when every row is ignored.
 template <class T>
 __global__ void mean_weight_kernel(const unsigned long long* counted, T* scale) {
@@ -315,7 +201,7 @@ __global__ void mean_weight_kernel(const unsigned long long* counted, T* scale) 
   *scale = c > 0 ? static_cast<T>(1.0 / static_cast<double>(c)) : T(0);
 }
 
-// The first bad position into a deferred check's slot (Fast::async), without waiting.
+// The first bad position into a deferred check's slot (the option async), without waiting.
 __global__ void first_bad_kernel(const int64_t* ids, int64_t n, int64_t rows, bool use_ignore, int64_t ignore,
                                  unsigned long long* flag) {
   REMAT_GRID_LOOP(i, n) {
@@ -423,48 +309,121 @@ void CudaBackend::embedding_backward(const Tensor& ids_in, const Tensor& gout_in
   check_launch("embedding_backward");
 }
 
-// kept: the [N, C] log-softmax, written by the kernels checked on a device (the two-pass row
-// kernel, or the online one with REMAT_CUDA_FAST=cross_entropy), or lse [N] (the switch's form,
-// cross_entropy_lse_kernel), as its shape says.
+// Note [cross entropy from checked kernels]. The row's contract keeps lse [N] for the backward
+// (Note [what cross entropy keeps] in src/autodiff/ops/loss.cpp). The kernels that have passed a
+// device check keep the [N, C] log-softmax instead: cross_entropy_kernel writes the losses and
+// logp = x - shift (shift each row's log-sum-exp, in the arithmetic type T), and the backward
+// kernel reads logp. Until the fused kernels (candidates/cuda/cross_entropy.cu) pass a check, the
+// backend composes the row from checked kernels:
+//   - forward: cross_entropy_kernel into a scratch logp, dropped at once (the losses, the targets'
+//     check and the mean's weight as before); then lse, from the reduction, elementwise and copy
+//     kernels in the arithmetic of the kernel's shift: m = the row's maximum, at least the lowest
+//     finite T (an all -inf row: the kernel takes m = 0; either way shift = -inf); the sum of
+//     exp(x - m) in T, widened, added in float64 by the reduction kernel (thread t adds elements t,
+//     t + 256, ... in order, then the block's fixed tree: the kernel's order); log, + m in float64,
+//     rounded to T. For rows of more than 32 classes that is the kernel's shift, bit for bit (the
+//     reduction sums a shorter row in a loop: the same value within rounding);
+//   - backward: logp = x - lse in T, rounded to the logits' dtype (the log-softmax the forward
+//     kernel wrote, bit for bit where lse is its shift), then the checked backward kernel.
+// So the gradients are those of the last device-checked path, and nothing [N, C] lives between
+// the forward and the backward. The lse and backward steps run on slices of rows whose scratch
+// stays under kSliceBytes; the forward kernel's scratch logp is [N, C] in the logits' dtype while
+// it runs.
+
+namespace {
+
+constexpr int64_t kSliceBytes = int64_t{256} << 20;
+
+// Rows [r0, r0 + n) of the contiguous [rows, cols] t (a view: no copy).
+Tensor rows_of(const Tensor& t, int64_t r0, int64_t n) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.storage();
+  impl->dtype = t.dtype();
+  impl->offset = t.offset() + r0 * (t.dim() == 2 ? t.size(1) : 1);
+  impl->shape = t.dim() == 2 ? Shape{n, t.size(1)} : Shape{n, 1};
+  impl->strides = t.dim() == 2 ? Strides{t.size(1), 1} : Strides{1, 1};
+  return Tensor(impl);
+}
+
+// Rows per slice: `bytes_per_row` of scratch each, under kSliceBytes (at least one row).
+int64_t slice_rows(int64_t rows, int64_t bytes_per_row) {
+  return std::max<int64_t>(1, std::min<int64_t>(rows, kSliceBytes / std::max<int64_t>(1, bytes_per_row)));
+}
+
+// lse [rows] (T = accumulate_dtype of the logits' dtype) of the contiguous logits [rows, cols]:
+// the shift of cross_entropy_kernel, by checked kernels (the Note above).
+void log_sum_exp(CudaBackend& be, const Tensor& logits, const Tensor& lse) {
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const DType t = accumulate_dtype(logits.dtype());
+  const bool widen = t != logits.dtype(), wide_sum = t != DType::f64;
+  Tensor lowest = be.scratch({1}, t);
+  be.fill(lowest, t == DType::f64 ? -std::numeric_limits<double>::max() : -std::numeric_limits<float>::max());
+  const int64_t per_row = cols * (static_cast<int64_t>(dtype_size(t)) * (widen ? 2 : 1) + (wide_sum ? 8 : 0));
+  const int64_t step = slice_rows(rows, per_row);
+  for (int64_t r0 = 0; r0 < rows; r0 += step) {
+    const int64_t n = std::min(step, rows - r0);
+    Tensor x = rows_of(logits, r0, n);
+    if (widen) {
+      Tensor xt = be.scratch({n, cols}, t);
+      be.copy(x, xt);
+      x = xt;
+    }
+    Tensor m = be.scratch({n, 1}, t);
+    be.reduce(ReduceOp::max, x, {1}, m);
+    be.binary(BinaryOp::maximum, m, lowest, m);
+    Tensor e = be.scratch({n, cols}, t);
+    be.binary(BinaryOp::sub, x, m, e);
+    be.unary(UnaryOp::exp, e, e, 0.0);
+    Tensor sum = be.scratch({n, 1}, DType::f64);
+    if (wide_sum) {
+      Tensor e64 = be.scratch({n, cols}, DType::f64);
+      be.copy(e, e64);
+      be.reduce(ReduceOp::sum, e64, {1}, sum);
+    } else {
+      be.reduce(ReduceOp::sum, e, {1}, sum);
+    }
+    be.unary(UnaryOp::log, sum, sum, 0.0);
+    Tensor shift = m;  // m + log(sum) in float64
+    if (wide_sum) {
+      shift = be.scratch({n, 1}, DType::f64);
+      be.copy(m, shift);
+    }
+    be.binary(BinaryOp::add, shift, sum, shift);
+    be.copy(shift, rows_of(lse, r0, n));
+  }
+}
+
+}  // namespace
+
 void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_in, double label_smoothing,
-                                int64_t ignore_index, const Tensor& losses, const Tensor& kept, const Tensor& scale) {
-  for (const Tensor* t : {&losses, &kept, &scale}) check_out(*t, "cross_entropy");
-  const bool lse_form = kept.dim() == 1;
+                                int64_t ignore_index, const Tensor& losses, const Tensor& lse, const Tensor& scale) {
+  for (const Tensor* t : {&losses, &lse, &scale}) check_out(*t, "cross_entropy");
   REMAT_ASSERT(logits_in.dim() == 2 && targets_in.dtype() == DType::i64 && targets_in.numel() == logits_in.size(0) &&
-                   (lse_form ? kept.numel() == logits_in.size(0) : kept.shape() == logits_in.shape()) &&
-                   kept.dtype() == (lse_form ? accumulate_dtype(logits_in.dtype()) : logits_in.dtype()) &&
+                   lse.numel() == logits_in.size(0) && lse.dtype() == accumulate_dtype(logits_in.dtype()) &&
                    losses.dtype() == accumulate_dtype(logits_in.dtype()) && scale.dtype() == losses.dtype(),
                "cross_entropy: logits ", shape_str(logits_in.shape()), ", targets ", shape_str(targets_in.shape()),
-               ", kept ", dtype_name(kept.dtype()), " ", shape_str(kept.shape()));
-  const char* name = lse_form                    ? "cross_entropy (lse)"
-                     : fast(Fast::cross_entropy) ? "cross_entropy (online)"
-                                                 : "cross_entropy";
+               ", kept ", dtype_name(lse.dtype()), " ", shape_str(lse.shape()));
   DeviceGuard guard(device_);
   Tensor logits = contiguous(logits_in), targets = contiguous(targets_in);
   const int64_t rows = logits.size(0), cols = logits.size(1);
-  if (!fast(Fast::async)) {
+  if (!options_.async) {
     const IdCheck c = check_ids(*this, targets, cols, true, ignore_index);
     if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy");
     fill(scale, c.counted > 0 ? 1.0 / static_cast<double>(c.counted) : 0.0);
     if (rows == 0) return;
-    dispatch_storage(logits.dtype(), "cross_entropy", [&]<class S>() {
-      using T = Compute<S>;
-      if (lse_form) {
-        cross_entropy_lse_kernel<S><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-            ptr<S>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(kept), rows,
-            cols, nullptr, nullptr);
-        return;
-      }
-      auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<S, false, true> : cross_entropy_kernel<S>;
-      kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<S>(logits), ptr<int64_t>(targets), label_smoothing,
-                                                         ignore_index, ptr<T>(losses), ptr<S>(kept), rows, cols,
-                                                         nullptr, nullptr);
-    });
-    check_launch(name);
-    return;
+    {
+      Tensor logp = scratch(logits.shape(), logits.dtype());
+      dispatch_storage(logits.dtype(), "cross_entropy", [&]<class S>() {
+        cross_entropy_kernel<S><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+            ptr<S>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<Compute<S>>(losses), ptr<S>(logp),
+            rows, cols, nullptr, nullptr);
+      });
+      check_launch("cross_entropy");
+    }
+    return log_sum_exp(*this, logits, lse);
   }
-  // Fast::async: targets checked in the row kernel, the mean's weight counted on the device unless
-  // the host knows every target is a class (then every row counts)
+  // the option async: targets checked in the row kernel, the mean's weight counted on the device
+  // unless the host knows every target is a class (then every row counts)
   const Deferred d = defer_check(*this, targets, cols, "cross_entropy", true, rows, ignore_index);
   const bool all_count = d.flag == nullptr && !(ignore_index >= 0 && ignore_index < cols);
   if (all_count) fill(scale, rows > 0 ? 1.0 / static_cast<double>(rows) : 0.0);
@@ -479,45 +438,37 @@ void CudaBackend::cross_entropy(const Tensor& logits_in, const Tensor& targets_i
     note_launch("cross_entropy (count reset)");
   }
   auto* count = all_count ? nullptr : reinterpret_cast<unsigned long long*>(ptr<int64_t>(counted));
-  dispatch_storage(logits.dtype(), "cross_entropy", [&]<class S>() {
-    using T = Compute<S>;
-    if (lse_form) {
-      cross_entropy_lse_kernel<S, true><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-          ptr<S>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<T>(kept), rows,
+  {
+    Tensor logp = scratch(logits.shape(), logits.dtype());
+    dispatch_storage(logits.dtype(), "cross_entropy", [&]<class S>() {
+      using T = Compute<S>;
+      cross_entropy_kernel<S, true><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
+          ptr<S>(logits), ptr<int64_t>(targets), label_smoothing, ignore_index, ptr<T>(losses), ptr<S>(logp), rows,
           cols, d.flag, count);
-    } else {
-      auto kernel = fast(Fast::cross_entropy) ? cross_entropy_kernel<S, true, true> : cross_entropy_kernel<S, true>;
-      kernel<<<grid_for(rows, 1), kThreads, 0, stream_>>>(ptr<S>(logits), ptr<int64_t>(targets), label_smoothing,
-                                                         ignore_index, ptr<T>(losses), ptr<S>(kept), rows, cols,
-                                                         d.flag, count);
-    }
-    check_launch(name);
-    if (count) {
-      mean_weight_kernel<T><<<1, 1, 0, stream_>>>(count, ptr<T>(scale));
-      check_launch("cross_entropy (mean weight)");
-    }
-  });
+      check_launch("cross_entropy");
+      if (count) {
+        mean_weight_kernel<T><<<1, 1, 0, stream_>>>(count, ptr<T>(scale));
+        check_launch("cross_entropy (mean weight)");
+      }
+    });
+  }
+  log_sum_exp(*this, logits, lse);
 }
 
-// kept: the [N, C] log-softmax (logits_in unread) or lse [N] with the logits, as its shape says.
-void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& kept_in, const Tensor& targets_in,
+void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& lse_in, const Tensor& targets_in,
                                          const Tensor& gloss_in, double label_smoothing, int64_t ignore_index,
                                          const Tensor& glogits) {
   check_out(glogits, "cross_entropy_backward");
   DeviceGuard guard(device_);
-  const bool lse_form = kept_in.dim() == 1;
-  Tensor logp = lse_form ? Tensor() : contiguous(kept_in), targets = contiguous(targets_in),
+  Tensor logits = contiguous(logits_in), lse = contiguous(lse_in), targets = contiguous(targets_in),
          gloss = contiguous(gloss_in);
-  Tensor logits = lse_form ? contiguous(logits_in) : Tensor(), lse = lse_form ? contiguous(kept_in) : Tensor();
-  const Tensor& x = lse_form ? logits : logp;  // what exp reads, less lse in the [N] form
-  REMAT_ASSERT(x.dim() == 2 && x.shape() == glogits.shape() && targets.numel() == x.size(0) &&
-                   gloss.numel() == x.size(0) && gloss.dtype() == accumulate_dtype(x.dtype()) &&
-                   glogits.dtype() == x.dtype() &&
-                   (!lse_form || (lse.numel() == x.size(0) && lse.dtype() == accumulate_dtype(x.dtype()))),
-               "cross_entropy_backward: ", lse_form ? "logits " : "logp ", shape_str(x.shape()), ", kept ",
-               shape_str(kept_in.shape()), ", targets ", shape_str(targets.shape()), ", gloss ",
-               shape_str(gloss.shape()));
-  const int64_t rows = x.size(0), cols = x.size(1);
+  const DType t = accumulate_dtype(logits.dtype());
+  REMAT_ASSERT(logits.dim() == 2 && logits.shape() == glogits.shape() && targets.numel() == logits.size(0) &&
+                   gloss.numel() == logits.size(0) && gloss.dtype() == t && glogits.dtype() == logits.dtype() &&
+                   lse.numel() == logits.size(0) && lse.dtype() == t,
+               "cross_entropy_backward: logits ", shape_str(logits.shape()), ", kept ", shape_str(lse.shape()),
+               ", targets ", shape_str(targets.shape()), ", gloss ", shape_str(gloss.shape()));
+  const int64_t rows = logits.size(0), cols = logits.size(1);
   const Deferred d = defer_check(*this, targets, cols, "cross_entropy_backward", true, rows, ignore_index);
   if (d.on) {
     check_ids_deferred(*this, targets, cols, true, ignore_index, d.flag);  // the kernel below reads only in-row
@@ -526,30 +477,27 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits_in, const Tensor& 
     if (c.bad >= 0) throw_bad_target(c, rows, cols, ignore_index, "cross_entropy_backward");
   }
   if (rows == 0 || cols == 0) return;
-  dispatch_storage(glogits.dtype(), "cross_entropy_backward", [&]<class S>() {
-    using T = Compute<S>;
-    if (lse_form) {
-      const unsigned grid = grid_for(rows, 1);
-      if (cols <= std::numeric_limits<int>::max())
-        cross_entropy_backward_lse<S, int><<<grid, kThreads, 0, stream_>>>(
-            ptr<S>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
-            ptr<S>(glogits), rows, static_cast<int>(cols));
-      else
-        cross_entropy_backward_lse<S, int64_t><<<grid, kThreads, 0, stream_>>>(
-            ptr<S>(logits), ptr<T>(lse), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index,
-            ptr<S>(glogits), rows, cols);
-      return check_launch("cross_entropy_backward (lse)");
+  const bool widen = t != logits.dtype();
+  const int64_t per_row = cols * static_cast<int64_t>(dtype_size(logits.dtype()) + (widen ? dtype_size(t) : 0));
+  const int64_t step = slice_rows(rows, per_row);
+  for (int64_t r0 = 0; r0 < rows; r0 += step) {
+    const int64_t n = std::min(step, rows - r0);
+    Tensor logp = scratch({n, cols}, logits.dtype());
+    if (widen) {  // x - lse in float32, rounded once
+      Tensor wide = scratch({n, cols}, t);
+      copy(rows_of(logits, r0, n), wide);
+      binary(BinaryOp::sub, wide, rows_of(lse, r0, n), wide);
+      copy(wide, logp);
+    } else {
+      binary(BinaryOp::sub, rows_of(logits, r0, n), rows_of(lse, r0, n), logp);
     }
-    if (fast(Fast::cross_entropy) && cols <= std::numeric_limits<int>::max()) {
-      cross_entropy_backward_rows<S><<<grid_for(rows, 1), kThreads, 0, stream_>>>(
-          ptr<S>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<S>(glogits), rows,
-          static_cast<int>(cols));
-      return check_launch("cross_entropy_backward (rows)");
-    }
-    cross_entropy_backward_kernel<S><<<grid_for(rows * cols), kThreads, 0, stream_>>>(
-        ptr<S>(logp), ptr<int64_t>(targets), ptr<T>(gloss), label_smoothing, ignore_index, ptr<S>(glogits), rows, cols);
+    dispatch_storage(glogits.dtype(), "cross_entropy_backward", [&]<class S>() {
+      cross_entropy_backward_kernel<S><<<grid_for(n * cols), kThreads, 0, stream_>>>(
+          ptr<S>(logp), ptr<int64_t>(targets) + r0, ptr<Compute<S>>(gloss) + r0, label_smoothing, ignore_index,
+          ptr<S>(glogits) + r0 * cols, n, cols);
+    });
     check_launch("cross_entropy_backward");
-  });
+  }
 }
 
 }  // namespace remat::cuda

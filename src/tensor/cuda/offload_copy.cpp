@@ -1,7 +1,7 @@
 // The CUDA backend's asynchronous copies between host and device (Backend::copy_to_host_async,
 // copy_from_host_async and their tickets), used by offload for saved device values.
 //
-// Note [the copy stream]. With REMAT_CUDA_FAST=offload_stream a backend copies offloaded values
+// Note [the copy stream]. With the backend option copy_stream a backend copies offloaded values
 // on a second stream of its own, so that a copy runs beside the kernels issued after it. A copy
 // first records an event on the compute stream and makes the copy stream wait for it: the copy
 // reads (or, into a block the allocator handed out again, writes) memory only after every kernel
@@ -15,7 +15,7 @@
 // wait. Host memory is pinned (host_buffer: cudaHostAlloc'd blocks kept in a pool by size and
 // reused, freed when the backend goes), so a copy to or from it needs no staging; a copy from
 // pageable memory goes through a pinned block of the pool first (a host memcpy at the call).
-// Without the switch every verb is the synchronous default (Backend::copy_to_host_async...): the
+// Without the option every verb is the synchronous default (Backend::copy_to_host_async...): the
 // backend's one stream and its staging buffers, as before.
 #include <algorithm>
 #include <cstring>
@@ -141,7 +141,7 @@ char* bytes_of(const Tensor& t) {
 }  // namespace
 
 Tensor CudaBackend::host_buffer(DType dtype, int64_t numel) {
-  if (!fast(Fast::offload_stream)) return Backend::host_buffer(dtype, numel);
+  if (!options_.copy_stream) return Backend::host_buffer(dtype, numel);
   return copy_stream().pinned_tensor(dtype, numel);
 }
 
@@ -170,7 +170,7 @@ CopyTicket CudaBackend::CopyStream::issue(cudaStream_t compute, void* to, const 
 CopyTicket CudaBackend::copy_to_host_async(const Tensor& src, const Tensor& host) {
   REMAT_ASSERT(src.is_contiguous() && host.is_contiguous() && host.nbytes() == src.nbytes(),
                "copy_to_host_async: contiguous tensors of the same size expected");
-  if (!fast(Fast::offload_stream) || src.nbytes() == 0 || !pinned(host.raw_data()))
+  if (!options_.copy_stream || src.nbytes() == 0 || !pinned(host.raw_data()))
     return Backend::copy_to_host_async(src, host);
   DeviceGuard guard(device_);  // issues gathered work first
   CopyStream& cs = copy_stream();
@@ -182,7 +182,7 @@ CopyTicket CudaBackend::copy_to_host_async(const Tensor& src, const Tensor& host
 CopyTicket CudaBackend::copy_from_host_async(const Tensor& host, const Tensor& dst) {
   REMAT_ASSERT(dst.is_contiguous() && host.is_contiguous() && host.nbytes() == dst.nbytes(),
                "copy_from_host_async: contiguous tensors of the same size expected");
-  if (!fast(Fast::offload_stream) || dst.nbytes() == 0) return Backend::copy_from_host_async(host, dst);
+  if (!options_.copy_stream || dst.nbytes() == 0) return Backend::copy_from_host_async(host, dst);
   DeviceGuard guard(device_);
   CopyStream& cs = copy_stream();
   cs.reap();

@@ -4,19 +4,24 @@
 // block folds the sums in a fixed tree (device_common.cuh). The parameter gradients of the norms
 // (sums over rows) use the fixed two-pass column sums (column_partials / combine_partials).
 // Each kernel is written for a storage type S and its arithmetic type C = Compute<S> (half.cuh):
-// S itself for f32 and f64; float for bf16 and f16 (REMAT_CUDA_FAST=bf16), whose elements are
+// S itself for f32 and f64; float for bf16 and f16 (the option sixteen_bit), whose elements are
 // widened on load and rounded once on store, with float32 statistics (mean, rstd) and the float32
 // kernel's expressions and sums in their order: the widened float32 kernel's results, without the
-// float32 copies of the operands (Note [16-bit floats on the GPU] in widen.cpp).
+// float32 copies of the operands (Note [16-bit floats on the GPU] in widen.cpp). The residual add
+// fused into layer norm (add_layer_norm) runs as the kernels it fuses.
 #include <cmath>
 #include <initializer_list>
 #include <utility>
 
-#include "tensor/cuda/norm_rows.cuh"
+#include "tensor/cuda/device_common.cuh"
+#include "tensor/cuda/half.cuh"
 
 namespace remat::cuda {
 
 namespace {
+
+int64_t row_length(const Tensor& x) { return x.dim() == 0 ? 1 : x.shape().back(); }
+int64_t row_count(const Tensor& x, int64_t cols) { return cols == 0 ? 0 : x.numel() / cols; }
 
 #define REMAT_FOR_ROWS(r, rows) for (int64_t r = blockIdx.x; r < (rows); r += gridDim.x)
 #define REMAT_FOR_COLS(c, cols) for (int64_t c = threadIdx.x; c < (cols); c += blockDim.x)
@@ -251,11 +256,6 @@ void norm_backward(CudaBackend& be, const Tensor& x, const Tensor& w, const Tens
     return;
   }
   const int64_t chunks = chunk_count(rows);
-  if (fast(Fast::layer_norm) && gx.defined() && fits_one_pass(cols)) {  // the results are the default path's bits
-    norm_backward_one_pass<T>(be, x, w, mean, rstd, gy, Tensor(), gx, gweight, gbias, rows, cols,
-                              "norm backward (one pass)", "norm backward (parameter sums)");
-    return;
-  }
   using C = Compute<T>;
   if (gx.defined()) {
     norm_backward_kernel<T><<<grid_for(rows, 1), kThreads, 0, stream>>>(
@@ -297,6 +297,21 @@ void CudaBackend::rms_norm_backward(const Tensor& x_in, const Tensor& weight, co
   Tensor x = contiguous(x_in), w = contiguous(weight), rstd = contiguous(rstd_in), gy = contiguous(gy_in);
   dispatch_storage(x.dtype(), "rms_norm_backward",
                  [&]<class T>() { norm_backward<T>(*this, x, w, Tensor(), rstd, gy, gx, gweight, Tensor()); });
+}
+
+// The kernels add_layer_norm fuses: binary(add) then layer_norm forward; layer_norm_backward then
+// binary(add) backward (the bits the row's contract names).
+void CudaBackend::add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& weight, const Tensor& bias, double eps,
+                                 const Tensor& s, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  binary(BinaryOp::add, x, r, s);
+  layer_norm(s, weight, bias, eps, y, mean, rstd);
+}
+
+void CudaBackend::add_layer_norm_backward(const Tensor& s, const Tensor& weight, const Tensor& mean,
+                                          const Tensor& rstd, const Tensor& gy, const Tensor& gs, const Tensor& gx,
+                                          const Tensor& gweight, const Tensor& gbias) {
+  layer_norm_backward(s, weight, mean, rstd, gy, gx, gweight, gbias);
+  binary(BinaryOp::add, gx, gs, gx);
 }
 
 }  // namespace remat::cuda

@@ -1,37 +1,34 @@
-// bf16 and f16 on CUDA, behind REMAT_CUDA_FAST=bf16 (cuda_internal.h, CudaDevice).
+// bf16 and f16 on CUDA, with the backend option sixteen_bit (cuda_internal.h, CudaDevice).
 //
-// Note [16-bit floats on the GPU]. With the switch off, the device holds no 16-bit tensor
-// (CudaBackend::holds): allocating one is the remat::Error every backend without 16-bit kernels
-// raises. With it on, every kernel runs on bf16 and f16 tensors, in float32 arithmetic, rounding
-// each result once:
+// Note [16-bit floats on the GPU]. Without the option, the device holds no 16-bit tensor
+// (CudaBackend::holds): allocating one is a remat::Error saying why (why_not_held: the kernels
+// have not passed a device check). With it, every kernel runs on bf16 and f16 tensors, in float32
+// arithmetic, rounding each result once:
 //   - natively, on the 16-bit data: copy (conversions, rounded to nearest even, copy.cu), fill and
-//     arange, the digest (bytes), the matrix products (gemm.cpp: cuBLAS and cuBLASLt with 16-bit
-//     operands and float32 accumulation, CUBLAS_COMPUTE_32F, the bias epilogue included), the
-//     elementwise kernels (unary ops and their derivatives, binary ops, where: elementwise.cu, each
-//     element widened to float, computed, rounded once), the row kernels of softmax, layer norm and
-//     RMS norm and the CUDA-core attention kernels, forward and backward (rows.cu, attention.cu: the
-//     float32 kernels' expressions and sums, in their order, on elements widened as they are loaded
-//     or staged, each output rounded once, the statistics and the log-sum-exp float32; so their
-//     results are the stand-in path's), the tiled tensor-core attention kernels with the attention
-//     switch (attention_tc.cu: bf16 and f16 products in float32, the probabilities and dS rounded
-//     to 16 bits for their products, Note [16-bit attention on tensor cores]), the gradient norm's
-//     sum of squares, and the kernels written for a storage type S that widen each element as they
-//     load it and round each output once, with the float32 kernels' expressions, accumulators
-//     (float64 where the float32 kernel adds in float64) and summation order, so that their results
-//     are the stand-in path's bits: cross-entropy in both kept forms, forward and backward
-//     (indexing.cu: the losses, the log-sum-exp and the mean's weight float32, the [N, C]
-//     log-softmax 16-bit; Note [what cross entropy keeps] in autodiff/ops/loss.cpp), the reductions
-//     (reduce.cu: sum and mean through float64 and float32, max and argmax exact, the bias
-//     gradient's column sums with 16-byte loads of eight elements), embedding and its backward
-//     (float sums of a table row's gradient rows in position order), pooling (pool.cu, all but max
-//     pooling's backward) and batch
-//     norm (batch_norm.cu: float32 statistics and parameter-gradient sums);
+//     arange, the matrix products (gemm.cpp: cuBLAS with 16-bit operands and float32
+//     accumulation, CUBLAS_COMPUTE_32F), the elementwise kernels (unary ops and their
+//     derivatives, binary ops, where: elementwise.cu, each element widened to float, computed,
+//     rounded once), the row kernels of softmax, layer norm and RMS norm and the attention kernels,
+//     forward and backward (rows.cu, attention.cu: the float32 kernels' expressions and sums, in
+//     their order, on elements widened as they are loaded or staged, each output rounded once, the
+//     statistics and the log-sum-exp float32; so their results are the stand-in path's), the
+//     gradient norm's sum of squares and clipping's scaling (through unary, reduce, copy and
+//     binary), and the kernels written for a storage type S that widen each element as they load
+//     it and round each output once, with the float32 kernels' expressions, accumulators (float64
+//     where the float32 kernel adds in float64) and summation order, so that their results are the
+//     stand-in path's bits: cross-entropy, forward and backward (indexing.cu: the losses, the
+//     log-sum-exp and the mean's weight float32, the scratch log-softmax 16-bit; Note [cross
+//     entropy from checked kernels] there), the reductions (reduce.cu: sum and mean through float64
+//     and float32, max and argmax exact), embedding and its backward (float sums of a table row's
+//     gradient rows in position order), pooling (pool.cu, all but max pooling's backward) and
+//     batch norm (batch_norm.cu: float32 statistics and parameter-gradient sums);
 //   - every other kernel on float32 stand-ins made on the device: each 16-bit operand is widened
 //     exactly into a float32 scratch tensor by the copy kernel, the float32 kernel runs, and the
 //     operands it writes are rounded back once (tensor/widen.h, the CPU's mechanism): random
-//     numbers and dropout, the fused residual layer norm (which the op does not call on 16-bit values,
-//     Note [the residual add fused into layer norm]), the convolutions (cuDNN), max pooling's
-//     backward (it adds into its output, so a 16-bit output would be rounded at every addition)
+//     numbers and dropout, the residual add fused into layer norm (which the op does not call on
+//     16-bit values: Note [the residual add fused into layer norm] in src/autodiff/ops/norm.cpp),
+//     the convolutions (cuDNN), max pooling's backward (it adds into its output, so a 16-bit output
+//     would be rounded at every addition)
 //     and the optimizer steps (whose parameters are float32 master weights in mixed precision).
 //     Such a kernel computes what the CPU reference computes, the float32 result on the 16-bit
 //     values rounded once, with the float32 kernel's summation order; it costs a float32 copy of
@@ -48,7 +45,6 @@ namespace remat::cuda {
 bool native_16bit(Kernel kernel) {
   switch (kernel) {
     case Kernel::arange:
-    case Kernel::digest:
     case Kernel::gemm:
     case Kernel::gemm_bias:
     case Kernel::scale_each:   // each gradient through unary and copy, which take 16 bits themselves
