@@ -299,7 +299,7 @@ void BudgetPlanner::State::start_profiling(const std::vector<Shape>& shapes, Dev
   profiles.clear();
   stage_labels.clear();
   stage_keys.clear();
-  // the counters of the device the profiled values live on (those the regions read, region.cpp)
+  // the counters of the device the profiled values live on (those the regions read, segment.cpp)
   const memory::Stats s = memory_stats(device);
   saved_live_at_entry = s.live(memory::Tag::saved);
   saved_peak_at_entry = s.peak(memory::Tag::saved);

@@ -1,5 +1,5 @@
 // Explicit checkpoint regions, per-call policies, counters, the memory report and warnings. The
-// region node itself is in region.cpp; the layer-call rule in call.cpp.
+// region itself is a segment (segment.cpp); the layer-call rule in call.cpp.
 #include "remat/checkpoint.h"
 
 #include <cstdio>
