@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 #include "../tests/random_chain.h"
 
 namespace rs = remat::schedule;

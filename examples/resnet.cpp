@@ -272,10 +272,13 @@ size_t one_recomputation_limit(schedule::ChainCosts costs, int slots) {
     costs.forward_time[static_cast<size_t>(i)] = 1.0;
     costs.backward_time[static_cast<size_t>(i)] = 2.0;
   }
+  schedule::ChainPlanOptions options;
+  options.slots = slots;
+  const schedule::ChainPlanner planner(costs, options);
   auto fits = [&](size_t m) {
-    return schedule::simulate(costs, schedule::plan_rotor(costs, m, slots)).recomputed_forwards <= stages;
+    return schedule::simulate(costs, planner.plan(m).plan).recomputed_forwards <= stages;
   };
-  size_t lo = schedule::min_feasible_memory(costs), hi = schedule::plan_save_all(costs).predicted_peak_bytes;
+  size_t lo = planner.smallest_limit(), hi = schedule::plan_save_all(costs).predicted_peak_bytes;
   while (lo < hi) {
     const size_t mid = lo + (hi - lo) / 2;
     if (fits(mid)) hi = mid;

@@ -11,6 +11,7 @@
 
 #include "remat/error.h"
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 
 namespace remat::testing {
 

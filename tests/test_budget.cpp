@@ -12,6 +12,7 @@
 #include "remat/budget.h"
 #include "remat/dynamic.h"
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 #include "plan_checks.h"
 #include "random_chain.h"
 #include "temp_dir.h"

@@ -14,6 +14,7 @@
 #include "remat/budget.h"
 #include "remat/nn.h"
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 
 using namespace remat;
 using remat::testing::bitwise_equal;
@@ -137,7 +138,7 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
     const size_t shared = 500 + rng() % 2000;  // one value three gaps save, and one of its own
     for (int g = 0; g < 3; ++g) held.gap_saved.push_back({static_cast<int>(rng() % 24), shared, 0});
     held.gap_saved.push_back({static_cast<int>(rng() % 24), 500 + rng() % 2000, -1});
-    const rs::HeldPlans plans(costs, held);
+    const rs::ChainPlanner plans(costs, held);
     const size_t smallest = plans.smallest_limit();
     const size_t save_all = rs::plan_save_all(costs).predicted_peak_bytes;
     for (int k = 0; k <= 6; ++k) {
@@ -168,7 +169,7 @@ TEST(BudgetSweeps, PlansStayWithinTheLimitAsHeldCountsThem) {
     rs::ChainCosts unswept = held;
     unswept.swept_values.clear();
     unswept.gap_saved.clear();
-    const rs::HeldPlans unswept_plans(costs, unswept);
+    const rs::ChainPlanner unswept_plans(costs, unswept);
     const size_t least = rs::chain_min_feasible_memory(costs), least_held = unswept_plans.smallest_limit();
     EXPECT_LE(least_held, least);
     below_least += least_held < least;

@@ -27,6 +27,7 @@
 #include "remat/random.h"
 #include "remat/scan.h"
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 // An impossible allocation must come back as null (and then remat::OutOfMemory), not abort the

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 #include "random_chain.h"
 
 namespace rs = remat::schedule;
@@ -318,6 +319,6 @@ TEST(PlannerScale, BadOptionsAreErrors) {
     } catch (const remat::Error& e) {
       EXPECT_NE(std::string(e.what()).find("threads must be from 0"), std::string::npos) << e.what();
     }
-    EXPECT_THROW(rs::HeldPlans(c, c, o), remat::Error);
+    EXPECT_THROW(rs::ChainPlanner(c, c, o), remat::Error);
   }
 }

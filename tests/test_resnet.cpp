@@ -8,6 +8,7 @@
 
 #include "checkpoint_models.h"
 #include "remat/nn.h"
+#include "schedule/chain_internal.h"
 
 using namespace remat;
 using remat::testing::bitwise_equal;

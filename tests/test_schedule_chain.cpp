@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 
 namespace rs = remat::schedule;
 using rs::Action;

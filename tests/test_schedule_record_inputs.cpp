@@ -16,6 +16,7 @@
 #include "remat/budget.h"
 #include "remat/nn.h"
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 #include "temp_dir.h"
 
 using namespace remat;
@@ -79,7 +80,7 @@ HeldChain held_chain(int stages, unsigned seed, bool target) {
 // The plans of `candidates` at `count` limits falling from save-all's peak to the smallest: each
 // prediction is the plan's held simulation and within its limit. Returns how many predictions
 // rose as the limit fell; adds the plans made to `plans`.
-int held_rises(const rs::HeldPlans& candidates, const HeldChain& c, int count, int& plans) {
+int held_rises(const rs::ChainPlanner& candidates, const HeldChain& c, int count, int& plans) {
   const size_t smallest = candidates.smallest_limit();
   size_t previous = SIZE_MAX;
   int rises = 0;
@@ -149,7 +150,7 @@ TEST(ChainPlan, ThePlannersCreditAnOffloadedRecordsInput) {
 // A budget plan with an offload target on random chains (8, 30 and 150 stages; records holding
 // their inputs, some their outputs): planned and predicted as held, from its smallest limit up to
 // save-all's peak. The prediction is the held simulation of the plan and within the limit, and it
-// never rises as the limit falls (Note [a prediction that never rises] in held_plans.cpp; the
+// never rises as the limit falls (Note [a prediction that never rises] in chain_planner.cpp; the
 // 150-stage chains are the grouped planner's); one byte below the smallest limit is refused.
 TEST(ChainPlan, OffloadPlansCountedAsHeldStayWithinTheirLimits) {
   int plans = 0, rises = 0;
@@ -157,7 +158,7 @@ TEST(ChainPlan, OffloadPlansCountedAsHeldStayWithinTheirLimits) {
     for (unsigned seed = 1; seed <= 2; ++seed) {
       const HeldChain c = held_chain(stages, seed, true);
       SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed);
-      const rs::HeldPlans candidates = rs::HeldPlans::with_target(c.planning, c.held);
+      const rs::ChainPlanner candidates = rs::ChainPlanner(c.planning, c.held);
       rises += held_rises(candidates, c, 20, plans);
       EXPECT_THROW(candidates.plan(candidates.smallest_limit() - 1), rs::InfeasibleError);
     }
@@ -177,7 +178,7 @@ TEST(ChainPlan, HeldPredictionsNeverRiseWhenTheLimitFalls) {
       for (bool target : {false, true}) {
         const HeldChain c = held_chain(stages, seed, target);
         SCOPED_TRACE(::testing::Message() << stages << " stages, seed " << seed << (target ? ", target" : ""));
-        rises += held_rises(target ? rs::HeldPlans::with_target(c.planning, c.held) : rs::HeldPlans(c.planning, c.held),
+        rises += held_rises(target ? rs::ChainPlanner(c.planning, c.held) : rs::ChainPlanner(c.planning, c.held),
                             c, 20, plans);
       }
   EXPECT_EQ(plans, 2 * 5 * 2 * 20);
@@ -197,8 +198,8 @@ TEST(ChainPlan, HeldPredictionsNeverRiseOnLongChains) {
     const bool target = seed == 2;
     const HeldChain c = held_chain(9000, seed, target);
     SCOPED_TRACE(::testing::Message() << "seed " << seed << (target ? ", target" : ""));
-    const rs::HeldPlans candidates =
-        target ? rs::HeldPlans::with_target(c.planning, c.held, options) : rs::HeldPlans(c.planning, c.held, options);
+    const rs::ChainPlanner candidates =
+        target ? rs::ChainPlanner(c.planning, c.held, options) : rs::ChainPlanner(c.planning, c.held, options);
     rises += held_rises(candidates, c, 8, plans);
     EXPECT_THROW(candidates.plan(candidates.smallest_limit() - 1), rs::InfeasibleError);
   }
@@ -207,7 +208,7 @@ TEST(ChainPlan, HeldPredictionsNeverRiseOnLongChains) {
 }
 
 // The threads that build group menus and simulate candidates change no plan: on 1 thread and on
-// 3, plan_chain and HeldPlans give the same trees.
+// 3, plan_chain and ChainPlanner give the same trees.
 TEST(ChainPlan, ThreadsChangeNoPlan) {
   const auto [held, planning] = held_chain(3000, 4, true);
   rs::ChainPlanOptions one;
@@ -218,21 +219,21 @@ TEST(ChainPlan, ThreadsChangeNoPlan) {
   three.threads = 3;
   const size_t limit = rs::plan_every_layer(held).predicted_peak_bytes / 3;
   EXPECT_EQ(rs::plan_chain(planning, limit, one).plan.tree, rs::plan_chain(planning, limit, three).plan.tree);
-  const rs::HeldPlans a = rs::HeldPlans::with_target(planning, held, one);
-  const rs::HeldPlans b = rs::HeldPlans::with_target(planning, held, three);
+  const rs::ChainPlanner a = rs::ChainPlanner(planning, held, one);
+  const rs::ChainPlanner b = rs::ChainPlanner(planning, held, three);
   EXPECT_EQ(a.smallest_limit(), b.smallest_limit());
   for (size_t at : {limit, a.smallest_limit()}) EXPECT_EQ(a.plan(at).plan.tree, b.plan(at).plan.tree);
 }
 
-// HeldPlans answers as the functions that each build it do: the same smallest limit and, at limits
+// ChainPlanner answers as the functions that each build it do: the same smallest limit and, at limits
 // from it up, the same plan, in memory and with a target (where below the target's smallest limit
 // the plan is in memory).
-TEST(ChainPlan, HeldPlansAnswerAsThePlanFunctions) {
+TEST(ChainPlan, ChainPlannerAnswerAsThePlanFunctions) {
   for (int stages : {8, 30})
     for (bool target : {false, true}) {
       const auto [held, planning] = held_chain(stages, 3, target);
       SCOPED_TRACE(::testing::Message() << stages << " stages" << (target ? ", target" : ""));
-      const rs::HeldPlans plans = target ? rs::HeldPlans::with_target(planning, held) : rs::HeldPlans(planning, held);
+      const rs::ChainPlanner plans = target ? rs::ChainPlanner(planning, held) : rs::ChainPlanner(planning, held);
       const size_t smallest = plans.smallest_limit();
       EXPECT_EQ(smallest, target ? rs::chain_min_feasible_memory_offload_or_held(planning, held)
                                  : rs::chain_min_feasible_memory_held(planning, held));

@@ -17,6 +17,7 @@
 #include "remat/budget.h"
 #include "remat/nn.h"
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 #include "temp_dir.h"
 
 using namespace remat;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "remat/schedule.h"
+#include "schedule/chain_internal.h"
 #include "random_chain.h"
 
 namespace rs = remat::schedule;

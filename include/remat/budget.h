@@ -60,6 +60,7 @@
 #include <string>
 
 #include "remat/offload.h"
+#include "remat/policy.h"
 #include "remat/schedule.h"
 #include "remat/tensor.h"
 
@@ -129,14 +130,14 @@ class BudgetPlanner {
     double predicted_seconds = 0;    // forward + recomputation + backward of the chain
     double profiled_chain_seconds = 0;  // the chain's forward + re-run + backward on the profiling step
     std::string planner;             // which planner made the plan (schedule::ChainPlan::describe)
+    schedule::RotorMethod method = schedule::RotorMethod::exact;  // exact or grouped
   };
   // What budgets a profiled model can run under, outside bytes included: the smallest from which
-  // plans are made (schedule::chain_min_feasible_memory_held: counted as the allocator counts),
-  // save-all's predicted peak (a budget at or above it recomputes nothing), and the planners' own
-  // least peak in memory (schedule::chain_min_feasible_memory). With an offload target the
-  // smallest budget may lie lower (records that take their inputs along): the refusal of a budget
-  // below it names it, and `remat plan --offload DIR` prints it
-  // (schedule::chain_min_feasible_memory_offload_or_held).
+  // plans are made in memory (schedule::ChainPlanner::smallest_limit: counted as the allocator
+  // counts), save-all's predicted peak (a budget at or above it recomputes nothing), and the
+  // planners' own least peak in memory (ChainPlanner::least_planned_peak). With an offload target
+  // the smallest budget may lie lower (records that take their inputs along): the refusal of a
+  // budget below it names it, and `remat plan --offload DIR` prints it.
   struct FeasibleRange {
     size_t smallest_budget_bytes = 0;
     size_t save_all_peak_bytes = 0;
@@ -152,7 +153,13 @@ class BudgetPlanner {
   // plans once, so it takes as long as planning (progress goes to the options' callback).
   std::optional<FeasibleRange> feasible_range() const;
 
-  // How plans are made (schedule::plan_chain: exact rotor for short chains, the grouped planner
+  // The plan a budget policy (budget:BYTES or budget:auto, with or without +offload:DIR) would put
+  // in force for the last profiled shape, made from the kept profile without putting it in force
+  // (what `remat plan` prints); nullopt before a profile has finished. A budget below the smallest
+  // feasible one is the remat::Error the policy raises; a policy that is no budget, likewise.
+  std::optional<Report> plan_for(const Policy& budget) const;
+
+  // How plans are made (schedule::ChainPlanner: exact rotor for short chains, the grouped planner
   // for long ones). `progress`, if set, is called while a long chain is planned, e.g. to show it
   // on a terminal; the library prints nothing itself. Takes effect at the next plan.
   void set_options(schedule::ChainPlanOptions options);

@@ -13,14 +13,14 @@
 //   rs::RevolveReplay replay = rs::replay_revolve(schedule, 100, 5);   // validates it
 //   assert(replay.forward_steps == rs::revolve_optimal_forward_steps(100, 5));
 //
-//   // Heterogeneous chain of 3 stages under a byte budget: the rotor dynamic programme.
+//   // Heterogeneous chain of 3 stages under a byte budget: the chain planner.
 //   rs::ChainCosts costs;
 //   costs.forward_time   = {1.0, 4.0, 2.0};          // uf[i]
 //   costs.backward_time  = {2.0, 8.0, 4.0};          // ub[i]
 //   costs.boundary_bytes = {64, 256, 256, 16};       // x[i]: input of stage i; x[3] = chain output
 //   costs.saved_bytes    = {512, 4096, 1024};        // xbar[i]: what recording stage i keeps
-//   // min_feasible_memory(costs) = 4928, save-all peaks at 6480 bytes.
-//   rs::Plan plan = rs::plan_rotor(costs, /*memory_limit=*/5600);   // below 4928: InfeasibleError
+//   const rs::ChainPlanner planner(costs);            // smallest_limit() = 4928; save-all peaks at 6480
+//   rs::Plan plan = planner.plan(/*memory_limit=*/5600).plan;        // below 4928: InfeasibleError
 //   int regions = 0;                                  // stage: run recorded; region: checkpoint region
 //   for (const rs::PlanNode& node : plan.tree) regions += node.kind == rs::PlanNode::Kind::region;
 //   rs::SimResult check = rs::simulate(costs, plan);  // check.peak_bytes = 5440 <= 5600
@@ -308,51 +308,24 @@ SimResult simulate_actions(const ChainCosts& costs, const std::vector<Action>& a
 // Tree -> Plan with actions and predictions filled in by simulate.
 Plan make_plan(const ChainCosts& costs, std::vector<PlanNode> tree);
 
-// The least-time plan within memory_limit bytes, by the rotor dynamic programme over sizes
-// rounded up to units of about memory_limit / slots bytes (slots >= 1). The plan never exceeds
-// memory_limit, and is exactly optimal when the unit is one byte (docs/planners.md, "rotor": the
-// bound otherwise, and the cost, O(L^2 * slots) memory and O(L^3 * slots) time).
-// When costs.can_offload(), each top-level node may also be offloaded, at its kept bytes' read
-// and the stall of its queued write ("the cost of a transfer" in docs/planners.md: with queued
-// writes the programme prices every plan exactly but may miss the optimum); the least peak then
-// counts offloading too. The read is priced in full, or with reads_ahead at its stall behind the
-// next top-level node's backward where that node is a stage and the loss's live bytes leave room
-// for the read during it: never below simulate's stall (which may find a longer window). With
-// reads_ahead it also plans with full reads and returns whichever plan simulate prices lower.
-// The returned plan's predicted_time is simulate's.
-// Throws InfeasibleError if memory_limit < min_feasible_memory(costs).
-Plan plan_rotor(const ChainCosts& costs, size_t memory_limit, int slots = 500);
-// The least peak (exact bytes, a_0 included) of any plan, and a plan that attains it (least
-// time among the least-peak choices of each subproblem).
-size_t min_feasible_memory(const ChainCosts& costs);
-Plan plan_min_memory(const ChainCosts& costs);
-
-// plan_chain: rotor for chains of any length. Below a work threshold it is plan_rotor itself
-// (method exact); above it, the grouped planner: the chain is cut into top_parts parts, grouped
-// recursively into groups of at most `group` parts; each group offers a few sub-plans (time,
-// bytes kept, peaks) from a rotor-like programme over its parts, and the top-level programme
-// chooses among them under the limit (docs/planners.md, "Long chains": the algorithm,
-// O(L * group^2 * group_slots) time, and its measured cost in optimality). Both return a plan
-// that simulate() keeps within memory_limit. With costs.can_offload(), both offload: the grouped
-// planner offers keep, recompute and offload for every stage and region of its top-level
-// sequences at any depth of its groups (a group's top-level plan spliced in), with the exact
-// programme's cost model (a read with reads_ahead as plan_rotor prices it, the loss's bytes it
-// counts on inside a group being the group's own); an offload target never raises its least peak.
-// The grouped planner throws InfeasibleError only when memory_limit is below the least peak it
-// can reach (carried in the error; at least min_feasible_memory, and above it on some chains).
-// Below its own least peak it returns the exact least-peak plan (plan_min_memory) when that
-// fits and L^3 / 6 is at most exact_max_work (then method is exact): the least peak of
-// such chains is min_feasible_memory.
+// ============================ Budget chains ============================
+//
+// One planner plans a chain within a memory limit: ChainPlanner. It makes the least-time plan
+// that fits, in memory or, where its costs name an offload target (ChainCosts::can_offload), with
+// kept values offloaded, at any length: the exact rotor dynamic programme on short chains, the
+// grouped planner on long ones (docs/planners.md: the algorithms, their costs and bounds). It is
+// what a budget policy runs (remat/budget.h) and what `remat plan` prints.
+// automatic: exact below a work threshold, grouped above it; exact or grouped forces one.
 enum class RotorMethod { automatic, exact, grouped };
 struct ChainPlanOptions {
-  int slots = 500;                // memory units of the top-level programme (plan_rotor's slots)
+  int slots = 500;                // memory units of the exact programme (about limit / slots bytes)
   RotorMethod method = RotorMethod::automatic;
   double exact_max_work = 1e8;    // automatic: exact while L^3 * (slots + 1) / 6 is at most this
   int group = 16;                 // grouped: parts per group (>= 2)
   int group_slots = 400;          // grouped: memory units of each group's programme (>= 8)
   int top_parts = 64;             // grouped: parts of the top-level programme (2 to 1000)
-  // grouped: threads that build the top-level parts' group menus and, for a HeldPlans, simulate
-  // its candidates beside the thread making them (0: the hardware's cores; 1 to 1024). The plans do
+  // grouped: threads that build the top-level parts' group menus and simulate the planner's
+  // candidates beside the thread making them (0: the hardware's cores; 1 to 1024). The plans do
   // not depend on it; progress is reported on the calling thread only.
   int threads = 0;
   // Called with the fraction done (0 to 1), at most about 100 times, by the grouped planner;
@@ -374,67 +347,52 @@ struct ChainPlan {
   int levels = 0;                           // grouped: levels of groups above the stages
   std::string describe() const;             // e.g. "exact rotor" or "grouped rotor, 3 levels of <= 16"
 };
-ChainPlan plan_chain(const ChainCosts& costs, size_t memory_limit, const ChainPlanOptions& options = {});
-// The least memory_limit from which plan_chain plans with these options: min_feasible_memory(costs)
-// when it runs the exact programme or the chain's least peak is cheap (one byte less is refused),
-// else the least peak of the grouped planner's fixed-scale programme, which it plans once to find
-// (progress as plan_chain reports it). Every limit from it up is planned; a slightly smaller one may be too (finer units).
-size_t chain_min_feasible_memory(const ChainCosts& costs, const ChainPlanOptions& options = {});
-// plan_chain within memory_limit as `held` counts the peak: the same chain with
-// boundaries_counted_when_held, swept_values and gap_saved, as an allocator counts saved bytes (the
-// planners ignore them; held's chain output x[L] may be smaller than planning's, where the
-// planning costs count what the ops between stages save with it, on the safe side). The fastest,
-// as held, of the planners' plans for a set of limits that depends on the chain alone (save-all's
-// peak, half of it, ... down to the least, and memory levels below each) whose held peak fits, so
-// at any length the prediction never rises as the limit falls. The returned plan's predictions
-// are held's. InfeasibleError below chain_min_feasible_memory_held (the least held peak of those
-// plans), from which every limit is planned. For a budget plan in memory (remat/budget.h).
-ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t memory_limit,
-                          const ChainPlanOptions& options = {});
-// `held` with `offload`'s target: its price per byte, its writes' share and its reads ahead.
-ChainCosts held_with_target(const ChainCosts& held, const ChainCosts& offload);
-// A budget plan with an offload target: plan_chain_held with `offload` (the costs priced for the
-// target) and held_with_target(held, offload), so its predictions count as an allocator does, an
-// offloaded record's input included; below its smallest limit, plan_chain_held in memory (the
-// same chain without the target, its output as `held` counts it), which offloads nothing, where
-// that fits; `in_memory` says which. InfeasibleError names the smaller of the two smallest limits.
-ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts& held, size_t memory_limit,
-                                     const ChainPlanOptions& options, bool& in_memory);
-size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held,
-                                      const ChainPlanOptions& options = {});
-// The least limit from which plan_chain_offload_or_held plans (the smaller of its two floors).
-size_t chain_min_feasible_memory_offload_or_held(const ChainCosts& offload, const ChainCosts& held,
-                                                 const ChainPlanOptions& options = {});
-
-// The plans plan_chain_held (or, with a target, plan_chain_offload_or_held) chooses from for one
-// chain, made once: plans for several limits, and the smallest limit, cost one planning (the
-// functions above each build one). It keeps those of the candidates that some limit chooses (each
-// faster than every one of smaller held peak), not every candidate. Not to be shared between
-// threads (the plans in memory of a target's chain are made at the first call that needs them).
-//   rs::ChainCosts held = costs;                     // the 3-stage chain of the example above,
-//   held.boundaries_counted_when_held = true;        // counted as an allocator counts
-//   const rs::HeldPlans plans(costs, held);          // with a target: HeldPlans::with_target
-//   const size_t least = plans.smallest_limit();     // chain_min_feasible_memory_held(costs, held)
-//   rs::ChainPlan chosen = plans.plan(least + 512);  // as plan_chain_held(costs, held, least + 512)
-class HeldPlans {
+// The one chain planner. Made once for a chain, it plans any number of limits (each in about a
+// millisecond once made: making it costs one planning of the chain, which on long chains takes
+// seconds and reports progress to options.progress).
+//   - ChainPlanner(costs): plans and predicts with `costs`;
+//   - ChainPlanner(planning, held): plans with `planning`, counts each plan's peak as `held` does
+//     (the same chain with boundaries_counted_when_held, swept_values and gap_saved: as an
+//     allocator counts saved bytes, which is how a budget policy predicts), and chooses the
+//     fastest plan whose held peak fits, so the predicted time never rises as the limit falls.
+// With an offload target in the costs (`planning.can_offload()`) it plans with it, and below the
+// target's smallest limit in memory (offloading nothing) where that fits.
+// plan() throws InfeasibleError below smallest_limit(), from which every limit is planned.
+//   rs::ChainCosts held = costs;                       // the 3-stage chain of the example above,
+//   held.boundaries_counted_when_held = true;          // counted as an allocator counts
+//   const rs::ChainPlanner planner(costs, held);
+//   const size_t least = planner.smallest_limit();
+//   rs::ChainPlan chosen = planner.plan(least + 512);  // chosen.plan.predicted_peak_bytes <= least + 512
+// Not to be shared between threads (the in-memory plans of a target's chain are made at the first
+// call that needs them).
+class ChainPlanner {
  public:
-  HeldPlans(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options = {});
-  static HeldPlans with_target(const ChainCosts& offload, const ChainCosts& held, const ChainPlanOptions& options = {});
-  ~HeldPlans();
-  HeldPlans(HeldPlans&&) noexcept;
-  HeldPlans& operator=(HeldPlans&&) noexcept;
+  explicit ChainPlanner(const ChainCosts& costs, const ChainPlanOptions& options = {});
+  ChainPlanner(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options = {});
+  ~ChainPlanner();
+  ChainPlanner(ChainPlanner&&) noexcept;
+  ChainPlanner& operator=(ChainPlanner&&) noexcept;
 
-  // The plan for memory_limit; `in_memory` (if given) says whether it offloads nothing.
-  // InfeasibleError below smallest_limit().
+  // The fastest plan whose predicted peak is at most memory_limit; `in_memory` (if given) says
+  // whether it offloads nothing. Its predictions are those of predicted_costs(*in_memory).
   ChainPlan plan(size_t memory_limit, bool* in_memory = nullptr) const;
+  // The least limit plan() plans from (with a target, the smaller of its and the in-memory one).
   size_t smallest_limit() const;
+  // The planners' own least peak of the chain in memory, as `planning` counts (no held count, no
+  // target): where plans start to keep everything they can in memory before offloading.
+  size_t least_planned_peak() const;
+  // The costs a plan's predictions are made with: `held` (with the target's prices, for a plan
+  // that offloads).
+  const ChainCosts& predicted_costs(bool in_memory) const;
 
  private:
-  struct Set;  // one chain's candidates, made at the first call that needs them
-  HeldPlans() = default;
+  struct Set;  // one chain's candidate plans, made at the first call that needs them
   std::unique_ptr<Set> first_;   // with the target, if any, else in memory
   std::unique_ptr<Set> memory_;  // a target's chain in memory; null without a target
+  ChainCosts least_costs_;       // planning in memory, for least_planned_peak()
+  ChainPlanOptions options_;
 };
+
 
 // Fixed plans.
 Plan plan_save_all(const ChainCosts& costs);      // every stage F_all

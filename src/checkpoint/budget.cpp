@@ -32,20 +32,30 @@ std::optional<BudgetPlanner::FeasibleRange> BudgetPlanner::feasible_range() cons
     measured = st.measured_costs();
     outside = st.measured_outside_bytes();
     held = st.held_costs(measured);
-    measured.boundary_bytes.back() = held.boundary_bytes.back();  // as make_plan plans in memory
   } else if (st.report) {
     measured = held = st.report->costs;
     outside = st.report->outside_bytes;
   } else {
     return std::nullopt;
   }
+  measured.offload_seconds_per_byte = -1;  // the range in memory, as make_plan plans without a target
+  measured.offload_write_seconds_per_byte = 0;
+  measured.boundary_bytes.back() = held.boundary_bytes.back();  // as make_plan plans in memory
+  const schedule::ChainPlanner planner(measured, held, st.options);
   FeasibleRange range;
-  range.least_planned_peak_bytes = schedule::chain_min_feasible_memory(measured, st.options) + outside;
-  range.smallest_budget_bytes = (held.boundaries_counted_when_held
-                                     ? schedule::chain_min_feasible_memory_held(measured, held, st.options) + outside
-                                     : range.least_planned_peak_bytes);
-  range.save_all_peak_bytes = schedule::plan_save_all(measured).predicted_peak_bytes + outside;
+  range.least_planned_peak_bytes = planner.least_planned_peak() + outside;
+  range.smallest_budget_bytes =
+      held.boundaries_counted_when_held ? planner.smallest_limit() + outside : range.least_planned_peak_bytes;
+  range.save_all_peak_bytes = schedule::plan_save_all(measured).predicted_peak_bytes + outside;  // the planners' count
   return range;
+}
+
+std::optional<BudgetPlanner::Report> BudgetPlanner::plan_for(const Policy& budget) const {
+  REMAT_CHECK(budget.keep.kind == Keep::Kind::budget, "BudgetPlanner::plan_for: ", budget.to_string(),
+              " is not a budget policy");
+  const State& st = *state_;
+  if (!st.profile_complete() || st.profile_runs < kProfilingSteps) return std::nullopt;
+  return st.plan_report(budget, st.signature, "the model");
 }
 
 bool BudgetPlanner::State::profile_complete() const {
@@ -392,13 +402,10 @@ void BudgetPlanner::State::price_offload(const OffloadTarget& target, schedule::
   }
 }
 
-void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {
+BudgetPlanner::Report BudgetPlanner::State::plan_report(const Policy& budget, const std::vector<Shape>& shapes,
+                                                        const std::string& scope) const {
   schedule::ChainCosts measured = measured_costs();
-  // in memory the plan is counted as an allocator counts (see below); what the ops between calls
-  // save is in held's gap_saved, not after the chain
-  const schedule::ChainCosts held = held_costs(measured);
-  schedule::ChainCosts memory_costs = measured;
-  memory_costs.boundary_bytes.back() = held.boundary_bytes.back();
+  const schedule::ChainCosts held = held_costs(measured);  // as an allocator counts (see below)
   const size_t outside = measured_outside_bytes();
   Report r;
   r.policy = budget.keep.to_string();
@@ -416,19 +423,25 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
   std::string inputs;
   for (const auto& s : shapes) inputs += (inputs.empty() ? "" : ", ") + shape_str(s);
   // The plan is predicted as the allocator counts (Note [plans within the allocator's count] in
-  // src/schedule/held_plans.cpp), with an offload target too: an offloaded record takes the
+  // src/schedule/chain_planner.cpp), with an offload target too: an offloaded record takes the
   // input it holds along (Note [a record that keeps its input] in src/schedule/simulate.cpp), and the
   // runtime holds the saved bytes at the prediction by waiting for writes still under way (Note
   // [writes behind a plan's peak] in src/saved/offload_store.cpp). Below the smallest budget with
   // offload a plan in memory may still fit (offload never lowers the planners' least peak, and the
   // held count may lie below theirs): it offloads nothing.
-  bool in_memory = !budget.saved.offload;
+  // The one chain planner derives the planning costs in memory and with the target (Note [one
+  // chain planner] in src/schedule/chain_planner.cpp).
+  bool in_memory = true;
+  std::optional<schedule::ChainPlanner> planner;
+  schedule::ChainCosts planning = measured;
+  // in memory what the ops between calls save is in held's gap_saved, not after the chain
+  if (!budget.saved.offload) planning.boundary_bytes.back() = held.boundary_bytes.back();
   try {
-    schedule::ChainPlan chosen = in_memory
-                                     ? schedule::plan_chain_held(memory_costs, held, limit, options)
-                                     : schedule::plan_chain_offload_or_held(measured, held, limit, options, in_memory);
+    planner.emplace(planning, held, options);
+    schedule::ChainPlan chosen = planner->plan(limit, &in_memory);
     r.plan = std::move(chosen.plan);
     r.planner = chosen.describe();
+    r.method = chosen.method;
   } catch (const schedule::InfeasibleError& e) {
     const size_t smallest = e.min_feasible_bytes + outside;
     throw Error(detail::concat("budget policy: ", budget.to_string(), " (",
@@ -442,7 +455,7 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     throw Error(detail::concat("budget policy: ", budget.to_string(), ": cannot plan ", scope, " (",
                                measured.num_stages(), " layer calls): ", e.what()));
   }
-  measured = in_memory ? held : schedule::held_with_target(held, measured);
+  measured = planner->predicted_costs(in_memory);
   r.costs = measured;
   r.tree = schedule::format_tree(r.plan.tree);
   r.predicted_peak_bytes = r.plan.predicted_peak_bytes + outside;
@@ -452,8 +465,13 @@ void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Sha
     r.profiled_chain_seconds += p->forward_seconds + p->recompute_seconds + p->backward_seconds;
     r.stage_forward_flops.push_back(p->forward_flops);
   }
+  return r;
+}
+
+void BudgetPlanner::State::make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) {
+  Report r = plan_report(budget, shapes, scope);
   read_plan = read_plan_of(r.plan);
-  costs = measured;
+  costs = r.costs;
   planned_keys = stage_keys;
   report = std::move(r);  // the profile is kept: another budget re-plans from it
   std::erase_if(cache, [&](const Cached& c) { return c.signature == shapes; });

@@ -104,6 +104,8 @@ struct BudgetPlanner::State {
   // Makes the plan from the kept profile; a budget below the smallest feasible one is a
   // remat::Error naming that budget. `scope` names the plan scope in messages.
   void make_plan(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope);
+  // The plan make_plan would put in force, made without putting it in force.
+  Report plan_report(const Policy& budget, const std::vector<Shape>& shapes, const std::string& scope) const;
   void price_offload(const OffloadTarget& target, schedule::ChainCosts& measured, Report& r) const;
   // budget:auto: fills the report's budget and what it was derived from (remat/budget.h).
   void derive_budget(const Policy& budget, Report& r) const;

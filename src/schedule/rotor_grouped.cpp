@@ -84,7 +84,7 @@ constexpr int kLevelsPerMenu = 16;  // memories read off each table (each mode)
 
 // grouped_plans_at_anchors: the levels read off each anchor's top-level table, 64 up to 8,192
 // stages and 2^19 / stages above, at least 8 (from 65,536 stages): the candidates' nodes stay about
-// as many as at 8,192 stages, and a HeldPlans of 100,000 stages is built in under 10 s here
+// as many as at 8,192 stages, and a ChainPlanner of 100,000 stages is built in under 10 s here
 // (bench/results/held-plans-100k-2026-12-06.md).
 int64_t levels_per_anchor(int stages) { return std::clamp<int64_t>((int64_t{1} << 19) / std::max(stages, 1), 8, 64); }
 

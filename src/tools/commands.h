@@ -40,6 +40,7 @@ struct TrainOptions {
   bool json = false;
   bool progress = true;
   bool explain = false;  // print the per-region table of one step
+  bool plan_from_flops = false;  // budget plans priced by FLOPs (ChainPlanOptions::times_from_flops)
   int64_t accumulate = 1;          // micro-batches of --batch per rank and step (data_parallel.h)
   std::string reduce = "ordered";  // gradient sum over MPI ranks: ordered | native
   bool shard_optimizer = false;    // ZeRO-1 under mpirun: each rank keeps 1/N of the AdamW state

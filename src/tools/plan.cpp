@@ -43,7 +43,11 @@ struct ModelProfile {
   std::string priced_as;  // "page cache", "disk" or "the costs file"
   bool in_full = false;   // each transfer charged in full (offload_copies_share_the_cores)
   std::optional<size_t> offload_smallest;
-  std::shared_ptr<const rs::HeldPlans> offload_plans;  // a model's plans with the target, made once
+  // A model: its budget planner, holding the profile; `remat plan` asks it for the plan a budget
+  // policy would run (BudgetPlanner::plan_for). --costs: none; the chain planner plans the file's
+  // chain (`planner`, made once).
+  std::shared_ptr<BudgetPlanner> model_planner;
+  std::shared_ptr<const rs::ChainPlanner> planner;
   // A model: its costs as the allocator counts saved bytes (ChainCosts::boundaries_counted_when_held,
   // swept_values, gap_saved), with which a budget plan in memory is predicted; `costs` is what the
   // planners plan with, as the budget policy's own check and plan do.
@@ -68,6 +72,7 @@ ModelProfile profile_model(const PlanOptions& o) {
   nn::GPT model(config);
   rs::ChainPlanOptions options;
   options.progress = planning_progress("remat plan: planning " + std::to_string(o.train.layers) + " layers (profile)");
+  options.times_from_flops = o.train.plan_from_flops;
   model.planner()->set_options(options);
   Batch batch = sample_batch(tokens, o.train.batch, config.seq, o.train.seed, 0);
   Policy probe = Policy::budget(size_t(1) << 50);  // any budget: we only want the measured costs
@@ -90,6 +95,7 @@ ModelProfile profile_model(const PlanOptions& o) {
                        model.planner()->feasible_range(), std::nullopt,
                        report->stage_labels, report->stage_forward_flops};
   if (report->costs.boundaries_counted_when_held) profile.held = report->costs;
+  profile.model_planner = model.planner();
   profile.dynamic_range = dynamic_feasible_range([&] {
     model.zero_grad();
     manual_seed(o.train.seed);
@@ -190,39 +196,42 @@ struct Plans {
   std::string planner;
 };
 
-Plans make_plans(const rs::ChainCosts& costs, const std::optional<rs::ChainCosts>& held, size_t outside,
-                 size_t budget, const rs::HeldPlans* offload_plans) {
+Plans make_plans(const ModelProfile& profile, size_t budget, const std::string& offload) {
+  const rs::ChainCosts& costs = profile.costs;
+  const size_t outside = profile.outside;
   const int stages = costs.num_stages();
   const size_t limit = budget > outside ? budget - outside : 0;
   Plans plans;
-  rs::ChainPlanOptions planner_options;
-  planner_options.progress = planning_progress("remat plan: planning " + std::to_string(stages) + " stages");
-  try {
-    // planned and predicted as a budget plan is (budget.cpp): in memory with the held count; with
-    // an offload target, below its smallest budget, in memory if that fits
-    // (a model's costs with a target come with offload_plans, made for its smallest budget)
-    rs::ChainPlan chosen;
-    if (offload_plans)
-      chosen = offload_plans->plan(limit);
-    else if (held)
-      chosen = rs::plan_chain_held(costs, *held, limit, planner_options);
-    else
-      chosen = rs::plan_chain(costs, limit, planner_options);
-    planner_options.progress(-1);  // ends the progress line, if one was printed
-    plans.best = std::move(chosen.plan);
-    plans.method = chosen.method;
-    plans.planner = chosen.describe();
-    plans.every_layer = rs::plan_every_layer(costs);
-    plans.save_all = rs::plan_save_all(costs);
-  } catch (const rs::InfeasibleError& e) {
-    planner_options.progress(-1);
-    size_t smallest = e.min_feasible_bytes + outside;
+  const std::optional<size_t> smallest =
+      profile.offload_smallest ? profile.offload_smallest
+                               : (profile.budget_range ? std::optional(profile.budget_range->smallest_budget_bytes) : std::nullopt);
+  if (smallest && budget < *smallest)
     throw Error(detail::concat("plan: budget ", budget, " bytes (", memory::format_bytes(static_cast<double>(budget)),
-                               ") is below the smallest feasible budget, ", smallest, " bytes (",
-                               memory::format_bytes(static_cast<double>(smallest)), ")"));
-  } catch (const std::invalid_argument& e) {  // the schedule layer's errors (it has no remat::Error)
-    throw Error(detail::concat("plan: ", e.what()));
+                               ") is below the smallest feasible budget, ", *smallest, " bytes (",
+                               memory::format_bytes(static_cast<double>(*smallest)), ")"));
+  if (profile.model_planner) {  // a model: the plan its budget policy would run, made by the library
+    Policy policy = Policy::budget(budget);
+    if (!offload.empty()) policy = policy.with_offload(OffloadTarget{offload});
+    const std::optional<BudgetPlanner::Report> report = profile.model_planner->plan_for(policy);
+    REMAT_CHECK(report.has_value(), "plan: the model's profile is not complete");
+    plans.best = report->plan;
+    plans.method = report->method;
+    plans.planner = report->planner;
+  } else {  // a --costs chain: the chain planner's plan
+    try {
+      rs::ChainPlan chosen = profile.planner->plan(limit);
+      plans.best = std::move(chosen.plan);
+      plans.method = chosen.method;
+      plans.planner = chosen.describe();
+    } catch (const rs::InfeasibleError& e) {
+      const size_t least = e.min_feasible_bytes + outside;
+      throw Error(detail::concat("plan: budget ", budget, " bytes (", memory::format_bytes(static_cast<double>(budget)),
+                                 ") is below the smallest feasible budget, ", least, " bytes (",
+                                 memory::format_bytes(static_cast<double>(least)), ")"));
+    }
   }
+  plans.every_layer = rs::plan_every_layer(costs);
+  plans.save_all = rs::plan_save_all(costs);
   // uniform segments: the fastest segment count that fits, else the one with the least peak
   std::optional<rs::Plan> uniform;
   for (int k : segment_counts(stages)) {
@@ -332,8 +341,10 @@ int run_plan(const PlanOptions& o) {
     rs::ChainCosts in_memory = profile.costs;  // the first minimum: without the offload target
     in_memory.offload_seconds_per_byte = -1;
     in_memory.offload_write_seconds_per_byte = 0;
-    profile.budget_range = BudgetPlanner::FeasibleRange{rs::chain_min_feasible_memory(in_memory, least),
+    profile.planner = std::make_shared<const rs::ChainPlanner>(in_memory, least);
+    profile.budget_range = BudgetPlanner::FeasibleRange{profile.planner->smallest_limit(),
                                                         rs::plan_save_all(in_memory).predicted_peak_bytes};
+    least.progress(-1);
   } else {
     profile = profile_model(o);
   }
@@ -354,14 +365,11 @@ int run_plan(const PlanOptions& o) {
     rs::ChainPlanOptions least;
     least.progress = planning_progress("remat plan: planning " + std::to_string(profile.costs.num_stages()) +
                                        " stages with offload");
-    if (profile.held) {  // as a budget plan with the target is made (budget.cpp)
-      profile.offload_plans = std::make_shared<const rs::HeldPlans>(rs::HeldPlans::with_target(profile.costs, *profile.held, least));
-      profile.offload_smallest = profile.offload_plans->smallest_limit() + profile.outside;
-    } else {
-      profile.offload_smallest = rs::chain_min_feasible_memory(profile.costs, least) + profile.outside;
-      if (profile.budget_range)  // below it a plan in memory, which offloads nothing
-        profile.offload_smallest = std::min(*profile.offload_smallest, profile.budget_range->smallest_budget_bytes);
-    }
+    // as a budget plan with the target is made: with it, and below its smallest budget in memory
+    rs::ChainPlanner with_target(profile.costs, profile.held.value_or(profile.costs), least);
+    profile.offload_smallest = with_target.smallest_limit() + profile.outside;
+    least.progress(-1);
+    if (!profile.model_planner) profile.planner = std::make_shared<const rs::ChainPlanner>(std::move(with_target));
   }
   if (!budget) {  // the feasible range alone
     if (o.train.json)
@@ -374,7 +382,7 @@ int run_plan(const PlanOptions& o) {
       print_profile_text(profile, std::nullopt);
     return 0;
   }
-  const Plans plans = make_plans(profile.costs, profile.held, profile.outside, *budget, profile.offload_plans.get());
+  const Plans plans = make_plans(profile, *budget, o.offload);
   if (o.train.json)
     print_plans_json(profile, plans, *budget);
   else

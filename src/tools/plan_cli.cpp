@@ -17,6 +17,8 @@ Subcommand add_plan(CLI::App& app) {
   p->add_option("--data", plan.train.data,
                 "text file or folder, at most " + std::to_string(kMaxCorpusMiB) + " MiB (for the vocabulary)");
   add_model_options(command->numbers, plan.train);
+  p->add_flag("--plan-from-flops", plan.train.plan_from_flops,
+              "budget plans price each layer call by its FLOP estimate instead of its measured time: one model plans the same on every run and machine (predicted times are then nominal)");
   p->add_flag("--json", plan.train.json, "print one JSON object");
   return {p, [command] {
             command->numbers.convert();

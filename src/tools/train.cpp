@@ -208,7 +208,10 @@ int train(const TrainOptions& o, const DataParallel& dp) {
   const Device device = select_device("train --device", o.device, o.backend_options);
   if (o.dtype != "f32") check_device_dtype("train --dtype", device, o.dtype == "bf16" ? DType::bf16 : DType::f16);
   Loaded l = load(o, device);
-  if (o.progress) l.model->planner()->set_options({.progress = planning_progress("remat train: planning the budget")});
+  schedule::ChainPlanOptions planning;
+  planning.times_from_flops = o.plan_from_flops;
+  if (o.progress) planning.progress = planning_progress("remat train: planning the budget");
+  l.model->planner()->set_options(std::move(planning));
   if (o.eval_only) return evaluate_only(o, l);
   Optimization opt(o, dp, *l.model);
   RunMeasure restored = restore_state(o, dp, l, opt);

@@ -64,6 +64,8 @@ void add_weight_and_output_options(CLI::App* t, TrainOptions& train, bool& quiet
               "write them in --format, a conversion)");
   t->add_flag("--explain", train.explain,
               "print, per checkpoint region of one step, what it kept, what its re-run saved, its times and re-runs");
+  t->add_flag("--plan-from-flops", train.plan_from_flops,
+              "budget plans price each layer call by its FLOP estimate instead of its measured time: one model plans the same on every run and machine (predicted times are then nominal)");
   t->add_flag("--quiet", quiet, "print nothing but errors (and the JSON lines with --json)");
 }
 

@@ -5,6 +5,7 @@
 
 #include "cli_harness.h"
 #include "remat/budget.h"
+#include "schedule/chain_internal.h"
 
 TEST_F(Cli, GoodInputSucceeds) {
   Result r = run(train_args({{"--steps", "2"}}) + " --json");

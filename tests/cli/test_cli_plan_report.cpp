@@ -85,13 +85,14 @@ TEST_F(Cli, PlanJsonListsEachValueWithItsDecision) {
   }
   costs.boundary_bytes.push_back(costs.boundary_bytes.back());
   std::ofstream(path("values.json")) << text << "]";
-  const size_t smallest = rs::min_feasible_memory(costs);
+  const rs::ChainPlanner planner(costs);  // the one chain planner, as `remat plan --costs` plans
+  const size_t smallest = planner.smallest_limit();
   for (const size_t budget : {smallest, smallest + 64, rs::plan_save_all(costs).predicted_peak_bytes}) {
     const Result r = run("plan --json --budget " + std::to_string(budget) + " --costs " + path("values.json"));
     ASSERT_EQ(r.code, 0) << r.output;
     const nlohmann::json j = last_json(r.output);
     expect_values_match_stages(j);
-    const rs::Plan plan = rs::plan_chain(costs, budget).plan;
+    const rs::Plan plan = planner.plan(budget).plan;
     ASSERT_EQ(j["plan"]["tree"], rs::format_tree(plan.tree));
     std::vector<std::string> input(8, "recompute"), record(8, "recompute");
     for (const rs::PlanNode& n : plan.tree) {
@@ -142,7 +143,7 @@ TEST_F(Cli, PlanValuesChargeTheirTransfersAsThePlanIs) {
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json j = last_json(r.output);
   expect_values_match_stages(j);
-  const rs::Plan plan = rs::plan_chain(costs, budget).plan;
+  const rs::Plan plan = rs::ChainPlanner(costs).plan(budget).plan;
   ASSERT_EQ(j["plan"]["tree"], rs::format_tree(plan.tree));
   ASSERT_NE(rs::format_tree(plan.tree).find("+o"), std::string::npos);
   const rs::SimResult sim = rs::simulate(costs, plan);
@@ -215,4 +216,36 @@ TEST_F(Cli, PlanAndTrainExplainListEachValueOfAModel) {
   EXPECT_NE(d.err.find("the largest need seen: "), std::string::npos) << d.err;
   EXPECT_NE(d.err.find("(a lower bound of the smallest feasible budget; remat plan measures it)"), std::string::npos) << d.err;
   EXPECT_EQ(d.err.find("smallest feasible budget seen"), std::string::npos) << d.err;
+}
+
+// `remat plan --budget B` prints the plan `remat train --policy budget:B` runs: both are made by
+// the budget policy from its profile (BudgetPlanner::plan_for), and --plan-from-flops on both
+// prices each layer call by its FLOPs, so the two profiles plan alike whatever the timings. The
+// same tree, predicted peak and planner, for the default model and a 120-layer one, at the
+// smallest budget and halfway to save-all's peak.
+TEST_F(Cli, PlanPrintsThePlanTrainRuns) {
+  const std::string steps = " --steps " + std::to_string(BudgetPlanner::kProfilingSteps + 1);
+  for (const std::string model : {std::string(" --threads 2 --plan-from-flops"),
+                                  std::string(" --threads 2 --plan-from-flops --layers 120 --width 32 --heads 2 "
+                                              "--seq 16 --batch 2")}) {
+    SCOPED_TRACE(model);
+    Result r = run("plan --json" + model);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const nlohmann::json feasible = last_json(r.output)["feasible"]["budget"];
+    const size_t smallest = feasible["smallest_bytes"], save_all = feasible["save_all_peak_bytes"];
+    ASSERT_LT(smallest, save_all) << r.output;
+    for (const size_t budget : {smallest, smallest + (save_all - smallest) / 2}) {
+      SCOPED_TRACE(::testing::Message() << "budget " << budget);
+      r = run("plan --json --budget " + std::to_string(budget) + model);
+      ASSERT_EQ(r.code, 0) << r.output;
+      const nlohmann::json planned = last_json(r.output);
+      const Streams t = run_streams("train --json --explain" + steps + model + " --policy budget:" + std::to_string(budget));
+      ASSERT_EQ(t.code, 0) << t.out << t.err;
+      const nlohmann::json ran = last_json(t.out);
+      EXPECT_EQ(ran["plan"], planned["plan"]["tree"]);
+      EXPECT_EQ(ran["predicted_peak_saved_bytes"], planned["plan"]["predicted_peak_bytes"]);
+      EXPECT_EQ(ran["planner"], planned["planner"]);
+      if (budget == smallest) EXPECT_NE(ran["plan"].get<std::string>().find('R'), std::string::npos) << t.out;
+    }
+  }
 }

@@ -1,5 +1,5 @@
-// Budget plans counted as an allocator counts saved bytes: plan_chain_held, in memory and with an
-// offload target, and their smallest limits.
+// The chain planner (remat/schedule.h: ChainPlanner): budget plans counted as an allocator counts
+// saved bytes, in memory and with an offload target, and their smallest limits.
 #include <algorithm>
 #include <cstdint>
 #include <future>
@@ -66,7 +66,7 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // from, so its choice is slower, or as fast and of no larger peak: the prediction never rises as
 // the limit falls, at any length. Only the candidates that some limit chooses are kept
 // (Choosable: by rising held peak, each faster than all before it), once per chain in a
-// HeldPlans, which then answers any limit with a search. The table whose limit is the least anchor
+// ChainPlanner, which then answers any limit with a search. The table whose limit is the least anchor
 // at or above L has units at most about twice those of a plan made at L (an anchor's bytes over
 // the slots), and the plans of its levels above L are candidates where their held peak fits it.
 //
@@ -75,13 +75,13 @@ ChainCosts without_target(const ChainCosts& offload, const ChainCosts& held) {
 // held take about 20 ms each. So each candidate is simulated on a second thread while the next is
 // made, each is packed once simulated (PackedTree), and a candidate no limit would choose is
 // dropped as soon as one as fast and no larger is known. The candidates go in the order they are made, and
-// ties go to the first made, so the plans do not depend on the threads. A HeldPlans of a
+// ties go to the first made, so the plans do not depend on the threads. A ChainPlanner of a
 // 100,000-stage chain with a target is built in about 2x one plan's time
 // (bench/results/held-plans-100k-2026-12-06.md).
 
 // A plan tree in 12 bytes a node (a PlanNode is 48, and its children's vector an allocation):
 // the count of top-level nodes, then each node, depth first, as its first and last stages and its
-// children's count with its kind and offload flag in the low two bits. A HeldPlans keeps up to hundreds of candidates, each of
+// children's count with its kind and offload flag in the low two bits. A ChainPlanner keeps up to hundreds of candidates, each of
 // about 10^5 nodes on the longest chains.
 using PackedTree = std::vector<uint32_t>;
 
@@ -240,13 +240,13 @@ ChainPlan plan_fixed_held(const std::vector<Candidate>& choices, const ChainCost
 // peak where they count more than is held (a boundary made and dropped in a re-run), above it
 // where swept values lift every plan. Every limit from it up is planned.
 
-// One chain's plans (HeldPlans): the candidates that some limit chooses, made once.
-struct HeldPlans::Set {
+// One chain's plans: the candidates that some limit chooses, made once.
+struct HeldSet {
   ChainCosts planning, held;
   ChainPlanOptions options;
   mutable std::optional<std::vector<Candidate>> choices;
 
-  Set(ChainCosts p, ChainCosts h, const ChainPlanOptions& o) : planning(std::move(p)), held(std::move(h)), options(o) {
+  HeldSet(ChainCosts p, ChainCosts h, const ChainPlanOptions& o) : planning(std::move(p)), held(std::move(h)), options(o) {
     check_held(planning, held);
     check_options(options);
   }
@@ -258,21 +258,55 @@ struct HeldPlans::Set {
   size_t smallest_limit() const { return candidates().front().peak; }
 };
 
-HeldPlans::HeldPlans(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options)
-    : first_(std::make_unique<Set>(planning, held, options)) {}
+struct ChainPlanner::Set : HeldSet {
+  using HeldSet::HeldSet;
+};
 
-HeldPlans HeldPlans::with_target(const ChainCosts& offload, const ChainCosts& held, const ChainPlanOptions& options) {
-  HeldPlans out;
-  out.first_ = std::make_unique<Set>(with_input_credits(offload, held), held_with_target(held, offload), options);
-  out.memory_ = std::make_unique<Set>(without_target(offload, held), held, options);
-  return out;
+namespace {
+
+// A held count without an offload target's prices (its records' inputs, which an offloaded
+// record takes along, stay: they are the held count's, not the target's).
+ChainCosts without_prices(ChainCosts costs) {
+  costs.offload_seconds_per_byte = -1;
+  costs.offload_write_seconds_per_byte = 0;
+  costs.reads_ahead = false;
+  return costs;
 }
 
-HeldPlans::~HeldPlans() = default;
-HeldPlans::HeldPlans(HeldPlans&&) noexcept = default;
-HeldPlans& HeldPlans::operator=(HeldPlans&&) noexcept = default;
+}  // namespace
 
-ChainPlan HeldPlans::plan(size_t memory_limit, bool* in_memory) const {
+// Note [one chain planner]. ChainPlanner is the one entry that plans a budget chain: the budget
+// policy (src/checkpoint/budget.cpp) makes its plans with it, `remat plan` asks the policy for the
+// plan it would run (BudgetPlanner::plan_for) or, for a chain read from a file, plans with it
+// directly. In memory it is one set of candidates, planned with `planning` and counted as `held`.
+// With an offload target it is two: the target's, planned with each offloaded record's input
+// credited (with_input_credits) and counted as held with the target's prices; and, for limits
+// below the target's smallest, the same chain in memory (without_target: the chain's output as
+// held counts it), which offloads nothing. The planners behind it (plan_rotor, plan_chain, ...:
+// chain_internal.h) are the schedule layer's own.
+ChainPlanner::ChainPlanner(const ChainCosts& costs, const ChainPlanOptions& options)
+    : ChainPlanner(costs, costs, options) {}
+
+ChainPlanner::ChainPlanner(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options)
+    : options_(options) {
+  planning.validate();
+  held.validate();
+  const ChainCosts held_memory = without_prices(held);
+  least_costs_ = without_target(planning, held_memory);
+  if (planning.can_offload()) {
+    first_ = std::make_unique<Set>(with_input_credits(planning, held_memory), held_with_target(held_memory, planning),
+                                   options);
+    memory_ = std::make_unique<Set>(least_costs_, held_memory, options);
+  } else {
+    first_ = std::make_unique<Set>(planning, held_memory, options);
+  }
+}
+
+ChainPlanner::~ChainPlanner() = default;
+ChainPlanner::ChainPlanner(ChainPlanner&&) noexcept = default;
+ChainPlanner& ChainPlanner::operator=(ChainPlanner&&) noexcept = default;
+
+ChainPlan ChainPlanner::plan(size_t memory_limit, bool* in_memory) const {
   if (in_memory) *in_memory = !memory_;
   if (!memory_) return first_->plan(memory_limit);
   try {
@@ -289,14 +323,20 @@ ChainPlan HeldPlans::plan(size_t memory_limit, bool* in_memory) const {
   }
 }
 
-size_t HeldPlans::smallest_limit() const {
+size_t ChainPlanner::smallest_limit() const {
   const size_t first = first_->smallest_limit();
   return memory_ ? std::min(first, memory_->smallest_limit()) : first;
 }
 
+size_t ChainPlanner::least_planned_peak() const { return chain_min_feasible_memory(least_costs_, options_); }
+
+const ChainCosts& ChainPlanner::predicted_costs(bool in_memory) const {
+  return in_memory && memory_ ? memory_->held : first_->held;
+}
+
 ChainPlan plan_chain_held(const ChainCosts& planning, const ChainCosts& held, size_t limit,
                           const ChainPlanOptions& options) {
-  return HeldPlans(planning, held, options).plan(limit);
+  return HeldSet(planning, held, options).plan(limit);
 }
 
 ChainCosts held_with_target(const ChainCosts& held, const ChainCosts& offload) {
@@ -309,16 +349,16 @@ ChainCosts held_with_target(const ChainCosts& held, const ChainCosts& offload) {
 
 ChainPlan plan_chain_offload_or_held(const ChainCosts& offload, const ChainCosts& held, size_t limit,
                                      const ChainPlanOptions& options, bool& in_memory) {
-  return HeldPlans::with_target(offload, held, options).plan(limit, &in_memory);
+  return ChainPlanner(offload, held, options).plan(limit, &in_memory);
 }
 
 size_t chain_min_feasible_memory_offload_or_held(const ChainCosts& offload, const ChainCosts& held,
                                                  const ChainPlanOptions& options) {
-  return HeldPlans::with_target(offload, held, options).smallest_limit();
+  return ChainPlanner(offload, held, options).smallest_limit();
 }
 
 size_t chain_min_feasible_memory_held(const ChainCosts& planning, const ChainCosts& held, const ChainPlanOptions& options) {
-  return HeldPlans(planning, held, options).smallest_limit();
+  return HeldSet(planning, held, options).smallest_limit();
 }
 
 }  // namespace remat::schedule
