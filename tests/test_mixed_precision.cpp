@@ -14,6 +14,7 @@
 #include "checkpoint_models.h"
 #include "emulated_backend.h"
 #include "gpt_steps.h"
+#include "remat/cpu_features.h"
 #include "remat/nn.h"
 #include "remat/nn/safetensors.h"
 #include "remat/remat.h"
@@ -111,6 +112,49 @@ TEST(SixteenBitFloats, ConvertPrintAndComputeInFloat32) {
   // a sum accumulates in float32 and rounds once: 256 ones plus 1 is 257 in float32, 256 in bf16
   Tensor ones = remat::ones({257}, DType::bf16);
   EXPECT_EQ(sum(ones).item(), static_cast<double>(bfloat16(257.0f)));
+}
+
+// bf16 matrix products (docs/precision.md, "bf16 matrix products, per CPU kind"): on a CPU with
+// bf16 units (cpu_features().bf16_products) oneDNN's bf16 matmul, elsewhere the float32 product of
+// the widened values; either way within float32 accumulation of the exact products of the float64
+// reference, rounded once to bf16, and the same bits on every call.
+TEST(SixteenBitFloats, MatrixProductsAccumulateInFloat32AndRepeatBitForBit) {
+  const int64_t batch = 3, m = 37, k = 129, n = 53;
+  ::testing::Test::RecordProperty("bf16_products", cpu_features().bf16_products ? "bf16" : "float32");
+  auto values = [](int64_t count, int seed) {
+    std::vector<double> v(static_cast<size_t>(count));
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = std::sin(0.37 * static_cast<double>(i) + seed) * (1.0 + static_cast<double>((i * 7 + seed) % 5));
+    return v;
+  };
+  for (const bool trans_b : {false, true}) {
+    SCOPED_TRACE(trans_b ? "b transposed" : "b as it is");
+    const Tensor a = from_vector(values(batch * m * k, 1), {batch, m, k}, DType::bf16);
+    const Tensor b = from_vector(values(k * n, 2), trans_b ? Shape{n, k} : Shape{k, n}, DType::bf16);
+    const Tensor bias = from_vector(values(n, 3), {n}, DType::bf16);
+    const Tensor y = matmul(a, b, false, trans_b), z = linear(a, trans_b ? b : b.transpose(0, 1), bias);
+    EXPECT_TRUE(bitwise_equal(y, matmul(a, b, false, trans_b)));
+    EXPECT_TRUE(bitwise_equal(z, linear(a, trans_b ? b : b.transpose(0, 1), bias)));
+    const std::vector<double> av = a.to_vector(), bv = b.to_vector(), biasv = bias.to_vector(), yv = y.to_vector(),
+                              zv = z.to_vector();
+    for (int64_t p = 0; p < batch; ++p)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double exact = 0, magnitude = 0;
+          for (int64_t e = 0; e < k; ++e) {
+            const double x = av[static_cast<size_t>((p * m + i) * k + e)];
+            const double w = bv[static_cast<size_t>(trans_b ? j * k + e : e * n + j)];
+            exact += x * w, magnitude += std::fabs(x * w);
+          }
+          // float32 accumulation: k additions of at most 2^-24 of the running magnitude each; bf16
+          // rounding: 2^-9 of the result
+          const size_t at = static_cast<size_t>((p * m + i) * n + j);
+          const double accumulation = static_cast<double>(k) * 0x1p-24 * magnitude;
+          EXPECT_NEAR(yv[at], exact, accumulation + 0x1p-8 * std::fabs(exact)) << p << " " << i << " " << j;
+          const double with_bias = exact + biasv[static_cast<size_t>(j)];
+          EXPECT_NEAR(zv[at], with_bias, accumulation + 0x1p-8 * std::fabs(with_bias)) << p << " " << i << " " << j;
+        }
+  }
 }
 
 // ---- safetensors

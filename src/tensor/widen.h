@@ -19,7 +19,9 @@ namespace remat::detail {
 // references stay valid until the call ends.
 class Widened {
  public:
-  Widened(Backend& backend, bool widen) : backend_(backend), widen_(widen) {}
+  // keep_bf16_inputs: in() passes bf16 tensors as they are (a kernel that computes on bf16 itself)
+  Widened(Backend& backend, bool widen, bool keep_bf16_inputs = false)
+      : backend_(backend), widen_(widen), keep_bf16_inputs_(keep_bf16_inputs) {}
   const Tensor& in(const Tensor& t) { return stage(t, false); }
   const Tensor& inout(const Tensor& t) { return stage(t, true); }
   // Rounds the written stand-ins back into their tensors.
@@ -35,6 +37,7 @@ class Widened {
   };
   const Tensor& stage(const Tensor& t, bool written) {
     if (!widen_ || !t.defined() || !is_16bit_float(t.dtype())) return t;
+    if (keep_bf16_inputs_ && !written && t.dtype() == DType::bf16) return t;
     for (size_t i = 0; i < count_; ++i)
       if (entries_[i].narrow.same(t)) {
         entries_[i].written = entries_[i].written || written;
@@ -51,7 +54,7 @@ class Widened {
   }
 
   Backend& backend_;
-  bool widen_;
+  bool widen_, keep_bf16_inputs_;
   std::array<Entry, 12> entries_;
   size_t count_ = 0;
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "plan_report.h"
+#include "remat/cpu_features.h"
 #include "progress.h"
 
 namespace remat::tools {
@@ -14,6 +15,16 @@ void emit_json(const nlohmann::json& j) {
 }
 
 namespace {
+
+// The CPU kernels' level and the features found (remat/cpu_features.h).
+nlohmann::json cpu_json() {
+  const CpuFeatures& f = cpu_features();
+  return {{"level", cpu_level_name(f.level)},
+          {"widest", cpu_level_name(f.widest)},
+          {"forced", f.forced},
+          {"bf16_products", f.bf16_products ? "bf16" : "float32"},
+          {"features", f.features}};
+}
 
 nlohmann::json regions_json(const Counters& c) {
   nlohmann::json regions = nlohmann::json::array();
@@ -38,6 +49,7 @@ void print_summary(const Human& say, const TrainOptions& o, const RunMeasure& m,
   const StepMeasure& chosen = s.chosen;
   say("\nreport (%lld steps in %s)\n", static_cast<long long>(o.steps), human_duration(m.train_seconds).c_str());
   say("  device: %s\n", s.device_text.c_str());
+  say("  cpu kernels: %s\n", cpu_features().text().c_str());
   say("  loss: first %.3f, final %.3f (mean of last %zu steps), validation %.3f\n", m.first_loss, s.final_loss,
       s.tail, m.last_val_loss);
   say("  weights digest %s\n", s.weights_digest.c_str());
@@ -149,6 +161,7 @@ void emit_run_json(const TrainOptions& o, const DataParallel& dp, const Policy& 
                       {"policy", policy.to_string()},
                       {"dtype", o.dtype},
                       {"device", s.device},
+                      {"cpu", cpu_json()},
                       {"steps", o.steps},
                       {"first_loss", m.first_loss},
                       {"final_loss", s.final_loss},

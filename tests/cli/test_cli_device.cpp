@@ -13,6 +13,7 @@
 
 #include "device_option.h"
 #include "emulated_backend.h"
+#include "remat/cpu_features.h"
 #include "remat/devices.h"
 #include "usage.h"
 
@@ -27,11 +28,12 @@ struct CliRun {
 };
 
 // The built executable, or $REMAT_CLI (scripts/cuda-check runs this test from a bundle elsewhere).
-CliRun remat_cli(const std::string& args) {
+// `environment` (NAME=VALUE ...) is set for the run.
+CliRun remat_cli(const std::string& args, const std::string& environment = "") {
   const char* env = std::getenv("REMAT_CLI");
   const std::string cli = env != nullptr && *env != '\0' ? env : REMAT_CLI_PATH;
   CliRun r;
-  FILE* pipe = ::popen(("timeout 300 " + cli + " " + args + " 2>&1").c_str(), "r");
+  FILE* pipe = ::popen(("env " + environment + " timeout 300 " + cli + " " + args + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return r;
   char buffer[4096];
   for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) r.output.append(buffer, n);
@@ -163,6 +165,33 @@ TEST(CliDevice, TheReportNamesTheDevice) {
   r = remat_cli(tiny_train("--device cpu").replace(0, 13, "train"));  // the human report (no --quiet)
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(has(r, "device: cpu (1 thread)")) << r.output;
+}
+
+// The report names the CPU kernels' level and the features found (remat/cpu_features.h);
+// REMAT_CPU_LEVEL forces a level the CPU has, and one it lacks, or a word that is no level, is an
+// error (exit code 1) saying so.
+TEST(CliDevice, TheReportNamesTheCpuLevel) {
+  const CpuFeatures& cpu = cpu_features();
+  const std::string level = std::string("\"level\":\"") + cpu_level_name(cpu.level) + "\"";
+  CliRun r = remat_cli(tiny_train("--device cpu --json"), "-u REMAT_CPU_LEVEL");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "\"cpu\":{\"bf16_products\":")) << r.output;
+  EXPECT_TRUE(has(r, level)) << r.output;
+  EXPECT_TRUE(has(r, "\"forced\":false")) << r.output;
+  if (cpu.widest >= CpuLevel::avx2) EXPECT_TRUE(has(r, "\"avx2\"")) << r.output;
+  r = remat_cli(tiny_train("--device cpu --json"), "REMAT_CPU_LEVEL=baseline");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "\"level\":\"baseline\"")) << r.output;
+  EXPECT_TRUE(has(r, "\"forced\":true")) << r.output;
+  EXPECT_TRUE(has(r, "\"bf16_products\":\"float32\"")) << r.output;
+  r = remat_cli(tiny_train("--device cpu").replace(0, 13, "train"), "-u REMAT_CPU_LEVEL");  // the human report
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, std::string("cpu kernels: ") + cpu_level_name(cpu.level))) << r.output;
+  expect_clean_error(remat_cli(tiny_train("--device cpu"), "REMAT_CPU_LEVEL=wide"), 1,
+                     "REMAT_CPU_LEVEL=wide names no level: baseline, avx2 or avx512");
+  if (cpu.widest < CpuLevel::avx512)
+    expect_clean_error(remat_cli(tiny_train("--device cpu"), "REMAT_CPU_LEVEL=avx512"), 1,
+                       "this CPU's widest level is");
 }
 
 TEST(CliDevice, TrainsAndSamplesOnTheGpu) {

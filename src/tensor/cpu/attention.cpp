@@ -21,8 +21,8 @@
 //
 // Vectorisation: the tile products are written with GCC vector extensions (32-byte vectors: 8
 // floats or 4 doubles) and register-blocked two rows at a time; the per-(b, h) workers are
-// compiled for x86-64-v3 (AVX2 + FMA) and baseline x86-64 and picked at load time (function
-// multiversioning), like the elementwise kernels.
+// compiled for each CPU level, x86-64-v4, -v3 and the baseline, one picked per process
+// (cpu_level.h), like the elementwise kernels.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -474,21 +474,17 @@ REMAT_INLINE void attention_backward_one(const Problem<T>& pb, int64_t bh, T* ws
   for (int64_t i = 0; i < tq; ++i) std::memcpy(gq + i * pb.gq.st, w.dq + i * dp, static_cast<size_t>(d) * sizeof(T));
 }
 
-// The per-(b, h) workers, compiled for AVX2 + FMA and for baseline x86-64.
-REMAT_CPU_CLONES void attention_forward_f32(const Problem<float>& pb,
-                                                                                      int64_t bh, float* ws) {
+// The per-(b, h) workers, compiled for each level (cpu_level.h).
+REMAT_CPU_LEVELS(void, attention_forward_f32, (const Problem<float>& pb, int64_t bh, float* ws), (pb, bh, ws)) {
   attention_forward_one<float>(pb, bh, ws);
 }
-REMAT_CPU_CLONES void attention_forward_f64(const Problem<double>& pb,
-                                                                                      int64_t bh, double* ws) {
+REMAT_CPU_LEVELS(void, attention_forward_f64, (const Problem<double>& pb, int64_t bh, double* ws), (pb, bh, ws)) {
   attention_forward_one<double>(pb, bh, ws);
 }
-REMAT_CPU_CLONES void attention_backward_f32(const Problem<float>& pb,
-                                                                                       int64_t bh, float* ws) {
+REMAT_CPU_LEVELS(void, attention_backward_f32, (const Problem<float>& pb, int64_t bh, float* ws), (pb, bh, ws)) {
   attention_backward_one<float>(pb, bh, ws);
 }
-REMAT_CPU_CLONES void attention_backward_f64(const Problem<double>& pb,
-                                                                                       int64_t bh, double* ws) {
+REMAT_CPU_LEVELS(void, attention_backward_f64, (const Problem<double>& pb, int64_t bh, double* ws), (pb, bh, ws)) {
   attention_backward_one<double>(pb, bh, ws);
 }
 

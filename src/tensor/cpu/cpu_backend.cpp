@@ -2,6 +2,8 @@
 // devices' backends is src/tensor/registry.cpp.)
 #include "tensor/cpu/cpu_backend.h"
 
+#include "tensor/cpu/cpu_level.h"
+
 #include <omp.h>
 #include <sched.h>
 
@@ -60,6 +62,8 @@ namespace {
 // What set_num_threads asked for (the OpenMP setting of a yielding thread is one less).
 std::atomic<int> configured_threads{0};
 }  // namespace
+
+CpuKernels::CpuKernels() { cpu_level(); }
 
 void CpuKernels::set_num_threads(int threads) {
   configured_threads = threads;

@@ -18,6 +18,7 @@ namespace remat::cpu {
 // this one. copy, fill and digest also take bf16 and f16 (a conversion, a constant, the bytes).
 class CpuKernels : public Backend {
  public:
+  CpuKernels();  // chooses the kernels' level (cpu_level.h): a remat::Error for a level the CPU lacks
   DeviceType device_type() const override { return DeviceType::cpu; }
   memory::Allocator& allocator() override { return memory::cpu(); }
   void set_num_threads(int threads) override;
@@ -42,6 +43,11 @@ class CpuBackend : public CpuKernels {
 template <class T>
 void gemm_rowmajor(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
                    const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
+// c[b] = alpha op(a[b]) op(b[b]) + beta c[b] of bf16 a and b into float32 c (contiguous), through
+// oneDNN's bf16 matmul (gemm_bf16.cpp, Note [bf16 products]); la and lb as kernel::matrix_layout.
+void gemm_bf16(const Tensor& a, const kernel::MatrixLayout& la, const Tensor& b, const kernel::MatrixLayout& lb,
+               const Tensor& c, int64_t k, double alpha, double beta);
 
 // Below this many elements a kernel runs on one thread (thread start-up costs more).
 inline constexpr int64_t kParallelThreshold = 1 << 15;

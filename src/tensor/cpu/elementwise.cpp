@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/cpu_level.h"
 #include "tensor/cpu/vmath.h"
 
 namespace remat {
@@ -103,14 +104,15 @@ __attribute__((always_inline)) inline T unary_grad(T x, T y, T gy, T s) {
   else if constexpr (Op == UnaryOp::sign) return T(0);
 }
 
-// Contiguous float32 loops, compiled for AVX-512, AVX2 and baseline x86-64 and picked at load
-// time for the running CPU (GCC function multiversioning), so the library runs on any x86-64.
+// Contiguous float32 loops, compiled for AVX-512, AVX2 and baseline x86-64, the process's level
+// picked once (cpu_level.h), so the library runs on any x86-64.
 #define REMAT_UNARY_OPS(X)                                                                        \
   X(neg) X(exp) X(log) X(sqrt) X(abs) X(tanh) X(sigmoid) X(relu) X(gelu) X(gelu_tanh) X(silu)   \
   X(pow_scalar) X(square) X(reciprocal) X(add_scalar) X(mul_scalar) X(sign)
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void unary_f32_contiguous(
-    UnaryOp op, const float* __restrict x, float* __restrict y, int64_t n, float s) {
+REMAT_CPU_LEVELS(void, unary_f32_contiguous, (UnaryOp op, const float* __restrict x, float* __restrict y, int64_t n,
+                                              float s),
+                 (op, x, y, n, s)) {
   if (op == UnaryOp::gelu) return gelu_f32_contiguous(x, y, n);  // hand-vectorised (gelu.cpp)
   switch (op) {
 #define REMAT_CASE(name)                                                              \
@@ -122,9 +124,10 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void unary_backward_f32_contiguous(
-    UnaryOp op, const float* __restrict x, const float* __restrict y, const float* __restrict gy,
-    float* __restrict gx, int64_t n, float s) {
+REMAT_CPU_LEVELS(void, unary_backward_f32_contiguous,
+                 (UnaryOp op, const float* __restrict x, const float* __restrict y, const float* __restrict gy,
+                  float* __restrict gx, int64_t n, float s),
+                 (op, x, y, gy, gx, n, s)) {
   if (op == UnaryOp::gelu) return gelu_backward_f32_contiguous(x, gy, gx, n);  // gelu.cpp
   switch (op) {
 #define REMAT_CASE(name)                                                                                  \
@@ -220,6 +223,36 @@ inline T binary_value(T a, T b) {
   else if constexpr (Op == BinaryOp::minimum_picks_b) return a <= b || a != a ? T(0) : T(1);
 }
 
+// Contiguous float32 runs (a_step, b_step: 1 for a vector, 0 for a broadcast scalar), per level.
+template <BinaryOp Op>
+__attribute__((always_inline)) inline void binary_f32_run(const float* __restrict a, int64_t a_step, const float* __restrict b,
+                                      int64_t b_step, float* __restrict out, int64_t n) {
+  if (a_step == 1 && b_step == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = binary_value<Op, float>(a[i], b[i]);
+  } else if (a_step == 1) {
+    const float bv = b[0];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = binary_value<Op, float>(a[i], bv);
+  } else {
+    const float av = a[0];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = binary_value<Op, float>(av, b[i]);
+  }
+}
+
+REMAT_CPU_LEVELS(void, binary_f32_contiguous,
+                 (BinaryOp op, const float* a, int64_t a_step, const float* b, int64_t b_step, float* out, int64_t n),
+                 (op, a, a_step, b, b_step, out, n)) {
+  switch (op) {
+#define REMAT_CASE(name) \
+  case BinaryOp::name: return binary_f32_run<BinaryOp::name>(a, a_step, b, b_step, out, n);
+    REMAT_CASE(add) REMAT_CASE(sub) REMAT_CASE(mul) REMAT_CASE(div) REMAT_CASE(maximum) REMAT_CASE(minimum)
+    REMAT_CASE(maximum_picks_b) REMAT_CASE(minimum_picks_b)
+#undef REMAT_CASE
+  }
+}
+
 template <BinaryOp Op, class T>
 void binary_kernel(const Tensor& a, const Tensor& b, const Tensor& out) {
   const Shape& shape = out.shape();
@@ -232,7 +265,11 @@ void binary_kernel(const Tensor& a, const Tensor& b, const Tensor& out) {
     T* op = od + off[0];
     const T* ap = ad + off[1];
     const T* bp = bd + off[2];
-    if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+    const bool unit_out = st[0] == 1, a_run = st[1] == 1 || st[1] == 0, b_run = st[2] == 1 || st[2] == 0;
+    if (std::is_same_v<T, float> && unit_out && a_run && b_run && st[1] + st[2] >= 1) {
+      binary_f32_contiguous(Op, reinterpret_cast<const float*>(ap), st[1], reinterpret_cast<const float*>(bp), st[2],
+                            reinterpret_cast<float*>(op), n);
+    } else if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) op[i] = binary_value<Op, T>(ap[i], bp[i]);
     } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {

@@ -1,5 +1,5 @@
 // GELU (exact, erf form) over contiguous float32, forward and backward, hand-vectorised (simd.h)
-// and compiled for AVX2 + FMA and baseline x86-64. The backward reuses the exp(-x^2 / 2) that
+// and compiled per CPU level (cpu_level.h: AVX-512, AVX2 + FMA, baseline). The backward reuses the exp(-x^2 / 2) that
 // erf's large-argument branch computes for the Gaussian density. The elementwise kernels
 // (elementwise.cpp) call these for UnaryOp::gelu on contiguous float32 runs; strided runs and
 // float64 keep the generic loops.
@@ -15,7 +15,7 @@ constexpr float kInvSqrt2 = static_cast<float>(kernel::kInvSqrt2);
 constexpr float kInvSqrt2Pi = static_cast<float>(kernel::kInvSqrt2Pi);
 }  // namespace
 
-REMAT_CPU_CLONES void gelu_f32_contiguous(const float* __restrict x, float* __restrict y, int64_t n) {
+REMAT_CPU_LEVELS(void, gelu_f32_contiguous, (const float* __restrict x, float* __restrict y, int64_t n), (x, y, n)) {
   using V = simd::Vec<float>;
   constexpr int64_t W = simd::kWidth<float>;
   int64_t i = 0;
@@ -26,8 +26,9 @@ REMAT_CPU_CLONES void gelu_f32_contiguous(const float* __restrict x, float* __re
   for (; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + vmath::erf_f(x[i] * kInvSqrt2));
 }
 
-REMAT_CPU_CLONES void gelu_backward_f32_contiguous(const float* __restrict x, const float* __restrict gy,
-                                                   float* __restrict gx, int64_t n) {
+REMAT_CPU_LEVELS(void, gelu_backward_f32_contiguous,
+                 (const float* __restrict x, const float* __restrict gy, float* __restrict gx, int64_t n),
+                 (x, gy, gx, n)) {
   using V = simd::Vec<float>;
   constexpr int64_t W = simd::kWidth<float>;
   int64_t i = 0;

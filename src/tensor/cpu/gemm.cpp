@@ -1,7 +1,8 @@
 // CPU matrix products. Library choice, by measurement on the target machines (2-core Zen4, see
 // bench/bench_gemm.cpp and docs/performance.md, "Kernel choices"): float32 goes to oneDNN's dnnl_sgemm (about 93% of peak
 // on every shape, runtime ISA dispatch, no environment variables needed); float64 goes to
-// OpenBLAS's cblas_dgemm (oneDNN has no dgemm; OpenBLAS picks a correct AVX-512 kernel here).
+// OpenBLAS's cblas_dgemm (oneDNN has no dgemm; OpenBLAS picks a correct AVX-512 kernel here);
+// bf16 operands left unwidened go to oneDNN's bf16 matmul (gemm_bf16.cpp).
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 
@@ -48,6 +49,19 @@ void gemm_one(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const 
   }
 }
 
+// A contiguous copy of t, and a float32 copy of a 16-bit t.
+Tensor compact(Backend& backend, const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype());
+  backend.copy(t, out);
+  return out;
+}
+Tensor widened(Backend& backend, const Tensor& t) {
+  if (!is_16bit_float(t.dtype())) return t;
+  Tensor out = Tensor::empty(t.shape(), DType::f32);
+  backend.copy(t, out);
+  return out;
+}
+
 }  // namespace
 
 template <class T>
@@ -72,18 +86,20 @@ void CpuKernels::gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in, bool
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   REMAT_CHECK(c.dtype() != DType::f64 || (m <= kMaxInt && n <= kMaxInt && k <= kMaxInt), "matmul: f64 product of [", m,
               ", ", k, "] and [", k, ", ", n, "] has a dimension above 2^31 - 1, which the f64 BLAS cannot take");
-  Tensor a = a_in, b = b_in;
+  // bf16 inputs come here unwidened where the CPU multiplies bf16 (Note [bf16 products]); a pair
+  // of one bf16 and one float32 operand is multiplied in float32
+  const bool same = a_in.dtype() == b_in.dtype();
+  Tensor a = same ? a_in : widened(*this, a_in), b = same ? b_in : widened(*this, b_in);
   MatrixView va, vb;
   if (!blas_view(a, trans_a, va)) {
-    a = Tensor::empty(a_in.shape(), a_in.dtype());
-    copy(a_in, a);
+    a = compact(*this, a);
     blas_view(a, trans_a, va);
   }
   if (!blas_view(b, trans_b, vb)) {
-    b = Tensor::empty(b_in.shape(), b_in.dtype());
-    copy(b_in, b);
+    b = compact(*this, b);
     blas_view(b, trans_b, vb);
   }
+  if (a.dtype() == DType::bf16 && k > 0) return gemm_bf16(a, va.layout, b, vb.layout, c, k, alpha, beta);
   dispatch_float(c.dtype(), "matmul", [&]<class scalar_t>() {
     using T = scalar_t;
     const T* ap = static_cast<const T*>(va.base);

@@ -49,7 +49,7 @@ int64_t check_targets(const int64_t* targets, int64_t n, int64_t classes, int64_
 // and the smoothing sum reads logp from a scratch row; logp [N, C] gets the row of logp, and the
 // sum reads it there (the same sum). Backward row: the softmax exp(x - shift), or exp(logp - 0)
 // from the [N, C] form (x - 0 is x, so the same bits), minus the smoothed one-hot target, times the
-// row's loss gradient. Hand-vectorised (row_ops.h), compiled for AVX2 + FMA and baseline x86-64.
+// row's loss gradient. Hand-vectorised (row_ops.h), compiled per CPU level (cpu_level.h).
 
 template <class T>
 struct CrossEntropyArgs {
@@ -115,14 +115,14 @@ REMAT_SIMD_INLINE void cross_entropy_backward_row(const CrossEntropyArgs<T>& a, 
 }
 
 #define REMAT_CE_RANGES(T, suffix)                                                                \
-  REMAT_CPU_CLONES void cross_entropy_range_##suffix(const CrossEntropyArgs<T>& a, int64_t r0,     \
-                                                     int64_t r1) {                                \
+  REMAT_CPU_LEVELS(void, cross_entropy_range_##suffix, (const CrossEntropyArgs<T>& a, int64_t r0, int64_t r1), \
+                   (a, r0, r1)) {                                                                 \
     std::vector<T> scratch(a.eps > 0.0 && !a.logp ? static_cast<size_t>(a.cols) : 0);             \
     T* row = scratch.empty() ? nullptr : scratch.data();                                          \
     for (int64_t r = r0; r < r1; ++r) cross_entropy_row<T>(a, r, row);                            \
   }                                                                                               \
-  REMAT_CPU_CLONES void cross_entropy_backward_range_##suffix(const CrossEntropyArgs<T>& a, int64_t r0, \
-                                                              int64_t r1) {                       \
+  REMAT_CPU_LEVELS(void, cross_entropy_backward_range_##suffix,                                   \
+                   (const CrossEntropyArgs<T>& a, int64_t r0, int64_t r1), (a, r0, r1)) {         \
     for (int64_t r = r0; r < r1; ++r) cross_entropy_backward_row<T>(a, r);                       \
   }
 REMAT_CE_RANGES(float, f32)

@@ -1,7 +1,8 @@
 // CPU optimizer updates: SGD (momentum, dampening, Nesterov, coupled weight decay) and AdamW
 // (decoupled weight decay), each one pass over the parameter, its gradient and its state,
 // written in place. The formulas are PyTorch's torch.optim.SGD / AdamW (see remat/nn/optim.h);
-// every element is independent, so results do not depend on the thread count.
+// every element is independent, so results do not depend on the thread count. The loops are
+// compiled per level (cpu_level.h).
 //
 // sum_squares, the gradient norm's sum: per tensor the square and the sum kernels of the
 // CPU backend (widening 16-bit tensors as any kernel does), so each tensor's sum has the bits of
@@ -12,6 +13,7 @@
 
 #include "tensor/allocate.h"
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/cpu_level.h"
 
 namespace remat::cpu {
 
@@ -32,44 +34,90 @@ void for_chunks(int64_t n, Body&& body) {
   }
 }
 
+// Each kernel's constants in T, and its loop over [begin, end), compiled per level (cpu_level.h).
 template <class T>
-void sgd_kernel(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t n, const SgdStep& s) {
-  const T lr = static_cast<T>(s.lr), wd = static_cast<T>(s.weight_decay), mu = static_cast<T>(s.momentum),
-          keep = static_cast<T>(1.0 - s.dampening);
-  const bool decay = s.weight_decay != 0.0, momentum = s.momentum != 0.0, first = s.first, nesterov = s.nesterov;
-  for_chunks(n, [&](int64_t b, int64_t e) {
+struct SgdConstants {
+  T lr, wd, mu, keep;
+  bool decay, momentum, first, nesterov;
+};
+template <class T>
+struct AdamWConstants {
+  T decay, b1, c1, b2, c2, inv_sqrt_bc2, eps, step;
+  bool decoupled;
+};
+
+template <class T>
+__attribute__((always_inline)) inline void sgd_loop(T* __restrict p, const T* __restrict g, T* __restrict buf,
+                                                    int64_t begin, int64_t end, const SgdConstants<T>& k) {
 #pragma omp simd
-    for (int64_t i = b; i < e; ++i) {
-      T d = decay ? g[i] + wd * p[i] : g[i];
-      if (momentum) {
-        const T m = first ? d : mu * buf[i] + keep * d;
-        buf[i] = m;
-        d = nesterov ? d + mu * m : m;
-      }
-      p[i] = p[i] - lr * d;
+  for (int64_t i = begin; i < end; ++i) {
+    T d = k.decay ? g[i] + k.wd * p[i] : g[i];
+    if (k.momentum) {
+      const T m = k.first ? d : k.mu * buf[i] + k.keep * d;
+      buf[i] = m;
+      d = k.nesterov ? d + k.mu * m : m;
     }
+    p[i] = p[i] - k.lr * d;
+  }
+}
+
+template <class T>
+__attribute__((always_inline)) inline void adamw_loop(T* __restrict p, const T* __restrict g, T* __restrict m,
+                                                      T* __restrict v, int64_t begin, int64_t end,
+                                                      const AdamWConstants<T>& k) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const T gi = g[i];
+    const T pi = k.decoupled ? p[i] * k.decay : p[i];
+    const T mi = k.b1 * m[i] + k.c1 * gi;
+    const T vi = k.b2 * v[i] + k.c2 * (gi * gi);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - k.step * (mi / (std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps));
+  }
+}
+
+#define REMAT_OPTIM_LOOPS(T, suffix)                                                                           \
+  REMAT_CPU_LEVELS(void, sgd_loop_##suffix,                                                                    \
+                   (T * p, const T* g, T* buf, int64_t begin, int64_t end, const SgdConstants<T>& k),          \
+                   (p, g, buf, begin, end, k)) {                                                               \
+    sgd_loop<T>(p, g, buf, begin, end, k);                                                                     \
+  }                                                                                                            \
+  REMAT_CPU_LEVELS(void, adamw_loop_##suffix,                                                                  \
+                   (T * p, const T* g, T* m, T* v, int64_t begin, int64_t end, const AdamWConstants<T>& k),    \
+                   (p, g, m, v, begin, end, k)) {                                                              \
+    adamw_loop<T>(p, g, m, v, begin, end, k);                                                                  \
+  }
+REMAT_OPTIM_LOOPS(float, f32)
+REMAT_OPTIM_LOOPS(double, f64)
+#undef REMAT_OPTIM_LOOPS
+
+template <class T>
+void sgd_kernel(T* p, const T* g, T* buf, int64_t n, const SgdStep& s) {
+  const SgdConstants<T> k{static_cast<T>(s.lr),           static_cast<T>(s.weight_decay),
+                          static_cast<T>(s.momentum),     static_cast<T>(1.0 - s.dampening),
+                          s.weight_decay != 0.0,          s.momentum != 0.0,
+                          s.first,                        s.nesterov};
+  for_chunks(n, [&](int64_t b, int64_t e) {
+    if constexpr (sizeof(T) == 4) sgd_loop_f32(p, g, buf, b, e, k);
+    else sgd_loop_f64(p, g, buf, b, e, k);
   });
 }
 
 template <class T>
-void adamw_kernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t n,
-                  const AdamWStep& s) {
-  const T decay = static_cast<T>(1.0 - s.lr * s.weight_decay), b1 = static_cast<T>(s.beta1),
-          c1 = static_cast<T>(1.0 - s.beta1), b2 = static_cast<T>(s.beta2), c2 = static_cast<T>(1.0 - s.beta2),
-          inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(s.bias_correction2)), eps = static_cast<T>(s.eps),
-          step = static_cast<T>(s.lr / s.bias_correction1);
-  const bool decoupled = s.weight_decay != 0.0;
+void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, const AdamWStep& s) {
+  const AdamWConstants<T> k{static_cast<T>(1.0 - s.lr * s.weight_decay),
+                            static_cast<T>(s.beta1),
+                            static_cast<T>(1.0 - s.beta1),
+                            static_cast<T>(s.beta2),
+                            static_cast<T>(1.0 - s.beta2),
+                            static_cast<T>(1.0 / std::sqrt(s.bias_correction2)),
+                            static_cast<T>(s.eps),
+                            static_cast<T>(s.lr / s.bias_correction1),
+                            s.weight_decay != 0.0};
   for_chunks(n, [&](int64_t b, int64_t e) {
-#pragma omp simd
-    for (int64_t i = b; i < e; ++i) {
-      const T gi = g[i];
-      const T pi = decoupled ? p[i] * decay : p[i];
-      const T mi = b1 * m[i] + c1 * gi;
-      const T vi = b2 * v[i] + c2 * (gi * gi);
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = pi - step * (mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps));
-    }
+    if constexpr (sizeof(T) == 4) adamw_loop_f32(p, g, m, v, b, e, k);
+    else adamw_loop_f64(p, g, m, v, b, e, k);
   });
 }
 

@@ -1,5 +1,5 @@
 // Internal: vectorised loops over one row of a contiguous [rows, cols] tensor, the building blocks
-// of the row kernels (rows.cpp, indexing.cpp). Always inlined into the kernels' multiversioned
+// of the row kernels (rows.cpp, indexing.cpp). Always inlined into the kernels' per-level
 // row-range functions (simd.h). Each loop runs in a fixed order (vectors, then their lanes, then
 // the scalar tail), so a row's result does not depend on which thread computes it. Sums of float32
 // end in float64 (Acc<T>; see WideSum).

@@ -3,8 +3,8 @@
 // the layer-norm row code on it; its backward adds the residual's gradient to each row's gx). A
 // tensor is viewed as [rows, cols]; rows run in parallel (OpenMP, one range of rows per thread)
 // when the tensor is large, and each row is processed by one thread with hand-
-// vectorised loops (row_ops.h) compiled for AVX2 + FMA and for baseline x86-64 (picked at load
-// time). Sums of f32 end in f64 (row_ops.h, WideSum).
+// vectorised loops (row_ops.h) compiled per CPU level (cpu_level.h: AVX-512, AVX2 + FMA, baseline;
+// one per process). Sums of f32 end in f64 (row_ops.h, WideSum), in a fixed order at each level.
 //
 // Reproducibility: every per-row sum runs in a fixed order inside one thread. The parameter
 // gradients of the norms (gweight, gbias: sums over rows) are reduced over FIXED row blocks
@@ -81,11 +81,13 @@ REMAT_SIMD_INLINE void softmax_backward_row(const T* __restrict yr, const T* __r
 }
 
 #define REMAT_ROW_RANGE(T, suffix)                                                                                \
-  REMAT_CPU_CLONES void softmax_range_##suffix(const T* x, T* y, int64_t r0, int64_t r1, int64_t cols, bool log) { \
+  REMAT_CPU_LEVELS(void, softmax_range_##suffix, (const T* x, T* y, int64_t r0, int64_t r1, int64_t cols, bool log), \
+                   (x, y, r0, r1, cols, log)) {                                                                   \
     for (int64_t r = r0; r < r1; ++r) softmax_row<T>(x + r * cols, y + r * cols, cols, log);                      \
   }                                                                                                               \
-  REMAT_CPU_CLONES void softmax_backward_range_##suffix(const T* y, const T* gy, T* gx, int64_t r0, int64_t r1,    \
-                                                        int64_t cols, bool log) {                                 \
+  REMAT_CPU_LEVELS(void, softmax_backward_range_##suffix,                                                         \
+                   (const T* y, const T* gy, T* gx, int64_t r0, int64_t r1, int64_t cols, bool log),              \
+                   (y, gy, gx, r0, r1, cols, log)) {                                                              \
     for (int64_t r = r0; r < r1; ++r)                                                                             \
       softmax_backward_row<T>(y + r * cols, gy + r * cols, gx + r * cols, cols, log);                            \
   }
@@ -344,17 +346,19 @@ REMAT_SIMD_INLINE void norm_backward_block(const NormBackwardArgs<T>& a, int64_t
 }
 
 #define REMAT_NORM_RANGES(T, suffix)                                                                              \
-  REMAT_CPU_CLONES void layer_norm_range_##suffix(const NormArgs<T>& a, int64_t r0, int64_t r1) {                  \
+  REMAT_CPU_LEVELS(void, layer_norm_range_##suffix, (const NormArgs<T>& a, int64_t r0, int64_t r1), (a, r0, r1)) {\
     for (int64_t r = r0; r < r1; ++r) layer_norm_row<T>(a, r);                                                   \
   }                                                                                                               \
-  REMAT_CPU_CLONES void add_layer_norm_range_##suffix(const AddNormArgs<T>& a, int64_t r0, int64_t r1) {           \
+  REMAT_CPU_LEVELS(void, add_layer_norm_range_##suffix, (const AddNormArgs<T>& a, int64_t r0, int64_t r1), (a, r0, r1)) {\
     for (int64_t r = r0; r < r1; ++r) add_layer_norm_row<T>(a, r);                                               \
   }                                                                                                               \
-  REMAT_CPU_CLONES void rms_norm_range_##suffix(const NormArgs<T>& a, int64_t r0, int64_t r1) {                    \
+  REMAT_CPU_LEVELS(void, rms_norm_range_##suffix, (const NormArgs<T>& a, int64_t r0, int64_t r1), (a, r0, r1)) {  \
     for (int64_t r = r0; r < r1; ++r) rms_norm_row<T>(a, r);                                                     \
   }                                                                                                               \
-  REMAT_CPU_CLONES void norm_backward_block_##suffix(const NormBackwardArgs<T>& a, int64_t r0, int64_t r1, T* pw32, \
-                                                     T* pb32, double* pw64, double* pb64) {                       \
+  REMAT_CPU_LEVELS(void, norm_backward_block_##suffix,                                                            \
+                   (const NormBackwardArgs<T>& a, int64_t r0, int64_t r1, T* pw32, T* pb32, double* pw64,         \
+                    double* pb64),                                                                                \
+                   (a, r0, r1, pw32, pb32, pw64, pb64)) {                                                         \
     norm_backward_block<T>(a, r0, r1, pw32, pb32, pw64, pb64);                                                    \
   }
 REMAT_NORM_RANGES(float, f32)

@@ -1,8 +1,9 @@
 // Internal: 32-byte vectors (8 floats or 4 doubles) with GCC vector extensions, for kernels that
 // vectorise by hand (row kernels, attention). Everything here is always inlined, so it takes the
 // instruction set of the function it is inlined into: kernels put their loops in functions
-// compiled twice, for x86-64-v3 (AVX2 + FMA) and for baseline x86-64, and picked at load time
-// (REMAT_CPU_CLONES); on the baseline the 32-byte vectors become pairs of SSE registers.
+// compiled once per level, x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA) and the baseline, the
+// process's level picked once (cpu_level.h, REMAT_CPU_LEVELS); on the baseline the 32-byte vectors
+// become pairs of SSE registers, at avx512 they are AVX-512VL operations on 256-bit registers.
 //
 //   using V = simd::Vec<float>;                 // 8 lanes
 //   V x = simd::load(p), e = simd::exp(x - m);  // exp: vmath::exp_f lane by lane, same result
@@ -13,14 +14,13 @@
 #include <cstring>
 #include <limits>
 
+#include "tensor/cpu/cpu_level.h"
 #include "tensor/cpu/vmath.h"
 
 // The vector helpers are always inlined, so no vector value ever crosses a call boundary.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #define REMAT_SIMD_INLINE __attribute__((always_inline)) inline
-// Function multiversioning for the hand-vectorised kernels.
-#define REMAT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 
 namespace remat::cpu::simd {
 

@@ -12,8 +12,11 @@
 // orders), and what the emulated device computes bit for bit. copy and fill convert and fill
 // 16-bit tensors themselves, and digest reads their bytes: those three are not widened. The cost
 // is a float32 copy of each 16-bit operand per call (counted as `other` memory while the call
-// runs); the CPU is the reference here, not the fast path.
+// runs); the CPU is the reference here, not the fast path. One exception: on a CPU with bf16
+// units, gemm's and gemm_bias's bf16 inputs are multiplied as they are, with float32 accumulation
+// into the widened result (Note [bf16 products]).
 #include "cpu_backend.h"
+#include "remat/cpu_features.h"
 #include "tensor/widen.h"
 
 namespace remat::cpu {
@@ -24,11 +27,23 @@ namespace {
 bool native_16bit(Kernel kernel) {
   return kernel == Kernel::digest || kernel == Kernel::sum_squares || kernel == Kernel::scale_each;
 }
+// gemm's and gemm_bias's bf16 inputs stay bf16 where the CPU multiplies bf16 (Note [bf16 products]
+// in gemm_bf16.cpp); their result is widened as any.
+bool keeps_bf16_inputs(Kernel kernel) {
+  return (kernel == Kernel::gemm || kernel == Kernel::gemm_bias) && cpu_features().bf16_products;
+}
 }  // namespace
 
 // Each optional kernel of the list, widened (tensor/widen.h).
-#define REMAT_WIDEN_KERNEL(name, dtype_of, parameters, arguments) \
-  REMAT_WIDENED_KERNEL(CpuBackend, CpuKernels, native_16bit, name, parameters, arguments)
+#define REMAT_WIDEN_KERNEL(name, dtype_of, parameters, arguments)                                            \
+  void CpuBackend::name parameters {                                                                           \
+    detail::Widened widened(*this, !native_16bit(Kernel::name), keeps_bf16_inputs(Kernel::name));              \
+    auto in = [&](const Tensor& t) -> const Tensor& { return widened.in(t); };                                \
+    auto inout = [&](const Tensor& t) -> const Tensor& { return widened.inout(t); };                          \
+    (void)in;                                                                                                 \
+    CpuKernels::name arguments;                                                                               \
+    widened.finish();                                                                                         \
+  }
 REMAT_OPTIONAL_KERNELS(REMAT_WIDEN_KERNEL)
 #undef REMAT_WIDEN_KERNEL
 
