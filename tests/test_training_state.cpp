@@ -8,7 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "nn/xxh64.h"
+#include "io/xxh64.h"
 #include "remat/nn.h"
 #include "temp_dir.h"
 
@@ -104,13 +104,13 @@ TEST(TrainingState, Xxh64KnownAnswers) {
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 7 % 256);
   std::vector<unsigned char> counting(100);
   for (size_t i = 0; i < counting.size(); ++i) counting[i] = static_cast<unsigned char>(i);
-  EXPECT_EQ(nn::io::xxh64_hex(nn::io::xxh64("", 0)), "ef46db3751d8e999");
-  EXPECT_EQ(nn::io::xxh64_hex(nn::io::xxh64("", 0, 5)), "4be1d406981cfd3b");
-  EXPECT_EQ(nn::io::xxh64_hex(nn::io::xxh64("abc", 3)), "44bc2cf5ad770999");
-  EXPECT_EQ(nn::io::xxh64_hex(nn::io::xxh64(counting.data(), 31)), "c346d2b59b4d8ee1");
-  EXPECT_EQ(nn::io::xxh64_hex(nn::io::xxh64(counting.data(), 32)), "cbf59c5116ff32b4");
-  EXPECT_EQ(nn::io::xxh64_hex(nn::io::xxh64(counting.data(), 100, 5)), "9c502a83dcb7c69e");
-  EXPECT_EQ(nn::io::xxh64_hex(nn::io::xxh64(bytes.data(), bytes.size())), "25275608a9cfc168");
+  EXPECT_EQ(io::xxh64_hex(io::xxh64("", 0)), "ef46db3751d8e999");
+  EXPECT_EQ(io::xxh64_hex(io::xxh64("", 0, 5)), "4be1d406981cfd3b");
+  EXPECT_EQ(io::xxh64_hex(io::xxh64("abc", 3)), "44bc2cf5ad770999");
+  EXPECT_EQ(io::xxh64_hex(io::xxh64(counting.data(), 31)), "c346d2b59b4d8ee1");
+  EXPECT_EQ(io::xxh64_hex(io::xxh64(counting.data(), 32)), "cbf59c5116ff32b4");
+  EXPECT_EQ(io::xxh64_hex(io::xxh64(counting.data(), 100, 5)), "9c502a83dcb7c69e");
+  EXPECT_EQ(io::xxh64_hex(io::xxh64(bytes.data(), bytes.size())), "25275608a9cfc168");
 }
 
 TEST(TrainingState, AResumedRunEndsWithTheBitsOfTheRunNeverStopped) {

@@ -14,8 +14,8 @@
 #include <set>
 
 #include "remat/backend.h"
-#include "atomic_file.h"
-#include "strict_json.h"
+#include "io/atomic_file.h"
+#include "io/strict_json.h"
 
 namespace remat::nn {
 
@@ -137,8 +137,8 @@ Entry parse_entry(const std::string& where, const std::string& name, const nlohm
 // Parses the header text as JSON, refusing values nested deeper than kMaxDepth (an object of
 // objects holding flat arrays) and repeated keys before anything is built (Note [strict JSON]).
 nlohmann::json parse_header_json(const std::string& where, const std::string& text) {
-  using strict_json::Problem;
-  const Problem p = strict_json::check(text, {.max_depth = kMaxDepth});
+  using io::strict_json::Problem;
+  const Problem p = io::strict_json::check(text, {.max_depth = kMaxDepth});
   switch (p.kind) {
     case Problem::none:
       return nlohmann::json::parse(text);

@@ -24,11 +24,11 @@
 #include <set>
 #include <sstream>
 
-#include "atomic_file.h"
+#include "io/atomic_file.h"
 #include "remat/autodiff.h"
 #include "remat/nn/safetensors.h"
-#include "strict_json.h"
-#include "xxh64.h"
+#include "io/strict_json.h"
+#include "io/xxh64.h"
 
 namespace remat::nn {
 
@@ -194,9 +194,9 @@ std::string read_text(const std::string& file, const std::string& who) {
 }
 
 json parse_json(const std::string& text, const std::string& file, const std::string& who) {
-  const strict_json::Problem p = strict_json::check(text, {.max_depth = 4});
-  REMAT_CHECK(p.kind == strict_json::Problem::none, who, ": ", file, " is not a state's JSON (",
-              p.kind == strict_json::Problem::repeated_key ? "the key \"" + p.detail + "\" twice" : p.detail,
+  const io::strict_json::Problem p = io::strict_json::check(text, {.max_depth = 4});
+  REMAT_CHECK(p.kind == io::strict_json::Problem::none, who, ": ", file, " is not a state's JSON (",
+              p.kind == io::strict_json::Problem::repeated_key ? "the key \"" + p.detail + "\" twice" : p.detail,
               "): the file is corrupted");
   return json::parse(text);
 }

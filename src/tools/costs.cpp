@@ -6,7 +6,7 @@
 #include <sstream>
 #include <vector>
 
-#include "nn/strict_json.h"
+#include "io/strict_json.h"
 #include "remat/error.h"
 
 namespace remat::tools {
@@ -35,8 +35,8 @@ std::string brief(const nlohmann::json& value) {
 // (every object below the top level is a stage: a stage can hold no object within kMaxDepth),
 // checked before anything is built (Note [strict JSON]).
 nlohmann::json parse_json(std::string_view text, const std::string& name) {
-  using nn::strict_json::Problem;
-  const Problem p = nn::strict_json::check(text, {.max_depth = kMaxDepth, .max_objects = kMaxStages});
+  using io::strict_json::Problem;
+  const Problem p = io::strict_json::check(text, {.max_depth = kMaxDepth, .max_objects = kMaxStages});
   switch (p.kind) {
     case Problem::none:
       return nlohmann::json::parse(text);

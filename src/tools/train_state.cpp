@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "nn/atomic_file.h"
-#include "nn/xxh64.h"
+#include "io/atomic_file.h"
+#include "io/xxh64.h"
 #include "numbers.h"
 #include "train_signals.h"
 #include "train_state_dir.h"
@@ -186,7 +186,7 @@ int64_t state_micro_batches(const nn::Metadata& c, const std::string& state) {
 }
 
 std::string corpus_checksum(const Loaded& l) {
-  return nn::io::xxh64_hex(nn::io::xxh64(l.corpus.text.data(), l.corpus.text.size()));
+  return io::xxh64_hex(io::xxh64(l.corpus.text.data(), l.corpus.text.size()));
 }
 
 }  // namespace
@@ -280,7 +280,7 @@ void check_resumed_corpus(const TrainOptions& o, const Corpus& corpus, const std
   const nn::TrainingState state = nn::read_training_state(o.resume_state);
   auto it = state.configuration.find("corpus_xxh64");
   if (it == state.configuration.end()) return;
-  REMAT_USAGE_CHECK(it->second == nn::io::xxh64_hex(nn::io::xxh64(corpus.text.data(), corpus.text.size())),
+  REMAT_USAGE_CHECK(it->second == io::xxh64_hex(io::xxh64(corpus.text.data(), corpus.text.size())),
                     "train --resume ", o.resume_state, ": the text of --data ", data_path, " is not the run's corpus (its "
                     "checksum differs from the one the state recorded); pass the --data the run was trained on");
 }

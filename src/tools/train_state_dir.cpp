@@ -33,7 +33,7 @@
 #include <sstream>
 #include <vector>
 
-#include "nn/atomic_file.h"
+#include "io/atomic_file.h"
 #include "train_report.h"
 #include "usage.h"
 #include "remat/nn/training_state.h"
@@ -54,7 +54,7 @@ void check_directory(const std::string& option, const std::string& directory, bo
   REMAT_USAGE_CHECK(!ec, "train ", option, ": cannot create the directory ", directory, ": ", ec.message());
   REMAT_USAGE_CHECK(fs::is_directory(directory, ec), "train ", option, ": ", directory, " is not a directory");
   try {
-    nn::io::AtomicFile probe((fs::path(directory) / ".remat-write-check").string(), "write check");
+    io::AtomicFile probe((fs::path(directory) / ".remat-write-check").string(), "write check");
     probe.write("x", 1);
   } catch (const Error& e) {
     throw UsageError(detail::concat("train ", option, ": cannot write in ", directory, " (", e.what(),

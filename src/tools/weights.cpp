@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "footprint.h"
-#include "nn/atomic_file.h"
-#include "nn/strict_json.h"
+#include "io/atomic_file.h"
+#include "io/strict_json.h"
 #include "numbers.h"
 #include "usage.h"
 
@@ -51,9 +51,9 @@ Unstated read_hf_gpt2_config(const std::string& path, const std::string& command
   REMAT_CHECK(!ec && bytes <= (1u << 20), command, ": cannot read ", path, ec ? ": " + ec.message() : " (over 1 MiB)");
   std::ifstream in(path, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  using nn::strict_json::Problem;
+  using io::strict_json::Problem;
   // GPT2Config nests 3 deep; refused before anything deeper is built (Note [strict JSON])
-  const Problem p = nn::strict_json::check(text, {.max_depth = 8});
+  const Problem p = io::strict_json::check(text, {.max_depth = 8});
   REMAT_CHECK(p.kind != Problem::repeated_key, command, ": ", path, " has the key \"", p.detail, "\" twice in one object");
   REMAT_CHECK(p.kind == Problem::none, command, ": ", path, " is not a JSON object",
               p.kind == Problem::too_deep ? " (nested too deeply)" : "");
@@ -293,8 +293,8 @@ void write_hf_tokenizer(const std::filesystem::path& root, const nn::Metadata& m
       {"model", {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "<a byte outside the vocabulary>"}}}};
   const nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"model_max_length", seq},
                                  {"clean_up_tokenization_spaces", false}};
-  nn::io::write_file_atomically((root / "tokenizer.json").string(), spec.dump() + "\n", "train --save");
-  nn::io::write_file_atomically((root / "tokenizer_config.json").string(), config.dump(2) + "\n", "train --save");
+  io::write_file_atomically((root / "tokenizer.json").string(), spec.dump() + "\n", "train --save");
+  io::write_file_atomically((root / "tokenizer_config.json").string(), config.dump(2) + "\n", "train --save");
 }
 
 // Whether `path` can become the --format hf-gpt2 directory (nothing there yet, or a directory).
@@ -318,7 +318,7 @@ void save_hf_gpt2(const std::string& dir, const std::map<std::string, Tensor>& t
   metadata["format"] = kTorchFormat;
   const std::filesystem::path root(dir);
   nn::save_safetensors((root / kWeightsName).string(), nn::NamedTensors(tensors.begin(), tensors.end()), metadata);
-  nn::io::write_file_atomically((root / kConfigName).string(), hf_gpt2_config(config, metadata, saved), "train --save");
+  io::write_file_atomically((root / kConfigName).string(), hf_gpt2_config(config, metadata, saved), "train --save");
   write_hf_tokenizer(root, metadata, config.seq);
 }
 

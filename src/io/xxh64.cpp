@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
-namespace remat::nn::io {
+namespace remat::io {
 
 namespace {
 
@@ -72,4 +72,4 @@ std::string xxh64_hex(uint64_t hash) {
   return text;
 }
 
-}  // namespace remat::nn::io
+}  // namespace remat::io

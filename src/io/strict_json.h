@@ -17,7 +17,7 @@
 #include <unordered_set>
 #include <vector>
 
-namespace remat::nn::strict_json {
+namespace remat::io::strict_json {
 
 struct Limits {
   int max_depth = 8;                 // arrays and objects nested at most this many levels
@@ -94,4 +94,4 @@ inline Problem check(std::string_view text, const Limits& limits) {
   return checker.problem;
 }
 
-}  // namespace remat::nn::strict_json
+}  // namespace remat::io::strict_json

@@ -26,7 +26,7 @@
 
 #include "remat/error.h"
 
-namespace remat::nn::io {
+namespace remat::io {
 
 namespace {
 
@@ -131,4 +131,4 @@ void sync_directory(const std::string& directory, const std::string& who) {
     throw Error(detail::concat(who, ": flushing the directory ", directory, " failed: ", std::strerror(error)));
 }
 
-}  // namespace remat::nn::io
+}  // namespace remat::io

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <string>
 
-namespace remat::nn::io {
+namespace remat::io {
 
 uint64_t xxh64(const void* data, size_t bytes, uint64_t seed = 0);
 // The hash as 16 lower-case hexadecimal digits, as xxhash's hexdigest writes it.
 std::string xxh64_hex(uint64_t hash);
 
-}  // namespace remat::nn::io
+}  // namespace remat::io

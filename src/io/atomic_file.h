@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <string>
 
-namespace remat::nn::io {
+namespace remat::io {
 
 class AtomicFile {
  public:
@@ -35,4 +35,4 @@ void write_file_atomically(const std::string& path, const std::string& text, con
 // Flushes `directory`'s entries (a rename in it) to disk; a remat::Error naming `who` on failure.
 void sync_directory(const std::string& directory, const std::string& who);
 
-}  // namespace remat::nn::io
+}  // namespace remat::io
