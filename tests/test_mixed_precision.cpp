@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -112,6 +113,21 @@ TEST(SixteenBitFloats, ConvertPrintAndComputeInFloat32) {
   // a sum accumulates in float32 and rounds once: 256 ones plus 1 is 257 in float32, 256 in bf16
   Tensor ones = remat::ones({257}, DType::bf16);
   EXPECT_EQ(sum(ones).item(), static_cast<double>(bfloat16(257.0f)));
+}
+
+// The level this process runs at is the one REMAT_CPU_LEVEL names (tests/at_cpu_level.sh runs this
+// binary at each level the CPU has), or the widest; bf16 products in bf16 only at avx512.
+TEST(SixteenBitFloats, TheKernelsRunAtTheForcedLevel) {
+  const CpuFeatures& cpu = cpu_features();
+  const char* forced = std::getenv("REMAT_CPU_LEVEL");
+  if (forced != nullptr && *forced != '\0') {
+    EXPECT_EQ(std::string(cpu_level_name(cpu.level)), forced);
+    EXPECT_TRUE(cpu.forced);
+  } else {
+    EXPECT_EQ(cpu.level, cpu.widest);
+    EXPECT_FALSE(cpu.forced);
+  }
+  if (cpu.level != CpuLevel::avx512) EXPECT_FALSE(cpu.bf16_products);
 }
 
 // bf16 matrix products (docs/precision.md, "bf16 matrix products, per CPU kind"): on a CPU with

@@ -4,8 +4,8 @@
 // are compiled three times: for baseline x86-64 (x86-64-v2, what the library is built for), for
 // AVX2 + FMA (x86-64-v3) and for AVX-512 (x86-64-v4: F, BW, CD, DQ, VL). One of the three is
 // chosen ONCE per process, on the first use of a CPU kernel or of cpu_features(): the widest the
-// CPU has, or the one the environment variable REMAT_CPU_LEVEL names (baseline, avx2, avx512),
-// read at that moment. oneDNN (the float32 GEMM and convolutions, the bf16 products) is capped at
+// CPU has, or the one the environment variable REMAT_CPU_LEVEL names (baseline, avx2, avx512;
+// empty counts as unset), read at that moment. oneDNN (the float32 GEMM and convolutions, the bf16 products) is capped at
 // the same level. Naming a level the CPU lacks, or another word, is a remat::Error from that first
 // use and from every later one (no kernel runs at a level other than the one reported).
 //

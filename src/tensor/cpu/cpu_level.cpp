@@ -35,9 +35,9 @@ const char* cpu_level_name(CpuLevel level) {
 }
 
 std::string CpuFeatures::text() const {
-  std::string s = std::string(cpu_level_name(level)) + (forced ? " (forced by REMAT_CPU_LEVEL" : " (") +
-                  (forced ? "; " : "") + "widest " + cpu_level_name(widest) + "; bf16 products in " +
-                  (bf16_products ? "bf16" : "float32") + ";";
+  std::string s = std::string(cpu_level_name(level)) + " (" + (forced ? "forced by REMAT_CPU_LEVEL; " : "") +
+                  "widest " + cpu_level_name(widest) + "; bf16 products in " + (bf16_products ? "bf16" : "float32") +
+                  ";";
   for (const std::string& f : features) s += " " + f;
   return s + ")";
 }
