@@ -350,11 +350,11 @@ struct ChainPlan {
 // The one chain planner. Made once for a chain, it plans any number of limits (each in about a
 // millisecond once made: making it costs one planning of the chain, which on long chains takes
 // seconds and reports progress to options.progress).
-//   - ChainPlanner(costs): plans and predicts with `costs`;
-//   - ChainPlanner(planning, held): plans with `planning`, counts each plan's peak as `held` does
-//     (the same chain with boundaries_counted_when_held, swept_values and gap_saved: as an
-//     allocator counts saved bytes, which is how a budget policy predicts), and chooses the
-//     fastest plan whose held peak fits, so the predicted time never rises as the limit falls.
+// ChainPlanner(costs) plans and predicts with `costs`. ChainPlanner(planning, held) plans with
+// `planning` and counts each plan's peak as `held` does (the same chain with
+// boundaries_counted_when_held, swept_values and gap_saved: as an allocator counts saved bytes,
+// which is how a budget policy predicts), and chooses the fastest plan whose held peak fits, so
+// the predicted time never rises as the limit falls.
 // With an offload target in the costs (`planning.can_offload()`) it plans with it, and below the
 // target's smallest limit in memory (offloading nothing) where that fits.
 // plan() throws InfeasibleError below smallest_limit(), from which every limit is planned.
