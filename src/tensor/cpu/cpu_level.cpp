@@ -4,7 +4,8 @@
 // REMAT_CPU_LEVELS): baseline (x86-64-v2, the library's own target), avx2 (x86-64-v3) and avx512
 // (x86-64-v4). The level is chosen once, on the first call of cpu_level() or cpu_features() (the
 // CPU backend's constructor makes that call): the widest level the CPU and its OS support
-// (libgcc's __builtin_cpu_supports checks both), unless REMAT_CPU_LEVEL names another. Every later
+// (__builtin_cpu_supports checks both for AVX and AVX-512; a level is read off its features, as
+// clang has no level names there), unless REMAT_CPU_LEVEL names another. Every later
 // call returns the same level, so every kernel of a process, in a first run and in a
 // recomputation alike, runs the same instructions and computes the same bits: the bitwise equality
 // of checkpointing policies holds on each machine. Results differ between levels (FMA contraction
@@ -105,10 +106,28 @@ void cap_onednn(CpuLevel level) {
               "; it was used before the level was chosen)");
 }
 
+// x86-64-v3: AVX2, FMA, BMI1, BMI2, F16C, MOVBE and LZCNT (the last three by cpuid: leaf 1 ECX bits 29
+// and 22, leaf 0x80000001 ECX bit 5).
+bool has_x86_64_v3() {
+  unsigned a, b, c = 0, d;
+  const bool leaf1 = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0 && (c & (1u << 22)) != 0;
+  c = 0;
+  const bool lzcnt = __get_cpuid(0x80000001, &a, &b, &c, &d) && (c & (1u << 5)) != 0;
+  return leaf1 && lzcnt && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+}
+
+// x86-64-v4: v3 and AVX-512 F, BW, CD, DQ and VL.
+bool has_x86_64_v4(bool v3) {
+  return v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl");
+}
+
 CpuFeatures choose() {
   __builtin_cpu_init();
   CpuFeatures f;
-  const bool v4 = __builtin_cpu_supports("x86-64-v4"), v3 = __builtin_cpu_supports("x86-64-v3");
+  const bool v3 = has_x86_64_v3(), v4 = has_x86_64_v4(v3);
   f.widest = v4 ? CpuLevel::avx512 : v3 ? CpuLevel::avx2 : CpuLevel::baseline;
   f.features = detect_features(v4);
   f.level = f.widest;
