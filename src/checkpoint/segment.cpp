@@ -47,6 +47,7 @@
 #include "autodiff/replay.h"
 #include "autodiff/state.h"
 #include "region.h"
+#include "tensor/allocate.h"
 #include "remat/backend.h"
 #include "remat/memory.h"
 
@@ -75,18 +76,6 @@ class SegmentObserver final : public autodiff::RecordingObserver {
   Segment& segment_;
   autodiff::RecordingObserver* parent_;
 };
-
-// `storage` seen as `dtype`, at `offset` with `shape` and `strides`.
-Tensor view_of(const std::shared_ptr<Storage>& storage, int64_t offset, const Shape& shape, const Strides& strides,
-               DType dtype) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = storage;
-  impl->offset = offset;
-  impl->shape = shape;
-  impl->strides = strides;
-  impl->dtype = dtype;
-  return Tensor(impl);
-}
 
 }  // namespace
 
@@ -358,7 +347,7 @@ void Segment::keep_what_is_needed() {
       Value& v = values_[static_cast<size_t>(m)];
       std::shared_ptr<Storage> first = v.first.lock();
       if (first && first->version() == v.version)
-        v.digest = take_digest(view_of(first, v.offset, v.shape, v.strides, v.dtype));
+        v.digest = take_digest(detail::tensor_over(first, v.offset, v.shape, v.strides, v.dtype));
     }
   }
   for (size_t h = 0; h < held_.size(); ++h)
@@ -415,7 +404,7 @@ Tensor Segment::input_for(const Source& s, const std::vector<Tensor>& made) cons
     case Source::Kind::made: {
       const Tensor& whole = made[s.index];
       REMAT_ASSERT(whole.defined(), "segment '", label_, "': an op read a value the replay had not made");
-      return view_of(whole.storage(), s.offset, s.shape, s.strides, s.dtype);
+      return detail::tensor_over(whole.storage(), s.offset, s.shape, s.strides, s.dtype);
     }
     case Source::Kind::held: return held_value(s.index);
   }
@@ -545,7 +534,7 @@ size_t Segment::fill_slots(const std::vector<bool>& wanted, const std::vector<Te
     std::shared_ptr<Slot> slot = values_[v].slot.lock();
     REMAT_ASSERT(made[v].defined(), "segment '", label_, "': value ", v, " was not made again");
     const size_t numel = values_[v].bytes / dtype_size(slot->dtype);
-    slot->filled = view_of(made[v].storage(), 0, {static_cast<int64_t>(numel)}, {1}, slot->dtype);
+    slot->filled = detail::tensor_over(made[v].storage(), 0, {static_cast<int64_t>(numel)}, {1}, slot->dtype);
     slot->filled.storage()->add_saved_reference();
     slot->counted = true;
     filled += values_[v].bytes;
@@ -555,7 +544,7 @@ size_t Segment::fill_slots(const std::vector<bool>& wanted, const std::vector<Te
 
 // Value v's whole storage `storage`, as the value's dtype reads it.
 Tensor Segment::whole_value(size_t v, const std::shared_ptr<Storage>& storage) const {
-  return view_of(storage, 0, {static_cast<int64_t>(values_[v].bytes / dtype_size(values_[v].dtype))}, {1},
+  return detail::tensor_over(storage, 0, {static_cast<int64_t>(values_[v].bytes / dtype_size(values_[v].dtype))}, {1},
                  values_[v].dtype);
 }
 

@@ -25,6 +25,7 @@
 #include "remat/autodiff.h"
 #include "remat/memory.h"
 #include "remat/saved_hooks.h"
+#include "tensor/allocate.h"
 
 namespace remat {
 
@@ -63,20 +64,9 @@ double estimated_seconds(double flops, double bytes) { return std::max(1.0, flop
 
 bool counts_as_saved(const Storage& s) { return s.tag() == memory::Tag::other || s.tag() == memory::Tag::saved; }
 
-Tensor view_on(const std::shared_ptr<Storage>& storage, int64_t offset, const Shape& shape, const Strides& strides,
-               DType dtype) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = storage;
-  impl->offset = offset;
-  impl->shape = shape;
-  impl->strides = strides;
-  impl->dtype = dtype;
-  return Tensor(impl);
-}
-
 // All of a storage, as a flat tensor.
 Tensor whole(const std::shared_ptr<Storage>& storage, DType dtype) {
-  return view_on(storage, 0, {static_cast<int64_t>(storage->bytes() / dtype_size(dtype))}, {1}, dtype);
+  return detail::tensor_over(storage, 0, {static_cast<int64_t>(storage->bytes() / dtype_size(dtype))}, {1}, dtype);
 }
 
 }  // namespace
@@ -399,7 +389,7 @@ class DynamicRuntime final : public std::enable_shared_from_this<DynamicRuntime>
     }
     ++c->locks;
     locked.push_back(c);
-    return view_on(storage, input.offset, input.shape, input.strides, input.dtype);
+    return detail::tensor_over(storage, input.offset, input.shape, input.strides, input.dtype);
   }
 
   // Note [evicting to a file]

@@ -16,6 +16,11 @@ Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::
 Tensor external_tensor(void* data, const Shape& shape, DType dtype, memory::Tag tag, Device device,
                        std::function<void()> release);
 
+// A tensor over `storage` with these view fields as they are: nothing allocated, nothing checked
+// (the caller's fields describe memory inside the storage).
+Tensor tensor_over(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape, const Strides& strides,
+                   DType dtype);
+
 // Records on t's storage the range of the i64 values just written to it from the host (`values`,
 // t.numel() of them), when t covers its whole storage (Storage::index_range); otherwise nothing.
 void note_index_range(const Tensor& t, const int64_t* values);

@@ -175,15 +175,21 @@ size_t checked_bytes(const char* op, const Shape& shape, DType dtype) {
 
 // A contiguous tensor of `shape` over the whole of `storage`.
 Tensor contiguous_over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::move(storage);
-  impl->shape = shape;
-  impl->strides = contiguous_strides(shape);
-  impl->dtype = dtype;
-  return Tensor(std::move(impl));
+  return tensor_over(std::move(storage), 0, shape, contiguous_strides(shape), dtype);
 }
 
 }  // namespace
+
+Tensor tensor_over(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape, const Strides& strides,
+                   DType dtype) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->offset = offset;
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
 
 Tensor allocate_tensor(const char* op, const Shape& shape, DType dtype, memory::Tag tag, Device device) {
   const size_t bytes = checked_bytes(op ? op : "empty", shape, dtype);
