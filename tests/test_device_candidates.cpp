@@ -54,7 +54,7 @@ const Outcome& only(const std::vector<Outcome>& outcomes) {
 TEST(DeviceCandidates, TheLibrarysBitsPassABitwiseAgreement) {
   Fixture f;
   const std::vector<Candidate> c = {candidate("same", Agreement::bits(), [](const Fixture& g) { return g.library(); }, f)};
-  const Outcome& o = only(run(c, {.device = f.dev.device}));
+  const Outcome o = only(run(c, {.device = f.dev.device}));
   EXPECT_EQ(o.status, Status::passed) << o.detail;
   EXPECT_EQ(o.compared, 5u * 37u);
   EXPECT_EQ(o.mismatched, 0u);

@@ -126,7 +126,7 @@ struct Shrinker {
         }
         if (chunk == 1) break;
       }
-      const ModuleSpec& m = best.program.modules[mi];
+      const ModuleSpec m = best.program.modules[mi];  // a copy: attempt() may replace best.program
       if (m.returns.size() > 1) {
         Program c = best.program;
         c.modules[mi].returns.resize(1);
