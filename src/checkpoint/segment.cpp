@@ -154,6 +154,11 @@ Segment::Source Segment::source_of(const Tensor& t) {
     held.leaf = t.detach();
     held.version = storage->version();
     leaf_storages_[storage.get()] = storage;
+  } else if (auto kept = declined_.find(storage.get()); profile_ && kept != declined_.end() && kept->second.lock() == storage) {
+    // a profiled segment keeps this value in a slot of its own (Note [a profiled segment]), and a
+    // saved tensor of it would share that slot, which holds the segment: a cycle. Held as it is.
+    held.leaf = t.detach();
+    held.version = storage->version();
   } else {
     holding_ = true;  // these hooks let it pass: kept as without them (or by an enclosing segment)
     held.saved = autodiff::SavedTensor(t);
