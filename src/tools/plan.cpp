@@ -205,10 +205,12 @@ Plans make_plans(const ModelProfile& profile, size_t budget, const std::string& 
   const std::optional<size_t> smallest =
       profile.offload_smallest ? profile.offload_smallest
                                : (profile.budget_range ? std::optional(profile.budget_range->smallest_budget_bytes) : std::nullopt);
-  if (smallest && budget < *smallest)
-    throw Error(detail::concat("plan: budget ", budget, " bytes (", memory::format_bytes(static_cast<double>(budget)),
-                               ") is below the smallest feasible budget, ", *smallest, " bytes (",
-                               memory::format_bytes(static_cast<double>(*smallest)), ")"));
+  const auto below = [&](size_t least) {
+    return Error(detail::concat("plan: budget ", budget, " bytes (", memory::format_bytes(static_cast<double>(budget)),
+                                ") is below the smallest feasible budget, ", least, " bytes (",
+                                memory::format_bytes(static_cast<double>(least)), ")"));
+  };
+  if (smallest && budget < *smallest) throw below(*smallest);
   if (profile.model_planner) {  // a model: the plan its budget policy would run, made by the library
     Policy policy = Policy::budget(budget);
     if (!offload.empty()) policy = policy.with_offload(OffloadTarget{offload});
@@ -224,10 +226,7 @@ Plans make_plans(const ModelProfile& profile, size_t budget, const std::string& 
       plans.method = chosen.method;
       plans.planner = chosen.describe();
     } catch (const rs::InfeasibleError& e) {
-      const size_t least = e.min_feasible_bytes + outside;
-      throw Error(detail::concat("plan: budget ", budget, " bytes (", memory::format_bytes(static_cast<double>(budget)),
-                                 ") is below the smallest feasible budget, ", least, " bytes (",
-                                 memory::format_bytes(static_cast<double>(least)), ")"));
+      throw below(e.min_feasible_bytes + outside);
     }
   }
   plans.every_layer = rs::plan_every_layer(costs);
